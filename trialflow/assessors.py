@@ -1,0 +1,117 @@
+"""Assessors: when to stop a running trial early, from its intermediate results (NNI §7.1).
+
+``Medianstop``: from ``start_step`` on, a trial whose best result so far is strictly worse than the
+median of the completed trials' running averages at the same step is stopped.
+``Curvefitting``: from ``start_step`` on (every ``gap`` steps) the learning curve is extrapolated
+to ``epoch_num``; a trial whose predicted final value is worse than ``threshold`` times the best
+final value so far is stopped.
+
+Lifecycle: ``assess(trial_id, history)`` after each new intermediate result returns True to stop;
+``trial_end(trial_id, history, succeeded)`` once when the trial ends.
+"""
+
+from __future__ import annotations
+
+import statistics
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .tuners.base import (
+    TunerError,
+    check_args,
+    number_arg,
+    optimize_mode_arg,
+    positive_int_arg,
+)
+
+if TYPE_CHECKING:
+    from .config import AlgorithmConfig
+
+
+def _nonneg_int(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return None if ok else "must be a non-negative integer"
+
+
+class Assessor(ABC):
+    def __init__(self, optimize_mode: str = "maximize") -> None:
+        self.maximize = optimize_mode == "maximize"
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.maximize else a < b
+
+    @abstractmethod
+    def assess(self, trial_id: str, history: list[float]) -> bool: ...
+
+    def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
+        """Called once when a trial ends."""
+
+
+class MedianstopAssessor(Assessor):
+    def __init__(self, optimize_mode: str = "maximize", start_step: int = 0) -> None:
+        super().__init__(optimize_mode)
+        self.start_step = start_step
+        self._completed: list[list[float]] = []  # running averages of completed trials
+
+    def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
+        if succeeded and history:
+            self._completed.append([sum(history[: i + 1]) / (i + 1) for i in range(len(history))])
+
+    def assess(self, trial_id: str, history: list[float]) -> bool:
+        step = len(history)
+        if step <= self.start_step or not self._completed:
+            return False
+        at_step = [avgs[step - 1] if len(avgs) >= step else avgs[-1] for avgs in self._completed]
+        median = statistics.median(at_step)
+        best = max(history) if self.maximize else min(history)
+        return self.better(median, best)
+
+
+class CurvefittingAssessor(Assessor):
+    def __init__(self, epoch_num: int = 20, start_step: int = 6, threshold: float = 0.95, gap: int = 1,
+                 optimize_mode: str = "maximize") -> None:
+        super().__init__(optimize_mode)
+        self.epoch_num, self.start_step, self.threshold, self.gap = epoch_num, start_step, threshold, gap
+        self._best_final: float | None = None
+
+    def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
+        if succeeded and history:
+            final = history[-1]
+            if self._best_final is None or self.better(final, self._best_final):
+                self._best_final = final
+
+    def predict(self, history: list[float]) -> float:
+        """Final value at ``epoch_num``: least squares on a log curve a + b*log(x), bounded by the
+        linear trend so a flat or noisy start does not extrapolate wildly."""
+        x = np.arange(1, len(history) + 1, dtype=float)
+        y = np.asarray(history, dtype=float)
+        design = np.column_stack([np.ones_like(x), np.log(x)])
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        return float(coef[0] + coef[1] * np.log(self.epoch_num))
+
+    def assess(self, trial_id: str, history: list[float]) -> bool:
+        step = len(history)
+        if step < self.start_step or (step - self.start_step) % self.gap or self._best_final is None:
+            return False
+        predicted = self.predict(history)
+        if self.maximize:
+            return predicted < self.threshold * self._best_final
+        return predicted > self._best_final / self.threshold
+
+
+ASSESSORS = {
+    "medianstop": (MedianstopAssessor, {"optimize_mode": optimize_mode_arg, "start_step": _nonneg_int}),
+    "curvefitting": (CurvefittingAssessor, {"optimize_mode": optimize_mode_arg, "epoch_num": positive_int_arg,
+                                            "start_step": _nonneg_int, "threshold": number_arg,
+                                            "gap": positive_int_arg}),
+}
+
+
+def create_assessor(config: AlgorithmConfig) -> Assessor:
+    name = (config.name or config.class_name or "").lower()
+    if name not in ASSESSORS:
+        raise TunerError(f"unknown assessor {config.name or config.class_name!r}; built-in: Medianstop, Curvefitting")
+    cls, allowed = ASSESSORS[name]
+    return cls(**check_args(f"assessor {config.name}", config.class_args, allowed))  # type: ignore[abstract]

@@ -1,0 +1,29 @@
+"""Experiment configuration: NNI's v2 schema (v1 files converted), validated with pydantic."""
+
+from __future__ import annotations
+
+from ._base import ConfigError, parse_duration, parse_gpu_indices, parse_size_mb
+from .experiment import AlgorithmConfig, ExperimentConfig, load_config, parse_config
+from .platforms import (
+    PLATFORM_CONFIGS,
+    LocalConfig,
+    RemoteConfig,
+    RemoteMachineConfig,
+    TrainingServiceConfig,
+)
+
+__all__ = [
+    "PLATFORM_CONFIGS",
+    "AlgorithmConfig",
+    "ConfigError",
+    "ExperimentConfig",
+    "LocalConfig",
+    "RemoteConfig",
+    "RemoteMachineConfig",
+    "TrainingServiceConfig",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_gpu_indices",
+    "parse_size_mb",
+]

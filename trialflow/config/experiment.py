@@ -1,0 +1,185 @@
+"""The experiment config (NNI v2 schema, nni-contract.md §2.2) and its loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
+from ._base import ConfigError, ConfigModel, ConfigPath, Duration, GpuIndices, canonical_key, format_errors
+from .legacy import convert_v1, is_v1
+from .platforms import AnyTrainingService, SharedStorageConfig, TrainingServiceConfig
+
+# Top-level fields NNI copies into each training-service section that does not set them.
+_SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
+DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"
+
+
+class AlgorithmConfig(ConfigModel):
+    """A tuner or assessor: a built-in ``name`` or a custom ``className`` (+ ``codeDirectory``)."""
+
+    name: str | None = None
+    class_name: str | None = None
+    code_directory: ConfigPath | None = None
+    class_args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _name_or_class(self) -> AlgorithmConfig:
+        if (self.name is None) == (self.class_name is None):
+            raise ValueError("set exactly one of name (built-in algorithm) or className (custom class)")
+        if self.code_directory is not None and not self.code_directory.is_dir():
+            raise ValueError(f'codeDirectory "{self.code_directory}" is not a directory')
+        return self
+
+
+class ExperimentConfig(ConfigModel):
+    """A whole experiment. Build it with :func:`load_config` (file) or :func:`parse_config` (dict)."""
+
+    experiment_name: str | None = None
+    experiment_type: Literal["hpo"] = "hpo"
+    search_space_file: ConfigPath | None = None
+    search_space: Any = None
+    trial_command: str | None = None
+    trial_code_directory: ConfigPath | None = None
+    trial_concurrency: int = Field(gt=0)
+    trial_gpu_number: int | None = Field(default=None, ge=0)
+    max_experiment_duration: Duration | None = Field(default=None, gt=0)
+    max_trial_number: int | None = Field(default=None, gt=0)
+    max_trial_duration: Duration | None = Field(default=None, gt=0)
+    nni_manager_ip: str | None = None
+    use_annotation: bool = False
+    debug: bool = False
+    log_level: Literal["fatal", "error", "warning", "info", "debug", "trace"] | None = None
+    experiment_working_directory: ConfigPath = Field(default=DEFAULT_WORKING_DIRECTORY, validate_default=True)
+    tuner_gpu_indices: GpuIndices | None = None
+    tuner: AlgorithmConfig | None = None
+    assessor: AlgorithmConfig | None = None
+    advisor: AlgorithmConfig | None = None
+    training_service: AnyTrainingService | list[AnyTrainingService]
+    shared_storage: SharedStorageConfig | None = None
+    store_url: str | None = Field(default=None, description="PostgreSQL URL of a shared experiment store")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _copy_shortcuts(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        top = {canonical_key(str(k)): v for k, v in data.items() if v is not None}
+        out = dict(data)
+        for key, value in data.items():
+            if canonical_key(str(key)) != "trainingservice":
+                continue
+            sections = [cls._with_shortcuts(s, top) for s in (value if isinstance(value, list) else [value])]
+            out[key] = sections if isinstance(value, list) else sections[0]
+        return out
+
+    @staticmethod
+    def _with_shortcuts(section: Any, top: dict[str, Any]) -> Any:
+        if not isinstance(section, dict):
+            return section
+        present = {canonical_key(str(k)) for k, v in section.items() if v is not None}
+        missing = {n: top[canonical_key(n)] for n in _SHORTCUTS
+                   if canonical_key(n) in top and canonical_key(n) not in present}
+        return {**section, **missing}
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _rules(self) -> ExperimentConfig:
+        if self.use_annotation:
+            raise ValueError("useAnnotation is not supported; write the search space in searchSpace or searchSpaceFile")
+        if self.advisor is not None:
+            if self.tuner is not None:
+                raise ValueError('"advisor" is deprecated; set only "tuner"')
+            warnings.warn('"advisor" is deprecated; it was moved to "tuner"', stacklevel=2)
+            self.tuner, self.advisor = self.advisor, None
+        if self.tuner is None:
+            raise ValueError("tuner must be set (e.g. tuner: {name: TPE, classArgs: {optimize_mode: maximize}})")
+        if (self.search_space is None) == (self.search_space_file is None):
+            raise ValueError("set exactly one of searchSpace or searchSpaceFile")
+        if self.search_space_file is not None:
+            self.search_space = load_search_space_file(self.search_space_file)
+        try:
+            parse_search_space(self.search_space)
+        except SearchSpaceError as exc:
+            raise ValueError(f"searchSpace: {exc}") from None
+        if self.log_level is None:
+            self.log_level = "debug" if self.debug else "info"
+        return self
+
+    @property
+    def services(self) -> list[TrainingServiceConfig]:
+        ts = self.training_service
+        return list(ts) if isinstance(ts, list) else [ts]
+
+    @property
+    def is_hybrid(self) -> bool:
+        return isinstance(self.training_service, list)
+
+    @property
+    def space(self) -> SearchSpace:
+        return parse_search_space(self.search_space)
+
+    @property
+    def name(self) -> str:
+        return self.experiment_name or "experiment"
+
+
+def load_search_space_file(path: Path) -> Any:
+    """A search space file as JSON, falling back to YAML."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f'cannot read searchSpaceFile "{path}": {exc.strerror}') from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f'searchSpaceFile "{path}" is neither valid JSON nor YAML: {exc}') from None
+
+
+def parse_config(data: Any, base_dir: str | os.PathLike[str] | None = None, source: str | None = None
+                 ) -> ExperimentConfig:
+    """Validate a config mapping; relative paths resolve against ``base_dir`` (default: cwd)."""
+    if not isinstance(data, dict):
+        raise ConfigError([f"the config must be a mapping of fields, got {type(data).__name__}"], source)
+    if is_v1(data):
+        data = convert_v1(data)
+        warnings.warn("converted a legacy v1 (NNI 1.x/2.x) config to the v2 schema; "
+                      "`trialflow config convert` prints the v2 equivalent", stacklevel=2)
+    context = {"base_dir": os.fspath(base_dir) if base_dir is not None else os.getcwd()}
+    try:
+        return ExperimentConfig.model_validate(data, context=context)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc), source) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
+    """Load a YAML or JSON experiment config file (NNI v2, or v1 converted with a notice)."""
+    file = Path(os.path.expanduser(os.fspath(path)))
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f'config file "{file}" does not exist'], str(file)) from None
+    except OSError as exc:
+        raise ConfigError([f'cannot read config file "{file}": {exc.strerror}'], str(file)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"not valid YAML{where}: {problem}"], str(file)) from None
+    return parse_config(data, base_dir=file.resolve().parent, source=str(file))

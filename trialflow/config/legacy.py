@@ -1,0 +1,143 @@
+"""Conversion of legacy v1 experiment configs (NNI 1.x/2.x ``trainingServicePlatform`` files) to v2.
+
+Mirrors NNI's ``nni/experiment/config/convert.py`` plus the v1-only platforms (adl, dlts). Keys are
+matched case- and underscore-insensitively like the rest of the config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import canonical_key
+
+_V1_MARKERS = {"authorname", "trainingserviceplatform", "trial", "maxexecduration", "maxtrialnum",
+               "searchspacepath", "localconfig", "machinelist", "paiconfig", "kubeflowconfig",
+               "frameworkcontrollerconfig", "dltsconfig", "remoteconfig"}
+
+
+def is_v1(data: dict[str, Any]) -> bool:
+    return any(canonical_key(str(k)) in _V1_MARKERS for k in data)
+
+
+def _ci(data: Any) -> dict[str, Any]:
+    return {canonical_key(str(k)): v for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        out[key] = value
+
+
+def _algorithm(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        return None
+    a = _ci(raw)
+    out: dict[str, Any] = {}
+    _put(out, "name", a.get("builtintunername") or a.get("builtinassessorname") or a.get("builtinadvisorname"))
+    _put(out, "className", a.get("classname"))
+    _put(out, "codeDirectory", a.get("codedir"))
+    _put(out, "classArgs", a.get("classargs"))
+    return out
+
+
+def _machine(raw: Any) -> dict[str, Any]:
+    m = _ci(raw)
+    out: dict[str, Any] = {}
+    for old, new in (("ip", "host"), ("port", "port"), ("username", "user"), ("passwd", "password"),
+                     ("sshkeypath", "sshKeyFile"), ("passphrase", "sshPassphrase"), ("gpuindices", "gpuIndices"),
+                     ("maxtrialnumpergpu", "maxTrialNumberPerGpu"), ("useactivegpu", "useActiveGpu"),
+                     ("pythonpath", "pythonPath")):
+        _put(out, new, m.get(old))
+    return out
+
+
+def _k8s_storage(cfg: dict[str, Any]) -> dict[str, Any]:
+    if "nfs" in cfg:
+        nfs = _ci(cfg["nfs"])
+        return {"storageType": "nfs", "server": nfs.get("server"), "path": nfs.get("path")}
+    vault, azure = _ci(cfg.get("keyvault")), _ci(cfg.get("azurestorage"))
+    return {"storageType": "azureStorage", "azureAccount": azure.get("accountname"),
+            "azureShare": azure.get("azureshare"), "keyVaultName": vault.get("vaultname"),
+            "keyVaultKey": vault.get("name")}
+
+
+def _role(raw: Any, name_key: str = "replicas") -> dict[str, Any]:
+    r = _ci(raw)
+    out: dict[str, Any] = {}
+    for old, new in (("replicas", "replicas"), ("command", "command"), ("gpunum", "gpuNumber"),
+                     ("cpunum", "cpuNumber"), ("memorymb", "memorySize"), ("image", "dockerImage"),
+                     ("name", "name"), ("tasknum", "taskNumber"),
+                     ("privateregistryauthpath", "privateRegistryAuthPath")):
+        _put(out, new, r.get(old))
+    policy = _ci(r.get("frameworkattemptcompletionpolicy"))
+    if policy:
+        out["frameworkAttemptCompletionPolicy"] = {"minFailedTaskCount": policy.get("minfailedtaskcount"),
+                                                   "minSucceedTaskCount": policy.get("minsucceededtaskcount",
+                                                                                     policy.get("minsucceedtaskcount"))}
+    return out
+
+
+def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A v2 config dict equivalent to a v1 one."""
+    v1 = _ci(data)
+    trial = _ci(v1.get("trial"))
+    out: dict[str, Any] = {}
+    for old, new in (("experimentname", "experimentName"), ("trialconcurrency", "trialConcurrency"),
+                     ("maxexecduration", "maxExperimentDuration"), ("maxtrialnum", "maxTrialNumber"),
+                     ("maxtrialduration", "maxTrialDuration"), ("searchspacepath", "searchSpaceFile"),
+                     ("searchspace", "searchSpace"), ("nnimanagerip", "nniManagerIp"), ("debug", "debug"),
+                     ("loglevel", "logLevel"), ("logdir", "experimentWorkingDirectory"),
+                     ("useannotation", "useAnnotation")):
+        _put(out, new, v1.get(old))
+    for kind in ("tuner", "assessor", "advisor"):
+        _put(out, kind, _algorithm(v1.get(kind)))
+    _put(out, "trialCommand", trial.get("command"))
+    _put(out, "trialCodeDirectory", trial.get("codedir"))
+    _put(out, "trialGpuNumber", trial.get("gpunum"))
+
+    platform = str(v1.get("trainingserviceplatform", "local")).lower()
+    ts: dict[str, Any] = {"platform": "openpai" if platform == "pai" else platform}
+    if platform == "local":
+        local = _ci(v1.get("localconfig"))
+        _put(ts, "gpuIndices", local.get("gpuindices"))
+        _put(ts, "maxTrialNumberPerGpu", local.get("maxtrialnumpergpu"))
+        _put(ts, "useActiveGpu", local.get("useactivegpu"))
+    elif platform == "remote":
+        ts["machineList"] = [_machine(m) for m in v1.get("machinelist") or []]
+        _put(ts, "reuseMode", _ci(v1.get("remoteconfig")).get("reuse"))
+    elif platform == "pai":
+        pai = _ci(v1.get("paiconfig"))
+        for old, new in (("username", "username"), ("token", "token"), ("host", "host"), ("reuse", "reuseMode")):
+            _put(ts, new, pai.get(old))
+        for old, new in (("cpunum", "trialCpuNumber"), ("memorymb", "trialMemorySize"), ("image", "dockerImage"),
+                         ("virtualcluster", "virtualCluster"), ("nnimanagernfsmountpath", "localStorageMountPoint"),
+                         ("containernfsmountpath", "containerStorageMountPoint"),
+                         ("paistorageconfigname", "storageConfigName")):
+            _put(ts, new, trial.get(old))
+    elif platform in ("kubeflow", "frameworkcontroller"):
+        cfg = _ci(v1.get(f"{platform}config"))
+        ts["storage"] = _k8s_storage(cfg)
+        _put(ts, "reuseMode", cfg.get("reuse"))
+        _put(ts, "namespace", cfg.get("namespace"))
+        if platform == "kubeflow":
+            _put(ts, "operator", cfg.get("operator"))
+            _put(ts, "apiVersion", cfg.get("apiversion"))
+            for role in ("worker", "ps", "master"):
+                if role in trial:
+                    ts[role] = _role(trial[role])
+        else:
+            _put(ts, "serviceAccountName", cfg.get("serviceaccountname"))
+            ts["taskRoles"] = [_role(r) for r in trial.get("taskroles") or []]
+    elif platform == "adl":
+        for old, new in (("image", "image"), ("namespace", "namespace"), ("imagepullsecrets", "imagePullSecrets"),
+                         ("nfs", "nfs"), ("adaptive", "adaptive"), ("checkpoint", "checkpoint"),
+                         ("cpunum", "cpuNumber"), ("memorysize", "memorySize")):
+            _put(ts, new, trial.get(old))
+        _put(ts, "logCollection", v1.get("logcollection"))
+    elif platform == "dlts":
+        dlts = _ci(v1.get("dltsconfig"))
+        for key in ("dashboard", "cluster", "team", "email", "password"):
+            _put(ts, key, dlts.get(key))
+        _put(ts, "image", trial.get("image"))
+    out["trainingService"] = ts
+    return out

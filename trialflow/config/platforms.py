@@ -1,0 +1,366 @@
+"""Per-platform ``trainingService`` sections of NNI's v2 config (reference nni-contract.md §2.3).
+
+Every section parses and validates here, whether or not its training service is implemented yet;
+the registry in ``trialflow.tasks.training_services`` says which ones can run.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
+
+from ._base import ConfigModel, ConfigPath, GpuIndices, SizeMB, canonical_key, resolve_path
+
+DEFAULT_IMAGE = "msranni/nni:latest"
+
+
+class TrainingServiceConfig(ConfigModel):
+    """Fields every platform shares; top-level shortcut fields are copied in when missing."""
+
+    platform: str
+    trial_command: str = Field(min_length=1)
+    trial_code_directory: ConfigPath = Field(default=None, validate_default=True)  # type: ignore[assignment]
+    trial_gpu_number: int | None = Field(default=None, ge=0)
+    nni_manager_ip: str | None = None
+    debug: bool = False
+    reuse_mode: bool = False
+
+    @field_validator("trial_code_directory", mode="before")
+    @classmethod
+    def _default_code_dir(cls, value: Any) -> Any:
+        return "." if value is None else value
+
+    @field_validator("trial_code_directory")
+    @classmethod
+    def _code_dir_exists(cls, value: Any) -> Any:
+        if not value.is_dir():
+            raise ValueError(f'"{value}" is not a directory; set trialCodeDirectory to the folder of your trial code')
+        return value
+
+
+class LocalConfig(TrainingServiceConfig):
+    platform: Literal["local"] = "local"
+    use_active_gpu: bool | None = None
+    max_trial_number_per_gpu: int = Field(default=1, gt=0)
+    gpu_indices: GpuIndices | None = None
+
+    @model_validator(mode="after")
+    def _gpu_rules(self) -> LocalConfig:
+        self.nni_manager_ip = None
+        if self.trial_gpu_number and self.use_active_gpu is None:
+            raise ValueError(
+                "useActiveGpu must be set when trialGpuNumber > 0: true if your system has a GUI, "
+                "false if the machine runs several experiments concurrently"
+            )
+        if self.max_trial_number_per_gpu != 1 and self.trial_gpu_number is None:
+            raise ValueError("maxTrialNumberPerGpu does not work without trialGpuNumber; set trialGpuNumber")
+        return self
+
+
+class RemoteMachineConfig(ConfigModel):
+    host: str = Field(min_length=1)
+    port: int = Field(default=22, gt=0, lt=65536)
+    user: str | None = None
+    password: SecretStr | None = None
+    ssh_key_file: ConfigPath | None = None
+    ssh_passphrase: SecretStr | None = None
+    credentials: str | None = Field(default=None, description="name of a trialflow SSH credentials block")
+    use_active_gpu: bool = False
+    max_trial_number_per_gpu: int = Field(default=1, gt=0)
+    gpu_indices: GpuIndices | None = None
+    python_path: str | None = None
+
+    @model_validator(mode="after")
+    def _auth(self) -> RemoteMachineConfig:
+        if self.credentials:
+            return self
+        if not self.user:
+            raise ValueError("user is required (or name a credentials block with 'credentials')")
+        if self.password is not None:
+            self.ssh_key_file = None
+            return self
+        key = self.ssh_key_file or resolve_path("~/.ssh/id_rsa", None)
+        if not key.is_file():
+            raise ValueError(f'provide a password or a valid SSH key file: sshKeyFile "{key}" is not a file')
+        self.ssh_key_file = key
+        return self
+
+
+class RemoteConfig(TrainingServiceConfig):
+    platform: Literal["remote"] = "remote"
+    machine_list: list[RemoteMachineConfig] = Field(min_length=1)
+    trust_unknown_hosts: bool = Field(default=False, description="trust SSH host keys on first use")
+
+    @model_validator(mode="after")
+    def _per_gpu(self) -> RemoteConfig:
+        if self.trial_gpu_number is None and any(m.max_trial_number_per_gpu != 1 for m in self.machine_list):
+            raise ValueError("maxTrialNumberPerGpu does not work without trialGpuNumber; set trialGpuNumber")
+        return self
+
+
+class OpenpaiConfig(TrainingServiceConfig):
+    platform: Literal["openpai"] = "openpai"
+    host: str
+    username: str
+    token: SecretStr
+    trial_cpu_number: int = Field(gt=0)
+    trial_memory_size: SizeMB
+    storage_config_name: str
+    docker_image: str = DEFAULT_IMAGE
+    virtual_cluster: str | None = None
+    local_storage_mount_point: ConfigPath
+    container_storage_mount_point: str
+    reuse_mode: bool = True
+    openpai_config: dict[str, Any] | None = None
+    openpai_config_file: ConfigPath | None = None
+
+    @field_validator("host")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        return value if "://" in value else f"https://{value}"
+
+    @model_validator(mode="after")
+    def _rules(self) -> OpenpaiConfig:
+        if self.trial_gpu_number is None:
+            raise ValueError("trialGpuNumber must be set for openpai (0 for CPU-only trials)")
+        if not self.local_storage_mount_point.is_dir():
+            raise ValueError(f'localStorageMountPoint "{self.local_storage_mount_point}" is not a directory')
+        if self.openpai_config is not None and self.openpai_config_file is not None:
+            raise ValueError("openpaiConfig and openpaiConfigFile can only be set one")
+        if self.openpai_config_file is not None and not self.openpai_config_file.is_file():
+            raise ValueError(f'openpaiConfigFile "{self.openpai_config_file}" is not a file')
+        return self
+
+
+class AmlConfig(TrainingServiceConfig):
+    platform: Literal["aml"] = "aml"
+    subscription_id: str
+    resource_group: str
+    workspace_name: str
+    compute_target: str
+    docker_image: str = DEFAULT_IMAGE
+    max_trial_number_per_gpu: int = Field(default=1, gt=0)
+
+
+class DlcConfig(TrainingServiceConfig):
+    platform: Literal["dlc"] = "dlc"
+    type: str = "Worker"
+    image: str
+    job_type: Literal["TFJob", "PyTorchJob"] = "TFJob"
+    pod_count: int = Field(gt=0)
+    ecs_spec: str
+    region: str
+    workspace_id: str | None = None
+    nas_data_source_id: str
+    oss_data_source_id: str | None = None
+    access_key_id: SecretStr
+    access_key_secret: SecretStr
+    local_storage_mount_point: str
+    container_storage_mount_point: str
+
+    @field_validator("pod_count", mode="before")
+    @classmethod
+    def _pod_count_text(cls, value: Any) -> Any:
+        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+    @field_validator("workspace_id")
+    @classmethod
+    def _none_text(cls, value: str | None) -> str | None:
+        return None if value == "None" else value
+
+
+class NfsStorage(ConfigModel):
+    storage_type: Literal["nfs"] = "nfs"
+    server: str
+    path: str
+
+
+class AzureStorage(ConfigModel):
+    storage_type: Literal["azureStorage"] = "azureStorage"
+    azure_account: str
+    azure_share: str
+    key_vault_name: str
+    key_vault_key: str
+
+
+def _storage_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        for key, tag in value.items():
+            if canonical_key(str(key)) == "storagetype":
+                return {"nfs": "nfs", "azurestorage": "azureStorage"}.get(str(tag).lower(), str(tag))
+        return "nfs"
+    return getattr(value, "storage_type", None)
+
+
+K8sStorageConfig = Annotated[
+    Annotated[NfsStorage, Tag("nfs")] | Annotated[AzureStorage, Tag("azureStorage")],
+    Discriminator(
+        _storage_tag,
+        custom_error_type="storage_type",
+        custom_error_message='storageType must be "nfs" or "azureStorage"',
+    ),
+]
+
+
+class KubeflowRoleConfig(ConfigModel):
+    replicas: int = Field(gt=0)
+    command: str
+    gpu_number: int = Field(default=0, ge=0)
+    cpu_number: float = Field(gt=0)
+    memory_size: SizeMB
+    docker_image: str = DEFAULT_IMAGE
+    code_directory: str | None = None
+    private_registry_auth_path: ConfigPath | None = None
+
+
+class KubeflowConfig(TrainingServiceConfig):
+    platform: Literal["kubeflow"] = "kubeflow"
+    operator: Literal["tf-operator", "pytorch-operator"]
+    api_version: Literal["v1alpha2", "v1beta1", "v1beta2", "v1"]
+    storage: K8sStorageConfig
+    worker: KubeflowRoleConfig | None = None
+    ps: KubeflowRoleConfig | None = None
+    master: KubeflowRoleConfig | None = None
+    reuse_mode: bool = True
+    namespace: str = "default"
+    credentials: str | None = Field(default=None, description="name of a kubeconfig credentials block")
+
+    @model_validator(mode="after")
+    def _roles(self) -> KubeflowConfig:
+        if self.worker is None:
+            raise ValueError("worker must be set (the replica spec that runs the trial)")
+        if self.operator == "tf-operator" and self.master is not None:
+            raise ValueError("tf-operator takes worker and ps roles, not master")
+        if self.operator == "pytorch-operator":
+            if self.ps is not None:
+                raise ValueError("pytorch-operator takes master and worker roles, not ps")
+            if self.master is not None and self.master.replicas != 1:
+                raise ValueError("pytorch-operator needs exactly one master replica")
+        return self
+
+
+class CompletionPolicy(ConfigModel):
+    min_failed_task_count: int
+    min_succeed_task_count: int
+
+
+class FrameworkControllerRoleConfig(ConfigModel):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    docker_image: str = DEFAULT_IMAGE
+    task_number: int = Field(gt=0)
+    command: str
+    gpu_number: int = Field(ge=0)
+    cpu_number: float = Field(gt=0)
+    memory_size: SizeMB
+    framework_attempt_completion_policy: CompletionPolicy
+    private_registry_auth_path: ConfigPath | None = None
+
+
+class FrameworkControllerConfig(TrainingServiceConfig):
+    platform: Literal["frameworkcontroller"] = "frameworkcontroller"
+    storage: K8sStorageConfig
+    service_account_name: str | None = None
+    task_roles: list[FrameworkControllerRoleConfig] = Field(min_length=1)
+    reuse_mode: bool = True
+    namespace: str = "default"
+    credentials: str | None = None
+
+
+class AdlNfs(ConfigModel):
+    server: str
+    path: str
+    container_mount_path: str
+
+
+class AdlCheckpoint(ConfigModel):
+    storage_class: str
+    storage_size: str
+
+
+class AdlConfig(TrainingServiceConfig):
+    """AdaptDL; NNI only accepted it through v1 files, trialflow also takes it as a v2 section."""
+
+    platform: Literal["adl"] = "adl"
+    image: str = DEFAULT_IMAGE
+    namespace: str = "default"
+    image_pull_secrets: list[dict[str, str]] | None = None
+    nfs: AdlNfs | None = None
+    adaptive: bool = False
+    checkpoint: AdlCheckpoint | None = None
+    cpu_number: float | None = Field(default=None, gt=0)
+    memory_size: str | None = None
+    log_collection: Literal["http", "none"] = "none"
+    credentials: str | None = None
+
+
+class DltsConfig(TrainingServiceConfig):
+    platform: Literal["dlts"] = "dlts"
+    dashboard: str
+    cluster: str = ".default"
+    team: str | None = None
+    email: str | None = None
+    password: SecretStr | None = None
+    image: str = DEFAULT_IMAGE
+
+
+PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {
+    "local": LocalConfig,
+    "remote": RemoteConfig,
+    "openpai": OpenpaiConfig,
+    "aml": AmlConfig,
+    "dlc": DlcConfig,
+    "kubeflow": KubeflowConfig,
+    "frameworkcontroller": FrameworkControllerConfig,
+    "adl": AdlConfig,
+    "dlts": DltsConfig,
+}
+
+
+def platform_tag(value: Any) -> str | None:
+    """The platform name of a raw or parsed section (keys matched as NNI does; ``pai`` = openpai)."""
+    if isinstance(value, dict):
+        for key, tag in value.items():
+            if canonical_key(str(key)) == "platform" and isinstance(tag, str):
+                tag = tag.lower()
+                return "openpai" if tag == "pai" else tag
+        return None
+    return getattr(value, "platform", None)
+
+
+AnyTrainingService = Annotated[
+    Annotated[LocalConfig, Tag("local")]
+    | Annotated[RemoteConfig, Tag("remote")]
+    | Annotated[OpenpaiConfig, Tag("openpai")]
+    | Annotated[AmlConfig, Tag("aml")]
+    | Annotated[DlcConfig, Tag("dlc")]
+    | Annotated[KubeflowConfig, Tag("kubeflow")]
+    | Annotated[FrameworkControllerConfig, Tag("frameworkcontroller")]
+    | Annotated[AdlConfig, Tag("adl")]
+    | Annotated[DltsConfig, Tag("dlts")],
+    Discriminator(
+        platform_tag,
+        custom_error_type="platform",
+        custom_error_message="platform must be one of " + ", ".join(PLATFORM_CONFIGS),
+    ),
+]
+
+
+class SharedStorageConfig(ConfigModel):
+    storage_type: Literal["NFS", "AzureBlob"]
+    local_mount_point: ConfigPath
+    remote_mount_point: str
+    local_mounted: Literal["usermount", "nnimount", "nomount"]
+    nfs_server: str | None = None
+    exported_directory: str | None = None
+    storage_account_name: str | None = None
+    storage_account_key: SecretStr | None = None
+    container_name: str | None = None
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> SharedStorageConfig:
+        if self.storage_type == "NFS" and not (self.nfs_server and self.exported_directory):
+            raise ValueError("NFS shared storage needs nfsServer and exportedDirectory")
+        if self.storage_type == "AzureBlob" and not (self.storage_account_name and self.container_name):
+            raise ValueError("AzureBlob shared storage needs storageAccountName and containerName")
+        return self

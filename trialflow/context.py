@@ -1,0 +1,38 @@
+"""Shared state of one running experiment, handed to its tasks (never pickled: the flow runs tasks in
+threads, and tasks use ``cache_policy=NO_CACHE``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .assessors import Assessor
+from .config import ExperimentConfig
+from .store import ExperimentStore
+from .tasks.training_services import TrainingService, TrialStatus
+from .tuners import Tuner
+
+
+@dataclass
+class ExperimentContext:
+    experiment_id: str
+    experiment_dir: Path
+    config: ExperimentConfig
+    store: ExperimentStore
+    service: TrainingService
+    tuner: Tuner
+    assessor: Assessor | None = None
+    poll_interval: float = 0.2
+    max_trial_duration: float | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    tuner_lock: threading.Lock = field(default_factory=threading.Lock)
+    cancel_requests: dict[str, TrialStatus] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    # parameter id -> raw values of trials taken over from an earlier run (resume)
+    adopted: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def request_cancel(self, trial_id: str, reason: TrialStatus) -> None:
+        self.cancel_requests.setdefault(trial_id, reason)

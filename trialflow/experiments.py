@@ -1,0 +1,90 @@
+"""Experiments on disk: creating, finding and opening them (no Prefect imports here, so the CLI's
+read-only commands stay fast)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ExperimentConfig, load_config, parse_config
+from .config.experiment import DEFAULT_WORKING_DIRECTORY
+from .ids import new_experiment_id
+from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore
+
+# Configs of experiments created in this process (the Python API): they keep their secrets, which
+# the stored copy masks.
+LIVE_CONFIGS: dict[str, ExperimentConfig] = {}
+
+
+class ExperimentNotFound(LookupError):
+    """No experiment with that id under the working directory."""
+
+
+def default_root() -> Path:
+    return Path(os.path.expanduser(os.environ.get("TRIALFLOW_HOME", DEFAULT_WORKING_DIRECTORY)))
+
+
+def create_experiment(config: ExperimentConfig, config_path: str | None = None) -> tuple[str, Path]:
+    """A new experiment id and its directory with the store holding the config."""
+    root = Path(config.experiment_working_directory)
+    experiment_id = new_experiment_id()
+    exp_dir = root / experiment_id
+    (exp_dir / "log").mkdir(parents=True, exist_ok=True)
+    store = ExperimentStore.embedded(exp_dir, experiment_id)
+    try:
+        store.create_experiment(config.experiment_name, config.dump(), config_path)
+    finally:
+        store.close()
+    LIVE_CONFIGS[experiment_id] = config
+    return experiment_id, exp_dir
+
+
+def open_store(working_directory: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
+    exp_dir = Path(working_directory) / experiment_id
+    if not (exp_dir / DB_RELATIVE_PATH).is_file():
+        raise ExperimentNotFound(f"no experiment {experiment_id!r} under {working_directory}; "
+                                 "`trialflow experiment list` shows the known ones")
+    return ExperimentStore.embedded(exp_dir, experiment_id)
+
+
+def load_experiment_config(store: ExperimentStore, config_path: str | None = None) -> ExperimentConfig:
+    """The experiment's config: in-process original, else the config file, else the stored copy."""
+    live = LIVE_CONFIGS.get(store.experiment_id)
+    if live is not None:
+        return live
+    record = store.experiment()
+    path = config_path or record.config_path
+    if path and Path(path).is_file():
+        return load_config(path)
+    return parse_config(record.config, source=f"stored config of {store.experiment_id}")
+
+
+@dataclass
+class ExperimentEntry:
+    id: str
+    root: Path
+    record: ExperimentRecord
+
+
+def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path, ExperimentStore]:
+    """The working directory and store of an experiment, searching the default root."""
+    base = root or default_root()
+    return base, open_store(base, experiment_id)
+
+
+def list_experiments(root: Path | None = None) -> list[ExperimentEntry]:
+    base = root or default_root()
+    out = []
+    if not base.is_dir():
+        return out
+    for db in sorted(base.glob(f"*/{DB_RELATIVE_PATH.as_posix()}")):
+        exp_id = db.parent.parent.name
+        store = ExperimentStore.embedded(db.parent.parent, exp_id)
+        try:
+            out.append(ExperimentEntry(exp_id, base, store.experiment()))
+        except KeyError:
+            continue
+        finally:
+            store.close()
+    return out

@@ -1,0 +1,199 @@
+"""The experiment flow: one Prefect flow run per experiment (run name = experiment id).
+
+The loop keeps at most ``trialConcurrency`` trials in flight (a bounded window, re-read every tick so
+``trialflow update`` applies at run time), asks the tuner (``suggest`` task) and submits
+(``submit_trial`` task) while budget remains, and follows each trial in its own ``poll_trial`` task
+run. It ends DONE when the budget (``maxTrialNumber``, ``maxExperimentDuration``, or a finished
+grid) is spent and every trial has ended, STOPPED on ``trialflow stop`` (running trials are
+cancelled as USER_CANCELED), ERROR when the service or tuner cannot go on.
+
+Resume (the same flow on an existing experiment id): finished trials are replayed to the tuner,
+running trials are re-attached through their stored handles, trials that were never submitted are
+submitted again with their original parameters; ``maxTrialNumber`` keeps counting every trial.
+Parameters of the flow are ids and paths only: secrets never become flow parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from ..assessors import create_assessor
+from ..context import ExperimentContext
+from ..experiments import load_experiment_config, open_store
+from ..ids import new_trial_id
+from ..tasks.code import upload_code
+from ..tasks.training_services import CodeRef, PlatformError, TrialHandle, TrialSpec, TrialStatus, create_service
+from ..tasks.trials import poll_trial, submit_trial
+from ..tasks.tuner import observe, suggest
+from ..tuners import create_tuner, extract_scalar
+from ..ui import ArtifactReporter
+
+TICK_SECONDS = 0.25
+MAX_THREADS = 1024  # the window, not the pool, bounds concurrency (it may grow at run time)
+
+
+@flow(name="experiment", flow_run_name="{experiment_id}", task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS),
+      validate_parameters=False)
+def experiment_flow(experiment_id: str, working_directory: str, config_path: str | None = None) -> str:
+    """Run (or resume) experiment ``experiment_id`` stored under ``working_directory``; returns its final
+    status."""
+    logger = get_run_logger()
+    store = open_store(working_directory, experiment_id)
+    exp_dir = Path(working_directory) / experiment_id
+    try:
+        config = load_experiment_config(store, config_path)
+        service = create_service(config.services[0], exp_dir)
+        tuner = create_tuner(config.tuner, config.space)  # type: ignore[arg-type]
+        assessor = create_assessor(config.assessor) if config.assessor else None
+        service.prepare()
+    except Exception as exc:
+        store.set_experiment(status="ERROR", message=str(exc), end_time=time.time())
+        raise
+    ctx = ExperimentContext(experiment_id, exp_dir, config, store, service, tuner, assessor,
+                            max_trial_duration=config.max_trial_duration)
+    store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid())
+    logger.info("experiment %s running on %s; trials under %s", experiment_id, service.platform, exp_dir)
+    try:
+        status = _run(ctx)
+    except BaseException as exc:
+        ctx.stop.set()  # poll tasks cancel their trials
+        store.set_experiment(status="ERROR", message=f"{type(exc).__name__}: {exc}", end_time=time.time())
+        raise
+    finally:
+        ctx.stop.set()
+        service.close()
+    store.set_experiment(status=status, end_time=time.time(), controller_pid=None)
+    logger.info("experiment %s %s", experiment_id, status)
+    return status
+
+
+class _Loop:
+    """State of one run of the experiment loop."""
+
+    def __init__(self, ctx: ExperimentContext) -> None:
+        self.ctx = ctx
+        self.running: dict[str, PrefectFuture[Any]] = {}
+        self.exhausted = False
+        controls = ctx.store.experiment().controls
+        self.elapsed_before = float(controls.get("elapsed_seconds", 0.0))
+        self.started = time.monotonic()
+        self.reporter = ArtifactReporter(ctx)
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def limits(self, controls: dict[str, Any]) -> tuple[int, int | None, float | None]:
+        cfg = self.ctx.config
+        return (int(controls.get("trial_concurrency", cfg.trial_concurrency)),
+                controls.get("max_trial_number", cfg.max_trial_number),
+                controls.get("max_experiment_duration", cfg.max_experiment_duration))
+
+    def follow(self, trial_id: str, sequence: int, handle: TrialHandle) -> None:
+        self.running[trial_id] = poll_trial.submit(self.ctx, trial_id, sequence, handle)
+
+
+def _run(ctx: ExperimentContext) -> str:
+    loop = _Loop(ctx)
+    code = upload_code(ctx, ctx.config.services[0].trial_code_directory)
+    resubmit = _reattach(ctx, loop)
+    try:
+        while True:
+            record = ctx.store.experiment()
+            controls = record.controls
+            if controls.get("stop"):
+                return "STOPPED"
+            for trial_id in controls.get("kill", []):
+                if trial_id in loop.running:
+                    ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
+            concurrency, max_trials, max_duration = loop.limits(controls)
+            budget_over = max_duration is not None and loop.elapsed() >= max_duration
+            while len(loop.running) < concurrency and not budget_over and not loop.exhausted:
+                total = len(ctx.store.trials())
+                if not resubmit and max_trials is not None and total >= max_trials:
+                    break
+                if not _start_one(ctx, loop, code, resubmit):
+                    break
+            loop.running = {t: f for t, f in loop.running.items() if not f.state.is_final()}
+            loop.reporter.maybe_update()
+            total = len(ctx.store.trials())
+            no_more = loop.exhausted or budget_over or (max_trials is not None and total >= max_trials)
+            if not loop.running and no_more and not resubmit:
+                return "DONE"
+            if loop.running:
+                _wait_any(loop, TICK_SECONDS)
+            else:
+                time.sleep(TICK_SECONDS)
+    finally:
+        ctx.stop.set()
+        for future in loop.running.values():
+            future.wait()
+        ctx.store.set_control("elapsed_seconds", loop.elapsed())
+        loop.reporter.update()
+
+
+def _wait_any(loop: _Loop, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(f.state.is_final() for f in loop.running.values()):
+            return
+        time.sleep(0.02)
+
+
+def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: list[Any]) -> bool:
+    """Submit one trial (a never-submitted one from before a resume first); False when none is left."""
+    if resubmit:
+        trial = resubmit.pop(0)
+        trial_id, sequence, parameter_id, parameters = trial.id, trial.sequence, trial.parameter_id, trial.parameters
+    else:
+        suggestion = suggest(ctx)
+        if suggestion is None:
+            loop.exhausted = True
+            return False
+        trial_id, sequence = new_trial_id(), ctx.store.take_sequence()
+        parameter_id, parameters = suggestion.parameter_id, suggestion.parameters
+        ctx.store.add_trial(trial_id, sequence, parameter_id, parameters, suggestion.raw,
+                            str(ctx.experiment_dir / "trials" / trial_id))
+    service_cfg = ctx.config.services[0]
+    spec = TrialSpec(ctx.experiment_id, trial_id, sequence, parameter_id, parameters, service_cfg.trial_command,
+                     Path(code.location), service_cfg.trial_gpu_number)
+    try:
+        handle = submit_trial(ctx, spec, code)
+    except PlatformError as exc:
+        ctx.store.set_status(trial_id, "FAILED", message=f"submission failed: {exc}")
+        observe(ctx, parameter_id, None, succeeded=False)
+        return True
+    loop.follow(trial_id, sequence, handle)
+    return True
+
+
+def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
+    """Replay finished trials to the tuner and follow live ones; returns trials to submit again."""
+    resubmit = []
+    for trial in ctx.store.trials():
+        if trial.is_terminal:
+            value = None
+            if trial.status == "SUCCEEDED" and trial.final is not None:
+                try:
+                    value = extract_scalar(trial.final)
+                except ValueError:
+                    value = None
+            ctx.tuner.replay(trial.parameter_id, trial.raw, value)
+            continue
+        ctx.tuner.reserve(trial.parameter_id)
+        ctx.adopted[trial.parameter_id] = trial.raw
+        if trial.handle is None:
+            resubmit.append(trial)
+        else:
+            handle = TrialHandle.from_dict(trial.handle)
+            adopt = getattr(ctx.service, "adopt", None)
+            if adopt is not None:
+                adopt(handle)
+            loop.follow(trial.id, trial.sequence, handle)
+    return resubmit

@@ -1,0 +1,337 @@
+"""The experiment store: the source of truth for an experiment's config, trials and metrics.
+
+Embedded by default: one SQLite file per experiment at ``<workdir>/<experiment id>/db/trialflow.sqlite``
+(WAL journal, so readers never block the writer and a killed process leaves every committed
+record readable). A PostgreSQL URL (``postgresql+psycopg://...``) shares one store between a team.
+Both go through SQLAlchemy Core with the same schema.
+
+Guarantees:
+* every write is its own transaction: after a SIGKILL, reopening shows every record written before;
+* a trial's terminal status is recorded once; later status updates are ignored;
+* metrics are unique per (trial, type, sequence): a duplicate from another channel is dropped;
+* the store is safe to use from several threads (writes are serialised in-process).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
+DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
+
+_meta = sa.MetaData()
+experiments = sa.Table(
+    "experiments", _meta,
+    sa.Column("id", sa.String(16), primary_key=True),
+    sa.Column("name", sa.Text),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("config_path", sa.Text),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("message", sa.Text),
+    sa.Column("start_time", sa.Float),
+    sa.Column("end_time", sa.Float),
+    sa.Column("controller_pid", sa.Integer),
+    sa.Column("next_sequence", sa.Integer, nullable=False, default=0),
+)
+controls = sa.Table(
+    "controls", _meta,
+    sa.Column("experiment_id", sa.String(16), primary_key=True),
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+trials = sa.Table(
+    "trials", _meta,
+    sa.Column("experiment_id", sa.String(16), primary_key=True),
+    sa.Column("id", sa.String(16), primary_key=True),
+    sa.Column("sequence", sa.Integer, nullable=False),
+    sa.Column("parameter_id", sa.Integer, nullable=False),
+    sa.Column("parameters", sa.Text, nullable=False),
+    sa.Column("raw", sa.Text, nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("handle", sa.Text),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("message", sa.Text),
+    sa.Column("log_dir", sa.Text),
+    sa.Column("submit_time", sa.Float, nullable=False),
+    sa.Column("start_time", sa.Float),
+    sa.Column("end_time", sa.Float),
+    sa.Column("final", sa.Text),
+)
+events = sa.Table(
+    "trial_events", _meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("experiment_id", sa.String(16), nullable=False),
+    sa.Column("trial_id", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
+    sa.Column("message", sa.Text),
+)
+metrics = sa.Table(
+    "metrics", _meta,
+    sa.Column("experiment_id", sa.String(16), primary_key=True),
+    sa.Column("trial_id", sa.String(16), primary_key=True),
+    sa.Column("type", sa.String(16), primary_key=True),
+    sa.Column("sequence", sa.Integer, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
+)
+
+
+def dumps(value: Any) -> str:
+    """JSON that never contains NaN/Infinity tokens (they become strings)."""
+    return json.dumps(_finite(value), separators=(",", ":"), sort_keys=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+@dataclass
+class TrialRecord:
+    id: str
+    sequence: int
+    parameter_id: int
+    parameters: dict[str, Any]
+    raw: dict[str, Any]
+    status: str
+    handle: dict[str, Any] | None
+    exit_code: int | None
+    message: str | None
+    log_dir: str | None
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    final: Any = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass
+class ExperimentRecord:
+    id: str
+    name: str | None
+    config: dict[str, Any]
+    config_path: str | None
+    status: str
+    message: str | None
+    start_time: float | None
+    end_time: float | None
+    controller_pid: int | None
+    next_sequence: int
+    controls: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Metric:
+    trial_id: str
+    type: str  # "PERIODICAL" | "FINAL"
+    sequence: int
+    value: Any
+    time: float = 0.0
+
+
+def embedded_url(experiment_dir: str | os.PathLike[str]) -> str:
+    path = Path(experiment_dir) / DB_RELATIVE_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def _engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable against process death, fast commits
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    try:
+        return sa.create_engine(url, pool_pre_ping=True)
+    except ImportError as exc:
+        raise ImportError(f"the store URL needs a database driver ({exc}); pip install 'trialflow[postgres]'") from None
+
+
+class ExperimentStore:
+    """One experiment's records in an embedded or shared database."""
+
+    def __init__(self, url: str, experiment_id: str) -> None:
+        self.url = url
+        self.experiment_id = experiment_id
+        self.engine = _engine(url)
+        self._insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        self._lock = threading.Lock()
+        _meta.create_all(self.engine)
+
+    @classmethod
+    def embedded(cls, experiment_dir: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
+        return cls(embedded_url(experiment_dir), experiment_id)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _write(self, *statements: Any) -> list[Any]:
+        with self._lock, self.engine.begin() as conn:
+            return [conn.execute(s) for s in statements]
+
+    # ---- experiment ---------------------------------------------------------------------
+
+    def create_experiment(self, name: str | None, config: dict[str, Any], config_path: str | None = None) -> None:
+        self._write(experiments.insert().values(
+            id=self.experiment_id, name=name, config=dumps(config), config_path=config_path,
+            status="INITIALIZED", start_time=time.time(), next_sequence=0))
+
+    def experiment(self) -> ExperimentRecord:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
+            ctl = conn.execute(sa.select(controls.c.key, controls.c.value)
+                               .where(controls.c.experiment_id == self.experiment_id)).all()
+        if row is None:
+            raise KeyError(f"experiment {self.experiment_id} is not in the store {self.url}")
+        m = row._mapping
+        return ExperimentRecord(m["id"], m["name"], json.loads(m["config"]), m["config_path"], m["status"],
+                                m["message"], m["start_time"], m["end_time"], m["controller_pid"],
+                                m["next_sequence"], {k: json.loads(v) for k, v in ctl})
+
+    def set_experiment(self, **values: Any) -> None:
+        """Update experiment columns (status, message, end_time, controller_pid, start_time)."""
+        self._write(experiments.update().where(experiments.c.id == self.experiment_id).values(**values))
+
+    def set_control(self, key: str, value: Any) -> None:
+        """A runtime change requested by the CLI (concurrency, max trials, duration, stop)."""
+        stmt = self._insert(controls).values(experiment_id=self.experiment_id, key=key, value=dumps(value))
+        self._write(stmt.on_conflict_do_update(index_elements=["experiment_id", "key"],
+                                               set_={"value": stmt.excluded.value}))
+
+    def take_sequence(self) -> int:
+        with self._lock, self.engine.begin() as conn:
+            seq = conn.execute(sa.select(experiments.c.next_sequence)
+                               .where(experiments.c.id == self.experiment_id)).scalar_one()
+            conn.execute(experiments.update().where(experiments.c.id == self.experiment_id)
+                         .values(next_sequence=seq + 1))
+        return int(seq)
+
+    # ---- trials -------------------------------------------------------------------------
+
+    def add_trial(self, trial_id: str, sequence: int, parameter_id: int, parameters: dict[str, Any],
+                  raw: dict[str, Any], log_dir: str | None = None) -> TrialRecord:
+        now = time.time()
+        self._write(
+            trials.insert().values(experiment_id=self.experiment_id, id=trial_id, sequence=sequence,
+                                   parameter_id=parameter_id, parameters=dumps(parameters), raw=dumps(raw),
+                                   status="WAITING", log_dir=log_dir, submit_time=now),
+            events.insert().values(experiment_id=self.experiment_id, trial_id=trial_id, status="WAITING",
+                                   time=now))
+        return TrialRecord(trial_id, sequence, parameter_id, parameters, raw, "WAITING", None, None, None,
+                           log_dir, now, None, None)
+
+    def set_handle(self, trial_id: str, handle: dict[str, Any]) -> None:
+        self._write(self._trial_update(trial_id).values(handle=dumps(handle)))
+
+    def set_status(self, trial_id: str, status: str, exit_code: int | None = None,
+                   message: str | None = None, when: float | None = None) -> bool:
+        """Record a status change; False (and nothing written) when the trial is already terminal
+        or already has that status."""
+        now = when or time.time()
+        with self._lock, self.engine.begin() as conn:
+            current = conn.execute(sa.select(trials.c.status).where(
+                trials.c.experiment_id == self.experiment_id, trials.c.id == trial_id)).scalar_one_or_none()
+            if current is None:
+                raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
+            if current in TERMINAL or current == status:
+                return False
+            values: dict[str, Any] = {"status": status}
+            if status == "RUNNING":
+                values["start_time"] = now
+            if status in TERMINAL:
+                values.update(end_time=now, exit_code=exit_code, message=message)
+            conn.execute(self._trial_update(trial_id).values(**values))
+            conn.execute(events.insert().values(experiment_id=self.experiment_id, trial_id=trial_id,
+                                                status=status, time=now, message=message))
+        return True
+
+    def _trial_update(self, trial_id: str) -> Any:
+        return trials.update().where(trials.c.experiment_id == self.experiment_id, trials.c.id == trial_id)
+
+    def trials(self, statuses: Iterable[str] | None = None) -> list[TrialRecord]:
+        query = sa.select(trials).where(trials.c.experiment_id == self.experiment_id).order_by(trials.c.sequence)
+        if statuses is not None:
+            query = query.where(trials.c.status.in_(list(statuses)))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [self._trial(r._mapping) for r in rows]
+
+    def trial(self, trial_id: str) -> TrialRecord:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(trials).where(trials.c.experiment_id == self.experiment_id,
+                                                       trials.c.id == trial_id)).first()
+        if row is None:
+            raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
+        return self._trial(row._mapping)
+
+    @staticmethod
+    def _trial(m: Any) -> TrialRecord:
+        return TrialRecord(m["id"], m["sequence"], m["parameter_id"], json.loads(m["parameters"]),
+                           json.loads(m["raw"]), m["status"], json.loads(m["handle"]) if m["handle"] else None,
+                           m["exit_code"], m["message"], m["log_dir"], m["submit_time"], m["start_time"],
+                           m["end_time"], json.loads(m["final"]) if m["final"] is not None else None)
+
+    def status_history(self, trial_id: str) -> list[tuple[str, float]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(events.c.status, events.c.time).where(
+                events.c.experiment_id == self.experiment_id, events.c.trial_id == trial_id)
+                .order_by(events.c.id)).all()
+        return [(r[0], r[1]) for r in rows]
+
+    # ---- metrics ------------------------------------------------------------------------
+
+    def add_metrics(self, records: Iterable[Metric]) -> int:
+        """Store metrics; duplicates of (trial, type, sequence) are dropped. Returns how many were new.
+        The first FINAL metric of a trial becomes its ``final`` value."""
+        rows = [dict(experiment_id=self.experiment_id, trial_id=m.trial_id, type=m.type, sequence=m.sequence,
+                     value=dumps(m.value), time=m.time or time.time()) for m in records]
+        if not rows:
+            return 0
+        stored = 0
+        with self._lock, self.engine.begin() as conn:
+            for row in rows:
+                result = conn.execute(self._insert(metrics).values(**row).on_conflict_do_nothing())
+                stored += result.rowcount or 0
+                if result.rowcount and row["type"] == "FINAL":
+                    conn.execute(trials.update().where(trials.c.experiment_id == self.experiment_id,
+                                                       trials.c.id == row["trial_id"], trials.c.final.is_(None))
+                                 .values(final=row["value"]))
+        return stored
+
+    def metrics(self, trial_id: str | None = None, type: str | None = None) -> list[Metric]:
+        query = sa.select(metrics).where(metrics.c.experiment_id == self.experiment_id)
+        if trial_id is not None:
+            query = query.where(metrics.c.trial_id == trial_id)
+        if type is not None:
+            query = query.where(metrics.c.type == type)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(metrics.c.trial_id, metrics.c.type, metrics.c.sequence)).all()
+        return [Metric(r.trial_id, r.type, r.sequence, json.loads(r.value), r.time) for r in rows]

@@ -1,0 +1,42 @@
+"""Registry of training services: platform name -> service factory (one line per platform)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ...config import TrainingServiceConfig
+from .base import (
+    CodeRef,
+    LostHandleError,
+    PlatformError,
+    TrainingService,
+    TransientPlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    TrialUpdate,
+)
+
+
+def _local(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    from .local import LocalTrainingService
+
+    return LocalTrainingService(config, experiment_dir)  # type: ignore[arg-type]
+
+
+SERVICES: dict[str, Callable[[TrainingServiceConfig, Path], TrainingService]] = {
+    "local": _local,
+}
+
+
+def create_service(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    factory = SERVICES.get(config.platform)
+    if factory is None:
+        raise PlatformError(f"the {config.platform!r} training service is not available in this version of "
+                            f"trialflow; available: {', '.join(SERVICES)}")
+    return factory(config, experiment_dir)
+
+
+__all__ = ["SERVICES", "CodeRef", "LostHandleError", "PlatformError", "TrainingService", "TransientPlatformError",
+           "TrialHandle", "TrialSpec", "TrialStatus", "TrialUpdate", "create_service"]

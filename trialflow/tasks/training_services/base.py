@@ -1,0 +1,137 @@
+"""The one interface every training platform implements (DESIGN.md "The TrainingService interface").
+
+Plain Python, no Prefect: ``tasks/trials.py`` wraps it in tasks, retrying only
+:class:`TransientPlatformError`. Lifecycle of one experiment's service object:
+``prepare()`` once (fail fast with a hint), ``upload_code()`` once per code bundle, then per trial
+``submit()`` (returns at once; the handle is JSON-serialisable and stored so a resumed experiment can
+re-attach), ``poll()`` until a terminal status, ``cancel()`` at any time (idempotent), and
+``close()`` at the end.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ...trial.records import MetricRecord
+
+
+class TrialStatus(str, Enum):
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    USER_CANCELED = "USER_CANCELED"
+    SYS_CANCELED = "SYS_CANCELED"
+    EARLY_STOPPED = "EARLY_STOPPED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (TrialStatus.WAITING, TrialStatus.RUNNING)
+
+
+class PlatformError(RuntimeError):
+    """A permanent platform error: the trial (or the experiment, at prepare) fails with this message."""
+
+
+class TransientPlatformError(PlatformError):
+    """A temporary platform error (5xx, timeout, dropped connection): the call is retried."""
+
+
+class LostHandleError(PlatformError):
+    """The platform no longer knows the trial a handle points to."""
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a platform needs to run one trial; parameters are bound to this trial alone."""
+
+    experiment_id: str
+    trial_id: str
+    sequence: int
+    parameter_id: int
+    parameters: dict[str, Any]
+    command: str
+    code_dir: Path
+    gpu_number: int | None = None
+
+    def parameter_record(self) -> str:
+        """The exact ``parameter.cfg`` content NNI trial code expects (nni-contract.md §3.2)."""
+        import json
+
+        return json.dumps({"parameter_id": self.parameter_id, "parameter_source": "algorithm",
+                           "parameters": self.parameters, "parameter_index": 0})
+
+
+@dataclass(frozen=True)
+class TrialHandle:
+    trial_id: str
+    platform: str
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial_id": self.trial_id, "platform": self.platform, "data": self.data}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrialHandle:
+        return cls(raw["trial_id"], raw["platform"], dict(raw["data"]))
+
+
+@dataclass
+class TrialUpdate:
+    """The result of one poll: status, metrics new since the cursor, the next cursor."""
+
+    status: TrialStatus
+    metrics: list[MetricRecord] = field(default_factory=list)
+    cursor: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    message: str | None = None
+    errors: list[str] = field(default_factory=list)  # rejected metric lines, reported not fatal
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """Where an uploaded code bundle lives on the platform (local: the directory itself)."""
+
+    location: str
+    content_hash: str | None = None
+
+
+class TrainingService(ABC):
+    platform: str = ""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Validate credentials, connectivity and resources once; raise PlatformError with a hint."""
+
+    @abstractmethod
+    def upload_code(self, code_dir: Path) -> CodeRef:
+        """Make the code directory available to trials; idempotent per content."""
+
+    @abstractmethod
+    def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+        """Start (or queue) the trial and return at once."""
+
+    @abstractmethod
+    def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
+        """Non-blocking: current status and metrics after ``cursor``."""
+
+    @abstractmethod
+    def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
+        """Stop the trial; a finished or unknown trial is not an error."""
+
+    def wait(self, handle: TrialHandle, timeout: float) -> None:
+        """Block up to ``timeout`` seconds or until the trial may have changed (default: sleep)."""
+        import time
+
+        time.sleep(timeout)
+
+    def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
+        """The trial's log files by name (stdout, stderr, trial.log); empty when not available."""
+        return {}
+
+    def close(self) -> None:
+        """Release connections and clients; running trials are not touched."""

@@ -1,0 +1,164 @@
+"""The metric record format shared by trials (writers) and services (readers). Standard library only.
+
+A record is NNI's metric JSON plus a format version::
+
+    {"parameter_id": 7, "trial_job_id": "abcde", "type": "FINAL", "sequence": 0,
+     "value": "<JSON text of the user's value>", "version": 1}
+
+Framings (nni-contract.md §3.3), kept byte-compatible with NNI so NNI's own SDK also works:
+
+* file:   ``b"ME" + b"%06d" % len(payload) + payload``, payload = JSON + ``"\\n"`` (UTF-8);
+* stdout: one line ``NNISDK_MEb'<JSON>'``.
+
+Readers are incremental (a byte cursor), skip garbage up to the next frame, and reject records over
+``MAX_RECORD_BYTES`` or with a bad shape, reporting why instead of failing the trial.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+FORMAT_VERSION = 1
+MAX_RECORD_BYTES = 1_000_000
+METRIC_TYPES = ("PERIODICAL", "FINAL")
+STDOUT_MARKER = re.compile(rb"NNISDK_MEb'(.*?)'\s*$")
+_FRAME_HEAD = 8  # "ME" + 6 digits
+
+
+class MetricRecordError(ValueError):
+    """A metric line or record that cannot be used; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    trial_id: str
+    type: str
+    sequence: int
+    value: Any
+    parameter_id: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"parameter_id": self.parameter_id, "trial_job_id": self.trial_id, "type": self.type,
+                           "sequence": self.sequence, "value": json.dumps(self.value), "version": FORMAT_VERSION})
+
+
+def encode_file_record(record: MetricRecord) -> bytes:
+    payload = (record.to_json() + "\n").encode("utf-8")
+    if len(payload) >= MAX_RECORD_BYTES:
+        raise MetricRecordError(f"metric record is {len(payload)} bytes; the limit is {MAX_RECORD_BYTES}")
+    return b"ME" + b"%06d" % len(payload) + payload
+
+
+def encode_stdout_line(record: MetricRecord) -> str:
+    return f"NNISDK_MEb'{record.to_json()}'"
+
+
+def parse_record(text: str | bytes, expected_trial: str | None = None) -> MetricRecord:
+    """Validate one record's JSON; values are decoded (they are JSON text inside the record)."""
+    if len(text) > MAX_RECORD_BYTES:
+        raise MetricRecordError(f"metric record is {len(text)} bytes; the limit is {MAX_RECORD_BYTES}")
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MetricRecordError(f"metric record is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise MetricRecordError(f"metric record must be a JSON object, got {type(data).__name__}")
+    kind, seq, trial = data.get("type"), data.get("sequence", 0), data.get("trial_job_id")
+    if kind == "REQUEST_PARAMETER":
+        raise MetricRecordError("REQUEST_PARAMETER records are not metrics")
+    if kind not in METRIC_TYPES:
+        raise MetricRecordError(f"metric type must be PERIODICAL or FINAL, got {kind!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise MetricRecordError(f"metric sequence must be a non-negative integer, got {seq!r}")
+    if not isinstance(trial, str) or (expected_trial is not None and trial != expected_trial):
+        raise MetricRecordError(f"metric belongs to trial {trial!r}, not {expected_trial!r}")
+    raw = data.get("value")
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        value = raw  # a plain string value is kept as it is; the tuner decides whether it is usable
+    pid = data.get("parameter_id")
+    return MetricRecord(trial, kind, seq, _check_value(value), pid if isinstance(pid, int) else None)
+
+
+def _check_value(value: Any, depth: int = 0) -> Any:
+    if depth > 32:
+        raise MetricRecordError("metric value is nested more than 32 levels deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        return value  # kept (stored as text); the tuner marks the result invalid
+    if isinstance(value, dict):
+        return {k: _check_value(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_check_value(v, depth + 1) for v in value]
+    return value
+
+
+@dataclass
+class ParseResult:
+    records: list[MetricRecord]
+    errors: list[str]
+    offset: int  # bytes consumed; resume reading here
+
+
+def parse_file_frames(data: bytes, offset: int = 0, expected_trial: str | None = None) -> ParseResult:
+    """Parse complete ``ME`` frames from ``data`` (the file's bytes from ``offset``). A partial frame at
+    the end is left for the next read; garbage is skipped up to the next ``ME`` marker."""
+    records: list[MetricRecord] = []
+    errors: list[str] = []
+    pos = 0
+    while pos < len(data):
+        if data[pos:pos + 2] != b"ME" or len(data) - pos >= _FRAME_HEAD and not data[pos + 2:pos + 8].isdigit():
+            if len(data) - pos < _FRAME_HEAD and data[pos:pos + 2] in (b"M", b"ME", b""):
+                break  # maybe the start of a frame still being written
+            nxt = data.find(b"ME", pos + 1)
+            errors.append(f"skipped {((nxt if nxt >= 0 else len(data)) - pos)} bytes of garbage in the metrics file")
+            if nxt < 0:
+                pos = len(data)
+                break
+            pos = nxt
+            continue
+        if len(data) - pos < _FRAME_HEAD:
+            break
+        length = int(data[pos + 2:pos + 8])
+        if pos + _FRAME_HEAD + length > len(data):
+            break
+        payload = data[pos + _FRAME_HEAD:pos + _FRAME_HEAD + length]
+        pos += _FRAME_HEAD + length
+        try:
+            records.append(parse_record(payload, expected_trial))
+        except MetricRecordError as exc:
+            errors.append(str(exc))
+    return ParseResult(records, errors, offset + pos)
+
+
+def parse_stdout_lines(data: bytes, offset: int = 0, expected_trial: str | None = None,
+                       max_line: int = MAX_RECORD_BYTES + 32) -> ParseResult:
+    """Metric marker lines among ordinary output; an unterminated last line waits for more data
+    unless it is already longer than ``max_line`` (then it is skipped as oversized)."""
+    records: list[MetricRecord] = []
+    errors: list[str] = []
+    pos = 0
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        if end < 0:
+            if len(data) - pos > max_line:
+                errors.append(f"skipped an output line over {max_line} bytes")
+                pos = len(data)
+            break
+        line = data[pos:end]
+        pos = end + 1
+        if b"NNISDK_MEb'" not in line:
+            continue
+        match = STDOUT_MARKER.search(line.rstrip(b"\r"))
+        if match is None:
+            errors.append("malformed metric line (expected NNISDK_MEb'<json>')")
+            continue
+        try:
+            records.append(parse_record(match.group(1), expected_trial))
+        except MetricRecordError as exc:
+            errors.append(str(exc))
+    return ParseResult(records, errors, offset + pos)

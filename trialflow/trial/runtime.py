@@ -1,0 +1,122 @@
+"""What trial code calls: parameters in, metrics out. Standard library only (it runs on workers).
+
+Inside an experiment (``NNI_PLATFORM`` set) the parameters come from ``$NNI_SYS_DIR/parameter.cfg``,
+written for this trial alone before it started, and metrics go out on the channel the training
+service chose (``TRIALFLOW_METRIC_CHANNEL``: ``file`` -> ``$NNI_SYS_DIR/.nni/metrics``, or
+``stdout`` -> marker lines). Outside an experiment the trial runs standalone: empty parameters,
+results printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from .records import MetricRecord, encode_file_record, encode_stdout_line
+
+PARAMETER_FILE = "parameter.cfg"
+METRICS_FILE = os.path.join(".nni", "metrics")
+PARAMETER_WAIT_SECONDS = 600.0
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"params": None, "parameter_id": None, "fetched": False, "intermediate": 0, "final": 0}
+
+
+def _platform() -> str | None:
+    return os.environ.get("NNI_PLATFORM") or None
+
+
+def get_experiment_id() -> str:
+    return os.environ.get("NNI_EXP_ID", "STANDALONE")
+
+
+def get_trial_id() -> str:
+    return os.environ.get("NNI_TRIAL_JOB_ID", "STANDALONE")
+
+
+def get_sequence_id() -> int:
+    try:
+        return int(os.environ.get("NNI_TRIAL_SEQ_ID", "0"))
+    except ValueError:
+        return 0
+
+
+def get_next_parameter() -> dict[str, Any] | None:
+    """This trial's parameters (call once; a second call returns None, as in NNI)."""
+    with _lock:
+        if _state["fetched"]:
+            return None
+        _state["fetched"] = True
+        if _platform() is None:
+            warnings.warn("Running trial code without runtime: parameters are empty and results are "
+                          "printed. Run it through `trialflow create` to tune it.", RuntimeWarning, stacklevel=2)
+            _state["params"] = {}
+            return {}
+        record = _read_parameter_file()
+        _state["params"] = record["parameters"]
+        _state["parameter_id"] = record.get("parameter_id")
+        return record["parameters"]
+
+
+def get_current_parameter(tag: str | None = None) -> Any:
+    params = _state["params"]
+    return params if tag is None or params is None else params.get(tag)
+
+
+def _read_parameter_file() -> dict[str, Any]:
+    path = os.path.join(os.environ.get("NNI_SYS_DIR", "."), PARAMETER_FILE)
+    deadline = time.monotonic() + PARAMETER_WAIT_SECONDS
+    while True:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            if text.strip():
+                record = json.loads(text)
+                if not isinstance(record, dict) or "parameters" not in record:
+                    raise RuntimeError(f"{path} does not hold a parameter record")
+                return record
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no parameters arrived in {path} within {PARAMETER_WAIT_SECONDS:.0f} s")
+        time.sleep(0.05)
+
+
+def _send(kind: str, metric: Any) -> None:
+    with _lock:
+        if _platform() is not None and not _state["fetched"]:
+            raise AssertionError("get_next_parameter() needs to be called before reporting results")
+        counter = "intermediate" if kind == "PERIODICAL" else "final"
+        sequence = _state[counter]
+        _state[counter] += 1
+        if _platform() is None:
+            label = f"Intermediate result: {metric}  (Index {sequence})" if kind == "PERIODICAL" \
+                else f"Final result: {metric}"
+            print(label, flush=True)
+            return
+        record = MetricRecord(get_trial_id(), kind, sequence, metric, _state["parameter_id"])
+        channel = os.environ.get("TRIALFLOW_METRIC_CHANNEL") or ("file" if os.environ.get("NNI_SYS_DIR") else "stdout")
+        if channel == "file":
+            path = os.path.join(os.environ["NNI_SYS_DIR"], METRICS_FILE)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "ab") as f:
+                f.write(encode_file_record(record))
+                f.flush()
+        else:
+            sys.stdout.write(encode_stdout_line(record) + "\n")
+            sys.stdout.flush()
+
+
+def report_intermediate_result(metric: Any) -> None:
+    """An intermediate result (a number, or a dict with a numeric ``default``)."""
+    _send("PERIODICAL", metric)
+
+
+def report_final_result(metric: Any) -> None:
+    """The trial's final result (a number, or a dict with a numeric ``default``)."""
+    _send("FINAL", metric)

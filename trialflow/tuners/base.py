@@ -1,0 +1,164 @@
+"""The tuner seam: what to try next. Tuners know nothing of trials' processes or platforms.
+
+Lifecycle: ``suggest()`` hands out a :class:`Suggestion` (``None`` once the tuner has nothing more,
+e.g. a finished grid); ``observe()`` reports its outcome (a float, or ``None`` for a failed or
+invalid trial) exactly once; ``replay()`` feeds a finished trial of a resumed experiment.
+Suggestions carry their raw internal values so a resumed tuner is rebuilt exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from ..search_space import SearchSpace
+
+
+class TunerError(ValueError):
+    """Bad tuner/assessor name or classArgs; the message names the argument and what is allowed."""
+
+
+class InvalidMetric(ValueError):
+    """A final metric that is neither a number nor a dict with a numeric ``default``."""
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    parameter_id: int
+    parameters: dict[str, Any]
+    raw: dict[str, Any]
+
+
+def extract_scalar(value: Any) -> float:
+    """NNI's reward rule: a finite number, or a dict whose ``default`` is a finite number."""
+    if isinstance(value, dict):
+        if "default" not in value:
+            raise InvalidMetric(f"a dict metric needs a numeric 'default' key, got keys {sorted(value)[:10]}")
+        value = value["default"]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidMetric(f"metric must be a number or a dict with a numeric 'default', got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise InvalidMetric(f"metric must be finite, got {value}")
+    return float(value)
+
+
+class Tuner(ABC):
+    """Base class: keeps ids, direction and the outcome bookkeeping common to every tuner."""
+
+    def __init__(self, space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> None:
+        self.space = space
+        self.maximize = optimize_mode == "maximize"
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self._next_id = 0
+
+    def _new_id(self) -> int:
+        pid = self._next_id
+        self._next_id += 1
+        return pid
+
+    def score(self, value: float) -> float:
+        """Lower is better, whatever the optimize mode."""
+        return -value if self.maximize else value
+
+    @abstractmethod
+    def suggest(self) -> Suggestion | None: ...
+
+    @abstractmethod
+    def observe(self, parameter_id: int, value: float | None) -> None: ...
+
+    def reserve(self, parameter_id: int) -> None:
+        """Never hand out ``parameter_id`` again (it belongs to a trial taken over on resume)."""
+        self._next_id = max(self._next_id, parameter_id + 1)
+
+    def replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+        """Feed a trial finished before a resume; later ids continue after it."""
+        self._next_id = max(self._next_id, parameter_id + 1)
+        self._replay(parameter_id, raw, value)
+
+    @abstractmethod
+    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None: ...
+
+
+class RecordingChooser:
+    """A chooser that draws raw values with ``draw_*`` and records them by key."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, Any] = {}
+
+    def categorical(self, key: str, n: int) -> int:
+        self.raw[key] = value = self.draw_categorical(key, n)
+        return value
+
+    def integer(self, key: str, low: int, high: int) -> int:
+        self.raw[key] = value = self.draw_integer(key, low, high)
+        return value
+
+    def unit(self, key: str) -> float:
+        self.raw[key] = value = self.draw_unit(key)
+        return value
+
+    def draw_categorical(self, key: str, n: int) -> int:
+        raise NotImplementedError
+
+    def draw_integer(self, key: str, low: int, high: int) -> int:
+        raise NotImplementedError
+
+    def draw_unit(self, key: str) -> float:
+        raise NotImplementedError
+
+
+class RandomChooser(RecordingChooser):
+    """Uniform draws in the internal space (exact prior sampling of every NNI type)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def draw_categorical(self, key: str, n: int) -> int:
+        return self.rng.randrange(n)
+
+    def draw_integer(self, key: str, low: int, high: int) -> int:
+        return self.rng.randint(low, high)
+
+    def draw_unit(self, key: str) -> float:
+        return self.rng.random()
+
+
+def check_args(algorithm: str, given: dict[str, Any], allowed: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``classArgs`` against ``allowed`` ({name: validator(value) -> error or None})."""
+    out = {}
+    for key, value in given.items():
+        if key not in allowed:
+            names = ", ".join(sorted(allowed)) or "none"
+            raise TunerError(f"{algorithm}: unknown classArgs key {key!r}; allowed: {names}")
+        problem = allowed[key](value)
+        if problem:
+            raise TunerError(f"{algorithm}: classArgs.{key} {problem} (got {value!r})")
+        out[key] = value
+    return out
+
+
+def optimize_mode_arg(value: Any) -> str | None:
+    return None if value in ("minimize", "maximize") else "must be 'minimize' or 'maximize'"
+
+
+def seed_arg(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+
+
+def positive_int_arg(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return None if ok else "must be a positive integer"
+
+
+def number_arg(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return None if ok else "must be a number"
+
+
+def dict_arg(value: Any) -> str | None:
+    return None if isinstance(value, dict) else "must be a mapping"

@@ -1,0 +1,107 @@
+"""Tuners backed by Optuna's ask/tell samplers: TPE, Random, CMA-ES and GP.
+
+Each suggestion is one in-memory Optuna trial; the search space is walked define-by-run, so
+nested choices become conditional parameters. Continuous types are asked as a unit value and
+decoded with NNI's formulas (``search_space``), which keeps q-rounding, clipping and the normal
+family exact while the sampler models the internal space.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from ..search_space import SearchSpace
+from .base import Suggestion, Tuner
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+class _OptunaChooser:
+    def __init__(self, trial: optuna.Trial) -> None:
+        self.trial = trial
+        self.raw: dict[str, Any] = {}
+
+    def categorical(self, key: str, n: int) -> int:
+        self.raw[key] = value = int(self.trial.suggest_categorical(key, list(range(n))))
+        return value
+
+    def integer(self, key: str, low: int, high: int) -> int:
+        self.raw[key] = value = self.trial.suggest_int(key, low, high)
+        return value
+
+    def unit(self, key: str) -> float:
+        self.raw[key] = value = self.trial.suggest_float(key, 0.0, 1.0)
+        return value
+
+
+class OptunaTuner(Tuner):
+    """Any Optuna sampler behind the Tuner seam (in-memory study, no storage round trip)."""
+
+    def __init__(self, space: SearchSpace, sampler: optuna.samplers.BaseSampler,
+                 optimize_mode: str = "minimize", seed: int | None = None) -> None:
+        super().__init__(space, optimize_mode, seed)
+        direction = "maximize" if self.maximize else "minimize"
+        self.study = optuna.create_study(sampler=sampler, direction=direction)
+        self._pending: dict[int, optuna.Trial] = {}
+        self._distributions: dict[str, BaseDistribution] = {}
+
+    def suggest(self) -> Suggestion:
+        trial = self.study.ask()
+        chooser = _OptunaChooser(trial)
+        params = self.space.sample(chooser)
+        self._distributions.update(trial.distributions)
+        pid = self._new_id()
+        self._pending[pid] = trial
+        return Suggestion(pid, params, chooser.raw)
+
+    def observe(self, parameter_id: int, value: float | None) -> None:
+        trial = self._pending.pop(parameter_id, None)
+        if trial is None:
+            return
+        if value is None:
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, value)
+
+    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+        dists = {key: self._distribution(key, v) for key, v in raw.items()}
+        state = TrialState.FAIL if value is None else TrialState.COMPLETE
+        self.study.add_trial(optuna.trial.create_trial(params=raw, distributions=dists, value=value, state=state))
+
+    def _distribution(self, key: str, value: Any) -> BaseDistribution:
+        known = self._distributions.get(key)
+        if known is not None:
+            return known
+        for k, p in self.space.walk():
+            if k == key:
+                if p.type == "choice":
+                    return CategoricalDistribution(list(range(len(p.values))))
+                if p.type == "randint":
+                    return IntDistribution(int(p.values[0]), int(p.values[1]) - 1)
+                return FloatDistribution(0.0, 1.0)
+        raise KeyError(f"parameter {key!r} of a resumed trial is not in the search space")
+
+
+def tpe_sampler(seed: int | None, tpe_args: dict[str, Any] | None = None) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=seed, **(tpe_args or {}))
+
+
+def random_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def cmaes_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+
+
+def gp_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    try:
+        import torch  # noqa: F401  (Optuna's GPSampler needs it)
+    except ImportError:
+        raise ImportError("the GP tuner needs PyTorch: pip install 'trialflow[gp]'") from None
+    return optuna.samplers.GPSampler(seed=seed)

@@ -1,0 +1,95 @@
+"""Prefect UI artifacts of a running experiment: progress, trial table and best trial.
+
+Updated at most every ``MIN_INTERVAL`` seconds (artifact writes are API calls) and once at the end.
+Metric values are made JSON-safe first (the API would emit ``Infinity``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from .context import ExperimentContext
+from .store import TrialRecord
+from .tuners import InvalidMetric, extract_scalar
+
+MIN_INTERVAL = 3.0
+MAX_TABLE_ROWS = 500
+log = logging.getLogger("trialflow.ui")
+
+
+def trial_value(trial: TrialRecord) -> float | None:
+    try:
+        return extract_scalar(trial.final) if trial.final is not None else None
+    except InvalidMetric:
+        return None
+
+
+def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
+    scored = [(v, t) for t in trials if t.status == "SUCCEEDED" and (v := trial_value(t)) is not None]
+    if not scored:
+        return None
+    return (max if maximize else min)(scored, key=lambda pair: pair[0])[1]
+
+
+def is_maximize(ctx_config: Any) -> bool:
+    tuner = ctx_config.tuner
+    mode = (tuner.class_args or {}).get("optimize_mode") if tuner else None
+    if mode is None and tuner is not None and (tuner.name or "").lower() == "evolution":
+        return True
+    return mode == "maximize"
+
+
+def _safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _safe(v) for k, v in value.items()}
+    return value
+
+
+class ArtifactReporter:
+    def __init__(self, ctx: ExperimentContext) -> None:
+        self.ctx = ctx
+        self.key = f"experiment-{ctx.experiment_id}"
+        self._last = 0.0
+        self._progress_id: Any = None
+
+    def maybe_update(self) -> None:
+        if time.monotonic() - self._last >= MIN_INTERVAL:
+            self.update()
+
+    def update(self) -> None:
+        self._last = time.monotonic()
+        try:
+            self._publish()
+        except Exception as exc:  # the UI must never stop an experiment
+            log.warning("could not update the Prefect UI artifacts: %s", exc)
+
+    def _publish(self) -> None:
+        from prefect.artifacts import (
+            create_markdown_artifact,
+            create_progress_artifact,
+            create_table_artifact,
+            update_progress_artifact,
+        )
+
+        trials = self.ctx.store.trials()
+        budget = self.ctx.config.max_trial_number
+        done = sum(t.is_terminal for t in trials)
+        progress = 100.0 * done / budget if budget else (100.0 if done and done == len(trials) else 0.0)
+        if self._progress_id is None:
+            self._progress_id = create_progress_artifact(progress=progress, key=f"{self.key}-progress",
+                                                         description="trials finished / maxTrialNumber")
+        else:
+            update_progress_artifact(artifact_id=self._progress_id, progress=progress)
+        rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status, "metric": _safe(trial_value(t)),
+                 **{f"param.{k}": _safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
+        create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
+        best = best_trial(trials, is_maximize(self.ctx.config))
+        text = "No successful trial yet." if best is None else (
+            f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"
+            + "\n".join(f"- `{k}` = `{v}`" for k, v in best.parameters.items()))
+        create_markdown_artifact(key=f"{self.key}-best", markdown=text, description="best trial so far")
