@@ -3,6 +3,7 @@ read-only commands stay fast)."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,37 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None) 
     finally:
         store.close()
     LIVE_CONFIGS[experiment_id] = config
+    _register(experiment_id, root)
     return experiment_id, exp_dir
+
+
+def _registry() -> Path:
+    return default_root() / ".registry.jsonl"
+
+
+def _register(experiment_id: str, root: Path) -> None:
+    """Remember where an experiment outside the default root lives (like nnictl's .experiment)."""
+    if root.resolve() == default_root().resolve():
+        return
+    _registry().parent.mkdir(parents=True, exist_ok=True)
+    with open(_registry(), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"id": experiment_id, "root": str(root)}) + "\n")
+
+
+def _registered_roots() -> list[Path]:
+    roots: list[Path] = []
+    try:
+        lines = _registry().read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return roots
+    for line in lines:
+        try:
+            root = Path(json.loads(line)["root"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if root not in roots:
+            roots.append(root)
+    return roots
 
 
 def open_store(working_directory: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
@@ -67,24 +98,33 @@ class ExperimentEntry:
     record: ExperimentRecord
 
 
+def search_roots(root: Path | None = None) -> list[Path]:
+    return [root] if root is not None else [default_root(), *_registered_roots()]
+
+
 def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path, ExperimentStore]:
-    """The working directory and store of an experiment, searching the default root."""
-    base = root or default_root()
-    return base, open_store(base, experiment_id)
+    """The working directory and store of an experiment (default root, then registered roots)."""
+    for base in search_roots(root):
+        if (base / experiment_id / DB_RELATIVE_PATH).is_file():
+            return base, open_store(base, experiment_id)
+    raise ExperimentNotFound(f"no experiment {experiment_id!r} found; `trialflow experiment list` shows the "
+                             "known ones (use --root for another working directory)")
 
 
 def list_experiments(root: Path | None = None) -> list[ExperimentEntry]:
-    base = root or default_root()
     out = []
-    if not base.is_dir():
-        return out
-    for db in sorted(base.glob(f"*/{DB_RELATIVE_PATH.as_posix()}")):
-        exp_id = db.parent.parent.name
-        store = ExperimentStore.embedded(db.parent.parent, exp_id)
-        try:
-            out.append(ExperimentEntry(exp_id, base, store.experiment()))
-        except KeyError:
+    for base in search_roots(root):
+        if not base.is_dir():
             continue
-        finally:
-            store.close()
+        for db in sorted(base.glob(f"*/{DB_RELATIVE_PATH.as_posix()}")):
+            exp_id = db.parent.parent.name
+            if any(e.id == exp_id for e in out):
+                continue
+            store = ExperimentStore.embedded(db.parent.parent, exp_id)
+            try:
+                out.append(ExperimentEntry(exp_id, base, store.experiment()))
+            except KeyError:
+                continue
+            finally:
+                store.close()
     return out

@@ -82,6 +82,17 @@ class Param:
                 x = min(max(x, v[0]), v[1])
         return float(x)
 
+    def encode_value(self, x: float) -> float:
+        """The unit value of a parameter value (clamped into (0, 1))."""
+        v = self.values
+        if self.type in ("uniform", "quniform", "loguniform", "qloguniform"):
+            u = self.unit_of(min(max(x, v[0]), v[1]))
+        else:
+            if self.type in ("lognormal", "qlognormal"):
+                x = math.log(max(x, 1e-300))
+            u = _STANDARD_NORMAL.cdf((x - v[0]) / v[1])
+        return min(max(u, _U_EPS), 1 - _U_EPS)
+
     def unit_of(self, x: float) -> float:
         """The unit value that decodes to ``x`` (inverse of decode_unit for uniform/loguniform kinds)."""
         low, high = self.values[0], self.values[1]
@@ -120,6 +131,29 @@ class SearchSpace:
             else:
                 out[p.name] = p.decode_unit(chooser.unit(key))
         return out
+
+    def encode(self, params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        """Raw values that reproduce ``params`` (imported or hand-written trials); inverse of sample()."""
+        raw: dict[str, Any] = {}
+        for p in self.params:
+            if p.name not in params:
+                raise SearchSpaceError(f'parameter "{prefix + p.name}" is missing')
+            key, value = prefix + p.name, params[p.name]
+            if p.type == "choice":
+                names = [o.name if isinstance(o, Option) else o for o in p.values]
+                chosen = value.get("_name") if isinstance(value, dict) else value
+                if chosen not in names:
+                    raise SearchSpaceError(f'parameter "{key}": {chosen!r} is not one of {names}')
+                raw[key] = index = names.index(chosen)
+                option = p.values[index]
+                if isinstance(option, Option):
+                    sub = {k: v for k, v in value.items() if k != "_name"}
+                    raw.update(option.space.encode(sub, f"{key}/{option.name}/"))
+            elif p.type == "randint":
+                raw[key] = int(value)
+            else:
+                raw[key] = p.encode_value(float(value))
+        return raw
 
     def walk(self, prefix: str = "") -> Iterator[tuple[str, Param]]:
         """Every (key, param) of the space, nested options included."""

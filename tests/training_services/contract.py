@@ -1,0 +1,112 @@
+"""The contract every TrainingService must meet. A platform's test module subclasses
+:class:`TrainingServiceContract` and provides the ``service`` and ``make_spec`` fixtures; the
+class's tests then run against that platform for real (its emulator, sshd, or local processes)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from trialflow.tasks.training_services import LostHandleError, TrialHandle, TrialStatus
+
+TERMINAL_TIMEOUT = 60.0
+
+REPORTING_TRIAL = """
+import nni, time
+p = nni.get_next_parameter()
+for i in range(5):
+    nni.report_intermediate_result({"default": p["x"] + i, "step": i})
+    time.sleep(0.05)
+time.sleep(0.3)
+nni.report_final_result(p["x"] * 10)
+"""
+FAILING_TRIAL = """
+import sys
+sys.stderr.write("something went wrong: boom\\n")
+sys.exit(3)
+"""
+SLEEPING_TRIAL = """
+import nni, time
+nni.get_next_parameter()
+nni.report_intermediate_result(1.0)
+time.sleep(60)
+"""
+
+
+def poll_until_terminal(service, handle, cursor=None, timeout=TERMINAL_TIMEOUT):
+    """Poll like the flow does; returns (statuses seen, all metrics, last update)."""
+    cursor = cursor or {}
+    statuses, metrics = [], []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        update = service.poll(handle, cursor)
+        cursor = update.cursor
+        metrics.extend(update.metrics)
+        if not statuses or statuses[-1] != update.status:
+            statuses.append(update.status)
+        if update.status.is_terminal:
+            return statuses, metrics, update
+        service.wait(handle, 0.05)
+    raise AssertionError(f"trial did not end within {timeout} s; statuses {statuses}")
+
+
+class TrainingServiceContract:
+    """Subclass and provide fixtures ``service`` (prepared, with code uploaded as ``service.code``)
+    and ``make_spec(trial_id, script_body, parameters)``."""
+
+    def test_submit_returns_before_the_trial_ends(self, service, make_spec):
+        spec = make_spec("Subm1", SLEEPING_TRIAL, {"x": 1})
+        started = time.monotonic()
+        handle = service.submit(spec, service.code)
+        assert time.monotonic() - started < 10
+        assert json.loads(json.dumps(handle.to_dict())) == handle.to_dict()  # storable
+        assert not service.poll(handle, {}).status.is_terminal
+        service.cancel(handle, TrialStatus.USER_CANCELED)
+
+    def test_lifecycle_and_metrics_in_order_without_duplicates(self, service, make_spec):
+        handle = service.submit(make_spec("Life1", REPORTING_TRIAL, {"x": 0.5}), service.code)
+        statuses, metrics, update = poll_until_terminal(service, handle)
+        assert statuses[-1] == TrialStatus.SUCCEEDED and update.exit_code == 0
+        assert TrialStatus.RUNNING in statuses or statuses[0] == TrialStatus.WAITING
+        order = [s for s in statuses if s in (TrialStatus.WAITING, TrialStatus.RUNNING, TrialStatus.SUCCEEDED)]
+        assert order == sorted(order, key=[TrialStatus.WAITING, TrialStatus.RUNNING, TrialStatus.SUCCEEDED].index)
+        periodical = [m for m in metrics if m.type == "PERIODICAL"]
+        assert [m.sequence for m in periodical] == [0, 1, 2, 3, 4]
+        assert [m.value["default"] for m in periodical] == [0.5, 1.5, 2.5, 3.5, 4.5]
+        finals = [m for m in metrics if m.type == "FINAL"]
+        assert len(finals) == 1 and finals[0].value == 5.0 and finals[0].trial_id == "Life1"
+        # a fresh cursor re-reads the same records; the old cursor yields nothing new
+        assert [m.sequence for m in poll_until_terminal(service, handle)[1] if m.type == "PERIODICAL"] == [0, 1, 2, 3, 4]
+        assert service.poll(handle, update.cursor).metrics == []
+
+    def test_parameters_are_bound_to_their_trial(self, service, make_spec):
+        body = "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n"
+        handles = [service.submit(make_spec(f"Bnd{i}x", body, {"x": float(i)}), service.code) for i in range(4)]
+        for i, handle in enumerate(handles):
+            _, metrics, _ = poll_until_terminal(service, handle)
+            assert [m.value for m in metrics if m.type == "FINAL"] == [float(i)]
+
+    def test_failing_command_is_failed_with_exit_code_and_stderr_tail(self, service, make_spec):
+        handle = service.submit(make_spec("Fail1", FAILING_TRIAL, {"x": 1}), service.code)
+        statuses, _, update = poll_until_terminal(service, handle)
+        assert statuses[-1] == TrialStatus.FAILED
+        assert update.exit_code == 3
+        assert "boom" in (update.message or "")
+
+    def test_cancel_is_idempotent_also_after_the_end(self, service, make_spec):
+        handle = service.submit(make_spec("Canc1", SLEEPING_TRIAL, {"x": 1}), service.code)
+        deadline = time.monotonic() + 30
+        while service.poll(handle, {}).status != TrialStatus.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.05)
+        service.cancel(handle, TrialStatus.USER_CANCELED)
+        service.cancel(handle, TrialStatus.USER_CANCELED)
+        statuses, _, _ = poll_until_terminal(service, handle, timeout=30)
+        assert statuses[-1].is_terminal and statuses[-1] != TrialStatus.SUCCEEDED
+        service.cancel(handle, TrialStatus.USER_CANCELED)  # after the end: no error
+
+    def test_lost_handle_raises_a_clear_error(self, service, make_spec):
+        lost = TrialHandle("Lost1", service.platform, {"trial_dir": "/nonexistent/trial", "job": "nope"})
+        with pytest.raises(LostHandleError, match="Lost1"):
+            service.poll(lost, {})

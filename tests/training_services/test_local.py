@@ -1,0 +1,207 @@
+"""Local training service: the contract, process-group kill, GPU scheduling with a fake nvidia-smi."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_trial
+from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
+from trialflow.config import LocalConfig
+from trialflow.tasks.training_services import PlatformError, TrialSpec, TrialStatus
+from trialflow.tasks.training_services.gpu import GpuProbe
+from trialflow.tasks.training_services.local import LocalTrainingService, pid_alive
+
+
+def _local(tmp_path: Path, **fields) -> LocalTrainingService:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    config = LocalConfig(trial_command="unused", trial_code_directory=code, **fields)
+    service = LocalTrainingService(config, tmp_path / "exp", kill_grace_seconds=0.5)
+    return service
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = _local(tmp_path)
+    svc.prepare()
+    svc.code = svc.upload_code(tmp_path / "code")
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def make_spec(tmp_path):
+    def make(trial_id, body, parameters, gpu_number=None):
+        write_trial(tmp_path / "code", body, f"{trial_id}.py")
+        return TrialSpec("exp00001", trial_id, 0, 0, parameters, f"{sys.executable} {trial_id}.py",
+                         tmp_path / "code", gpu_number)
+    return make
+
+
+class TestLocalContract(TrainingServiceContract):
+    pass
+
+
+def test_trial_sees_nni_environment_and_runs_in_code_dir(service, make_spec, tmp_path):
+    body = """
+import json, os, nni
+nni.get_next_parameter()
+keys = ["NNI_PLATFORM", "NNI_EXP_ID", "NNI_TRIAL_JOB_ID", "NNI_SYS_DIR", "NNI_OUTPUT_DIR", "NNI_TRIAL_SEQ_ID"]
+nni.report_final_result({"default": 1, "env": {k: os.environ[k] for k in keys}, "cwd": os.getcwd()})
+"""
+    handle = service.submit(make_spec("EnvT1", body, {}), service.code)
+    _, metrics, _ = poll_until_terminal(service, handle)
+    final = metrics[-1].value
+    assert final["env"]["NNI_PLATFORM"] == "local" and final["env"]["NNI_TRIAL_JOB_ID"] == "EnvT1"
+    assert final["env"]["NNI_SYS_DIR"] == str(tmp_path / "exp" / "trials" / "EnvT1")
+    assert final["cwd"] == str(tmp_path / "code")
+    assert (tmp_path / "exp" / "trials" / "EnvT1" / "parameter.cfg").is_file()
+
+
+def test_cancel_kills_the_whole_process_group(service, make_spec, tmp_path):
+    body = """
+import subprocess, sys, time, nni, pathlib
+nni.get_next_parameter()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+pathlib.Path("child.pid").write_text(str(child.pid))
+time.sleep(120)
+"""
+    handle = service.submit(make_spec("Kill1", body, {}), service.code)
+    pid_file = tmp_path / "code" / "child.pid"
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert pid_alive(child)
+    service.cancel(handle, TrialStatus.USER_CANCELED)
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child), "a grandchild of the trial survived the cancel"
+
+
+def test_sigint_trapping_trial_is_escalated_to_sigkill(service, make_spec):
+    body = """
+import signal, time, nni
+nni.get_next_parameter()
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(120)
+"""
+    handle = service.submit(make_spec("Trap1", body, {}), service.code)
+    while service.poll(handle, {}).status != TrialStatus.RUNNING:
+        time.sleep(0.05)
+    started = time.monotonic()
+    service.cancel(handle, TrialStatus.USER_CANCELED)
+    assert time.monotonic() - started < 5
+    status = poll_until_terminal(service, handle, timeout=10)[0][-1]
+    assert status in (TrialStatus.SYS_CANCELED, TrialStatus.FAILED)
+
+
+# ---- GPU scheduling ---------------------------------------------------------------------------
+
+
+def fake_nvidia_smi(directory: Path, gpus: int, busy_uuid: str | None = None) -> Path:
+    """An nvidia-smi on PATH answering the two queries the scheduler makes; counts its calls."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = "\\n".join(f"{i}, GPU-{i}, 0, 10, 16000" for i in range(gpus))
+    apps = f"{busy_uuid}, 4242" if busy_uuid else ""
+    script = directory / "nvidia-smi"
+    script.write_text(f"""#!/bin/bash
+echo x >> "{directory}/calls"
+case "$1" in
+  --query-gpu=*) printf "{rows}\\n" ;;
+  --query-compute-apps=*) printf "{apps}\\n" ;;
+esac
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return directory
+
+
+@pytest.fixture
+def gpus_on_path(tmp_path, monkeypatch):
+    def install(count, busy_uuid=None):
+        bin_dir = fake_nvidia_smi(tmp_path / f"bin{count}", count, busy_uuid)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        return bin_dir
+    return install
+
+
+GPU_TRIAL = """
+import os, time, nni
+nni.get_next_parameter()
+nni.report_intermediate_result({"default": 0, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")})
+time.sleep(1.0)
+nni.report_final_result(0)
+"""
+
+
+def _run_gpu_trials(tmp_path, make_spec, count, **fields):
+    svc = _local(tmp_path, trial_gpu_number=1, use_active_gpu=False, **fields)
+    svc.prepare()
+    code = svc.upload_code(tmp_path / "code")
+    handles = [svc.submit(make_spec(f"Gpu{i}x", GPU_TRIAL, {}, gpu_number=1), code) for i in range(count)]
+    time.sleep(0.5)
+    first = [svc.poll(h, {}) for h in handles]
+    results = [poll_until_terminal(svc, h) for h in handles]
+    return first, results
+
+
+def test_two_gpus_one_per_trial(tmp_path, make_spec, gpus_on_path):
+    bin_dir = gpus_on_path(2)
+    first, results = _run_gpu_trials(tmp_path, make_spec, 3)
+    assert [u.status for u in first].count(TrialStatus.WAITING) == 1  # third waits for a free GPU
+    gpus = [r[1][0].value["gpus"] for r in results]
+    assert sorted(gpus[:2]) == ["0", "1"] and gpus[2] in ("0", "1")
+    assert all(r[0][-1] == TrialStatus.SUCCEEDED for r in results)
+    calls = (bin_dir / "calls").read_text().count("x")
+    assert calls <= 6, f"GPU probing is not cached: nvidia-smi ran {calls} times"
+
+
+def test_fractional_packing_with_max_trials_per_gpu(tmp_path, make_spec, gpus_on_path):
+    gpus_on_path(1)
+    first, results = _run_gpu_trials(tmp_path, make_spec, 3, max_trial_number_per_gpu=2)
+    assert [u.status for u in first].count(TrialStatus.WAITING) == 1
+    assert [r[1][0].value["gpus"] for r in results] == ["0", "0", "0"]
+
+
+def test_asking_for_all_gpus_of_the_machine_schedules(tmp_path, make_spec, gpus_on_path):
+    gpus_on_path(1)
+    _, results = _run_gpu_trials(tmp_path, make_spec, 1)
+    assert results[0][0][-1] == TrialStatus.SUCCEEDED and results[0][1][0].value["gpus"] == "0"
+
+
+def test_busy_gpu_is_skipped_without_use_active_gpu(tmp_path, make_spec, gpus_on_path):
+    gpus_on_path(2, busy_uuid="GPU-0")
+    _, results = _run_gpu_trials(tmp_path, make_spec, 2)
+    assert [r[1][0].value["gpus"] for r in results] == ["1", "1"]
+
+
+def test_no_gpu_and_gpus_requested_is_a_clear_error_at_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    svc = _local(tmp_path, trial_gpu_number=1, use_active_gpu=False)
+    with pytest.raises(PlatformError, match="nvidia-smi was not found"):
+        svc.prepare()
+
+
+def test_more_gpus_than_the_machine_has_is_refused(tmp_path, gpus_on_path):
+    gpus_on_path(1)
+    code = tmp_path / "code"
+    code.mkdir()
+    config = LocalConfig(trial_command="x", trial_code_directory=code, trial_gpu_number=2, use_active_gpu=True)
+    with pytest.raises(PlatformError, match="exceeds the 1 usable GPU"):
+        LocalTrainingService(config, tmp_path / "exp").prepare()
+
+
+def test_probe_cache_serves_repeated_queries(tmp_path, gpus_on_path):
+    bin_dir = gpus_on_path(2)
+    probe = GpuProbe(cache_seconds=60)
+    for _ in range(50):
+        assert len(probe.gpus()) == 2
+    assert (bin_dir / "calls").read_text().count("x") == 2

@@ -1,0 +1,376 @@
+"""``trialflow``: nnictl-style commands (typer + rich).
+
+Errors exit non-zero with one ``error:`` line naming what is wrong and how to fix it (config errors
+list one line per bad field). Experiments run in a detached background process by default, like
+``nnictl create``; ``--foreground`` runs in this terminal with a live progress display.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from .config import ConfigError, load_config, parse_duration
+from .experiments import ExperimentNotFound, create_experiment, find_experiment, list_experiments
+from .store import ExperimentStore
+from .tasks.training_services.local import kill_group, pid_alive
+from .views import export_rows, print_experiment, print_trials, sort_trials
+
+app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+experiment_app = typer.Typer(help="List, show, export, import and delete experiments.", no_args_is_help=True)
+trial_app = typer.Typer(help="List and kill trials.", no_args_is_help=True)
+log_app = typer.Typer(help="Show trial logs.", no_args_is_help=True)
+update_app = typer.Typer(help="Change a running experiment: concurrency, trialnum, duration.", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
+app.add_typer(trial_app, name="trial")
+app.add_typer(log_app, name="log")
+app.add_typer(update_app, name="update")
+console = Console()
+
+RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 1."""
+
+
+def _fail(message: str) -> None:
+    raise CliError(message)
+
+
+def _store(experiment_id: str, root: Path | None) -> tuple[Path, ExperimentStore]:
+    try:
+        return find_experiment(experiment_id, root)
+    except ExperimentNotFound as exc:
+        raise CliError(str(exc)) from None
+
+
+def _controller_alive(store: ExperimentStore) -> bool:
+    pid = store.experiment().controller_pid
+    return bool(pid) and pid != os.getpid() and pid_alive(int(pid))  # type: ignore[arg-type]
+
+
+# ---- running experiments -----------------------------------------------------------------------
+
+
+def _launch(experiment_id: str, root: Path, config_path: str | None, foreground: bool) -> None:
+    if foreground:
+        from .live import run_with_progress
+
+        status = run_with_progress(experiment_id, root, config_path, console)
+        if status != "DONE":
+            raise CliError(f"experiment {experiment_id} ended {status}")
+        return
+    log_path = root / experiment_id / "log" / "experiment.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "trialflow.cli", "_run", experiment_id, "--root", str(root)]
+    if config_path:
+        args += ["--config", config_path]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {proc.pid})")
+    console.print(f"  progress: trialflow trial ls {experiment_id}   log: {log_path}")
+    console.print(f"  stop:     trialflow stop {experiment_id}")
+
+
+@app.command()
+def create(config: Annotated[Path, typer.Option("--config", "-c", help="experiment config (YAML/JSON)")],
+           foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False
+           ) -> None:
+    """Create an experiment from an NNI-style config file and start it."""
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    experiment_id, exp_dir = create_experiment(cfg, str(config.resolve()))
+    console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {exp_dir}")
+    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground)
+
+
+@app.command()
+def resume(experiment_id: str, root: RootOpt = None,
+           foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False) -> None:
+    """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
+    base, store = _store(experiment_id, root)
+    if _controller_alive(store):
+        raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
+    store.set_control("stop", False)
+    store.set_control("kill", [])
+    _launch(experiment_id, base, None, foreground)
+
+
+@app.command("_run", hidden=True)
+def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root")],
+                 config: Annotated[str | None, typer.Option("--config")] = None) -> None:
+    from .flows.experiment import experiment_flow
+
+    experiment_flow(experiment_id, str(root), config)
+
+
+@app.command()
+def view(experiment_id: str, root: RootOpt = None) -> None:
+    """Show an experiment's status, budget and best trial (read-only)."""
+    _, store = _store(experiment_id, root)
+    print_experiment(console, store)
+
+
+@app.command()
+def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
+         all_: Annotated[bool, typer.Option("--all", help="stop every running experiment")] = False,
+         root: RootOpt = None,
+         wait: Annotated[float, typer.Option(help="seconds to wait for the controller")] = 60.0) -> None:
+    """Stop an experiment: running trials are cancelled (USER_CANCELED), status STOPPED."""
+    if all_ == (experiment_id is not None):
+        raise CliError("give an experiment id or --all")
+    ids = [experiment_id] if experiment_id else [e.id for e in list_experiments(root)
+                                                 if e.record.status in ("RUNNING", "INITIALIZED")]
+    for exp_id in ids:
+        _, store = _store(exp_id, root)
+        _stop_one(store, wait)
+        console.print(f"experiment {exp_id} stopped")
+
+
+def _stop_one(store: ExperimentStore, wait: float) -> None:
+    store.set_control("stop", True)
+    deadline = time.monotonic() + wait
+    while _controller_alive(store) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _controller_alive(store):
+        os.kill(int(store.experiment().controller_pid), signal.SIGTERM)  # type: ignore[arg-type]
+    # No controller (crashed or never resumed): cancel what it left behind ourselves.
+    for trial in store.trials(["WAITING", "RUNNING"]):
+        store.set_status(trial.id, "USER_CANCELED", message="cancelled by trialflow stop")
+        _kill_local(trial.handle)
+    if store.experiment().status not in ("DONE", "ERROR"):
+        store.set_experiment(status="STOPPED", end_time=time.time(), controller_pid=None)
+
+
+def _kill_local(handle: dict[str, Any] | None) -> None:
+    if not handle or handle.get("platform") != "local":
+        return
+    info_path = Path(handle["data"]["trial_dir"]) / ".nni" / "keeper.pid"
+    try:
+        pid = int(json.loads(info_path.read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return
+    if pid_alive(pid):
+        kill_group(pid, 1.0)
+
+
+_UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
+
+
+def _update(experiment_id: str, what: str, value: str, root: Path | None) -> None:
+    _, store = _store(experiment_id, root)
+    if what == "duration":
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise CliError(f"bad duration value: {exc}") from None
+        if not isinstance(seconds, int) or seconds <= 0:
+            raise CliError(f"bad duration value {value!r}: must be positive, like '30m', '2h' or 3600")
+        store.set_control("max_experiment_duration", seconds)
+        console.print(f"maxExperimentDuration of {experiment_id} set to {seconds} s")
+        return
+    key, low, high = _UPDATE_RULES[what]
+    try:
+        number = int(value)
+    except ValueError:
+        raise CliError(f"bad {what} value {value!r}: must be an integer from {low} to {high}") from None
+    if not low <= number <= high:
+        raise CliError(f"bad {what} value {number}: must be from {low} to {high}")
+    store.set_control(key, number)
+    console.print(f"{what} of {experiment_id} set to {number}")
+
+
+@update_app.command("concurrency")
+def update_concurrency(experiment_id: str, value: str, root: RootOpt = None) -> None:
+    """Set trialConcurrency (1-1000)."""
+    _update(experiment_id, "concurrency", value, root)
+
+
+@update_app.command("trialnum")
+def update_trialnum(experiment_id: str, value: str, root: RootOpt = None) -> None:
+    """Set maxTrialNumber."""
+    _update(experiment_id, "trialnum", value, root)
+
+
+@update_app.command("duration")
+def update_duration(experiment_id: str, value: str, root: RootOpt = None) -> None:
+    """Set maxExperimentDuration ('30m', '2h', seconds)."""
+    _update(experiment_id, "duration", value, root)
+
+
+# ---- experiments ----------------------------------------------------------------------------
+
+
+@experiment_app.command("list")
+def experiment_list(root: RootOpt = None) -> None:
+    """Known experiments with their status."""
+    from rich.table import Table
+
+    table = Table("id", "name", "status", "trials", "started", "directory")
+    for e in list_experiments(root):
+        store = ExperimentStore.embedded(e.root / e.id, e.id)
+        count = len(store.trials())
+        store.close()
+        started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
+        table.add_row(e.id, e.record.name or "", e.record.status, str(count), started, str(e.root / e.id))
+    console.print(table)
+
+
+@experiment_app.command("show")
+def experiment_show(experiment_id: str, root: RootOpt = None) -> None:
+    """The experiment's stored config and status as JSON."""
+    _, store = _store(experiment_id, root)
+    record = store.experiment()
+    typer.echo(json.dumps({"id": record.id, "status": record.status, "message": record.message,
+                           "config": record.config, "controls": record.controls}, indent=2))
+
+
+@experiment_app.command("export")
+def experiment_export(experiment_id: str,
+                      filename: Annotated[Path, typer.Option("--filename", "-f", help="output file")],
+                      kind: Annotated[str, typer.Option("--type", "-t", help="json or csv")] = "json",
+                      intermediate: Annotated[bool, typer.Option("--intermediate", "-i")] = False,
+                      root: RootOpt = None) -> None:
+    """Export trials (parameters, final value, optionally intermediates) as JSON or CSV."""
+    if kind not in ("json", "csv"):
+        raise CliError(f"bad --type {kind!r}: use json or csv")
+    _, store = _store(experiment_id, root)
+    rows = export_rows(store, intermediate)
+    if kind == "json":
+        filename.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    else:
+        from .views import write_csv
+
+        write_csv(filename, rows)
+    console.print(f"exported {len(rows)} trials to {filename}")
+
+
+@experiment_app.command("import")
+def experiment_import(experiment_id: str,
+                      filename: Annotated[Path, typer.Option("--filename", "-f", help="JSON list of "
+                                                             "{parameter, value}")],
+                      root: RootOpt = None) -> None:
+    """Import finished trials ([{parameter, value}]) so the tuner learns from them on (re)start."""
+    from .views import import_rows
+
+    _, store = _store(experiment_id, root)
+    try:
+        data = json.loads(filename.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"file {filename} does not exist") from None
+    except ValueError as exc:
+        raise CliError(f"{filename} is not valid JSON: {exc}") from None
+    try:
+        count = import_rows(store, data)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"imported {count} trials into {experiment_id}")
+
+
+@experiment_app.command("delete")
+def experiment_delete(experiment_id: str, root: RootOpt = None,
+                      yes: Annotated[bool, typer.Option("--yes", "-y")] = False) -> None:
+    """Delete a finished experiment's directory (trials, logs, store)."""
+    base, store = _store(experiment_id, root)
+    if _controller_alive(store):
+        raise CliError(f"experiment {experiment_id} is running; stop it first")
+    store.close()
+    if not yes and not typer.confirm(f"delete {base / experiment_id}?"):
+        raise typer.Exit(1)
+    shutil.rmtree(base / experiment_id)
+    console.print(f"deleted {experiment_id}")
+
+
+# ---- trials ---------------------------------------------------------------------------------
+
+
+@trial_app.command("ls")
+def trial_ls(experiment_id: str, head: Annotated[int | None, typer.Option("--head")] = None,
+             tail: Annotated[int | None, typer.Option("--tail")] = None, root: RootOpt = None) -> None:
+    """Trials with status and final metric; --head/--tail N sort by metric (best/worst first)."""
+    if head is not None and tail is not None:
+        raise CliError("use either --head or --tail")
+    _, store = _store(experiment_id, root)
+    trials = store.trials()
+    if head is not None or tail is not None:
+        trials = sort_trials(trials, store, head, tail)
+    print_trials(console, trials)
+
+
+@trial_app.command("kill")
+def trial_kill(experiment_id: str, trial_id: str, root: RootOpt = None) -> None:
+    """Cancel one trial (USER_CANCELED)."""
+    _, store = _store(experiment_id, root)
+    try:
+        trial = store.trial(trial_id)
+    except KeyError as exc:
+        raise CliError(str(exc).strip("'\"")) from None
+    if trial.is_terminal:
+        console.print(f"trial {trial_id} already ended ({trial.status})")
+        return
+    if _controller_alive(store):
+        kills = store.experiment().controls.get("kill", [])
+        store.set_control("kill", [*kills, trial_id])
+    else:
+        store.set_status(trial_id, "USER_CANCELED", message="cancelled by trialflow trial kill")
+        _kill_local(trial.handle)
+    console.print(f"trial {trial_id} cancelled")
+
+
+@log_app.command("trial")
+def log_trial(experiment_id: str, trial_id: str, root: RootOpt = None,
+              tail: Annotated[int | None, typer.Option("--tail", help="last N bytes of each log")] = None) -> None:
+    """Print a trial's stdout, stderr and trial.log."""
+    _, store = _store(experiment_id, root)
+    try:
+        trial = store.trial(trial_id)
+    except KeyError as exc:
+        raise CliError(str(exc).strip("'\"")) from None
+    trial_dir = Path(trial.log_dir or "")
+    for name in ("trial.stdout", "trial.stderr", "trial.log"):
+        path = trial_dir / name
+        if path.is_file():
+            text = path.read_bytes()[-tail:] if tail else path.read_bytes()
+            console.rule(f"{name} ({path})")
+            typer.echo(text.decode("utf-8", "replace"))
+
+
+def main() -> None:
+    """Console entry point: one-line errors, exit code 1."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    try:
+        code = app(standalone_mode=False)
+    except CliError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except click_exceptions() as exc:  # bad usage: typer/click's own message
+        exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def click_exceptions() -> type[Exception]:
+    import click
+
+    return click.ClickException
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Foreground runs of the CLI: the experiment flow in this process with a live progress display
+(trials done / budget, best so far, running trials), refreshed from the store once a second."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .experiments import open_store
+from .ui import best_trial, trial_value
+
+
+def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
+    store = open_store(root, experiment_id)
+    try:
+        record, trials = store.experiment(), store.trials()
+    finally:
+        store.close()
+    budget = record.controls.get("max_trial_number", record.config.get("maxTrialNumber"))
+    done = sum(t.is_terminal for t in trials)
+    best = best_trial(trials, maximize)
+    table = Table(title=f"experiment {experiment_id} - {record.status}", show_header=False)
+    table.add_row("trials done", f"{done}" + (f" / {budget}" if budget else ""))
+    table.add_row("best so far", "-" if best is None else f"{trial_value(best)} ({best.id}) {best.parameters}")
+    running = [t for t in trials if t.status in ("RUNNING", "WAITING")]
+    table.add_row("running", ", ".join(f"{t.id}#{t.sequence}" for t in running[:12]) or "-")
+    return table
+
+
+def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console) -> str:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from .experiments import load_experiment_config
+    from .flows.experiment import experiment_flow
+    from .ui import is_maximize
+
+    store = open_store(root, experiment_id)
+    maximize = is_maximize(load_experiment_config(store, config_path))
+    store.close()
+    done = threading.Event()
+    with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
+              transient=False) as live:
+        def refresh() -> None:
+            while not done.wait(1.0):
+                live.update(_render(root, experiment_id, maximize))
+
+        thread = threading.Thread(target=refresh, daemon=True)
+        thread.start()
+        try:
+            status = experiment_flow(experiment_id, str(root), config_path)
+        finally:
+            done.set()
+            thread.join()
+            live.update(_render(root, experiment_id, maximize))
+    best = best_trial(open_store(root, experiment_id).trials(), maximize)
+    if best is not None:
+        console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "
+                      f"parameters {best.parameters}")
+    return status

@@ -1,0 +1,113 @@
+"""Rendering and data exchange for the CLI: experiment summary, trial tables, export and import
+(nnictl's shapes: export JSON rows ``{parameter, value, trialJobId}``, CSV columns = parameters +
+``reward`` or the dict metric's keys + ``trialJobId``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .config import parse_config
+from .ids import new_trial_id
+from .store import ExperimentStore, Metric, TrialRecord
+from .ui import best_trial, is_maximize, trial_value
+
+
+def _maximize(store: ExperimentStore) -> bool:
+    tuner = store.experiment().config.get("tuner") or {}
+    mode = (tuner.get("classArgs") or {}).get("optimize_mode")
+    return mode == "maximize" or (mode is None and str(tuner.get("name", "")).lower() == "evolution")
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+def print_experiment(console: Console, store: ExperimentStore) -> None:
+    record = store.experiment()
+    trials = store.trials()
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.status] = counts.get(t.status, 0) + 1
+    cfg = record.config
+    budget = record.controls.get("max_trial_number", cfg.get("maxTrialNumber"))
+    console.print(f"[bold]{record.id}[/] {record.name or ''}  status: [bold]{record.status}[/]"
+                  + (f"  ({record.message})" if record.message else ""))
+    console.print(f"trials: {len(trials)}" + (f" / {budget}" if budget else "") + "  "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    best = best_trial(trials, _maximize(store))
+    if best is not None:
+        console.print(f"best trial: {best.id} (#{best.sequence}) value {trial_value(best)} "
+                      f"parameters {json.dumps(best.parameters)}")
+
+
+def print_trials(console: Console, trials: list[TrialRecord]) -> None:
+    table = Table("trial", "#", "status", "final", "start", "end", "parameters")
+    for t in trials:
+        table.add_row(t.id, str(t.sequence), t.status, "" if t.final is None else json.dumps(t.final),
+                      _when(t.start_time), _when(t.end_time), json.dumps(t.parameters))
+    console.print(table)
+
+
+def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | None, tail: int | None
+                ) -> list[TrialRecord]:
+    """Trials with a usable final value, best first (--head N) or worst first (--tail N)."""
+    scored = [t for t in trials if trial_value(t) is not None]
+    scored.sort(key=lambda t: trial_value(t), reverse=_maximize(store))  # type: ignore[arg-type,return-value]
+    return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
+
+
+def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:
+    rows = []
+    per_trial: dict[str, list[Any]] = {}
+    if intermediate:
+        for m in store.metrics(type="PERIODICAL"):
+            per_trial.setdefault(m.trial_id, []).append(m.value)
+    for t in store.trials():
+        if t.final is None:
+            continue
+        row: dict[str, Any] = {"parameter": t.parameters, "value": json.dumps(t.final), "trialJobId": t.id}
+        if intermediate:
+            row["intermediate"] = per_trial.get(t.id, [])
+        rows.append(row)
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    flat = []
+    for row in rows:
+        value = json.loads(row["value"])
+        metric = value if isinstance(value, dict) else {"reward": value}
+        flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
+                     **metric, "trialJobId": row["trialJobId"]})
+    columns: list[str] = []
+    for r in flat:
+        columns.extend(k for k in r if k not in columns)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(flat)
+
+
+def import_rows(store: ExperimentStore, data: Any) -> int:
+    """Add ``[{parameter, value}]`` as finished trials (replayed to the tuner on start/resume)."""
+    if not isinstance(data, list):
+        raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
+    space = parse_config(store.experiment().config).space
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
+            raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
+        raw = space.encode(item["parameter"])
+        value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
+        trial_id = new_trial_id()
+        seq = store.take_sequence()
+        store.add_trial(trial_id, seq, -1 - seq, item["parameter"], raw)
+        store.add_metrics([Metric(trial_id, "FINAL", 0, value)])
+        store.set_status(trial_id, "SUCCEEDED", 0, "imported")
+    return len(data)
