@@ -1,0 +1,195 @@
+"""The experiment flow end to end on the local service (real processes, Prefect test server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import base_config, write_trial
+from trialflow import parse_config, run_experiment
+from trialflow.experiments import create_experiment, open_store
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+INTERVAL_TRIAL = """
+import json, os, time, nni, fcntl
+p = nni.get_next_parameter()
+log = os.path.join(os.path.dirname(os.path.abspath(__file__)), "intervals.jsonl")
+def mark(kind):
+    with open(log, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps({"trial": nni.get_trial_id(), "kind": kind, "t": time.time()}) + "\\n")
+mark("start")
+time.sleep(float(os.environ.get("TRIAL_SLEEP", "0.4")))
+nni.report_final_result(p["x"])
+mark("end")
+"""
+
+
+def _max_overlap(log: Path) -> int:
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    points = sorted((e["t"], 1 if e["kind"] == "start" else -1) for e in events)
+    live = peak = 0
+    for _, delta in sorted(points, key=lambda p: (p[0], p[1])):
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def test_concurrency_is_never_exceeded_and_max_trial_number_is_exact(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, INTERVAL_TRIAL)
+    result = run_experiment(base_config(code, tmp_path / "w", trialConcurrency=3, maxTrialNumber=9))
+    assert result.status == "DONE"
+    assert len(result.trials) == 9
+    assert all(t.status == "SUCCEEDED" for t in result.trials)
+    assert _max_overlap(code / "intervals.jsonl") <= 3
+    starts = [json.loads(x)["trial"] for x in (code / "intervals.jsonl").read_text().splitlines()
+              if '"start"' in x]
+    assert sorted(starts) == sorted(t.id for t in result.trials)  # each trial ran exactly once
+    best = max(result.trials, key=lambda t: t.final)
+    assert result.best is not None and result.best.id == min(result.trials, key=lambda t: t.final).id  # minimize
+    assert best.parameters["x"] == best.final  # the trial got its own parameters
+
+
+def test_parameters_recorded_equal_parameters_received(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result({'default': 1, 'p': p})\n")
+    result = run_experiment(base_config(code, tmp_path / "w", trialConcurrency=4, maxTrialNumber=8))
+    for t in result.trials:
+        assert t.final["p"] == t.parameters
+
+
+def test_failing_trial_is_failed_with_exit_code_and_experiment_goes_on(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, "import sys, nni\np = nni.get_next_parameter()\n"
+                      "if p['x'] > 0.5: sys.exit(7)\nnni.report_final_result(p['x'])\n")
+    config = base_config(code, tmp_path / "w", maxTrialNumber=6,
+                         searchSpace={"x": {"_type": "choice", "_value": [0.25, 0.75]}},
+                         tuner={"name": "GridSearch"})
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    by_x = {t.parameters["x"]: t for t in result.trials}
+    assert len(result.trials) == 2  # the grid is exhausted before maxTrialNumber
+    assert by_x[0.75].status == "FAILED" and by_x[0.75].exit_code == 7
+    assert by_x[0.25].status == "SUCCEEDED"
+
+
+def test_max_trial_duration_ends_trials_early_stopped(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\nnni.report_intermediate_result(1)\ntime.sleep(60)\n")
+    started = time.monotonic()
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=2, maxTrialDuration="2s"))
+    assert time.monotonic() - started < 45
+    assert [t.status for t in result.trials] == ["EARLY_STOPPED", "EARLY_STOPPED"]
+    store = open_store(tmp_path / "w", result.experiment_id)
+    assert all(len(store.metrics(t.id, "PERIODICAL")) == 1 for t in result.trials)  # metrics kept
+
+
+def test_max_experiment_duration_stops_creating_trials_then_done(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(1.5)\nnni.report_final_result(1)\n")
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=100, maxExperimentDuration="3s"))
+    assert result.status == "DONE"
+    assert 2 <= len(result.trials) <= 6
+    assert all(t.status == "SUCCEEDED" for t in result.trials)  # running trials were let finish
+
+
+def test_assessor_stops_bad_trials_as_early_stopped(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, """
+import time, nni
+p = nni.get_next_parameter()
+for step in range(8):
+    nni.report_intermediate_result(p["x"])
+    time.sleep(0.1)
+nni.report_final_result(p["x"])
+""")
+    config = base_config(code, tmp_path / "w", trialConcurrency=1, maxTrialNumber=4,
+                         searchSpace={"x": {"_type": "choice", "_value": [1, 10, 0, 0.5]}},
+                         tuner={"name": "GridSearch"},
+                         assessor={"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}})
+    result = run_experiment(config)
+    status = {t.parameters["x"]: t.status for t in result.trials}
+    # 1 runs first (nothing to compare with), 10 beats the median, 0 and 0.5 fall below it
+    assert status[1] == "SUCCEEDED" and status[10] == "SUCCEEDED"
+    assert status[0] == "EARLY_STOPPED" and status[0.5] == "EARLY_STOPPED"
+
+
+def test_invalid_final_metric_is_reported_and_experiment_goes_on(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, "import nni\nnni.get_next_parameter()\nnni.report_final_result('not a number')\n")
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=2))
+    assert result.status == "DONE" and [t.status for t in result.trials] == ["SUCCEEDED", "SUCCEEDED"]
+    assert result.best is None and result.trials[0].final == "not a number"
+
+
+def _wait_for(predicate, timeout=90.0, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+def _controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
+    env = {**os.environ, "PREFECT_API_URL": api_url}
+    code = ("import sys; from trialflow.flows.experiment import experiment_flow; "
+            "experiment_flow(sys.argv[1], sys.argv[2])")
+    return subprocess.Popen([sys.executable, "-c", code, exp_id, str(root)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_server):
+    code = tmp_path / "code"
+    write_trial(code, INTERVAL_TRIAL)
+    os.environ["TRIAL_SLEEP"] = "2.5"
+    try:
+        cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=5))
+        exp_id, exp_dir = create_experiment(cfg)
+        store = open_store(exp_dir.parent, exp_id)
+        first = _controller(exp_id, exp_dir.parent, prefect_server)
+        _wait_for(lambda: len(store.trials(["RUNNING"])) == 2 and len(store.trials(["SUCCEEDED"])) >= 1)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        alive = {t.id for t in store.trials(["RUNNING", "WAITING"])}
+        assert alive, "no trial was running at the kill"
+        second = _controller(exp_id, exp_dir.parent, prefect_server)
+        assert second.wait(timeout=120) == 0
+    finally:
+        os.environ.pop("TRIAL_SLEEP", None)
+    trials = store.trials()
+    assert store.experiment().status == "DONE"
+    assert len(trials) == 5 and all(t.status == "SUCCEEDED" for t in trials)
+    starts = [json.loads(x)["trial"] for x in (code / "intervals.jsonl").read_text().splitlines() if '"start"' in x]
+    assert sorted(starts) == sorted(t.id for t in trials), "a trial ran twice or not at all"
+    for t in trials:
+        assert [s for s, _ in store.status_history(t.id)].count("SUCCEEDED") == 1
+        assert len(store.metrics(t.id, "FINAL")) == 1
+
+
+def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server):
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(60)\n")
+    cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=3))
+    exp_id, exp_dir = create_experiment(cfg)
+    store = open_store(exp_dir.parent, exp_id)
+    proc = _controller(exp_id, exp_dir.parent, prefect_server)
+    running = _wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None)
+    store.set_control("kill", [running[0].id])
+    _wait_for(lambda: store.trial(running[0].id).status == "USER_CANCELED")
+    _wait_for(lambda: len(store.trials(["RUNNING"])) == 2)  # the killed trial's slot is refilled
+    store.set_control("stop", True)
+    assert proc.wait(timeout=60) == 0
+    assert store.experiment().status == "STOPPED"
+    assert all(t.status == "USER_CANCELED" for t in store.trials())
+    assert len(store.trials()) == 3  # the killed trial was replaced, then the stop cancelled the rest
