@@ -83,13 +83,17 @@ class CurvefittingAssessor(Assessor):
                 self._best_final = final
 
     def predict(self, history: list[float]) -> float:
-        """Final value at ``epoch_num``: least squares on a log curve a + b*log(x), bounded by the
-        linear trend so a flat or noisy start does not extrapolate wildly."""
+        """Final value at ``epoch_num``, extrapolated by least squares with a log curve
+        a + b*log(x) and a straight line; the more optimistic of the two is used, so a trial is
+        stopped only when both curve families predict it to fall short."""
         x = np.arange(1, len(history) + 1, dtype=float)
         y = np.asarray(history, dtype=float)
-        design = np.column_stack([np.ones_like(x), np.log(x)])
-        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-        return float(coef[0] + coef[1] * np.log(self.epoch_num))
+        predictions = []
+        for feature, at_end in ((np.log(x), np.log(self.epoch_num)), (x, float(self.epoch_num))):
+            design = np.column_stack([np.ones_like(x), feature])
+            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+            predictions.append(float(coef[0] + coef[1] * at_end))
+        return max(predictions) if self.maximize else min(predictions)
 
     def assess(self, trial_id: str, history: list[float]) -> bool:
         step = len(history)

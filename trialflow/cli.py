@@ -358,18 +358,14 @@ def main() -> None:
     except CliError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
-    except click_exceptions() as exc:  # bad usage: typer/click's own message
-        exc.show()
-        sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(1)
+    except Exception as exc:
+        if not (hasattr(exc, "show") and hasattr(exc, "exit_code")):
+            raise
+        exc.show()  # bad usage (click's exception, vendored by typer): its own message
+        sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def click_exceptions() -> type[Exception]:
-    import click
-
-    return click.ClickException
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ def _path_text(loc: tuple[Any, ...]) -> tuple[str, str | None]:
         text = str(item)
         if _SUGGEST in text:
             text, suggestion = text.split(_SUGGEST, 1)
-        if text.startswith("function-") or text in {"tagged-union"} or text.startswith("chain["):
+        if text.startswith(("function-", "~", "chain[")):
             continue
         parts.append(("." if parts else "") + text)
     return "".join(parts) or "<top level>", suggestion

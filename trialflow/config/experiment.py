@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
 from ._base import ConfigError, ConfigModel, ConfigPath, Duration, GpuIndices, canonical_key, format_errors
 from .legacy import convert_v1, is_v1
-from .platforms import AnyTrainingService, SharedStorageConfig, TrainingServiceConfig
+from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
 
 # Top-level fields NNI copies into each training-service section that does not set them.
 _SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
@@ -61,7 +61,7 @@ class ExperimentConfig(ConfigModel):
     tuner: AlgorithmConfig | None = None
     assessor: AlgorithmConfig | None = None
     advisor: AlgorithmConfig | None = None
-    training_service: AnyTrainingService | list[AnyTrainingService]
+    training_service: OneOrManyTrainingServices
     shared_storage: SharedStorageConfig | None = None
     store_url: str | None = Field(default=None, description="PostgreSQL URL of a shared experiment store")
 

@@ -188,13 +188,14 @@ def _storage_tag(value: Any) -> str | None:
     if isinstance(value, dict):
         for key, tag in value.items():
             if canonical_key(str(key)) == "storagetype":
-                return {"nfs": "nfs", "azurestorage": "azureStorage"}.get(str(tag).lower(), str(tag))
-        return "nfs"
-    return getattr(value, "storage_type", None)
+                return {"nfs": "~nfs", "azurestorage": "~azureStorage"}.get(str(tag).lower(), str(tag))
+        return "~nfs"
+    kind = getattr(value, "storage_type", None)
+    return f"~{kind}" if kind else None
 
 
 K8sStorageConfig = Annotated[
-    Annotated[NfsStorage, Tag("nfs")] | Annotated[AzureStorage, Tag("azureStorage")],
+    Annotated[NfsStorage, Tag("~nfs")] | Annotated[AzureStorage, Tag("~azureStorage")],
     Discriminator(
         _storage_tag,
         custom_error_type="storage_type",
@@ -323,21 +324,23 @@ def platform_tag(value: Any) -> str | None:
         for key, tag in value.items():
             if canonical_key(str(key)) == "platform" and isinstance(tag, str):
                 tag = tag.lower()
-                return "openpai" if tag == "pai" else tag
+                return "~openpai" if tag == "pai" else f"~{tag}"
         return None
-    return getattr(value, "platform", None)
+    platform = getattr(value, "platform", None)
+    return f"~{platform}" if platform else None
 
 
+# Discriminator tags start with "~" so error paths can leave them out (trainingService.machineList[1].port).
 AnyTrainingService = Annotated[
-    Annotated[LocalConfig, Tag("local")]
-    | Annotated[RemoteConfig, Tag("remote")]
-    | Annotated[OpenpaiConfig, Tag("openpai")]
-    | Annotated[AmlConfig, Tag("aml")]
-    | Annotated[DlcConfig, Tag("dlc")]
-    | Annotated[KubeflowConfig, Tag("kubeflow")]
-    | Annotated[FrameworkControllerConfig, Tag("frameworkcontroller")]
-    | Annotated[AdlConfig, Tag("adl")]
-    | Annotated[DltsConfig, Tag("dlts")],
+    Annotated[LocalConfig, Tag("~local")]
+    | Annotated[RemoteConfig, Tag("~remote")]
+    | Annotated[OpenpaiConfig, Tag("~openpai")]
+    | Annotated[AmlConfig, Tag("~aml")]
+    | Annotated[DlcConfig, Tag("~dlc")]
+    | Annotated[KubeflowConfig, Tag("~kubeflow")]
+    | Annotated[FrameworkControllerConfig, Tag("~frameworkcontroller")]
+    | Annotated[AdlConfig, Tag("~adl")]
+    | Annotated[DltsConfig, Tag("~dlts")],
     Discriminator(
         platform_tag,
         custom_error_type="platform",
@@ -364,3 +367,9 @@ class SharedStorageConfig(ConfigModel):
         if self.storage_type == "AzureBlob" and not (self.storage_account_name and self.container_name):
             raise ValueError("AzureBlob shared storage needs storageAccountName and containerName")
         return self
+
+
+OneOrManyTrainingServices = Annotated[
+    Annotated[AnyTrainingService, Tag("~one")] | Annotated[list[AnyTrainingService], Tag("~many")],
+    Discriminator(lambda v: "~many" if isinstance(v, list) else "~one"),
+]

@@ -1,0 +1,167 @@
+"""The ``trialflow`` command line, run as a user would (subprocesses)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, write_trial
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def _config_file(tmp_path: Path, **overrides) -> Path:
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_intermediate_result(p['x'])\n"
+                      "nni.report_final_result(p['x'])\n")
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", **overrides)))
+    return path
+
+
+def test_missing_config_file(tmp_path):
+    proc = cli("create", "--config", str(tmp_path / "nope.yml"))
+    assert proc.returncode == 1
+    assert "error: Invalid experiment config" in proc.stdout and "does not exist" in proc.stdout
+
+
+def test_bad_yaml(tmp_path):
+    path = tmp_path / "bad.yml"
+    path.write_text("trialConcurrency: [1,\n")
+    proc = cli("create", "--config", str(path))
+    assert proc.returncode == 1 and "not valid YAML at line" in proc.stdout
+
+
+def test_invalid_field_is_named(tmp_path):
+    path = _config_file(tmp_path, trialConcurrency=-2)
+    proc = cli("create", "--config", str(path))
+    assert proc.returncode == 1 and "trialConcurrency: Input should be greater than 0 (got -2)" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["view", "zzzzzzzz"], ["trial", "ls", "zzzzzzzz"], ["stop", "zzzzzzzz"],
+                                  ["resume", "zzzzzzzz"], ["update", "concurrency", "zzzzzzzz", "3"]])
+def test_unknown_experiment_id(args):
+    proc = cli(*args)
+    assert proc.returncode == 1 and "no experiment 'zzzzzzzz' found" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, prefect_server):
+    """One experiment run to DONE through `trialflow create --foreground`."""
+    tmp_path = tmp_path_factory.mktemp("cli")
+    home = tmp_path / "home"
+    env = {"PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(home)}
+    path = _config_file(tmp_path, maxTrialNumber=4)
+    proc = cli("create", "--config", str(path), "--foreground", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    exp_id = proc.stdout.split("experiment id:")[1].split()[0]
+    return tmp_path, env, exp_id, proc.stdout
+
+
+def test_create_foreground_runs_to_done_and_prints_best(finished):
+    _, env, exp_id, out = finished
+    assert "DONE" in out and "best trial" in out
+    listing = cli("experiment", "list", env=env)
+    assert exp_id in listing.stdout and "DONE" in listing.stdout
+
+
+@pytest.mark.parametrize("what,value,message", [
+    ("concurrency", "abc", "bad concurrency value 'abc': must be an integer from 1 to 1000"),
+    ("concurrency", "0", "bad concurrency value 0: must be from 1 to 1000"),
+    ("concurrency", "5000", "must be from 1 to 1000"),
+    ("trialnum", "0", "bad trialnum value 0"),
+    ("duration", "10x", "bad duration value"),
+    ("duration", "0", "must be positive"),
+])
+def test_bad_update_values(finished, what, value, message):
+    _, env, exp_id, _ = finished
+    proc = cli("update", what, exp_id, value, env=env)
+    assert proc.returncode == 1 and message in proc.stdout
+
+
+def test_usage_errors_are_reported(finished):
+    _, env, exp_id, _ = finished
+    proc = cli("update", "trialnum", exp_id, "-1", env=env)
+    assert proc.returncode == 2 and "No such option: -1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_update_is_stored(finished):
+    tmp_path, env, exp_id, _ = finished
+    assert cli("update", "trialnum", exp_id, "7", env=env).returncode == 0
+    shown = json.loads(cli("experiment", "show", exp_id, env=env).stdout)
+    assert shown["controls"]["max_trial_number"] == 7
+
+
+def test_export_json_and_csv_and_trial_listing(finished):
+    tmp_path, env, exp_id, _ = finished
+    out = tmp_path / "export.json"
+    assert cli("experiment", "export", exp_id, "-f", str(out), "-t", "json", "-i", env=env).returncode == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 4
+    for row in rows:
+        assert json.loads(row["value"]) == row["parameter"]["x"] and row["intermediate"] == [row["parameter"]["x"]]
+    out_csv = tmp_path / "export.csv"
+    assert cli("experiment", "export", exp_id, "-f", str(out_csv), "-t", "csv", env=env).returncode == 0
+    table = list(csv.DictReader(out_csv.open()))
+    assert set(table[0]) == {"x", "reward", "trialJobId"}
+    head = cli("trial", "ls", exp_id, "--head", "1", env=env).stdout
+    best = min(rows, key=lambda r: r["parameter"]["x"])["trialJobId"]  # Random tuner minimises by default
+    assert best in head and sum(r["trialJobId"] in head for r in rows) == 1
+    bad = cli("experiment", "export", exp_id, "-f", str(out), "-t", "xml", env=env)
+    assert bad.returncode == 1 and "use json or csv" in bad.stdout
+
+
+def test_trial_kill_and_log_of_finished_trial(finished):
+    tmp_path, env, exp_id, _ = finished
+    out = tmp_path / "kill-export.json"
+    cli("experiment", "export", exp_id, "-f", str(out), env=env)
+    trial_id = json.loads(out.read_text())[0]["trialJobId"]
+    proc = cli("trial", "kill", exp_id, trial_id, env=env)
+    assert proc.returncode == 0 and "already ended (SUCCEEDED)" in proc.stdout
+    assert cli("trial", "kill", exp_id, "nosuch", env=env).returncode == 1
+    log = cli("log", "trial", exp_id, trial_id, env=env)
+    assert log.returncode == 0 and "trial.stdout" in log.stdout
+
+
+def test_import_bad_file(finished):
+    tmp_path, env, exp_id, _ = finished
+    (tmp_path / "imp.json").write_text("{oops")
+    proc = cli("experiment", "import", exp_id, "-f", str(tmp_path / "imp.json"), env=env)
+    assert proc.returncode == 1 and "is not valid JSON" in proc.stdout
+    (tmp_path / "imp.json").write_text(json.dumps([{"parameter": {"x": 0.5}, "value": "0.25"}]))
+    proc = cli("experiment", "import", exp_id, "-f", str(tmp_path / "imp.json"), env=env)
+    assert proc.returncode == 0 and "imported 1 trials" in proc.stdout
+
+
+def test_background_create_then_stop(tmp_path, prefect_server):
+    env = {"PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "home")}
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=10)))
+    proc = cli("create", "--config", str(path), env=env)
+    assert proc.returncode == 0 and "started in the background" in proc.stdout
+    exp_id = proc.stdout.split("experiment id:")[1].split()[0]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        listing = cli("trial", "ls", exp_id, env=env).stdout
+        if listing.count("RUNNING") >= 2:
+            break
+        time.sleep(1)
+    assert listing.count("RUNNING") == 2
+    stop = cli("stop", exp_id, env=env)
+    assert stop.returncode == 0, stop.stdout
+    view = cli("view", exp_id, env=env).stdout
+    assert "STOPPED" in view and "USER_CANCELED 2" in view

@@ -1,0 +1,294 @@
+"""Experiment config: NNI's v2 rules, per-platform sections, v1 conversion, error messages."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trialflow.config import ConfigError, load_config, parse_config, parse_duration, parse_gpu_indices, parse_size_mb
+
+SPACE = {"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}
+
+
+def minimal(tmp_path: Path, **extra) -> dict:
+    cfg = {"searchSpace": SPACE, "trialCommand": "python3 trial.py", "trialCodeDirectory": str(tmp_path),
+           "trialConcurrency": 1, "tuner": {"name": "TPE"}, "trainingService": {"platform": "local"}}
+    cfg.update(extra)
+    return cfg
+
+
+def problems(data, base_dir=None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, base_dir=base_dir)
+    return info.value.problems
+
+
+def test_keys_are_case_and_underscore_insensitive(tmp_path):
+    cfg = parse_config({"search_space": SPACE, "TRIAL_COMMAND": "python3 t.py", "trialcodedirectory": str(tmp_path),
+                        "_trialConcurrency_": 3, "Tuner": {"NAME": "Random"},
+                        "training_service": {"PLATFORM": "local"}})
+    assert cfg.trial_concurrency == 3 and cfg.tuner.name == "Random"
+    assert cfg.services[0].trial_command == "python3 t.py"  # shortcut copied into the section
+
+
+@pytest.mark.parametrize("text,seconds", [("1h", 3600), ("30m", 1800), ("2d", 172800), ("10s", 10), (90, 90),
+                                          ("1.5h", 5400), ("0.5s", 1), ("2H", 7200)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text,mb", [("8GB", 8192), ("512mb", 512), (100, 100), ("1tb", 1048576), ("1kb", 1),
+                                     ("1.5gb", 1536)])
+def test_sizes(text, mb):
+    assert parse_size_mb(text) == mb
+
+
+@pytest.mark.parametrize("value,expected", [(1, [1]), ("0,1", [0, 1]), ([2, 3], [2, 3]), ("0, 2", [0, 2])])
+def test_gpu_indices(value, expected):
+    assert parse_gpu_indices(value) == expected
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("maxExperimentDuration", "10x", 'maxExperimentDuration: bad duration "10x": supported units are d, h, m, s'),
+    ("maxTrialDuration", "-5m", "maxTrialDuration: bad duration"),
+    ("maxTrialNumber", 0, "maxTrialNumber: Input should be greater than 0"),
+    ("trialConcurrency", 0, "trialConcurrency: Input should be greater than 0"),
+    ("trialConcurrency", "many", "trialConcurrency: Input should be a valid integer"),
+    ("logLevel", "loud", "logLevel: Input should be 'fatal', 'error', 'warning', 'info', 'debug' or 'trace'"),
+    ("tunerGpuIndices", "0,0", "tunerGpuIndices: duplicated GPU indices in [0, 0]"),
+    ("tunerGpuIndices", [-1], "tunerGpuIndices: negative GPU index in [-1]"),
+    ("trialGpuNumber", -1, "trialGpuNumber: Input should be greater than or equal to 0"),
+])
+def test_bad_top_level_fields_name_the_field_and_rule(tmp_path, field, value, message):
+    found = problems(minimal(tmp_path, **{field: value}))
+    assert any(message in p for p in found), found
+
+
+def test_unknown_key_suggests_closest_name(tmp_path):
+    data = minimal(tmp_path)
+    data["trialConcurency"] = data.pop("trialConcurrency")
+    found = problems(data)
+    assert "trialConcurency: unknown field; did you mean 'trialConcurrency'?" in found
+    assert "trialConcurrency: is required but not set" in found  # every problem, not just the first
+
+
+def test_unknown_key_in_nested_section_has_its_path(tmp_path):
+    found = problems(minimal(tmp_path, trainingService={"platform": "local", "gpuIndex": 0}))
+    assert found == ["trainingService.gpuIndex: unknown field; did you mean 'gpuIndices'?"]
+
+
+def test_remote_machine_port_error_names_the_list_index(tmp_path):
+    key = tmp_path / "id_rsa"
+    key.write_text("k")
+    machines = [{"host": "127.0.0.1", "user": "a", "sshKeyFile": str(key)},
+                {"host": "127.0.0.1", "user": "b", "port": 70000, "sshKeyFile": str(key)}]
+    found = problems(minimal(tmp_path, trainingService={"platform": "remote", "machineList": machines}))
+    assert any("trainingService.machineList[1].port: Input should be less than 65536 (got 70000)" in p
+               for p in found), found
+
+
+def test_remote_needs_password_or_key(tmp_path):
+    machines = [{"host": "h", "user": "u", "sshKeyFile": str(tmp_path / "missing")}]
+    found = problems(minimal(tmp_path, trainingService={"platform": "remote", "machineList": machines}))
+    assert any("provide a password or a valid SSH key file" in p for p in found), found
+
+
+def test_secrets_are_never_printed(tmp_path):
+    machines = [{"host": "h", "user": "u", "password": "hunter2-secret"}]
+    cfg = parse_config(minimal(tmp_path, trainingService={"platform": "remote", "machineList": machines}))
+    assert "hunter2-secret" not in repr(cfg) and "hunter2-secret" not in str(cfg.dump())
+    assert cfg.services[0].machine_list[0].password.get_secret_value() == "hunter2-secret"
+    bad = [{"host": "h", "user": "u", "password": ["hunter2-secret"]}]
+    found = problems(minimal(tmp_path, trainingService={"platform": "remote", "machineList": bad}))
+    assert found and not any("hunter2" in p for p in found)
+
+
+def test_unknown_platform_lists_the_allowed_ones(tmp_path):
+    found = problems(minimal(tmp_path, trainingService={"platform": "slurm"}))
+    assert any("platform must be one of local, remote, openpai, aml, dlc, kubeflow" in p for p in found), found
+
+
+def test_code_directory_must_exist(tmp_path):
+    found = problems(minimal(tmp_path, trialCodeDirectory=str(tmp_path / "nope")))
+    assert any("is not a directory; set trialCodeDirectory" in p for p in found), found
+
+
+def test_search_space_exactly_one(tmp_path):
+    data = minimal(tmp_path, searchSpaceFile=str(tmp_path / "s.json"))
+    (tmp_path / "s.json").write_text("{}")
+    assert any("set exactly one of searchSpace or searchSpaceFile" in p for p in problems(data))
+    data = minimal(tmp_path)
+    del data["searchSpace"]
+    assert any("set exactly one of searchSpace or searchSpaceFile" in p for p in problems(data))
+
+
+def test_bad_search_space_is_reported_with_parameter(tmp_path):
+    found = problems(minimal(tmp_path, searchSpace={"lr": {"_type": "loguniform", "_value": [0, 1]}}))
+    assert any('searchSpace: parameter "lr": loguniform needs low > 0, got 0' in p for p in found), found
+
+
+def test_local_gpu_rules(tmp_path):
+    found = problems(minimal(tmp_path, trialGpuNumber=1))
+    assert any("useActiveGpu must be set when trialGpuNumber > 0" in p for p in found), found
+    found = problems(minimal(tmp_path, trainingService={"platform": "local", "maxTrialNumberPerGpu": 2}))
+    assert any("maxTrialNumberPerGpu does not work without trialGpuNumber" in p for p in found), found
+
+
+def test_tuner_required_and_advisor_moved(tmp_path):
+    data = minimal(tmp_path)
+    del data["tuner"]
+    assert any("tuner must be set" in p for p in problems(data))
+    data["advisor"] = {"name": "TPE"}
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert parse_config(data).tuner.name == "TPE"
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "proj"
+    (folder / "src").mkdir(parents=True)
+    (folder / "space.yml").write_text("x: {_type: choice, _value: [1, 2]}\n")
+    (folder / "config.yml").write_text(yaml.safe_dump({
+        "searchSpaceFile": "space.yml", "trialCommand": "python3 t.py", "trialCodeDirectory": "src",
+        "trialConcurrency": 1, "tuner": {"name": "Random"}, "trainingService": {"platform": "local"},
+        "experimentWorkingDirectory": "~/exps"}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(folder / "config.yml")
+    assert cfg.services[0].trial_code_directory == (folder / "src").resolve()
+    assert cfg.search_space == {"x": {"_type": "choice", "_value": [1, 2]}}  # YAML search space file
+    assert cfg.experiment_working_directory == (tmp_path / "home" / "exps")
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yml")
+    (tmp_path / "bad.yml").write_text("a: [1, 2\nb: 3\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load_config(tmp_path / "bad.yml")
+    (tmp_path / "list.yml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(tmp_path / "list.yml")
+    data = minimal(tmp_path, searchSpaceFile=str(tmp_path / "ss.json"))
+    del data["searchSpace"]
+    (tmp_path / "ss.json").write_text("{not: json: [")
+    assert any("neither valid JSON nor YAML" in p for p in problems(data))
+
+
+# ---- the example configs of reference §2 ---------------------------------------------------
+
+
+def _examples(tmp_path: Path) -> dict[str, dict]:
+    key = tmp_path / "id_rsa"
+    key.write_text("key")
+    (tmp_path / "mnt").mkdir(exist_ok=True)
+    nfs = {"storageType": "nfs", "server": "10.0.0.1", "path": "/exports/nni"}
+    return {
+        "local": {"platform": "local", "useActiveGpu": False, "gpuIndices": "0,1", "maxTrialNumberPerGpu": 2},
+        "remote": {"platform": "remote", "reuseMode": True, "machineList": [
+            {"host": "10.1.1.1", "user": "bob", "sshKeyFile": str(key), "gpuIndices": [0]},
+            {"host": "10.1.1.2", "port": 2222, "user": "alice", "password": "pw", "pythonPath": "/opt/py/bin"}]},
+        "openpai": {"platform": "openpai", "host": "pai.example.com", "username": "u", "token": "t",
+                    "trialCpuNumber": 2, "trialMemorySize": "8GB", "storageConfigName": "confignfs",
+                    "localStorageMountPoint": str(tmp_path / "mnt"), "containerStorageMountPoint": "/mnt/confignfs",
+                    "virtualCluster": "default"},
+        "kubeflow": {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1", "storage": nfs,
+                     "worker": {"replicas": 2, "command": "python3 trial.py", "gpuNumber": 0, "cpuNumber": 1,
+                                "memorySize": "2gb", "dockerImage": "msranni/nni"},
+                     "ps": {"replicas": 1, "command": "python3 ps.py", "cpuNumber": 1, "memorySize": 1024}},
+        "frameworkcontroller": {"platform": "frameworkcontroller", "storage": nfs, "serviceAccountName": "frameworkbarrier",
+                                "taskRoles": [{"name": "worker", "taskNumber": 1, "command": "python3 t.py",
+                                               "gpuNumber": 0, "cpuNumber": 1, "memorySize": "4G" if False else "4gb",
+                                               "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1,
+                                                                                    "minSucceedTaskCount": 1}}]},
+        "dlc": {"platform": "dlc", "type": "Worker", "image": "registry/pai-dlc/tf:1.15", "jobType": "TFJob",
+                "podCount": 1, "ecsSpec": "ecs.c6.large", "region": "cn-hangzhou", "workspaceId": "None",
+                "nasDataSourceId": "ds1", "accessKeyId": "id", "accessKeySecret": "dlc-s3cr3t-value",
+                "localStorageMountPoint": "/home/admin/workspace/", "containerStorageMountPoint": "/root/data/"},
+        "aml": {"platform": "aml", "subscriptionId": "sub", "resourceGroup": "rg", "workspaceName": "ws",
+                "computeTarget": "gpu-cluster"},
+    }
+
+
+@pytest.mark.parametrize("platform", ["local", "remote", "openpai", "kubeflow", "frameworkcontroller", "dlc", "aml"])
+def test_example_configs_load(tmp_path, platform):
+    section = _examples(tmp_path)[platform]
+    extra = {"trialGpuNumber": 1} if platform in ("local", "openpai") else {}
+    cfg = parse_config(minimal(tmp_path, trainingService=section, **extra))
+    assert cfg.services[0].platform == platform
+    assert cfg.services[0].trial_command == "python3 trial.py"
+
+
+def test_example_values_are_canonical(tmp_path):
+    ex = _examples(tmp_path)
+    pai = parse_config(minimal(tmp_path, trainingService=ex["openpai"], trialGpuNumber=0)).services[0]
+    assert pai.host == "https://pai.example.com" and pai.trial_memory_size == 8192
+    kf = parse_config(minimal(tmp_path, trainingService=ex["kubeflow"])).services[0]
+    assert kf.worker.memory_size == 2048 and kf.storage.storage_type == "nfs" and kf.reuse_mode is True
+    dlc = parse_config(minimal(tmp_path, trainingService=ex["dlc"])).services[0]
+    assert dlc.workspace_id is None and "dlc-s3cr3t-value" not in str(dlc)
+
+
+def test_hybrid_list_with_per_service_overrides(tmp_path):
+    ex = _examples(tmp_path)
+    remote = dict(ex["remote"], trialCommand="python3 remote_trial.py")
+    cfg = parse_config(minimal(tmp_path, trainingService=[{"platform": "local"}, remote]))
+    assert cfg.is_hybrid
+    assert [s.trial_command for s in cfg.services] == ["python3 trial.py", "python3 remote_trial.py"]
+
+
+def test_kubeflow_role_rules(tmp_path):
+    ex = _examples(tmp_path)["kubeflow"]
+    bad = dict(ex, operator="pytorch-operator", master={"replicas": 2, "command": "c", "cpuNumber": 1,
+                                                        "memorySize": 10})
+    bad.pop("ps")
+    assert any("exactly one master" in p for p in problems(minimal(tmp_path, trainingService=bad)))
+    assert any("storageType must be" in p for p in problems(
+        minimal(tmp_path, trainingService=dict(ex, storage={"storageType": "s3"}))))
+    assert any("operator" in p for p in problems(minimal(tmp_path, trainingService=dict(ex, operator="mx"))))
+
+
+V1 = """
+authorName: default
+experimentName: example_mnist
+trialConcurrency: 2
+maxExecDuration: 1h
+maxTrialNum: 10
+trainingServicePlatform: {platform}
+searchSpacePath: search_space.json
+useAnnotation: false
+tuner:
+  builtinTunerName: TPE
+  classArgs:
+    optimize_mode: maximize
+assessor:
+  builtinAssessorName: Medianstop
+trial:
+  command: python3 mnist.py
+  codeDir: .
+  gpuNum: 0
+"""
+
+
+def test_v1_local_config_converts_with_notice(tmp_path):
+    (tmp_path / "search_space.json").write_text('{"lr": {"_type": "uniform", "_value": [0.1, 1]}}')
+    (tmp_path / "config.yml").write_text(V1.format(platform="local") + "localConfig:\n  gpuIndices: 0\n")
+    with pytest.warns(UserWarning, match="legacy v1"):
+        cfg = load_config(tmp_path / "config.yml")
+    assert cfg.max_experiment_duration == 3600 and cfg.max_trial_number == 10
+    assert cfg.tuner.name == "TPE" and cfg.assessor.name == "Medianstop"
+    assert cfg.services[0].trial_command == "python3 mnist.py" and cfg.services[0].gpu_indices == [0]
+
+
+def test_v1_remote_config_converts_machine_list(tmp_path):
+    (tmp_path / "search_space.json").write_text('{"lr": {"_type": "uniform", "_value": [0.1, 1]}}')
+    text = V1.format(platform="remote") + ("machineList:\n  - ip: 10.0.0.5\n    port: 2200\n    username: bob\n"
+                                            "    passwd: pw\n")
+    (tmp_path / "config.yml").write_text(text)
+    with pytest.warns(UserWarning):
+        cfg = load_config(tmp_path / "config.yml")
+    machine = cfg.services[0].machine_list[0]
+    assert (machine.host, machine.port, machine.user) == ("10.0.0.5", 2200, "bob")

@@ -1,0 +1,84 @@
+"""Experiment store: crash safety under SIGKILL, duplicates, terminal status recorded once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from trialflow.store import ExperimentStore, Metric
+
+WRITER = """
+import sys, time
+from trialflow.store import ExperimentStore, Metric
+store = ExperimentStore.embedded(sys.argv[1], "crashexp")
+store.create_experiment("crash", {"a": 1})
+i = 0
+while True:
+    tid = f"t{i:05d}"
+    store.add_trial(tid, store.take_sequence(), i, {"x": i}, {"x": 0.5})
+    store.set_status(tid, "RUNNING")
+    store.add_metrics([Metric(tid, "PERIODICAL", s, {"default": s, "nested": [i, s]}) for s in range(3)])
+    store.add_metrics([Metric(tid, "FINAL", 0, float(i))])
+    store.set_status(tid, "SUCCEEDED", 0)
+    print(tid, flush=True)
+    i += 1
+"""
+
+
+def test_sigkill_mid_stream_loses_nothing_committed(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    confirmed = []
+    deadline = time.monotonic() + 60
+    while len(confirmed) < 150 and time.monotonic() < deadline:
+        confirmed.append(proc.stdout.readline().strip())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = ExperimentStore.embedded(tmp_path, "crashexp")
+    trials = {t.id: t for t in store.trials()}
+    integrity = store.engine.connect().exec_driver_sql("PRAGMA integrity_check").scalar()
+    assert integrity == "ok"
+    for tid in confirmed:  # every trial the writer saw committed is complete
+        t = trials[tid]
+        assert t.status == "SUCCEEDED" and t.final == float(int(tid[1:]))
+        assert [m.value["default"] for m in store.metrics(tid, "PERIODICAL")] == [0, 1, 2]
+    for t in trials.values():  # anything after the last confirmed one is a consistent prefix
+        assert t.status in ("WAITING", "RUNNING", "SUCCEEDED")
+    assert store.experiment().next_sequence >= len(trials)
+
+
+def test_duplicate_metrics_are_dropped_and_dicts_kept_whole(tmp_path):
+    store = ExperimentStore.embedded(tmp_path, "dupexp01")
+    store.create_experiment(None, {})
+    store.add_trial("abcde", 0, 0, {}, {})
+    assert store.add_metrics([Metric("abcde", "PERIODICAL", 0, {"default": 1, "x": {"y": [1, 2]}})]) == 1
+    assert store.add_metrics([Metric("abcde", "PERIODICAL", 0, 99), Metric("abcde", "PERIODICAL", 1, 2)]) == 1
+    assert [m.value for m in store.metrics("abcde")] == [{"default": 1, "x": {"y": [1, 2]}}, 2]
+    assert store.add_metrics([Metric("abcde", "FINAL", 0, float("nan"))]) == 1
+    assert store.trial("abcde").final == "nan"  # stored as text, never an invalid JSON token
+
+
+def test_terminal_status_is_recorded_once_with_history(tmp_path):
+    store = ExperimentStore.embedded(tmp_path, "statexp1")
+    store.create_experiment(None, {})
+    store.add_trial("abcde", 0, 0, {}, {})
+    assert store.set_status("abcde", "RUNNING")
+    assert store.set_status("abcde", "EARLY_STOPPED", message="assessor")
+    assert not store.set_status("abcde", "FAILED", exit_code=137)  # the kill's exit does not override
+    t = store.trial("abcde")
+    assert (t.status, t.exit_code, t.message) == ("EARLY_STOPPED", None, "assessor")
+    assert [s for s, _ in store.status_history("abcde")] == ["WAITING", "RUNNING", "EARLY_STOPPED"]
+    times = [ts for _, ts in store.status_history("abcde")]
+    assert times == sorted(times)
+
+
+def test_a_second_reader_sees_writes_while_the_writer_is_open(tmp_path):
+    writer = ExperimentStore.embedded(tmp_path, "readexp1")
+    writer.create_experiment("r", {"k": 1})
+    writer.set_control("trial_concurrency", 4)
+    reader = ExperimentStore.embedded(tmp_path, "readexp1")
+    assert reader.experiment().controls == {"trial_concurrency": 4}
+    reader.set_control("trial_concurrency", 5)
+    assert writer.experiment().controls["trial_concurrency"] == 5

@@ -1,0 +1,132 @@
+"""Trial runtime and record format: NNI-compatible framing, bad input, standalone mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import base_config, write_trial
+from trialflow.trial import NNI_SHIM_DIR, RUNTIME_ROOT
+from trialflow.trial.records import (
+    MAX_RECORD_BYTES,
+    MetricRecord,
+    MetricRecordError,
+    encode_file_record,
+    encode_stdout_line,
+    parse_file_frames,
+    parse_record,
+    parse_stdout_lines,
+)
+
+
+def test_file_framing_is_byte_compatible_with_nni():
+    rec = MetricRecord("abcde", "PERIODICAL", 0, {"default": 0.1, "loss": 1.0}, 7)
+    frame = encode_file_record(rec)
+    payload = frame[8:]
+    assert frame[:2] == b"ME" and int(frame[2:8]) == len(payload) and payload.endswith(b"\n")
+    data = json.loads(payload)
+    assert data["trial_job_id"] == "abcde" and json.loads(data["value"]) == {"default": 0.1, "loss": 1.0}
+
+
+def test_nni_sdk_written_record_is_read():
+    # the first record NNI 3.0's own SDK wrote in the reference run
+    payload = (b'{"parameter_id": 7, "trial_job_id": "abcde", "type": "PERIODICAL", "sequence": 0, '
+               b'"value": "{\\"default\\": 0.1, \\"loss\\": 1.0}"}\n')
+    frame = b"ME" + b"%06d" % len(payload) + payload
+    result = parse_file_frames(frame, 0, "abcde")
+    assert result.records[0].value == {"default": 0.1, "loss": 1.0} and result.offset == len(frame)
+
+
+def test_partial_frames_wait_and_garbage_is_skipped():
+    a = encode_file_record(MetricRecord("t", "PERIODICAL", 0, 1))
+    b = encode_file_record(MetricRecord("t", "PERIODICAL", 1, 2))
+    first = parse_file_frames(a + b[:10], 0, "t")
+    assert [r.value for r in first.records] == [1] and first.offset == len(a)
+    rest = parse_file_frames(b"garbage!!" + b, 0, "t")
+    assert [r.value for r in rest.records] == [2] and rest.errors and "garbage" in rest.errors[0]
+
+
+@pytest.mark.parametrize("payload,message", [
+    (b"not json", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'{"type": "OTHER", "trial_job_id": "t", "value": "1"}', "PERIODICAL or FINAL"),
+    (b'{"type": "FINAL", "trial_job_id": "u", "value": "1"}', "belongs to trial 'u'"),
+    (b'{"type": "FINAL", "trial_job_id": "t", "sequence": -1, "value": "1"}', "non-negative"),
+])
+def test_bad_records_are_rejected_with_a_reason(payload, message):
+    with pytest.raises(MetricRecordError, match=message):
+        parse_record(payload, "t")
+
+
+def test_oversized_and_deeply_nested_records():
+    with pytest.raises(MetricRecordError, match="limit"):
+        encode_file_record(MetricRecord("t", "FINAL", 0, "x" * MAX_RECORD_BYTES))
+    deep: object = 1
+    for _ in range(40):
+        deep = [deep]
+    with pytest.raises(MetricRecordError, match="nested"):
+        parse_record(MetricRecord("t", "FINAL", 0, deep).to_json(), "t")
+
+
+def test_stdout_marker_lines_among_output():
+    good = encode_stdout_line(MetricRecord("t", "FINAL", 0, 0.5))
+    data = f"hello\n{good}\nNNISDK_MEb'{{broken\nlast partial".encode()
+    result = parse_stdout_lines(data, 0, "t")
+    assert [r.value for r in result.records] == [0.5]
+    assert result.errors and result.offset == data.rindex(b"\n") + 1
+    huge = parse_stdout_lines(b"x" * 5000, 0, "t", max_line=1000)
+    assert huge.offset == 5000 and "over 1000 bytes" in huge.errors[0]
+
+
+def _run_standalone(script: str, tmp_path):
+    path = tmp_path / "standalone.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NNI_")}
+    env["PYTHONPATH"] = os.pathsep.join([NNI_SHIM_DIR, RUNTIME_ROOT])
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_standalone_trial_prints_results_and_exits_zero(tmp_path):
+    proc = _run_standalone("import nni\np = nni.get_next_parameter()\nprint('params', p)\n"
+                           "nni.report_intermediate_result(0.5)\nnni.report_final_result(0.9)\n"
+                           "print(nni.get_trial_id(), nni.get_experiment_id(), nni.get_sequence_id())\n", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "params {}" in proc.stdout
+    assert "Intermediate result: 0.5  (Index 0)" in proc.stdout and "Final result: 0.9" in proc.stdout
+    assert "STANDALONE STANDALONE 0" in proc.stdout
+    assert "without runtime" in proc.stderr
+
+
+def test_reporting_before_getting_parameters_is_refused_inside_an_experiment(tmp_path):
+    path = tmp_path / "t.py"
+    path.write_text("import nni\nnni.report_final_result(1)\n")
+    env = {**os.environ, "NNI_PLATFORM": "local", "NNI_SYS_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([NNI_SHIM_DIR, RUNTIME_ROOT])}
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0 and "get_next_parameter() needs to be called before" in proc.stderr
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_unchanged_nni_trial_code_metrics_arrive_in_order(tmp_path):
+    from trialflow import run_experiment
+    from trialflow.experiments import open_store
+
+    code = tmp_path / "code"
+    write_trial(code, """
+import nni
+params = nni.get_next_parameter()
+for epoch in range(6):
+    nni.report_intermediate_result({"default": params["x"] + epoch, "epoch": epoch})
+nni.report_final_result({"default": params["x"], "trial": nni.get_trial_id(), "seq": nni.get_sequence_id()})
+""")
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=3))
+    store = open_store(tmp_path / "w", result.experiment_id)
+    for t in result.trials:
+        inter = store.metrics(t.id, "PERIODICAL")
+        assert [m.value["epoch"] for m in inter] == list(range(6))
+        assert [m.value["default"] for m in inter] == [t.parameters["x"] + e for e in range(6)]
+        assert t.final == {"default": t.parameters["x"], "trial": t.id, "seq": t.sequence}
