@@ -165,3 +165,16 @@ def test_background_create_then_stop(tmp_path, prefect_server):
     assert stop.returncode == 0, stop.stdout
     view = cli("view", exp_id, env=env).stdout
     assert "STOPPED" in view and "USER_CANCELED 2" in view
+
+
+def test_optuna_export_opens_as_a_study(finished):
+    import optuna
+
+    tmp_path, env, exp_id, _ = finished
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    proc = cli("experiment", "optuna", exp_id, "--storage", url, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = optuna.load_study(study_name=f"trialflow-{exp_id}", storage=url)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 4 and all(t.value == t.params["x"] for t in done)
+    assert sum(t.intermediate_values == {0: t.params["x"]} for t in done) >= 4  # imported trials have none

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trialflow.config import ConfigError, load_config, parse_config, parse_duration, parse_gpu_indices, parse_size_mb
+from trialflow.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_gpu_indices,
+    parse_size_mb,
+)
 
 SPACE = {"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}
 
@@ -199,9 +206,10 @@ def _examples(tmp_path: Path) -> dict[str, dict]:
                      "worker": {"replicas": 2, "command": "python3 trial.py", "gpuNumber": 0, "cpuNumber": 1,
                                 "memorySize": "2gb", "dockerImage": "msranni/nni"},
                      "ps": {"replicas": 1, "command": "python3 ps.py", "cpuNumber": 1, "memorySize": 1024}},
-        "frameworkcontroller": {"platform": "frameworkcontroller", "storage": nfs, "serviceAccountName": "frameworkbarrier",
+        "frameworkcontroller": {"platform": "frameworkcontroller", "storage": nfs,
+                                "serviceAccountName": "frameworkbarrier",
                                 "taskRoles": [{"name": "worker", "taskNumber": 1, "command": "python3 t.py",
-                                               "gpuNumber": 0, "cpuNumber": 1, "memorySize": "4G" if False else "4gb",
+                                               "gpuNumber": 0, "cpuNumber": 1, "memorySize": "4gb",
                                                "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1,
                                                                                     "minSucceedTaskCount": 1}}]},
         "dlc": {"platform": "dlc", "type": "Worker", "image": "registry/pai-dlc/tf:1.15", "jobType": "TFJob",

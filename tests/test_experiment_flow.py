@@ -144,7 +144,7 @@ def _wait_for(predicate, timeout=90.0, interval=0.1):
 def _controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_API_URL": api_url}
     code = ("import sys; from trialflow.flows.experiment import experiment_flow; "
-            "experiment_flow(sys.argv[1], sys.argv[2])")
+            "experiment_flow(None, sys.argv[1], sys.argv[2])")
     return subprocess.Popen([sys.executable, "-c", code, exp_id, str(root)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 

@@ -66,7 +66,7 @@ def test_nested_choice_with_each_tuner(name):
         args["population_size"] = 5
     tuner = create_tuner(AlgorithmConfig(name=name, class_args=args), parse_search_space(NESTED))
     seen = set()
-    for i in range(40):
+    for _ in range(40):
         s = tuner.suggest()
         if s is None:
             break

@@ -39,7 +39,10 @@ class ExperimentResult:
         return pd.DataFrame(self.records())
 
 
-def _as_config(config: str | os.PathLike[str] | dict[str, Any] | ExperimentConfig) -> tuple[ExperimentConfig, str | None]:
+ConfigLike = str | os.PathLike[str] | dict[str, Any] | ExperimentConfig
+
+
+def _as_config(config: ConfigLike) -> tuple[ExperimentConfig, str | None]:
     if isinstance(config, ExperimentConfig):
         return config, None
     if isinstance(config, dict):
@@ -48,13 +51,13 @@ def _as_config(config: str | os.PathLike[str] | dict[str, Any] | ExperimentConfi
     return load_config(path), os.path.abspath(path)
 
 
-def run_experiment(config: str | os.PathLike[str] | dict[str, Any] | ExperimentConfig) -> ExperimentResult:
+def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_experiment(cfg, path)
     from .flows.experiment import experiment_flow
 
-    status = experiment_flow(experiment_id, str(exp_dir.parent), path)
+    status = experiment_flow(path, experiment_id, str(exp_dir.parent))
     return result_of(exp_dir.parent, experiment_id, cfg, status)
 
 

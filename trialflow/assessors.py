@@ -46,7 +46,8 @@ class Assessor(ABC):
     def assess(self, trial_id: str, history: list[float]) -> bool: ...
 
     def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
-        """Called once when a trial ends."""
+        """Called once when a trial ends (default: nothing to learn)."""
+        return None
 
 
 class MedianstopAssessor(Assessor):

@@ -115,7 +115,7 @@ def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root"
                  config: Annotated[str | None, typer.Option("--config")] = None) -> None:
     from .flows.experiment import experiment_flow
 
-    experiment_flow(experiment_id, str(root), config)
+    experiment_flow(config, experiment_id, str(root))
 
 
 @app.command()
@@ -279,6 +279,22 @@ def experiment_import(experiment_id: str,
     except ValueError as exc:
         raise CliError(str(exc)) from None
     console.print(f"imported {count} trials into {experiment_id}")
+
+
+@experiment_app.command("optuna")
+def experiment_optuna(experiment_id: str,
+                      storage: Annotated[str, typer.Option("--storage", help="Optuna storage URL, e.g. "
+                                                           "sqlite:///study.db")],
+                      study: Annotated[str | None, typer.Option("--study", help="study name")] = None,
+                      root: RootOpt = None) -> None:
+    """Copy the experiment into an Optuna study (then: optuna-dashboard <storage>)."""
+    from .optuna_export import export_to_optuna
+    from .views import is_maximize_stored
+
+    _, store = _store(experiment_id, root)
+    result = export_to_optuna(store, storage, study, is_maximize_stored(store))
+    console.print(f"study {result.study_name!r} with {len(result.trials)} trials in {storage}; "
+                  f"open it with: optuna-dashboard {storage}")
 
 
 @experiment_app.command("delete")

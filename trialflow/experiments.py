@@ -112,7 +112,7 @@ def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path,
 
 
 def list_experiments(root: Path | None = None) -> list[ExperimentEntry]:
-    out = []
+    out: list[ExperimentEntry] = []
     for base in search_roots(root):
         if not base.is_dir():
             continue

@@ -51,12 +51,13 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
         thread = threading.Thread(target=refresh, daemon=True)
         thread.start()
         try:
-            status = experiment_flow(experiment_id, str(root), config_path)
+            status = experiment_flow(config_path, experiment_id, str(root))
         finally:
             done.set()
             thread.join()
             live.update(_render(root, experiment_id, maximize))
     best = best_trial(open_store(root, experiment_id).trials(), maximize)
+    console.print()
     if best is not None:
         console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "
                       f"parameters {best.parameters}")

@@ -16,10 +16,10 @@ from rich.table import Table
 from .config import parse_config
 from .ids import new_trial_id
 from .store import ExperimentStore, Metric, TrialRecord
-from .ui import best_trial, is_maximize, trial_value
+from .ui import best_trial, trial_value
 
 
-def _maximize(store: ExperimentStore) -> bool:
+def is_maximize_stored(store: ExperimentStore) -> bool:
     tuner = store.experiment().config.get("tuner") or {}
     mode = (tuner.get("classArgs") or {}).get("optimize_mode")
     return mode == "maximize" or (mode is None and str(tuner.get("name", "")).lower() == "evolution")
@@ -41,7 +41,7 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
                   + (f"  ({record.message})" if record.message else ""))
     console.print(f"trials: {len(trials)}" + (f" / {budget}" if budget else "") + "  "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    best = best_trial(trials, _maximize(store))
+    best = best_trial(trials, is_maximize_stored(store))
     if best is not None:
         console.print(f"best trial: {best.id} (#{best.sequence}) value {trial_value(best)} "
                       f"parameters {json.dumps(best.parameters)}")
@@ -59,7 +59,7 @@ def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | N
                 ) -> list[TrialRecord]:
     """Trials with a usable final value, best first (--head N) or worst first (--tail N)."""
     scored = [t for t in trials if trial_value(t) is not None]
-    scored.sort(key=lambda t: trial_value(t), reverse=_maximize(store))  # type: ignore[arg-type,return-value]
+    scored.sort(key=lambda t: trial_value(t), reverse=is_maximize_stored(store))  # type: ignore[arg-type,return-value]
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
 
 

@@ -78,7 +78,8 @@ class TrainingServiceContract:
         finals = [m for m in metrics if m.type == "FINAL"]
         assert len(finals) == 1 and finals[0].value == 5.0 and finals[0].trial_id == "Life1"
         # a fresh cursor re-reads the same records; the old cursor yields nothing new
-        assert [m.sequence for m in poll_until_terminal(service, handle)[1] if m.type == "PERIODICAL"] == [0, 1, 2, 3, 4]
+        again = poll_until_terminal(service, handle)[1]
+        assert [m.sequence for m in again if m.type == "PERIODICAL"] == [0, 1, 2, 3, 4]
         assert service.poll(handle, update.cursor).metrics == []
 
     def test_parameters_are_bound_to_their_trial(self, service, make_spec):

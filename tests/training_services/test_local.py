@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_trial
-from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
+from tests.training_services.contract import TrainingServiceContract, poll_until_terminal
 from trialflow.config import LocalConfig
 from trialflow.tasks.training_services import PlatformError, TrialSpec, TrialStatus
 from trialflow.tasks.training_services.gpu import GpuProbe

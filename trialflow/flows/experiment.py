@@ -25,11 +25,19 @@ from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from ..assessors import create_assessor
+from ..config import load_config
 from ..context import ExperimentContext
-from ..experiments import load_experiment_config, open_store
+from ..experiments import create_experiment, find_experiment, load_experiment_config, open_store
 from ..ids import new_trial_id
 from ..tasks.code import upload_code
-from ..tasks.training_services import CodeRef, PlatformError, TrialHandle, TrialSpec, TrialStatus, create_service
+from ..tasks.training_services import (
+    CodeRef,
+    PlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    create_service,
+)
 from ..tasks.trials import poll_trial, submit_trial
 from ..tasks.tuner import observe, suggest
 from ..tuners import create_tuner, extract_scalar
@@ -39,14 +47,32 @@ TICK_SECONDS = 0.25
 MAX_THREADS = 1024  # the window, not the pool, bounds concurrency (it may grow at run time)
 
 
-@flow(name="experiment", flow_run_name="{experiment_id}", task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS),
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    if params.get("experiment_id"):
+        return str(params["experiment_id"])
+    return f"new-{Path(str(params.get('config_path') or 'experiment')).parent.name or 'experiment'}"
+
+
+@flow(name="experiment", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS),  # type: ignore[arg-type]
       validate_parameters=False)
-def experiment_flow(experiment_id: str, working_directory: str, config_path: str | None = None) -> str:
-    """Run (or resume) experiment ``experiment_id`` stored under ``working_directory``; returns its final
-    status."""
+def experiment_flow(config_path: str | None = None, experiment_id: str | None = None,
+                    working_directory: str | None = None) -> str:
+    """Run a new experiment from ``config_path``, or run/resume the stored ``experiment_id``
+    (found under ``working_directory`` or the known roots). Returns the final status."""
     logger = get_run_logger()
-    store = open_store(working_directory, experiment_id)
-    exp_dir = Path(working_directory) / experiment_id
+    if experiment_id is None:
+        if not config_path:
+            raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
+        config_path = os.path.abspath(config_path)
+        experiment_id, exp_dir = create_experiment(load_config(config_path), config_path)
+        root = exp_dir.parent
+    else:
+        root = Path(working_directory) if working_directory else find_experiment(experiment_id)[0]
+    store = open_store(root, experiment_id)
+    exp_dir = root / experiment_id
     try:
         config = load_experiment_config(store, config_path)
         service = create_service(config.services[0], exp_dir)

@@ -9,7 +9,7 @@ family exact while the sampler models the internal space.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -45,7 +45,7 @@ class OptunaTuner(Tuner):
     def __init__(self, space: SearchSpace, sampler: optuna.samplers.BaseSampler,
                  optimize_mode: str = "minimize", seed: int | None = None) -> None:
         super().__init__(space, optimize_mode, seed)
-        direction = "maximize" if self.maximize else "minimize"
+        direction: Literal["minimize", "maximize"] = "maximize" if self.maximize else "minimize"
         self.study = optuna.create_study(sampler=sampler, direction=direction)
         self._pending: dict[int, optuna.Trial] = {}
         self._distributions: dict[str, BaseDistribution] = {}

@@ -135,3 +135,4 @@ class TrainingService(ABC):
 
     def close(self) -> None:
         """Release connections and clients; running trials are not touched."""
+        return None

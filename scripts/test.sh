@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The test suite, from a fresh machine: installs what it needs, then lint, type check and pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --disable-pip-version-check -q -e '.[test]' || exit 1
+
+export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL
+export PREFECT_HOME="${PREFECT_HOME:-$(mktemp -d)}"
+
+python3 -m ruff check trialflow tests benchmarks || exit 1
+python3 -m mypy trialflow || exit 1
+python3 -m pytest -q "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing on purpose" >&2
+  exit 1
+fi
+exit "$rc"
