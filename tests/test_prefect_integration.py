@@ -1,0 +1,84 @@
+"""Prefect integration: UI artifacts and `prefect deployment run` against a local Prefect server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, write_trial
+from trialflow import run_experiment
+from trialflow.experiments import list_experiments
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def test_progress_table_and_best_trial_artifacts(tmp_path):
+    from prefect.artifacts import Artifact
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=3))
+    key = f"experiment-{result.experiment_id}"
+    table = Artifact.get(f"{key}-trials")
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert sorted(r["trial"] for r in rows) == sorted(t.id for t in result.trials)
+    assert all(r["status"] == "SUCCEEDED" and r["param.x"] == r["metric"] for r in rows)
+    best = Artifact.get(f"{key}-best")
+    assert result.best.id in best.data
+    progress = Artifact.get(f"{key}-progress")
+    assert float(progress.data) == 100.0
+
+
+def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2, experimentName="dep")))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    serve_code = ("from trialflow.flows.experiment import experiment_flow\n"
+                  f"experiment_flow.serve(name='nightly-test', parameters={{'config_path': {str(config)!r}}})\n")
+    server = subprocess.Popen([sys.executable, "-c", serve_code], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the deployment appears once serve has registered it
+            run = subprocess.run(["prefect", "deployment", "run", "experiment/nightly-test"], env=env,
+                                 capture_output=True, text=True, timeout=120)
+            if run.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert run.returncode == 0, run.stdout + run.stderr
+        found = None
+        while time.monotonic() < deadline and found is None:
+            done = [e for e in list_experiments(tmp_path / "w") if e.record.status == "DONE"]
+            found = done[0] if done else None
+            time.sleep(1)
+        assert found is not None, "the deployment run did not finish an experiment"
+        assert found.record.name == "dep"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_deployments_file_is_valid():
+    from prefect.flows import load_flow_from_entrypoint
+
+    spec = yaml.safe_load(open("deployments/prefect.yaml"))
+    names = {d["name"] for d in spec["deployments"]}
+    assert {"quickstart", "nightly-sweep"} <= names
+    for dep in spec["deployments"]:
+        assert load_flow_from_entrypoint(dep["entrypoint"]).name == "experiment"
+        assert os.path.isfile(dep["parameters"]["config_path"])
+    nightly = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")
+    assert nightly["schedules"][0]["cron"] == "0 2 * * *"
