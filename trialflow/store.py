@@ -19,7 +19,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,25 @@ metrics = sa.Table(
     sa.Column("value", sa.Text, nullable=False),
     sa.Column("time", sa.Float, nullable=False),
 )
+
+
+# Hot-path statements, built once: constructing SQLAlchemy statements costs ~10x executing them.
+_B = sa.bindparam
+_NEXT_SEQUENCE = sa.select(experiments.c.next_sequence).where(experiments.c.id == _B("e"))
+_BUMP_SEQUENCE = experiments.update().where(experiments.c.id == _B("e")).values(next_sequence=_B("n"))
+_INSERT_TRIAL = trials.insert().values(
+    experiment_id=_B("e"), id=_B("t"), sequence=_B("seq"), parameter_id=_B("pid"), parameters=_B("params"),
+    raw=_B("raw_values"), status="WAITING", log_dir=_B("dir"), submit_time=_B("now"))
+_INSERT_EVENT = events.insert().values(experiment_id=_B("e"), trial_id=_B("t"), status=_B("new_status"),
+                                       time=_B("now"), message=_B("msg"))
+_ONE_TRIAL = (trials.c.experiment_id == _B("e")) & (trials.c.id == _B("t"))
+_NOT_DONE = trials.c.status.not_in(_B("keep", expanding=True))
+_SET_RUNNING = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"), start_time=_B("now"))
+_SET_TERMINAL = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(
+    status=_B("new_status"), end_time=_B("now"), exit_code=_B("code"), message=_B("msg"))
+_SET_OTHER = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"))
+_TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
+_SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
 
 
 def dumps(value: Any) -> str:
@@ -183,18 +203,31 @@ class ExperimentStore:
         self.experiment_id = experiment_id
         self.engine = _engine(url)
         self._insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-        self._lock = threading.Lock()
+        self._insert_metric = self._insert(metrics).on_conflict_do_nothing()
+        self._lock = threading.RLock()
         _meta.create_all(self.engine)
+        # One connection per store, used under the lock: a pool checkout per statement costs more
+        # than the statement itself. Every use is a short transaction, so other processes' writes
+        # (the CLI's controls) are seen at once.
+        self._conn = self.engine.connect()
 
     @classmethod
     def embedded(cls, experiment_dir: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
         return cls(embedded_url(experiment_dir), experiment_id)
 
     def close(self) -> None:
+        with self._lock:
+            self._conn.close()
         self.engine.dispose()
 
+    @contextmanager
+    def _tx(self) -> Iterator[sa.Connection]:
+        """A transaction on the store's connection, committed on exit (serialised in-process)."""
+        with self._lock, self._conn.begin():
+            yield self._conn
+
     def _write(self, *statements: Any) -> list[Any]:
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             return [conn.execute(s) for s in statements]
 
     # ---- experiment ---------------------------------------------------------------------
@@ -205,7 +238,7 @@ class ExperimentStore:
             status="INITIALIZED", start_time=time.time(), next_sequence=0))
 
     def experiment(self) -> ExperimentRecord:
-        with self.engine.connect() as conn:
+        with self._tx() as conn:
             row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
             ctl = conn.execute(sa.select(controls.c.key, controls.c.value)
                                .where(controls.c.experiment_id == self.experiment_id)).all()
@@ -227,24 +260,28 @@ class ExperimentStore:
                                                set_={"value": stmt.excluded.value}))
 
     def take_sequence(self) -> int:
-        with self._lock, self.engine.begin() as conn:
-            seq = conn.execute(sa.select(experiments.c.next_sequence)
-                               .where(experiments.c.id == self.experiment_id)).scalar_one()
-            conn.execute(experiments.update().where(experiments.c.id == self.experiment_id)
-                         .values(next_sequence=seq + 1))
-        return int(seq)
+        with self._tx() as conn:
+            return self._next_sequence(conn)
+
+    def _next_sequence(self, conn: sa.Connection) -> int:
+        seq = int(conn.execute(_NEXT_SEQUENCE, {"e": self.experiment_id}).scalar_one())
+        conn.execute(_BUMP_SEQUENCE, {"e": self.experiment_id, "n": seq + 1})
+        return seq
 
     # ---- trials -------------------------------------------------------------------------
 
-    def add_trial(self, trial_id: str, sequence: int, parameter_id: int, parameters: dict[str, Any],
+    def add_trial(self, trial_id: str, sequence: int | None, parameter_id: int, parameters: dict[str, Any],
                   raw: dict[str, Any], log_dir: str | None = None) -> TrialRecord:
+        """Add a WAITING trial; ``sequence=None`` takes the next sequence id in the same transaction."""
         now = time.time()
-        self._write(
-            trials.insert().values(experiment_id=self.experiment_id, id=trial_id, sequence=sequence,
-                                   parameter_id=parameter_id, parameters=dumps(parameters), raw=dumps(raw),
-                                   status="WAITING", log_dir=log_dir, submit_time=now),
-            events.insert().values(experiment_id=self.experiment_id, trial_id=trial_id, status="WAITING",
-                                   time=now))
+        with self._tx() as conn:
+            if sequence is None:
+                sequence = self._next_sequence(conn)
+            conn.execute(_INSERT_TRIAL, {"e": self.experiment_id, "t": trial_id, "seq": sequence, "pid": parameter_id,
+                                         "params": dumps(parameters), "raw_values": dumps(raw), "dir": log_dir,
+                                         "now": now})
+            conn.execute(_INSERT_EVENT, {"e": self.experiment_id, "t": trial_id, "new_status": "WAITING",
+                                         "now": now, "msg": None})
         return TrialRecord(trial_id, sequence, parameter_id, parameters, raw, "WAITING", None, None, None,
                            log_dir, now, None, None)
 
@@ -256,22 +293,17 @@ class ExperimentStore:
         """Record a status change; False (and nothing written) when the trial is already terminal
         or already has that status."""
         now = when or time.time()
-        with self._lock, self.engine.begin() as conn:
-            current = conn.execute(sa.select(trials.c.status).where(
-                trials.c.experiment_id == self.experiment_id, trials.c.id == trial_id)).scalar_one_or_none()
-            if current is None:
-                raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
-            if current in TERMINAL or current == status:
-                return False
-            values: dict[str, Any] = {"status": status}
-            if status == "RUNNING":
-                values["start_time"] = now
-            if status in TERMINAL:
-                values.update(end_time=now, exit_code=exit_code, message=message)
-            conn.execute(self._trial_update(trial_id).values(**values))
-            conn.execute(events.insert().values(experiment_id=self.experiment_id, trial_id=trial_id,
-                                                status=status, time=now, message=message))
-        return True
+        stmt = _SET_RUNNING if status == "RUNNING" else _SET_TERMINAL if status in TERMINAL else _SET_OTHER
+        params = {"e": self.experiment_id, "t": trial_id, "keep": [*TERMINAL, status], "new_status": status,
+                  "now": now, "code": exit_code, "msg": message}
+        with self._tx() as conn:
+            if conn.execute(stmt, params).rowcount:
+                conn.execute(_INSERT_EVENT, params)
+                return True
+            exists = conn.execute(_TRIAL_EXISTS, params).first()
+        if exists is None:
+            raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
+        return False
 
     def _trial_update(self, trial_id: str) -> Any:
         return trials.update().where(trials.c.experiment_id == self.experiment_id, trials.c.id == trial_id)
@@ -280,12 +312,12 @@ class ExperimentStore:
         query = sa.select(trials).where(trials.c.experiment_id == self.experiment_id).order_by(trials.c.sequence)
         if statuses is not None:
             query = query.where(trials.c.status.in_(list(statuses)))
-        with self.engine.connect() as conn:
+        with self._tx() as conn:
             rows = conn.execute(query).all()
         return [self._trial(r._mapping) for r in rows]
 
     def trial(self, trial_id: str) -> TrialRecord:
-        with self.engine.connect() as conn:
+        with self._tx() as conn:
             row = conn.execute(sa.select(trials).where(trials.c.experiment_id == self.experiment_id,
                                                        trials.c.id == trial_id)).first()
         if row is None:
@@ -300,7 +332,7 @@ class ExperimentStore:
                            m["end_time"], json.loads(m["final"]) if m["final"] is not None else None)
 
     def status_history(self, trial_id: str) -> list[tuple[str, float]]:
-        with self.engine.connect() as conn:
+        with self._tx() as conn:
             rows = conn.execute(sa.select(events.c.status, events.c.time).where(
                 events.c.experiment_id == self.experiment_id, events.c.trial_id == trial_id)
                 .order_by(events.c.id)).all()
@@ -311,19 +343,18 @@ class ExperimentStore:
     def add_metrics(self, records: Iterable[Metric]) -> int:
         """Store metrics; duplicates of (trial, type, sequence) are dropped. Returns how many were new.
         The first FINAL metric of a trial becomes its ``final`` value."""
-        rows = [dict(experiment_id=self.experiment_id, trial_id=m.trial_id, type=m.type, sequence=m.sequence,
-                     value=dumps(m.value), time=m.time or time.time()) for m in records]
+        rows = [{"experiment_id": self.experiment_id, "trial_id": m.trial_id, "type": m.type, "sequence": m.sequence,
+                 "value": dumps(m.value), "time": m.time or time.time()} for m in records]
         if not rows:
             return 0
         stored = 0
-        with self._lock, self.engine.begin() as conn:
+        with self._tx() as conn:
             for row in rows:
-                result = conn.execute(self._insert(metrics).values(**row).on_conflict_do_nothing())
-                stored += result.rowcount or 0
-                if result.rowcount and row["type"] == "FINAL":
-                    conn.execute(trials.update().where(trials.c.experiment_id == self.experiment_id,
-                                                       trials.c.id == row["trial_id"], trials.c.final.is_(None))
-                                 .values(final=row["value"]))
+                inserted = conn.execute(self._insert_metric, row).rowcount or 0
+                stored += inserted
+                if inserted and row["type"] == "FINAL":
+                    conn.execute(_SET_FINAL, {"e": self.experiment_id, "t": row["trial_id"],
+                                              "value_text": row["value"]})
         return stored
 
     def metrics(self, trial_id: str | None = None, type: str | None = None) -> list[Metric]:
@@ -332,6 +363,6 @@ class ExperimentStore:
             query = query.where(metrics.c.trial_id == trial_id)
         if type is not None:
             query = query.where(metrics.c.type == type)
-        with self.engine.connect() as conn:
+        with self._tx() as conn:
             rows = conn.execute(query.order_by(metrics.c.trial_id, metrics.c.type, metrics.c.sequence)).all()
         return [Metric(r.trial_id, r.type, r.sequence, json.loads(r.value), r.time) for r in rows]

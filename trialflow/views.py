@@ -107,7 +107,7 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
         value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
         trial_id = new_trial_id()
         seq = store.take_sequence()
-        store.add_trial(trial_id, seq, -1 - seq, item["parameter"], raw)
+        store.add_trial(trial_id, seq, -1 - seq, item["parameter"], raw)  # negative ids: not the tuner's
         store.add_metrics([Metric(trial_id, "FINAL", 0, value)])
         store.set_status(trial_id, "SUCCEEDED", 0, "imported")
     return len(data)

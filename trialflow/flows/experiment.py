@@ -182,10 +182,10 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: lis
         if suggestion is None:
             loop.exhausted = True
             return False
-        trial_id, sequence = new_trial_id(), ctx.store.take_sequence()
+        trial_id = new_trial_id()
         parameter_id, parameters = suggestion.parameter_id, suggestion.parameters
-        ctx.store.add_trial(trial_id, sequence, parameter_id, parameters, suggestion.raw,
-                            str(ctx.experiment_dir / "trials" / trial_id))
+        sequence = ctx.store.add_trial(trial_id, None, parameter_id, parameters, suggestion.raw,
+                                       str(ctx.experiment_dir / "trials" / trial_id)).sequence
     service_cfg = ctx.config.services[0]
     spec = TrialSpec(ctx.experiment_id, trial_id, sequence, parameter_id, parameters, service_cfg.trial_command,
                      Path(code.location), service_cfg.trial_gpu_number)
