@@ -105,6 +105,7 @@ _SET_RUNNING = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("ne
 _SET_TERMINAL = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(
     status=_B("new_status"), end_time=_B("now"), exit_code=_B("code"), message=_B("msg"))
 _SET_OTHER = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"))
+_COUNT_TRIALS = sa.select(sa.func.count()).select_from(trials).where(trials.c.experiment_id == _B("e"))
 _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
 
@@ -315,6 +316,10 @@ class ExperimentStore:
         with self._tx() as conn:
             rows = conn.execute(query).all()
         return [self._trial(r._mapping) for r in rows]
+
+    def count_trials(self) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(_COUNT_TRIALS, {"e": self.experiment_id}).scalar_one())
 
     def trial(self, trial_id: str) -> TrialRecord:
         with self._tx() as conn:

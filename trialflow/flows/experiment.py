@@ -1,11 +1,11 @@
 """The experiment flow: one Prefect flow run per experiment (run name = experiment id).
 
 The loop keeps at most ``trialConcurrency`` trials in flight (a bounded window, re-read every tick so
-``trialflow update`` applies at run time), asks the tuner (``suggest`` task) and submits
-(``submit_trial`` task) while budget remains, and follows each trial in its own ``poll_trial`` task
-run. It ends DONE when the budget (``maxTrialNumber``, ``maxExperimentDuration``, or a finished
-grid) is spent and every trial has ended, STOPPED on ``trialflow stop`` (running trials are
-cancelled as USER_CANCELED), ERROR when the service or tuner cannot go on.
+``trialflow update`` applies at run time), asks the tuner while budget remains, and runs each trial
+-- submission and following -- in its own ``trial`` task run (one trial, one task run). It ends
+DONE when the budget (``maxTrialNumber``, ``maxExperimentDuration``, or a finished grid) is spent
+and every trial has ended, STOPPED on ``trialflow stop`` (running trials are cancelled as
+USER_CANCELED), ERROR when the service or tuner cannot go on.
 
 Resume (the same flow on an existing experiment id): finished trials are replayed to the tuner,
 running trials are re-attached through their stored handles, trials that were never submitted are
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,13 @@ from ..ids import new_trial_id
 from ..tasks.code import upload_code
 from ..tasks.training_services import (
     CodeRef,
-    PlatformError,
     TrialHandle,
     TrialSpec,
     TrialStatus,
     create_service,
 )
-from ..tasks.trials import poll_trial, submit_trial
-from ..tasks.tuner import observe, suggest
+from ..tasks.trials import run_trial
+from ..tasks.tuner import suggest
 from ..tuners import create_tuner, extract_scalar
 from ..ui import ArtifactReporter
 
@@ -121,14 +122,15 @@ class _Loop:
                 controls.get("max_trial_number", cfg.max_trial_number),
                 controls.get("max_experiment_duration", cfg.max_experiment_duration))
 
-    def follow(self, trial_id: str, sequence: int, handle: TrialHandle) -> None:
-        self.running[trial_id] = poll_trial.submit(self.ctx, trial_id, sequence, handle)
+    def start(self, trial_id: str, sequence: int, spec: TrialSpec | None, handle: TrialHandle | None,
+              code: CodeRef) -> None:
+        self.running[trial_id] = run_trial.submit(self.ctx, trial_id, sequence, spec, handle, code)
 
 
 def _run(ctx: ExperimentContext) -> str:
     loop = _Loop(ctx)
     code = upload_code(ctx, ctx.config.services[0].trial_code_directory)
-    resubmit = _reattach(ctx, loop)
+    resubmit = _reattach(ctx, loop, code)
     try:
         while True:
             record = ctx.store.experiment()
@@ -141,14 +143,14 @@ def _run(ctx: ExperimentContext) -> str:
             concurrency, max_trials, max_duration = loop.limits(controls)
             budget_over = max_duration is not None and loop.elapsed() >= max_duration
             while len(loop.running) < concurrency and not budget_over and not loop.exhausted:
-                total = len(ctx.store.trials())
+                total = ctx.store.count_trials()
                 if not resubmit and max_trials is not None and total >= max_trials:
                     break
                 if not _start_one(ctx, loop, code, resubmit):
                     break
-            loop.running = {t: f for t, f in loop.running.items() if not f.state.is_final()}
+            loop.running = {t: f for t, f in loop.running.items() if not _done(f)}
             loop.reporter.maybe_update()
-            total = len(ctx.store.trials())
+            total = ctx.store.count_trials()
             no_more = loop.exhausted or budget_over or (max_trials is not None and total >= max_trials)
             if not loop.running and no_more and not resubmit:
                 return "DONE"
@@ -164,12 +166,14 @@ def _run(ctx: ExperimentContext) -> str:
         loop.reporter.update()
 
 
+def _done(future: PrefectFuture[Any]) -> bool:
+    # The wrapped concurrent future answers locally; PrefectFuture.state asks the API every time.
+    return future.wrapped_future.done()  # type: ignore[attr-defined,no-any-return]
+
+
 def _wait_any(loop: _Loop, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(f.state.is_final() for f in loop.running.values()):
-            return
-        time.sleep(0.02)
+    wrapped = [f.wrapped_future for f in loop.running.values()]  # type: ignore[attr-defined]
+    wait_futures(wrapped, timeout=timeout, return_when=FIRST_COMPLETED)
 
 
 def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: list[Any]) -> bool:
@@ -189,17 +193,11 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: lis
     service_cfg = ctx.config.services[0]
     spec = TrialSpec(ctx.experiment_id, trial_id, sequence, parameter_id, parameters, service_cfg.trial_command,
                      Path(code.location), service_cfg.trial_gpu_number)
-    try:
-        handle = submit_trial(ctx, spec, code)
-    except PlatformError as exc:
-        ctx.store.set_status(trial_id, "FAILED", message=f"submission failed: {exc}")
-        observe(ctx, parameter_id, None, succeeded=False)
-        return True
-    loop.follow(trial_id, sequence, handle)
+    loop.start(trial_id, sequence, spec, None, code)
     return True
 
 
-def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
+def _reattach(ctx: ExperimentContext, loop: _Loop, code: CodeRef) -> list[Any]:
     """Replay finished trials to the tuner and follow live ones; returns trials to submit again."""
     resubmit = []
     for trial in ctx.store.trials():
@@ -221,5 +219,5 @@ def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
             adopt = getattr(ctx.service, "adopt", None)
             if adopt is not None:
                 adopt(handle)
-            loop.follow(trial.id, trial.sequence, handle)
+            loop.start(trial.id, trial.sequence, None, handle, code)
     return resubmit

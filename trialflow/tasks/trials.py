@@ -1,11 +1,11 @@
-"""Prefect tasks that run trials on any training service: ``submit_trial`` and ``poll_trial``.
+"""The trial task: one Prefect task run per trial (``trial-<id>-#<sequence>``) that submits the trial
+to its training service and follows it to the end.
 
-``submit_trial`` is retried (exponential backoff) on :class:`TransientPlatformError` only; services
-make submission idempotent. ``poll_trial`` is one long-lived task run per trial: it stores metrics
-as they arrive, asks the assessor, enforces ``maxTrialDuration``, honours cancel requests and the
-experiment's stop event, and records the trial's terminal status exactly once -- cancels record
-their status (USER_CANCELED / EARLY_STOPPED) before the kill, so the kill's exit code never
-overrides it.
+Submission is retried with exponential backoff on :class:`TransientPlatformError` only; services
+make it idempotent. Following stores metrics as they arrive, asks the assessor, enforces
+``maxTrialDuration``, honours cancel requests and the experiment's stop event, and records the
+trial's terminal status exactly once -- cancels record their status (USER_CANCELED /
+EARLY_STOPPED) before the kill, so the kill's exit code never overrides it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.tasks import exponential_backoff
 
 from ..context import ExperimentContext
 from ..store import Metric
@@ -33,29 +32,34 @@ from .tuner import observe
 
 log = logging.getLogger("trialflow.trials")
 TRANSIENT_POLL_LIMIT = 30
+SUBMIT_ATTEMPTS = 5
 
 
-def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
-    try:
-        state.result()
-    except TransientPlatformError:
-        return True
-    except Exception:
-        return False
-    return False
-
-
-@task(name="submit_trial", retries=4, retry_delay_seconds=exponential_backoff(backoff_factor=1),
-      retry_condition_fn=_transient_only, cache_policy=NO_CACHE, task_run_name="submit-{spec.trial_id}")
-def submit_trial(ctx: ExperimentContext, spec: TrialSpec, code: CodeRef) -> TrialHandle:
-    handle = ctx.service.submit(spec, code)
+def submit_with_retries(ctx: ExperimentContext, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+    """Submit, retrying transient platform errors (1, 2, 4, 8 s apart); store the handle."""
+    for attempt in range(SUBMIT_ATTEMPTS):
+        try:
+            handle = ctx.service.submit(spec, code)
+            break
+        except TransientPlatformError as exc:
+            if attempt == SUBMIT_ATTEMPTS - 1 or ctx.stop.is_set():
+                raise PlatformError(f"submission kept failing: {exc}") from None
+            log.warning("trial %s: submission failed (%s); retrying", spec.trial_id, exc)
+            time.sleep(2**attempt)
     ctx.store.set_handle(spec.trial_id, handle.to_dict())
     return handle
 
 
-@task(name="poll_trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}-#{sequence}")
-def poll_trial(ctx: ExperimentContext, trial_id: str, sequence: int, handle: TrialHandle) -> str:
-    """Follow one trial to its end; returns its terminal status."""
+@task(name="trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}-#{sequence}")
+def run_trial(ctx: ExperimentContext, trial_id: str, sequence: int, spec: TrialSpec | None,
+              handle: TrialHandle | None, code: CodeRef) -> str:
+    """Submit ``spec`` (or re-attach ``handle``) and follow the trial; returns its terminal status."""
+    if handle is None:
+        assert spec is not None
+        try:
+            handle = submit_with_retries(ctx, spec, code)
+        except PlatformError as exc:
+            return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {exc}"), [])
     return follow_trial(ctx, trial_id, handle)
 
 

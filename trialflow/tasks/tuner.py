@@ -1,21 +1,18 @@
-"""Prefect tasks around the tuner: ``suggest`` one trial's parameters, ``observe`` an outcome.
+"""Access to the experiment's tuner from the flow and the trial tasks: ``suggest`` one trial's
+parameters, ``observe`` an outcome. Tuners are not thread-safe; these calls serialise access.
 
-The tuner itself is a plain object (``trialflow.tuners``); these tasks only serialise access to it
-(tuners are not thread-safe) and make each suggestion visible as a task run.
+They are plain calls, not task runs of their own: a Prefect task run costs ~45 ms of CPU on this
+2-core machine, and per-trial suggestion and submission are visible in the trial's task run.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from ..context import ExperimentContext
 from ..tuners import InvalidMetric, Suggestion, extract_scalar
 
 
-@task(name="suggest", cache_policy=NO_CACHE)
 def suggest(ctx: ExperimentContext) -> Suggestion | None:
     """The next parameters, or None when the tuner has nothing more to try."""
     with ctx.tuner_lock:
