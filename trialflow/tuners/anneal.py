@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ..search_space import SearchSpace
-from .base import RandomChooser, Suggestion, Tuner
+from .base import RandomChooser, RawHistoryTuner, Suggestion
 
 
 class _AnnealChooser(RandomChooser):
@@ -40,12 +40,11 @@ class _AnnealChooser(RandomChooser):
         return min(max(value, 1e-9), 1 - 1e-9)
 
 
-class AnnealTuner(Tuner):
+class AnnealTuner(RawHistoryTuner):
     def __init__(self, space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
                  n_startup: int = 10, avg_best_idx: float = 2.0, shrink_coef: float = 0.1) -> None:
         super().__init__(space, optimize_mode, seed)
         self.n_startup, self.avg_best_idx, self.shrink_coef = n_startup, avg_best_idx, shrink_coef
-        self._raw: dict[int, dict[str, Any]] = {}
         self._scored: list[tuple[float, int]] = []  # (score, parameter_id), lower is better
 
     def suggest(self) -> Suggestion:
@@ -57,15 +56,8 @@ class AnnealTuner(Tuner):
             index = min(int(math.log(1 - self.rng.random()) / math.log(1 - p)), len(ranked) - 1)
             width = 1.0 / (1.0 + len(self._scored) * self.shrink_coef)
             chooser = _AnnealChooser(self, self._raw[ranked[index][1]], width)
-        params = self.space.sample(chooser)
-        pid = self._new_id()
-        self._raw[pid] = chooser.raw
-        return Suggestion(pid, params, chooser.raw)
+        return self._emit(chooser)
 
     def observe(self, parameter_id: int, value: float | None) -> None:
         if value is not None and parameter_id in self._raw:
             self._scored.append((self.score(value), parameter_id))
-
-    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
-        self._raw[parameter_id] = raw
-        self.observe(parameter_id, value)

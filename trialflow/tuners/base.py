@@ -83,6 +83,24 @@ class Tuner(ABC):
     def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None: ...
 
 
+class RawHistoryTuner(Tuner):
+    """A tuner that remembers each suggestion's raw values (Anneal, Evolution build on them)."""
+
+    def __init__(self, space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> None:
+        super().__init__(space, optimize_mode, seed)
+        self._raw: dict[int, dict[str, Any]] = {}
+
+    def _emit(self, chooser: RecordingChooser) -> Suggestion:
+        params = self.space.sample(chooser)
+        pid = self._new_id()
+        self._raw[pid] = chooser.raw
+        return Suggestion(pid, params, chooser.raw)
+
+    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+        self._raw[parameter_id] = raw
+        self.observe(parameter_id, value)
+
+
 class RecordingChooser:
     """A chooser that draws raw values with ``draw_*`` and records them by key."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..search_space import SearchSpace
-from .base import RandomChooser, Suggestion, Tuner
+from .base import RandomChooser, RawHistoryTuner, Suggestion
 
 
 class _MutationChooser(RandomChooser):
@@ -25,12 +25,11 @@ class _MutationChooser(RandomChooser):
         return float(self.parent[key]) if key in self.parent and key != self.mutate else self.rng.random()
 
 
-class EvolutionTuner(Tuner):
+class EvolutionTuner(RawHistoryTuner):
     def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", seed: int | None = None,
                  population_size: int = 32) -> None:
         super().__init__(space, optimize_mode, seed)
         self.population_size = population_size
-        self._raw: dict[int, dict[str, Any]] = {}
         self.population: list[tuple[float, int]] = []  # (score, parameter_id), lower is better
 
     def suggest(self) -> Suggestion:
@@ -40,10 +39,7 @@ class EvolutionTuner(Tuner):
             a, b = self.rng.sample(self.population, 2)
             parent = self._raw[min(a, b)[1]]
             chooser = _MutationChooser(self, parent, self.rng.choice(sorted(parent)) if parent else "")
-        params = self.space.sample(chooser)
-        pid = self._new_id()
-        self._raw[pid] = chooser.raw
-        return Suggestion(pid, params, chooser.raw)
+        return self._emit(chooser)
 
     def observe(self, parameter_id: int, value: float | None) -> None:
         if value is None or parameter_id not in self._raw:
@@ -51,7 +47,3 @@ class EvolutionTuner(Tuner):
         self.population.append((self.score(value), parameter_id))
         if len(self.population) > self.population_size:
             self.population.remove(max(self.population))
-
-    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
-        self._raw[parameter_id] = raw
-        self.observe(parameter_id, value)
