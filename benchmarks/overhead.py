@@ -2,20 +2,25 @@
 
 Prints wall time / ideal (ceil(N/C) x 0.5 s) for trialflow (full experiment flow: tuner, store,
 Prefect task runs, trial keeper) beside a bare ``subprocess`` pool running the same commands in the
-same run, and the ratio between the two (target: trialflow within 1.25x of the bare pool).
+same run, and the ratio between the two (target: trialflow within 1.25x of the bare pool). With
+``--nni-venv`` (a virtualenv holding ``pip install nni==3.0``; ``--install-nni`` creates it) the same
+experiment also runs on NNI 3.0 through ``nnictl create`` and its REST API, on 127.0.0.1.
 
-    python benchmarks/overhead.py [--trials 200] [--concurrency 8]
+    python benchmarks/overhead.py [--trials 200] [--concurrency 8] [--nni-venv DIR [--install-nni]]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,11 +60,58 @@ def trialflow_run(code_dir: Path, workdir: Path, trials: int, concurrency: int) 
     return last - first, total
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency: int) -> tuple[float, float]:
+    """(wall time of the trials, wall time from `nnictl create` to DONE) on NNI 3.0's local platform."""
+    python, nnictl = venv / "bin" / "python", venv / "bin" / "nnictl"
+    config = {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": f"{python} trial.py",
+              "trialCodeDirectory": str(code_dir), "trialConcurrency": concurrency, "maxTrialNumber": trials,
+              "experimentWorkingDirectory": str(workdir), "tuner": {"name": "Random"},
+              "trainingService": {"platform": "local"}}
+    cfg = workdir / "nni-config.json"
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(json.dumps(config))
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api/v1/nni"
+    start = time.perf_counter()
+    subprocess.run([str(nnictl), "create", "--config", str(cfg), "--port", str(port)], check=True,
+                   capture_output=True, timeout=300)
+    try:
+        deadline = time.monotonic() + 30 * 60
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{api}/check-status", timeout=20) as resp:
+                if json.load(resp)["status"] in ("DONE", "ERROR", "STOPPED"):
+                    break
+            time.sleep(0.5)
+        total = time.perf_counter() - start
+        with urllib.request.urlopen(f"{api}/trial-jobs", timeout=20) as resp:
+            jobs = json.load(resp)
+    finally:
+        subprocess.run([str(nnictl), "stop", "--all"], capture_output=True, timeout=120)
+    done = [j for j in jobs if j.get("status") == "SUCCEEDED"]
+    assert len(done) == trials, f"NNI finished {len(done)} of {trials} trials"
+    return (max(j["endTime"] for j in done) - min(j["startTime"] for j in done)) / 1000, total
+
+
+def install_nni(venv: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "nni==3.0"], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--nni-venv", type=Path, help="virtualenv with nni==3.0 installed")
+    parser.add_argument("--install-nni", action="store_true", help="create --nni-venv with nni==3.0 first")
     args = parser.parse_args()
+    if args.install_nni and args.nni_venv and not (args.nni_venv / "bin" / "nnictl").exists():
+        install_nni(args.nni_venv)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -70,10 +122,14 @@ def main() -> None:
         (code / "trial.py").write_text(TRIAL)
         bare = bare_pool(code, args.trials, args.concurrency)
         trials_wall, total = trialflow_run(code, Path(tmp) / "w", args.trials, args.concurrency)
-    rows = [["bare subprocess pool", f"{bare:.1f}", f"{bare / ideal:.2f}x", "1.00x"],
-            ["trialflow (first submit -> last end)", f"{trials_wall:.1f}", f"{trials_wall / ideal:.2f}x",
-             f"{trials_wall / bare:.2f}x"],
-            ["trialflow (incl. Prefect start-up)", f"{total:.1f}", f"{total / ideal:.2f}x", f"{total / bare:.2f}x"]]
+        nni = None
+        if args.nni_venv and (args.nni_venv / "bin" / "nnictl").exists():
+            nni = nni_run(args.nni_venv, code, Path(tmp) / "nni", args.trials, args.concurrency)
+    measured = [("bare subprocess pool", bare), ("trialflow (first submit -> last end)", trials_wall),
+                ("trialflow (incl. Prefect start-up)", total)]
+    if nni is not None:
+        measured += [("NNI 3.0 (first start -> last end)", nni[0]), ("NNI 3.0 (nnictl create -> DONE)", nni[1])]
+    rows = [[name, f"{wall:.1f}", f"{wall / ideal:.2f}x", f"{wall / bare:.2f}x"] for name, wall in measured]
     print_table(f"{args.trials} trials x 0.5 s at concurrency {args.concurrency} on the local service "
                 f"(ideal {ideal:.1f} s)", ["runner", "wall s", "vs ideal", "vs bare pool"], rows)
     verdict = "PASS" if trials_wall / bare <= 1.25 else "OVER"
