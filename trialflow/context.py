@@ -4,7 +4,6 @@ threads, and tasks use ``cache_policy=NO_CACHE``)."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ class ExperimentContext:
     stop: threading.Event = field(default_factory=threading.Event)
     tuner_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel_requests: dict[str, TrialStatus] = field(default_factory=dict)
-    started_at: float = field(default_factory=time.time)
     # parameter id -> raw values of trials taken over from an earlier run (resume)
     adopted: dict[int, dict[str, Any]] = field(default_factory=dict)
 

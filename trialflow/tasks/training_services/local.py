@@ -71,9 +71,8 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def kill_group(pid: int, grace: float, alive: Any = None) -> None:
+def kill_group(pid: int, grace: float) -> None:
     """SIGINT, SIGTERM, then SIGKILL to the process group led by ``pid``, ``grace`` seconds apart."""
-    check = alive or (lambda: pid_alive(pid))
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             os.killpg(pid, sig)
@@ -88,7 +87,6 @@ def kill_group(pid: int, grace: float, alive: Any = None) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    check()
 
 
 def _group_alive(pgid: int) -> bool:
