@@ -17,7 +17,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 
 from .store import ExperimentStore
-from .tuners import InvalidMetric, extract_scalar
+from .tuners import scalar_or_none
 
 _STATES = {"SUCCEEDED": TrialState.COMPLETE, "FAILED": TrialState.FAIL, "EARLY_STOPPED": TrialState.PRUNED,
            "USER_CANCELED": TrialState.FAIL, "SYS_CANCELED": TrialState.FAIL}
@@ -56,17 +56,15 @@ def export_to_optuna(store: ExperimentStore, storage: str, study_name: str | Non
                                 direction="maximize" if maximize else "minimize", load_if_exists=True)
     intermediate: dict[str, dict[int, float]] = {}
     for m in store.metrics(type="PERIODICAL"):
-        try:
-            intermediate.setdefault(m.trial_id, {})[m.sequence] = extract_scalar(m.value)
-        except InvalidMetric:
-            continue
+        value = scalar_or_none(m.value)
+        if value is not None:
+            intermediate.setdefault(m.trial_id, {})[m.sequence] = value
     for trial, flat in zip(trials, flats, strict=True):
         state = _STATES[trial.status]
         value = None
         if state == TrialState.COMPLETE:
-            try:
-                value = extract_scalar(trial.final)
-            except InvalidMetric:
+            value = scalar_or_none(trial.final)
+            if value is None:
                 state = TrialState.FAIL
         params = {k: (v if isinstance(dists[k], FloatDistribution) else str(v)) for k, v in flat.items()}
         study.add_trial(optuna.trial.create_trial(

@@ -241,14 +241,19 @@ class ExperimentStore:
     def experiment(self) -> ExperimentRecord:
         with self._tx() as conn:
             row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
-            ctl = conn.execute(sa.select(controls.c.key, controls.c.value)
-                               .where(controls.c.experiment_id == self.experiment_id)).all()
         if row is None:
             raise KeyError(f"experiment {self.experiment_id} is not in the store {self.url}")
         m = row._mapping
         return ExperimentRecord(m["id"], m["name"], json.loads(m["config"]), m["config_path"], m["status"],
                                 m["message"], m["start_time"], m["end_time"], m["controller_pid"],
-                                m["next_sequence"], {k: json.loads(v) for k, v in ctl})
+                                m["next_sequence"], self.controls())
+
+    def controls(self) -> dict[str, Any]:
+        """Runtime changes requested through the CLI (read every loop tick, so kept cheap)."""
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(controls.c.key, controls.c.value)
+                                .where(controls.c.experiment_id == self.experiment_id)).all()
+        return {k: json.loads(v) for k, v in rows}
 
     def set_experiment(self, **values: Any) -> None:
         """Update experiment columns (status, message, end_time, controller_pid, start_time)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from .context import ExperimentContext
 from .store import TrialRecord
-from .tuners import InvalidMetric, extract_scalar
+from .tuners import maximizes, scalar_or_none
 
 MIN_INTERVAL = 3.0
 MAX_TABLE_ROWS = 500
@@ -21,10 +21,7 @@ log = logging.getLogger("trialflow.ui")
 
 
 def trial_value(trial: TrialRecord) -> float | None:
-    try:
-        return extract_scalar(trial.final) if trial.final is not None else None
-    except InvalidMetric:
-        return None
+    return scalar_or_none(trial.final)
 
 
 def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
@@ -36,10 +33,7 @@ def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
 
 def is_maximize(ctx_config: Any) -> bool:
     tuner = ctx_config.tuner
-    mode = (tuner.class_args or {}).get("optimize_mode") if tuner else None
-    if mode is None and tuner is not None and (tuner.name or "").lower() == "evolution":
-        return True
-    return mode == "maximize"
+    return tuner is not None and maximizes(tuner.name, tuner.class_args)
 
 
 def _safe(value: Any) -> Any:

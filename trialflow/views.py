@@ -16,13 +16,13 @@ from rich.table import Table
 from .config import parse_config
 from .ids import new_trial_id
 from .store import ExperimentStore, Metric, TrialRecord
+from .tuners import maximizes
 from .ui import best_trial, trial_value
 
 
 def is_maximize_stored(store: ExperimentStore) -> bool:
     tuner = store.experiment().config.get("tuner") or {}
-    mode = (tuner.get("classArgs") or {}).get("optimize_mode")
-    return mode == "maximize" or (mode is None and str(tuner.get("name", "")).lower() == "evolution")
+    return maximizes(tuner.get("name"), tuner.get("classArgs"))
 
 
 def _when(ts: float | None) -> str:

@@ -41,7 +41,7 @@ from ..tasks.training_services import (
 )
 from ..tasks.trials import run_trial
 from ..tasks.tuner import suggest
-from ..tuners import create_tuner, extract_scalar
+from ..tuners import create_tuner, scalar_or_none
 from ..ui import ArtifactReporter
 
 TICK_SECONDS = 0.25
@@ -108,7 +108,7 @@ class _Loop:
         self.ctx = ctx
         self.running: dict[str, PrefectFuture[Any]] = {}
         self.exhausted = False
-        controls = ctx.store.experiment().controls
+        controls = ctx.store.controls()
         self.elapsed_before = float(controls.get("elapsed_seconds", 0.0))
         self.started = time.monotonic()
         self.reporter = ArtifactReporter(ctx)
@@ -133,8 +133,7 @@ def _run(ctx: ExperimentContext) -> str:
     resubmit = _reattach(ctx, loop, code)
     try:
         while True:
-            record = ctx.store.experiment()
-            controls = record.controls
+            controls = ctx.store.controls()
             if controls.get("stop"):
                 return "STOPPED"
             for trial_id in controls.get("kill", []):
@@ -202,12 +201,7 @@ def _reattach(ctx: ExperimentContext, loop: _Loop, code: CodeRef) -> list[Any]:
     resubmit = []
     for trial in ctx.store.trials():
         if trial.is_terminal:
-            value = None
-            if trial.status == "SUCCEEDED" and trial.final is not None:
-                try:
-                    value = extract_scalar(trial.final)
-                except ValueError:
-                    value = None
+            value = scalar_or_none(trial.final) if trial.status == "SUCCEEDED" else None
             ctx.tuner.replay(trial.parameter_id, trial.raw, value)
             continue
         ctx.tuner.reserve(trial.parameter_id)
@@ -216,8 +210,6 @@ def _reattach(ctx: ExperimentContext, loop: _Loop, code: CodeRef) -> list[Any]:
             resubmit.append(trial)
         else:
             handle = TrialHandle.from_dict(trial.handle)
-            adopt = getattr(ctx.service, "adopt", None)
-            if adopt is not None:
-                adopt(handle)
+            ctx.service.adopt(handle)
             loop.start(trial.id, trial.sequence, None, handle, code)
     return resubmit

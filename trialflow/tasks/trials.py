@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ..context import ExperimentContext
 from ..store import Metric
+from ..tuners import scalar_or_none
 from .training_services import (
     CodeRef,
     PlatformError,
@@ -86,7 +87,7 @@ def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> 
             return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=str(exc)), history)
         cursor = update.cursor
         if _absorb(ctx, trial_id, update, history) and ctx.assessor is not None:
-            values = [_scalar(v) for v in history]
+            values = [scalar_or_none(v) for v in history]
             if all(v is not None for v in values) and ctx.assessor.assess(trial_id, values):  # type: ignore[arg-type]
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
@@ -153,14 +154,5 @@ def _finish_tuning(ctx: ExperimentContext, trial_id: str, history: list[Any], su
     if problem and succeeded:
         log.warning("trial %s: %s; the tuner treats it as failed, the experiment goes on", trial_id, problem)
     if ctx.assessor is not None:
-        values = [v for v in (_scalar(x) for x in history) if v is not None]
+        values = [v for v in (scalar_or_none(x) for x in history) if v is not None]
         ctx.assessor.trial_end(trial_id, values, succeeded)
-
-
-def _scalar(value: Any) -> float | None:
-    from ..tuners import InvalidMetric, extract_scalar
-
-    try:
-        return extract_scalar(value)
-    except InvalidMetric:
-        return None

@@ -22,9 +22,11 @@ from .base import (
     check_args,
     dict_arg,
     extract_scalar,
+    maximizes,
     number_arg,
     optimize_mode_arg,
     positive_int_arg,
+    scalar_or_none,
     seed_arg,
 )
 from .evolution import EvolutionTuner
@@ -34,7 +36,8 @@ from .optuna_tuners import OptunaTuner, cmaes_sampler, gp_sampler, random_sample
 if TYPE_CHECKING:
     from ..config import AlgorithmConfig
 
-__all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar", "TUNERS"]
+__all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar", "maximizes",
+           "scalar_or_none", "TUNERS"]
 
 _MODE_SEED = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}
 

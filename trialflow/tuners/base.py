@@ -45,6 +45,24 @@ def extract_scalar(value: Any) -> float:
     return float(value)
 
 
+def scalar_or_none(value: Any) -> float | None:
+    """:func:`extract_scalar`, or None for a missing or unusable metric."""
+    if value is None:
+        return None
+    try:
+        return extract_scalar(value)
+    except InvalidMetric:
+        return None
+
+
+def maximizes(name: str | None, class_args: dict[str, Any] | None) -> bool:
+    """Whether a tuner maximises: its ``optimize_mode``, else its NNI default (Evolution: maximize)."""
+    mode = (class_args or {}).get("optimize_mode")
+    if mode is None:
+        return (name or "").lower() == "evolution"
+    return mode == "maximize"
+
+
 class Tuner(ABC):
     """Base class: keeps ids, direction and the outcome bookkeeping common to every tuner."""
 

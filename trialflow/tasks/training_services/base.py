@@ -123,6 +123,11 @@ class TrainingService(ABC):
     def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
         """Stop the trial; a finished or unknown trial is not an error."""
 
+    def adopt(self, handle: TrialHandle) -> None:
+        """Take over a trial started by an earlier controller (resume), e.g. re-register its resources
+        (default: nothing to do)."""
+        return None
+
     def wait(self, handle: TrialHandle, timeout: float) -> None:
         """Block up to ``timeout`` seconds or until the trial may have changed (default: sleep)."""
         import time
