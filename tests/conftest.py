@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,68 @@ def base_config(code_dir: Path, workdir: Path, **overrides) -> dict:
     }
     config.update(overrides)
     return config
+
+
+def wait_for(predicate, timeout=90.0, interval=0.1):
+    """Poll ``predicate`` until it returns something truthy; returns it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+def start_controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
+    """The experiment flow of ``exp_id`` in its own process (to be SIGKILLed and resumed)."""
+    env = {**os.environ, "PREFECT_API_URL": api_url}
+    code = ("import sys; from trialflow.flows.experiment import experiment_flow; "
+            "experiment_flow(None, sys.argv[1], sys.argv[2])")
+    return subprocess.Popen([sys.executable, "-c", code, exp_id, str(root)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+@pytest.fixture(scope="session")
+def sshd_servers(tmp_path_factory):
+    """Two real OpenSSH servers on 127.0.0.1 (generated host and user keys), stopped at the end."""
+    from trialflow.testing.sshd import LoopbackSshd, SshdUnavailable
+
+    try:
+        servers = [LoopbackSshd(tmp_path_factory.mktemp(f"sshd{i}"), password_auth=True).start() for i in range(2)]
+    except SshdUnavailable as exc:
+        pytest.fail(f"{exc}: run the README test command (bash scripts/test.sh), which installs it")
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def known_hosts(sshd_servers, tmp_path):
+    """A known_hosts file trusting both test servers."""
+    path = tmp_path / "known_hosts"
+    path.write_text("".join(s.known_hosts.read_text() for s in sshd_servers))
+    return path
+
+
+def machine(server, workdir: Path, **fields) -> dict:
+    """A machineList entry for a test server, with the controller's Python on the worker."""
+    return {"host": "127.0.0.1", "port": server.port, "user": server.user, "sshKeyFile": str(server.key_file),
+            "pythonPath": os.path.dirname(PYTHON), "remoteWorkingDirectory": str(workdir), **fields}
+
+
+def fake_nvidia_smi(directory: Path, gpus: int, busy_uuid: str | None = None) -> Path:
+    """An nvidia-smi on PATH answering the two queries the scheduler makes; counts its calls."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = "\\n".join(f"{i}, GPU-{i}, 0, 10, 16000" for i in range(gpus))
+    apps = f"{busy_uuid}, 4242" if busy_uuid else ""
+    script = directory / "nvidia-smi"
+    script.write_text(f"""#!/bin/bash
+echo x >> "{directory}/calls"
+case "$1" in
+  --query-gpu=*) printf "{rows}\\n" ;;
+  --query-compute-apps=*) printf "{apps}\\n" ;;
+esac
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return directory

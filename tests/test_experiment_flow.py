@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, write_trial
+from tests.conftest import base_config, start_controller, wait_for, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import create_experiment, open_store
 
@@ -131,24 +129,6 @@ def test_invalid_final_metric_is_reported_and_experiment_goes_on(tmp_path):
     assert result.best is None and result.trials[0].final == "not a number"
 
 
-def _wait_for(predicate, timeout=90.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
-
-
-def _controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
-    env = {**os.environ, "PREFECT_API_URL": api_url}
-    code = ("import sys; from trialflow.flows.experiment import experiment_flow; "
-            "experiment_flow(None, sys.argv[1], sys.argv[2])")
-    return subprocess.Popen([sys.executable, "-c", code, exp_id, str(root)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
 def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_server):
     code = tmp_path / "code"
     write_trial(code, INTERVAL_TRIAL)
@@ -157,13 +137,13 @@ def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_ser
         cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=5))
         exp_id, exp_dir = create_experiment(cfg)
         store = open_store(exp_dir.parent, exp_id)
-        first = _controller(exp_id, exp_dir.parent, prefect_server)
-        _wait_for(lambda: len(store.trials(["RUNNING"])) == 2 and len(store.trials(["SUCCEEDED"])) >= 1)
+        first = start_controller(exp_id, exp_dir.parent, prefect_server)
+        wait_for(lambda: len(store.trials(["RUNNING"])) == 2 and len(store.trials(["SUCCEEDED"])) >= 1)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         alive = {t.id for t in store.trials(["RUNNING", "WAITING"])}
         assert alive, "no trial was running at the kill"
-        second = _controller(exp_id, exp_dir.parent, prefect_server)
+        second = start_controller(exp_id, exp_dir.parent, prefect_server)
         assert second.wait(timeout=120) == 0
     finally:
         os.environ.pop("TRIAL_SLEEP", None)
@@ -183,11 +163,11 @@ def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server)
     cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=3))
     exp_id, exp_dir = create_experiment(cfg)
     store = open_store(exp_dir.parent, exp_id)
-    proc = _controller(exp_id, exp_dir.parent, prefect_server)
-    running = _wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None)
+    proc = start_controller(exp_id, exp_dir.parent, prefect_server)
+    running = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None)
     store.set_control("kill", [running[0].id])
-    _wait_for(lambda: store.trial(running[0].id).status == "USER_CANCELED")
-    _wait_for(lambda: len(store.trials(["RUNNING"])) == 2)  # the killed trial's slot is refilled
+    wait_for(lambda: store.trial(running[0].id).status == "USER_CANCELED")
+    wait_for(lambda: len(store.trials(["RUNNING"])) == 2)  # the killed trial's slot is refilled
     store.set_control("stop", True)
     assert proc.wait(timeout=60) == 0
     assert store.experiment().status == "STOPPED"

@@ -23,7 +23,7 @@ from rich.console import Console
 from .config import ConfigError, load_config, parse_duration
 from .experiments import ExperimentNotFound, create_experiment, find_experiment, list_experiments
 from .store import ExperimentStore
-from .tasks.training_services.local import kill_group, pid_alive
+from .trial.procs import kill_group, pid_alive
 from .views import export_rows, print_experiment, print_trials, sort_trials
 
 app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,

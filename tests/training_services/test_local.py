@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_trial
+from tests.conftest import fake_nvidia_smi, write_trial
 from tests.training_services.contract import TrainingServiceContract, poll_until_terminal
 from trialflow.config import LocalConfig
 from trialflow.tasks.training_services import PlatformError, TrialSpec, TrialStatus
 from trialflow.tasks.training_services.gpu import GpuProbe
-from trialflow.tasks.training_services.local import LocalTrainingService, pid_alive
+from trialflow.tasks.training_services.local import LocalTrainingService
+from trialflow.trial.procs import pid_alive
 
 
 def _local(tmp_path: Path, **fields) -> LocalTrainingService:
@@ -105,23 +105,6 @@ time.sleep(120)
 
 
 # ---- GPU scheduling ---------------------------------------------------------------------------
-
-
-def fake_nvidia_smi(directory: Path, gpus: int, busy_uuid: str | None = None) -> Path:
-    """An nvidia-smi on PATH answering the two queries the scheduler makes; counts its calls."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = "\\n".join(f"{i}, GPU-{i}, 0, 10, 16000" for i in range(gpus))
-    apps = f"{busy_uuid}, 4242" if busy_uuid else ""
-    script = directory / "nvidia-smi"
-    script.write_text(f"""#!/bin/bash
-echo x >> "{directory}/calls"
-case "$1" in
-  --query-gpu=*) printf "{rows}\\n" ;;
-  --query-compute-apps=*) printf "{apps}\\n" ;;
-esac
-""")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return directory
 
 
 @pytest.fixture

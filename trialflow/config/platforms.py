@@ -70,6 +70,9 @@ class RemoteMachineConfig(ConfigModel):
     max_trial_number_per_gpu: int = Field(default=1, gt=0)
     gpu_indices: GpuIndices | None = None
     python_path: str | None = None
+    remote_working_directory: str = Field(
+        default="~/trialflow-experiments", min_length=1,
+        description="where code bundles, the trial runtime and trial directories live on the machine")
 
     @model_validator(mode="after")
     def _auth(self) -> RemoteMachineConfig:
@@ -91,6 +94,8 @@ class RemoteConfig(TrainingServiceConfig):
     platform: Literal["remote"] = "remote"
     machine_list: list[RemoteMachineConfig] = Field(min_length=1)
     trust_unknown_hosts: bool = Field(default=False, description="trust SSH host keys on first use")
+    known_hosts_file: ConfigPath = Field(default="~/.ssh/known_hosts", validate_default=True,  # type: ignore[assignment]
+                                         description="OpenSSH known_hosts file checked (and, on first use, extended)")
 
     @model_validator(mode="after")
     def _per_gpu(self) -> RemoteConfig:

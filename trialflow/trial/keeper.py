@@ -1,15 +1,29 @@
 """Trial keeper: runs one trial command detached from the controller and records how it ended.
 
-Started as ``python -m trialflow.trial.keeper <trial dir>`` in a new session (so it is the process
-group leader and outlives the controller or the SSH session that started it). Standard library only.
+Standard library only; it travels to every worker with the trial runtime. Forms:
+
+* ``python -S -m trialflow.trial.keeper <trial dir>``: run the trial (the caller made this process
+  a session leader, e.g. ``start_new_session``);
+* ``... keeper --detach <trial dir> [<gpu indices>]``: fork a keeper into its own session and return at
+  once (used over SSH, so the trial survives the SSH session and a dropped connection); the
+  optional ``0,1`` sets ``CUDA_VISIBLE_DEVICES``;
+* ``... keeper --submit``: read a launch payload (JSON, see :func:`write_trial_files`) on stdin,
+  write the trial directory and, unless the payload says ``hold``, detach a keeper -- one SSH
+  command per trial;
+* ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
+  (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
+* ``... keeper --version``: print the runtime's version.
 
 Files in ``<trial dir>/.nni/`` (written atomically):
 * ``keeper.json`` (input): ``{"command", "cwd", "env"}``;
+* ``keeper.lock``: created exclusively by the one keeper allowed to start (so retried or repeated
+  launches never run a trial twice);
+* ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time"}`` once the command runs;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``).
 The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper ignores
-SIGINT/SIGTERM so it can record the exit of a trial being stopped; the controller kills the whole
-process group, keeper included, with SIGKILL at the end of the grace period.
+SIGINT/SIGTERM so it can record the exit of a trial being stopped; ``--kill`` ends the whole group,
+keeper included, with SIGKILL at the end of the grace period.
 """
 
 from __future__ import annotations
@@ -21,14 +35,15 @@ import subprocess
 import sys
 import time
 
+from .procs import kill_group, pid_alive, process_start_time, read_json, write_atomic
 
-def write_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+__all__ = ["claim", "kill_trial", "run", "write_atomic", "write_trial_files"]
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
 
 
 def run(trial_dir: str) -> int:
@@ -37,6 +52,8 @@ def run(trial_dir: str) -> int:
         spec = json.load(f)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    write_atomic(os.path.join(meta_dir, "keeper.pid"),
+                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": _version()})
     env = {**os.environ, **spec.get("env", {})}
     with open(os.path.join(trial_dir, "trial.stdout"), "ab") as out, \
             open(os.path.join(trial_dir, "trial.stderr"), "ab") as err:
@@ -55,10 +72,101 @@ def run(trial_dir: str) -> int:
     return 0
 
 
+def write_trial_files(payload: dict) -> str:
+    """Create the trial directory from a launch payload ``{"trial_dir", "parameter", "keeper"}``:
+    ``parameter.cfg`` and ``.nni/keeper.json``. Returns the trial directory."""
+    trial_dir = payload["trial_dir"]
+    os.makedirs(os.path.join(trial_dir, ".nni"), exist_ok=True)
+    tmp = os.path.join(trial_dir, f"parameter.cfg.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(payload["parameter"])
+    os.replace(tmp, os.path.join(trial_dir, "parameter.cfg"))
+    write_atomic(os.path.join(trial_dir, ".nni", "keeper.json"), payload["keeper"])
+    return trial_dir
+
+
+def claim(trial_dir: str) -> bool:
+    """True for the one caller allowed to start this trial's keeper."""
+    try:
+        os.close(os.open(os.path.join(trial_dir, ".nni", "keeper.lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def set_gpus(trial_dir: str, gpus: str) -> None:
+    path = os.path.join(trial_dir, ".nni", "keeper.json")
+    spec = read_json(path) or {}
+    spec.setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = gpus
+    spec["gpus"] = [int(g) for g in gpus.split(",") if g]
+    write_atomic(path, spec)
+
+
+def detach(trial_dir: str) -> int:
+    """Fork a keeper that leads its own session; the caller returns at once. A trial whose keeper
+    was already started is left alone."""
+    if not claim(trial_dir):
+        return 0
+    if os.fork() != 0:
+        return 0
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log = os.open(os.path.join(trial_dir, ".nni", "keeper.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        code = run(trial_dir)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def kill_trial(trial_dir: str, grace: float) -> None:
+    """Stop the trial: if its keeper never started, make sure it never will (and record the end);
+    otherwise stop its process group unless it already ended (pid checked with its start time)."""
+    meta_dir = os.path.join(trial_dir, ".nni")
+    os.makedirs(meta_dir, exist_ok=True)
+    if claim(trial_dir):
+        write_atomic(os.path.join(meta_dir, "state"),
+                     {"exit_code": None, "end_time": time.time(), "never_started": True})
+        return
+    deadline = time.monotonic() + 10.0  # a keeper that just won the claim writes its pid at once
+    info = read_json(os.path.join(meta_dir, "keeper.pid"))
+    while info is None and time.monotonic() < deadline and not os.path.exists(os.path.join(meta_dir, "state")):
+        time.sleep(0.05)
+        info = read_json(os.path.join(meta_dir, "keeper.pid"))
+    if info and pid_alive(int(info["pid"]), info.get("start_time")):
+        kill_group(int(info["pid"]), grace)
+
+
 def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--version"]:
+        print(_version())
+        return 0
+    if argv[:1] == ["--detach"] and len(argv) in (2, 3):
+        if len(argv) == 3:
+            set_gpus(argv[1], argv[2])
+        return detach(argv[1])
+    if argv == ["--submit"]:
+        payload = json.load(sys.stdin)
+        trial_dir = write_trial_files(payload)
+        return 0 if payload.get("hold") else detach(trial_dir)
+    if argv[:1] == ["--kill"] and len(argv) == 3:
+        kill_trial(argv[1], float(argv[2]))
+        return 0
+    if len(argv) == 1:
+        return run(argv[0])
+    print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --kill <trial dir> <grace> | --version",
+          file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

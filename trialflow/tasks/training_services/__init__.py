@@ -25,8 +25,15 @@ def _local(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingServi
     return LocalTrainingService(config, experiment_dir)  # type: ignore[arg-type]
 
 
+def _remote(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    from .remote import RemoteTrainingService
+
+    return RemoteTrainingService(config, experiment_dir)  # type: ignore[arg-type]
+
+
 SERVICES: dict[str, Callable[[TrainingServiceConfig, Path], TrainingService]] = {
     "local": _local,
+    "remote": _remote,
 }
 
 

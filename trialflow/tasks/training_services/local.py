@@ -11,9 +11,7 @@ Cancel sends SIGINT, then SIGTERM, then SIGKILL to the whole process group.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +21,7 @@ from typing import Any
 
 from ...config import LocalConfig
 from ...trial import NNI_SHIM_DIR, RUNTIME_ROOT
-from ...trial.keeper import write_atomic
+from ...trial.procs import kill_group, pid_alive, read_json, write_atomic
 from ...trial.records import parse_file_frames
 from ...trial.runtime import METRICS_FILE, PARAMETER_FILE
 from .base import (
@@ -55,65 +53,6 @@ def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpu
     elif spec.gpu_number == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def kill_group(pid: int, grace: float) -> None:
-    """SIGINT, SIGTERM, then SIGKILL to the process group led by ``pid``, ``grace`` seconds apart."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not _group_alive(pid):
-                return
-            time.sleep(0.02)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # The group exists while any member lives; zombies of an exited keeper still count, so look
-    # for a non-zombie member.
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    return True
-            except (OSError, IndexError, ValueError):
-                continue
-    return False
-
-
-def read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 def tail_text(path: str, limit: int = STDERR_TAIL_BYTES) -> str:

@@ -1,0 +1,239 @@
+"""Remote service over real SSH (two loopback sshd servers): the contract with and without reuse,
+host keys, bad credentials, version check, GPU slots from the remote nvidia-smi, code upload once,
+and trials that survive a dropped connection."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fake_nvidia_smi, machine, write_trial
+from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
+from trialflow.config import ConfigError, parse_config
+from trialflow.config.platforms import RemoteConfig
+from trialflow.tasks.training_services import PlatformError, TrialSpec, TrialStatus
+from trialflow.tasks.training_services.remote import RemoteTrainingService, VersionMismatchError, check_version
+
+
+def remote_service(tmp_path: Path, servers, known_hosts: Path, exp_id: str = "exp00001", **fields
+                   ) -> RemoteTrainingService:
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    machines = fields.pop("machines", None) or [machine(s, tmp_path / f"remote{i}") for i, s in enumerate(servers)]
+    config = RemoteConfig(trial_command="unused", trial_code_directory=code, machine_list=machines,
+                          known_hosts_file=known_hosts, **fields)
+    return RemoteTrainingService(config, tmp_path / "exp" / exp_id, kill_grace_seconds=0.5)
+
+
+@pytest.fixture(params=[False, True], ids=["per-trial-ssh", "reuse"])
+def service(request, tmp_path, sshd_servers, known_hosts):
+    svc = remote_service(tmp_path, sshd_servers[:1], known_hosts, reuse_mode=request.param)
+    svc.prepare()
+    svc.code = svc.upload_code(tmp_path / "code")
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def make_spec(tmp_path, service):
+    def make(trial_id, body, parameters, gpu_number=None):
+        write_trial(tmp_path / "code", body, f"{trial_id}.py")
+        service.code = service.upload_code(tmp_path / "code")  # the new script travels with the code
+        return TrialSpec("exp00001", trial_id, 0, 0, parameters, f"python3 {trial_id}.py", tmp_path / "code",
+                         gpu_number)
+    return make
+
+
+class TestRemoteContract(TrainingServiceContract):
+    pass
+
+
+def test_trial_runs_in_the_uploaded_code_with_its_own_directory(service, make_spec, tmp_path):
+    body = """
+import os, sys, nni
+nni.get_next_parameter()
+nni.report_final_result({"default": 1, "cwd": os.getcwd(), "sys_dir": os.environ["NNI_SYS_DIR"],
+                         "platform": os.environ["NNI_PLATFORM"], "python": sys.executable})
+"""
+    handle = service.submit(make_spec("Where1", body, {}), service.code)
+    _, metrics, _ = poll_until_terminal(service, handle)
+    final = metrics[-1].value
+    remote = tmp_path / "remote0"
+    assert final["cwd"] == str(remote / "code" / service.code.content_hash)
+    assert final["sys_dir"] == str(remote / "exp00001" / "trials" / "Where1")
+    assert final["platform"] == "remote" and final["python"].startswith(os.path.dirname(sys.executable))
+    assert (remote / "exp00001" / "trials" / "Where1" / "parameter.cfg").is_file()
+    logs = service.logs(handle)
+    assert set(logs) >= {"trial.stdout", "trial.stderr"}
+    assert (tmp_path / "exp" / "exp00001" / "trials" / "Where1" / "trial.stdout").is_file()  # fetched copy
+
+
+def test_parameters_never_reach_a_shell(service, make_spec, tmp_path):
+    body = "import nni\nnni.report_final_result({'default': 0, 'p': nni.get_next_parameter()})\n"
+    evil = {"cmd": "$(touch /tmp/trialflow-pwned); `id`; ' \" \\", "x": "\n; rm -rf /"}
+    handle = service.submit(make_spec("Evil1", body, evil), service.code)
+    _, metrics, _ = poll_until_terminal(service, handle)
+    assert metrics[-1].value["p"] == evil and not os.path.exists("/tmp/trialflow-pwned")
+
+
+def test_a_dropped_connection_does_not_fail_running_trials(service, make_spec, sshd_servers):
+    body = """
+import time, nni
+nni.get_next_parameter()
+for i in range(6):
+    nni.report_intermediate_result(i)
+    time.sleep(0.25)
+nni.report_final_result(6)
+"""
+    handle = service.submit(make_spec("Drop1", body, {}), service.code)
+    time.sleep(0.4)
+    assert sshd_servers[0].drop_connections() > 0
+    statuses, metrics, _ = poll_until_terminal(service, handle)
+    assert statuses[-1] == TrialStatus.SUCCEEDED
+    assert [m.value for m in metrics] == [0, 1, 2, 3, 4, 5, 6]
+    assert service.machines[0].conn.reconnects >= 1
+
+
+def test_cancel_of_a_queued_or_held_trial_prevents_its_start(tmp_path, sshd_servers, known_hosts):
+    svc = remote_service(tmp_path, sshd_servers[:1], known_hosts, reuse_mode=True)
+    svc.prepare()
+    write_trial(tmp_path / "code", SLEEPING_TRIAL, "s.py")
+    code = svc.upload_code(tmp_path / "code")
+    env_dir = Path(svc._env_dir(svc.machines[0]))  # noqa: SLF001
+    (env_dir / "stop").touch()
+    time.sleep(0.3)  # the worker leaves; the queued trial is not taken
+    handle = svc.submit(TrialSpec("exp00001", "Queue1", 0, 0, {}, "python3 s.py", tmp_path / "code"), code)
+    assert svc.poll(handle, {}).status == TrialStatus.WAITING
+    svc.cancel(handle, TrialStatus.USER_CANCELED)
+    update = svc.poll(handle, {})
+    assert update.status == TrialStatus.SYS_CANCELED and "before it started" in update.message
+    svc.close()
+
+
+def test_unknown_host_key_is_refused_by_default_naming_the_fix(tmp_path, sshd_servers):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    svc = remote_service(tmp_path, sshd_servers[:1], empty)
+    with pytest.raises(PlatformError) as err:
+        svc.prepare()
+    port = sshd_servers[0].port
+    assert "unknown SSH host key" in str(err.value)
+    assert f"ssh-keyscan -p {port} 127.0.0.1 >> {empty}" in str(err.value) and "trustUnknownHosts" in str(err.value)
+
+
+def test_trust_on_first_use_records_the_key_and_a_changed_key_is_refused(tmp_path, sshd_servers):
+    path = tmp_path / "kh" / "known_hosts"
+    svc = remote_service(tmp_path, sshd_servers[:1], path, trust_unknown_hosts=True)
+    svc.prepare()
+    svc.close()
+    assert sshd_servers[0].host_public_key.split()[1] in path.read_text()
+    other = sshd_servers[1].host_public_key
+    path.write_text(f"[127.0.0.1]:{sshd_servers[0].port} {other}\n")  # a different key for that host
+    svc = remote_service(tmp_path, sshd_servers[:1], path, trust_unknown_hosts=True)
+    with pytest.raises(PlatformError, match="host key differs .* man-in-the-middle"):
+        svc.prepare()
+
+
+def test_wrong_password_is_a_clear_error_at_start(tmp_path, sshd_servers, known_hosts):
+    s = sshd_servers[0]
+    entry = {**machine(s, tmp_path / "r"), "password": "definitely-wrong-password-7"}
+    entry.pop("sshKeyFile")
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=[entry])
+    with pytest.raises(PlatformError) as err:
+        svc.prepare()
+    assert "SSH authentication failed with the password" in str(err.value)
+    assert "definitely-wrong-password-7" not in str(err.value)
+
+
+def test_missing_key_file_is_a_config_error(tmp_path, sshd_servers):
+    entry = {**machine(sshd_servers[0], tmp_path / "r"), "sshKeyFile": str(tmp_path / "nope")}
+    with pytest.raises(ConfigError, match=r'machineList\[0\].*valid SSH key file: sshKeyFile .*nope" is not a file'):
+        parse_config({"trialCommand": "x", "trialCodeDirectory": str(tmp_path), "searchSpace": {},
+                      "trialConcurrency": 1,
+                      "tuner": {"name": "Random"}, "trainingService": {"platform": "remote", "machineList": [entry]}})
+
+
+def test_unreachable_host_is_a_clear_error_at_start(tmp_path, sshd_servers, known_hosts):
+    from trialflow.testing.sshd import free_port
+
+    entry = {**machine(sshd_servers[0], tmp_path / "r"), "port": free_port()}
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=[entry])
+    with pytest.raises(PlatformError, match=r"cannot connect: .*(refused|Unable to connect).* check host, port"):
+        svc.prepare()
+
+
+def test_version_mismatch_is_a_clear_error(tmp_path, sshd_servers, known_hosts, monkeypatch):
+    import trialflow.tasks.training_services.remote as remote
+
+    with pytest.raises(VersionMismatchError, match=r"runs trialflow 0.9.1 but this controller is trialflow 1.2.0"):
+        check_version("0.9.1", "the keeper", "upgrade", "1.2.0")
+    check_version("1.2.7", "the keeper", "upgrade", "1.2.0")  # patch releases mix
+    monkeypatch.setattr(remote, "__version__", "7.5.0")
+    svc = remote_service(tmp_path, sshd_servers[:1], known_hosts)
+    expected = r"trial keeper on .* runs trialflow .* controller is trialflow 7.5.0.*remove"
+    with pytest.raises(VersionMismatchError, match=expected):
+        svc.prepare()
+
+
+def test_gpu_slots_come_from_the_remote_nvidia_smi(tmp_path, sshd_servers, known_hosts):
+    bin_dir = fake_nvidia_smi(tmp_path / "remote-bin", 2)
+    os.symlink(sys.executable, bin_dir / "python3")
+    machines = [machine(sshd_servers[0], tmp_path / "r0", pythonPath=str(bin_dir))]
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=machines, trial_gpu_number=1)
+    svc.prepare()
+    write_trial(tmp_path / "code", """
+import os, time, nni
+nni.get_next_parameter()
+time.sleep(1.0)
+nni.report_final_result({"default": 0, "gpus": os.environ["CUDA_VISIBLE_DEVICES"]})
+""", "g.py")
+    code = svc.upload_code(tmp_path / "code")
+    specs = [TrialSpec("exp00001", f"Gpu{i}", i, i, {}, "python3 g.py", tmp_path / "code", 1) for i in range(3)]
+    handles = [svc.submit(s, code) for s in specs]
+    time.sleep(0.5)
+    first = [svc.poll(h, {}).status for h in handles]
+    assert first.count(TrialStatus.WAITING) == 1  # two GPUs, three trials
+    gpus = [poll_until_terminal(svc, h)[1][-1].value["gpus"] for h in handles]
+    assert sorted(gpus[:2]) == ["0", "1"] and gpus[2] in ("0", "1")
+    assert (bin_dir / "calls").read_text().count("x") <= 6  # probing is cached
+    svc.close()
+
+
+def test_unchanged_code_is_uploaded_once_per_machine_across_experiments(tmp_path, sshd_servers, known_hosts):
+    write_trial(tmp_path / "code", "print('hello')\n" * 1000, "train.py")
+    first = remote_service(tmp_path, sshd_servers, known_hosts, exp_id="expAAAA1")
+    first.prepare()
+    ref = first.upload_code(tmp_path / "code")
+    archive = len(_archive_bytes(tmp_path / "code"))
+    assert first.uploaded_bytes == 2 * archive  # two machines, once each
+    first.upload_code(tmp_path / "code")
+    assert first.uploaded_bytes == 2 * archive
+    first.close()
+    second = remote_service(tmp_path, sshd_servers, known_hosts, exp_id="expBBBB2")
+    second.prepare()
+    assert second.upload_code(tmp_path / "code").content_hash == ref.content_hash
+    assert second.uploaded_bytes == 0
+    second.close()
+
+
+def _archive_bytes(code: Path) -> bytes:
+    from trialflow.codebundle import scan_code_dir
+
+    out = bytearray()
+    scan_code_dir(code).stream(out.extend)
+    return bytes(out)
+
+
+def test_code_limits_are_reported_before_any_upload(tmp_path, sshd_servers, known_hosts):
+    svc = remote_service(tmp_path, sshd_servers[:1], known_hosts)
+    svc.prepare()
+    with open(tmp_path / "code" / "data.bin", "wb") as f:
+        f.truncate(301 * 1024 * 1024)
+    with pytest.raises(PlatformError, match="limit is 300.0 MB.*data.bin"):
+        svc.upload_code(tmp_path / "code")
+    assert svc.uploaded_bytes == 0
+    svc.close()

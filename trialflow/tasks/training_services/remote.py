@@ -1,0 +1,613 @@
+"""Remote training service: trials run on the machines of ``machineList``, reached over SSH.
+
+Lifecycle. ``prepare()`` logs in to every machine (host keys checked, credentials from the config
+or a Prefect block), finds Python (``pythonPath`` first), uploads the trial runtime (keeper, worker,
+``nni`` package; standard library only) once per version, and checks the runtime's version against
+the controller's (major.minor). ``upload_code()`` sends the code bundle to each machine that does
+not have its content hash yet. Trials are placed on the machine with free GPU slots (remote
+``nvidia-smi``) or, without GPUs, the least busy one.
+
+Layout on a machine, under ``remoteWorkingDirectory``::
+
+    runtime/<version>-<hash>/   trial runtime (on PYTHONPATH of keepers and trials)
+    code/<content hash>/        extracted code bundle; trials run with it as cwd (NNI semantics)
+    <experiment>/trials/<id>/   parameter.cfg, trial.stdout, trial.stderr, .nni/{metrics,state,...}
+    <experiment>/env-<n>/       reuse mode: the worker's queue, heartbeat and stop files
+
+Without reuse, ``submit`` is one SSH command that writes the trial directory and forks a keeper
+into its own session. With ``reuseMode: true`` a long-lived worker per machine takes trials from a
+queue written over SFTP -- no SSH command per trial. Either way the trial survives a dropped
+connection or a killed controller; ``poll`` reads its files incrementally over SFTP and a resumed
+controller re-attaches through the stored handle. ``cancel`` stops the trial's process group
+(SIGINT, SIGTERM, SIGKILL); a trial that never started is prevented from starting.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import posixpath
+import shlex
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from ... import __version__
+from ...codebundle import CodeDirError, scan_code_dir
+from ...config import RemoteConfig, RemoteMachineConfig
+from ...trial import RUNTIME_ROOT
+from ...trial.records import parse_file_frames
+from .base import (
+    CodeRef,
+    LostHandleError,
+    PlatformError,
+    TrainingService,
+    TransientPlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    TrialUpdate,
+)
+from .gpu import GpuError, GpuProbe, GpuScheduler
+from .local import READ_CHUNK, STDERR_TAIL_BYTES, trial_env
+from .ssh import SshConnection, SshTarget
+
+LIVENESS_SECONDS = 3.0
+HEARTBEAT_SECONDS = 10.0
+WORKER_IDLE_TIMEOUT = 900.0
+MIN_PYTHON = (3, 8)
+_q = shlex.quote
+
+
+class VersionMismatchError(PlatformError):
+    """The runtime on a worker is not the controller's major.minor version."""
+
+
+def check_version(remote: str, where: str, fix: str, controller: str | None = None) -> None:
+    """Raise VersionMismatchError unless ``remote`` has the controller's major.minor version."""
+    controller = controller or __version__
+    if remote.split(".")[:2] != controller.split(".")[:2]:
+        raise VersionMismatchError(f"{where} runs trialflow {remote} but this controller is trialflow {controller}; "
+                                   f"major.minor must match: {fix}")
+
+
+def runtime_files() -> list[tuple[str, Path]]:
+    """The files of the trial runtime: ``trialflow/__init__.py`` and the ``trialflow.trial`` package."""
+    root = Path(RUNTIME_ROOT)
+    package = root / "trialflow" / "trial"
+    files = [("trialflow/__init__.py", root / "trialflow" / "__init__.py")]
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            files.append((path.relative_to(root).as_posix(), path))
+    return files
+
+
+def _runtime_key() -> str:
+    import hashlib
+
+    sha = hashlib.sha256()
+    for rel, path in runtime_files():
+        sha.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{__version__}-{sha.hexdigest()[:16]}"
+
+
+def machine_key(config: RemoteMachineConfig) -> str:
+    return f"{config.user or config.credentials}@{config.host}:{config.port}"
+
+
+@dataclass
+class RemoteMachine:
+    """One ``machineList`` entry: its SSH connection, where things live on it, and its load."""
+
+    index: int
+    config: RemoteMachineConfig
+    conn: SshConnection
+    key: str
+    python: str = "python3"
+    root: str = ""
+    runtime: str = ""
+    path_env: str = ""
+    gpu: GpuScheduler | None = None
+    active: set[str] = field(default_factory=set)
+    last_heartbeat: float = 0.0
+
+    def command(self, module: str, *args: str) -> str:
+        """A shell command running a runtime module with its arguments quoted."""
+        return (f"PYTHONPATH={_q(self.runtime)} {_q(self.python)} -S -m trialflow.trial.{module} "
+                + " ".join(_q(a) for a in args))
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float = 120.0) -> str:
+        status, out, err = self.conn.run(command, stdin, timeout)
+        if status != 0:
+            raise PlatformError(f"{self.key}: `{command}` failed (exit {status}): {(err or out).strip()[-500:]}")
+        return out
+
+    def sftp(self, what: str, call: Any) -> Any:
+        return self.conn.sftp_call(f"{what} on {self.key}", call)
+
+
+class RemoteTrainingService(TrainingService):
+    platform = "remote"
+
+    def __init__(self, config: RemoteConfig, experiment_dir: Path, kill_grace_seconds: float = 2.0,
+                 worker_idle_timeout: float = WORKER_IDLE_TIMEOUT) -> None:
+        self.config = config
+        self.experiment_dir = Path(experiment_dir)
+        self.experiment_id = self.experiment_dir.name
+        self.kill_grace = kill_grace_seconds
+        self.worker_idle_timeout = worker_idle_timeout
+        self.reuse = bool(config.reuse_mode)
+        self.machines: list[RemoteMachine] = []
+        self._by_key: dict[str, RemoteMachine] = {}
+        self._lock = threading.Lock()
+        self._liveness: dict[str, float] = {}
+        self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
+        for index, machine in enumerate(config.machine_list):
+            remote = RemoteMachine(index, machine, SshConnection(self._target(machine), config.known_hosts_file,
+                                                                  config.trust_unknown_hosts), machine_key(machine))
+            self.machines.append(remote)
+            self._by_key[remote.key] = remote
+
+    # ---- prepare ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _target(machine: RemoteMachineConfig) -> SshTarget:
+        if machine.credentials:
+            from ...blocks.remote import SSHCredentials
+
+            return SSHCredentials.load_target(machine.credentials, machine.host, machine.port, machine.user)
+        assert machine.user is not None
+        return SshTarget(machine.host, machine.port, machine.user, machine.password, machine.ssh_key_file,
+                         None, machine.ssh_passphrase)
+
+    def prepare(self) -> None:
+        errors: list[PlatformError] = []
+        threads = [threading.Thread(target=self._prepare_machine, args=(m, errors)) for m in self.machines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise PlatformError("; ".join(map(str, errors)))
+        gpu_number = self.config.trial_gpu_number or 0
+        if gpu_number:
+            problems = []
+            for machine in self.machines:
+                try:
+                    machine.gpu.check(gpu_number)  # type: ignore[union-attr]
+                except GpuError as exc:
+                    problems.append(f"{machine.key}: {exc}")
+                    machine.gpu = None
+            if len(problems) == len(self.machines):
+                raise PlatformError(f"no machine can run a trial with trialGpuNumber {gpu_number}: "
+                                    + "; ".join(problems))
+
+    def _prepare_machine(self, machine: RemoteMachine, errors: list[PlatformError]) -> None:
+        try:
+            self._probe(machine)
+            self._install_runtime(machine)
+            check_version(machine.run(machine.command("keeper", "--version")).strip(),
+                          f"the trial keeper on {machine.key}",
+                          f"remove {machine.runtime} on that machine so that this controller uploads its own")
+            if self.config.trial_gpu_number:
+                machine.gpu = GpuScheduler(GpuProbe(functools.partial(self._nvidia_smi, machine)),
+                                           machine.config.max_trial_number_per_gpu, machine.config.gpu_indices,
+                                           machine.config.use_active_gpu)
+            if self.reuse:
+                self._start_worker(machine)
+        except TransientPlatformError as exc:
+            errors.append(PlatformError(f"{exc} -- check host, port and that sshd runs there"))
+        except PlatformError as exc:
+            errors.append(exc)
+
+    def _probe(self, machine: RemoteMachine) -> None:
+        prefix = f"PATH={_q(machine.config.python_path)}:\"$PATH\"; export PATH; " if machine.config.python_path else ""
+        script = (prefix + 'for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then '
+                  'P=$(command -v "$p"); break; fi; done; '
+                  'echo "$P"; echo "$HOME"; echo "$PATH"; '
+                  '[ -n "$P" ] && "$P" -c "import sys; print(\'%d.%d\' % sys.version_info[:2])"')
+        lines = machine.run(f"sh -c {_q(script)}").splitlines()
+        if len(lines) < 4 or not lines[0]:
+            raise PlatformError(f"{machine.key}: no python3 found on the machine's PATH; install Python "
+                                f">= {'.'.join(map(str, MIN_PYTHON))} or set pythonPath to its folder")
+        machine.python, home, machine.path_env, version = lines[:4]
+        if tuple(int(v) for v in version.split(".")) < MIN_PYTHON:
+            raise PlatformError(f"{machine.key}: {machine.python} is Python {version}; trials need Python >= "
+                                f"{'.'.join(map(str, MIN_PYTHON))} (set pythonPath)")
+        root = machine.config.remote_working_directory
+        if root == "~" or root.startswith("~/"):
+            root = home + root[1:]
+        elif not root.startswith("/"):
+            root = posixpath.join(home, root)
+        machine.root = posixpath.normpath(root)
+
+    def _install_runtime(self, machine: RemoteMachine) -> None:
+        target = posixpath.join(machine.root, "runtime", _runtime_key())
+        machine.runtime = target
+
+        def install(sftp: paramiko.SFTPClient) -> None:
+            if _exists(sftp, target):
+                return
+            partial = f"{target}.partial-{time.time_ns()}"
+            for rel, path in runtime_files():
+                dest = posixpath.join(partial, rel)
+                _mkdirs(sftp, posixpath.dirname(dest))
+                sftp.put(str(path), dest)
+            try:
+                sftp.posix_rename(partial, target)
+            except OSError:
+                if not _exists(sftp, target):
+                    raise
+
+        machine.sftp("installing the trial runtime", install)
+
+    def _nvidia_smi(self, machine: RemoteMachine, args: list[str]) -> str:
+        status, out, err = machine.conn.run(f"PATH={_q(machine.path_env)} nvidia-smi " + " ".join(map(_q, args)))
+        if status == 127:
+            raise GpuError(f"nvidia-smi was not found on {machine.key}: no NVIDIA GPU is visible there")
+        if status != 0:
+            raise GpuError(f"nvidia-smi failed on {machine.key} (exit {status}): {err.strip()[:300]}")
+        return out
+
+    # ---- reuse-mode worker ------------------------------------------------------------------
+
+    def _env_dir(self, machine: RemoteMachine) -> str:
+        return posixpath.join(machine.root, self.experiment_id, f"env-{machine.index}")
+
+    def _start_worker(self, machine: RemoteMachine) -> None:
+        env_dir = self._env_dir(machine)
+        machine.run(machine.command("worker", env_dir, str(self.worker_idle_timeout)))
+        self._heartbeat(machine, force=True)
+        deadline = time.monotonic() + 15.0
+        while True:
+            info = machine.sftp("reading worker.json", lambda s: _read_json(s, posixpath.join(env_dir, "worker.json")))
+            if info is not None:
+                check_version(str(info.get("version")), f"the reuse worker on {machine.key}",
+                              f"stop it (create {env_dir}/stop on that machine) or resume with the trialflow "
+                              "version that started it")
+                return
+            if time.monotonic() > deadline:
+                raise PlatformError(f"{machine.key}: the reuse worker did not start; see {env_dir}/worker.log")
+            time.sleep(0.05)
+
+    def _heartbeat(self, machine: RemoteMachine, force: bool = False) -> None:
+        if not self.reuse or (not force and time.monotonic() - machine.last_heartbeat < HEARTBEAT_SECONDS):
+            return
+        machine.last_heartbeat = time.monotonic()
+        path = posixpath.join(self._env_dir(machine), "heartbeat")
+
+        def touch(sftp: paramiko.SFTPClient) -> None:
+            with sftp.open(path, "w") as f:
+                f.write(str(time.time()))
+
+        machine.sftp("touching the heartbeat", touch)
+
+    # ---- code -------------------------------------------------------------------------------
+
+    def upload_code(self, code_dir: Path) -> CodeRef:
+        try:
+            bundle = scan_code_dir(code_dir)
+        except CodeDirError as exc:
+            raise PlatformError(str(exc)) from None
+        digest = bundle.content_hash(self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
+        for machine in self.machines:
+            target = posixpath.join(machine.root, "code", digest)
+            if machine.sftp("checking the code bundle", lambda s, t=target: _exists(s, t)):
+                continue
+            sent = [0]
+
+            def feed(send: Any, counter: list[int] = sent) -> str:
+                def counted(chunk: bytes) -> None:
+                    send(chunk)
+                    counter[0] += len(chunk)
+
+                return bundle.stream(counted)
+
+            _, status, _out, err = machine.conn.run_streaming(machine.command("unpack", target, digest), feed)
+            self.uploaded_bytes += sent[0]
+            if status != 0:
+                raise PlatformError(f"{machine.key}: extracting the code bundle failed: {err.strip()[-500:]}")
+        return CodeRef(str(bundle.root), digest)
+
+    # ---- trials -----------------------------------------------------------------------------
+
+    def _place(self, gpu_number: int) -> RemoteMachine:
+        with self._lock:
+            candidates = [m for m in self.machines if not gpu_number or m.gpu is not None]
+            return min(candidates, key=lambda m: (len(m.active), m.index))
+
+    def _machine(self, handle: TrialHandle) -> RemoteMachine:
+        machine = self._by_key.get(str(handle.data.get("machine")))
+        if machine is None:
+            raise LostHandleError(f"trial {handle.trial_id}: machine {handle.data.get('machine')!r} is no longer in "
+                                  "machineList")
+        return machine
+
+    def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+        gpu_number = spec.gpu_number or 0
+        machine = self._place(gpu_number)
+        trial_dir = posixpath.join(machine.root, spec.experiment_id, "trials", spec.trial_id)
+        code_dir = posixpath.join(machine.root, "code", str(code.content_hash))
+        env = trial_env(spec, self.platform, trial_dir, code_dir, None)
+        env["PYTHONPATH"] = f"{posixpath.join(machine.runtime, 'trialflow', 'trial', 'nni_shim')}:{machine.runtime}"
+        env["PATH"] = machine.path_env
+        gpus = machine.gpu.allocate(spec.trial_id, gpu_number) if machine.gpu is not None and gpu_number else None
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        hold = bool(gpu_number) and gpus is None
+        payload = {"trial_dir": trial_dir, "parameter": spec.parameter_record(), "hold": hold,
+                   "keeper": {"command": spec.command, "cwd": code_dir, "env": env, "gpus": gpus}}
+        handle = TrialHandle(spec.trial_id, self.platform, {
+            "machine": machine.key, "trial_dir": trial_dir, "reuse": self.reuse, "gpu_number": gpu_number})
+        with self._lock:
+            machine.active.add(spec.trial_id)
+        if self.reuse:
+            self._enqueue(machine, spec.trial_id, payload, "hold" if hold else "queue")
+        else:
+            machine.run(machine.command("keeper", "--submit"), json.dumps(payload).encode())
+        return handle
+
+    def _enqueue(self, machine: RemoteMachine, trial_id: str, payload: dict[str, Any], box: str) -> None:
+        env_dir = self._env_dir(machine)
+        data = json.dumps(payload).encode()
+
+        def put(sftp: paramiko.SFTPClient) -> None:
+            _mkdirs(sftp, posixpath.join(env_dir, box))
+            _write_atomic(sftp, posixpath.join(env_dir, box, f"{trial_id}.json"), data)
+
+        machine.sftp("queueing the trial", put)
+        self._heartbeat(machine)
+
+    def _start_held(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
+        """Start a trial that waits for GPU slots once the machine has them; False while waiting."""
+        if machine.gpu is None:
+            return True
+        gpus = machine.gpu.allocate(handle.trial_id, int(handle.data.get("gpu_number") or 0))
+        if gpus is None:
+            return False
+        indices = ",".join(map(str, gpus))
+        if not handle.data.get("reuse"):
+            machine.run(machine.command("keeper", "--detach", handle.data["trial_dir"], indices))
+            return True
+        env_dir = self._env_dir(machine)
+        held = posixpath.join(env_dir, "hold", f"{handle.trial_id}.json")
+
+        def release(sftp: paramiko.SFTPClient) -> None:
+            payload = _read_json(sftp, held)
+            if payload is None:
+                return
+            payload["hold"] = False
+            payload["keeper"]["gpus"] = gpus
+            payload["keeper"]["env"]["CUDA_VISIBLE_DEVICES"] = indices
+            _mkdirs(sftp, posixpath.join(env_dir, "queue"))
+            queued = posixpath.join(env_dir, "queue", f"{handle.trial_id}.json")
+            _write_atomic(sftp, queued, json.dumps(payload).encode())
+            sftp.remove(held)
+
+        machine.sftp("releasing a held trial", release)
+        return True
+
+    def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
+        machine = self._machine(handle)
+        self._heartbeat(machine)
+        offset = int(cursor.get("metrics_offset", 0))
+        trial_dir = handle.data["trial_dir"]
+        meta = posixpath.join(trial_dir, ".nni")
+
+        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, Any] | None, set[str], list[Any], list[str], int, str]:
+            try:
+                names = {a.filename: a for a in sftp.listdir_attr(meta)}
+            except FileNotFoundError:
+                return None, set(), [], [], offset, ""
+            state = _read_json(sftp, posixpath.join(meta, "state")) if "state" in names else None
+            records: list[Any] = []
+            errors: list[str] = []
+            new_offset = offset
+            size = names["metrics"].st_size if "metrics" in names else 0
+            while "metrics" in names and (size or 0) > new_offset:
+                with sftp.open(posixpath.join(meta, "metrics"), "rb") as f:
+                    f.seek(new_offset)
+                    data = f.read(READ_CHUNK)
+                result = parse_file_frames(data, new_offset, handle.trial_id)
+                records += result.records
+                errors += result.errors
+                if result.offset == new_offset or state is None:
+                    new_offset = result.offset
+                    break
+                new_offset = result.offset
+            tail = _read_tail(sftp, posixpath.join(trial_dir, "trial.stderr")) if state else ""
+            return state, set(names), records, errors, new_offset, tail
+
+        state, names, records, errors, offset, tail = machine.sftp("reading trial files", look)
+        new_cursor = {"metrics_offset": offset}
+        if not names:
+            if self._queued(machine, handle):
+                return TrialUpdate(TrialStatus.WAITING, cursor=new_cursor)
+            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists on "
+                                  f"{machine.key}")
+        if state is not None:
+            self._finish(machine, handle)
+            code = state.get("exit_code")
+            if code == 0:
+                return TrialUpdate(TrialStatus.SUCCEEDED, records, new_cursor, 0, None, errors)
+            if code is None:
+                return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
+                                   "cancelled before it started", errors)
+            return TrialUpdate(TrialStatus.FAILED, records, new_cursor, int(code),
+                               f"exit code {code}" + (f"; stderr tail:\n{tail}" if tail else ""), errors)
+        if "keeper.lock" not in names:  # written but held for GPU slots (non-reuse)
+            self._start_held(machine, handle)
+            return TrialUpdate(TrialStatus.WAITING, records, new_cursor, None, None, errors)
+        if "keeper.pid" in names and not self._keeper_alive(machine, handle, meta):
+            return self._vanished(machine, handle, new_cursor, records, errors)
+        status = TrialStatus.RUNNING if "started" in names else TrialStatus.WAITING
+        return TrialUpdate(status, records, new_cursor, None, None, errors)
+
+    def _queued(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
+        """Reuse mode: the trial is still in the worker's queue (or held for GPUs)."""
+        if not handle.data.get("reuse"):
+            return False
+        env_dir = self._env_dir(machine)
+        boxes = {box: posixpath.join(env_dir, box, f"{handle.trial_id}.json") for box in ("hold", "queue", "taken")}
+        found = machine.sftp("reading the queue", lambda s: {b for b, p in boxes.items() if _exists(s, p)})
+        if "hold" in found:
+            self._start_held(machine, handle)
+        return bool(found)
+
+    def _keeper_alive(self, machine: RemoteMachine, handle: TrialHandle, meta: str) -> bool:
+        """Checked every few seconds: is the keeper's process (pid and start time) still there?"""
+        now = time.monotonic()
+        if now - self._liveness.get(handle.trial_id, 0.0) < LIVENESS_SECONDS:
+            return True
+        self._liveness[handle.trial_id] = now
+
+        def check(sftp: paramiko.SFTPClient) -> bool:
+            info = _read_json(sftp, posixpath.join(meta, "keeper.pid"))
+            if not info:
+                return True
+            try:
+                with sftp.open(f"/proc/{int(info['pid'])}/stat", "r") as f:
+                    fields = f.read(4096).decode("ascii", "replace").rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                return not _exists(sftp, "/proc/self")  # no /proc at all: cannot tell, assume alive
+            return fields[0] != "Z" and (info.get("start_time") is None or int(fields[19]) == info["start_time"])
+
+        return bool(machine.sftp("checking the keeper", check))
+
+    def _vanished(self, machine: RemoteMachine, handle: TrialHandle, cursor: dict[str, Any], records: list[Any],
+                  errors: list[str]) -> TrialUpdate:
+        """The keeper is gone: unless it recorded an end after all, the trial was killed."""
+        state_path = posixpath.join(handle.data["trial_dir"], ".nni", "state")
+        if machine.sftp("reading the trial state", lambda s: _exists(s, state_path)):
+            return TrialUpdate(TrialStatus.RUNNING, records, cursor, None, None, errors)  # next poll reads it
+        self._finish(machine, handle)
+        return TrialUpdate(TrialStatus.SYS_CANCELED, records, cursor, None,
+                           f"the trial's keeper on {machine.key} ended without recording an exit code "
+                           "(killed, or the machine restarted)", errors)
+
+    def _finish(self, machine: RemoteMachine, handle: TrialHandle) -> None:
+        with self._lock:
+            machine.active.discard(handle.trial_id)
+        self._liveness.pop(handle.trial_id, None)
+        if machine.gpu is not None:
+            machine.gpu.release(handle.trial_id)
+
+    def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
+        machine = self._machine(handle)
+        if handle.data.get("reuse"):
+            env_dir = self._env_dir(machine)
+            for box in ("hold", "queue"):
+                path = posixpath.join(env_dir, box, f"{handle.trial_id}.json")
+                machine.sftp("dequeueing the trial", lambda s, p=path: _remove(s, p))
+        machine.run(machine.command("keeper", "--kill", handle.data["trial_dir"], str(self.kill_grace)),
+                    timeout=30 + 3 * self.kill_grace)
+        self._finish(machine, handle)
+
+    def adopt(self, handle: TrialHandle) -> None:
+        """Re-attach a trial started by an earlier controller: count it and re-register its GPUs."""
+        machine = self._machine(handle)
+        with self._lock:
+            machine.active.add(handle.trial_id)
+        if machine.gpu is not None:
+            path = posixpath.join(handle.data["trial_dir"], ".nni", "keeper.json")
+            keeper = machine.sftp("reading keeper.json", lambda s: _read_json(s, path)) or {}
+            if keeper.get("gpus"):
+                machine.gpu.adopt(handle.trial_id, keeper["gpus"])
+
+    def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
+        """Fetch the trial's logs over SFTP; copies land in the local trial directory too."""
+        machine = self._machine(handle)
+        local_dir = self.experiment_dir / "trials" / handle.trial_id
+        local_dir.mkdir(parents=True, exist_ok=True)
+        out: dict[str, str] = {}
+
+        def fetch(sftp: paramiko.SFTPClient) -> None:
+            for name in ("trial.stdout", "trial.stderr", "trial.log"):
+                path = posixpath.join(handle.data["trial_dir"], name)
+                if _exists(sftp, path):
+                    sftp.get(path, str(local_dir / name))
+                    data = (local_dir / name).read_bytes()
+                    out[name] = (data[-tail:] if tail else data).decode("utf-8", "replace")
+
+        machine.sftp("fetching logs", fetch)
+        return out
+
+    def close(self) -> None:
+        """Ask reuse workers to leave and close the connections; running trials are not touched."""
+        for machine in self.machines:
+            if self.reuse and machine.root:
+                stop = posixpath.join(self._env_dir(machine), "stop")
+                try:
+                    machine.sftp("stopping the worker", lambda s, p=stop: s.open(p, "w").close())
+                except PlatformError:
+                    pass
+            machine.conn.close()
+
+
+# ---- SFTP helpers ---------------------------------------------------------------------------
+
+
+def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
+    try:
+        sftp.stat(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    missing = []
+    while path not in ("", "/"):
+        try:
+            if stat.S_ISDIR(sftp.stat(path).st_mode or 0):
+                break
+            raise PlatformError(f"{path} exists on the worker and is not a directory")
+        except FileNotFoundError:
+            missing.append(path)
+            path = posixpath.dirname(path)
+    for directory in reversed(missing):
+        try:
+            sftp.mkdir(directory)
+        except OSError:
+            if not _exists(sftp, directory):
+                raise
+
+
+def _remove(sftp: paramiko.SFTPClient, path: str) -> None:
+    try:
+        sftp.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_atomic(sftp: paramiko.SFTPClient, path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with sftp.open(tmp, "wb") as f:
+        f.write(data)
+    sftp.posix_rename(tmp, path)
+
+
+def _read_json(sftp: paramiko.SFTPClient, path: str) -> dict[str, Any] | None:
+    try:
+        with sftp.open(path, "rb") as f:
+            data = json.loads(f.read())
+        return data if isinstance(data, dict) else None
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _read_tail(sftp: paramiko.SFTPClient, path: str, limit: int = STDERR_TAIL_BYTES) -> str:
+    try:
+        with sftp.open(path, "rb") as f:
+            size = f.stat().st_size or 0
+            f.seek(max(0, size - limit))
+            return bytes(f.read(limit)).decode("utf-8", "replace").strip()
+    except FileNotFoundError:
+        return ""

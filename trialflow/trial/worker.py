@@ -1,0 +1,119 @@
+"""Reuse-mode worker: one long-lived process per machine and experiment that starts trial after
+trial without a new SSH session or code extraction per trial (standard library only).
+
+``python -S -m trialflow.trial.worker <env dir> [<idle timeout seconds>]`` forks a worker into its
+own session and returns at once; when a live worker already serves ``<env dir>`` it only clears a
+pending stop request and leaves. The environment directory holds:
+
+* ``worker.json``: ``{"pid", "start_time", "version"}`` of the live worker (the controller checks
+  the version against its own);
+* ``queue/<trial id>.json``: launch payloads (see ``keeper.write_trial_files``) written atomically
+  by the controller; the worker moves each to ``taken/`` and starts its keeper, which runs the
+  trial detached, so trials outlive the worker;
+* ``heartbeat``: touched by the controller; with no touch for the idle timeout the worker leaves;
+* ``stop``: ask the worker to leave (the controller's ``close()``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from .keeper import claim, write_trial_files
+from .procs import pid_alive, process_start_time, read_json, write_atomic
+
+TICK = 0.05
+DEFAULT_IDLE_TIMEOUT = 900.0
+
+
+def _live_worker(env_dir: str) -> bool:
+    info = read_json(os.path.join(env_dir, "worker.json"))
+    return info is not None and pid_alive(int(info["pid"]), info.get("start_time"))
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def serve(env_dir: str, idle_timeout: float) -> None:
+    queue, taken = os.path.join(env_dir, "queue"), os.path.join(env_dir, "taken")
+    os.makedirs(queue, exist_ok=True)
+    os.makedirs(taken, exist_ok=True)
+    write_atomic(os.path.join(env_dir, "worker.json"),
+                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": _version()})
+    heartbeat = os.path.join(env_dir, "heartbeat")
+    keepers: list[subprocess.Popen[bytes]] = []
+    while True:
+        if os.path.exists(os.path.join(env_dir, "stop")):
+            break
+        try:
+            last = os.stat(heartbeat).st_mtime
+        except OSError:
+            last = os.stat(os.path.join(env_dir, "worker.json")).st_mtime
+        if time.time() - last > idle_timeout:
+            break
+        for name in sorted(os.listdir(queue)):
+            if name.endswith(".json"):
+                keepers.extend(_take(os.path.join(queue, name), os.path.join(taken, name)))
+        keepers = [k for k in keepers if k.poll() is None]
+        time.sleep(TICK)
+    try:
+        os.remove(os.path.join(env_dir, "worker.json"))
+    except OSError:
+        pass
+
+
+def _take(queued: str, taken: str) -> list[subprocess.Popen[bytes]]:
+    payload = read_json(queued)
+    try:
+        os.replace(queued, taken)
+    except OSError:
+        return []
+    if payload is None:
+        return []
+    trial_dir = write_trial_files(payload)
+    if not claim(trial_dir):
+        return []
+    log = open(os.path.join(trial_dir, ".nni", "keeper.log"), "ab")  # noqa: SIM115 -- handed to the child
+    try:
+        proc = subprocess.Popen([sys.executable, "-S", "-m", "trialflow.trial.keeper", trial_dir],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    finally:
+        log.close()
+    return [proc]
+
+
+def start(env_dir: str, idle_timeout: float) -> int:
+    """Fork a worker for ``env_dir`` unless one is running; return at once."""
+    os.makedirs(env_dir, exist_ok=True)
+    try:
+        os.remove(os.path.join(env_dir, "stop"))
+    except FileNotFoundError:
+        pass
+    if _live_worker(env_dir):
+        return 0
+    if os.fork() != 0:
+        return 0
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log = os.open(os.path.join(env_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd, target in ((0, devnull), (1, log), (2, log)):
+        os.dup2(target, fd)
+    code = 0
+    try:
+        serve(env_dir, idle_timeout)
+    except BaseException as exc:  # noqa: BLE001 -- a daemon reports and leaves
+        print(f"trialflow worker stopped: {exc!r}", file=sys.stderr, flush=True)
+        code = 1
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        print("usage: worker <env dir> [idle timeout seconds]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(start(sys.argv[1], float(sys.argv[2]) if len(sys.argv) == 3 else DEFAULT_IDLE_TIMEOUT))
