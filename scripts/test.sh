@@ -5,6 +5,14 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install --disable-pip-version-check -q -e '.[test]' || exit 1
 
+# The remote-service tests start real OpenSSH servers on 127.0.0.1 (Debian's openssh-server).
+if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null || ! command -v scp >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssh-server openssh-client \
+    >/dev/null || { echo "could not install openssh-server (needed by the remote tests)" >&2; exit 1; }
+fi
+
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL
 export PREFECT_HOME="${PREFECT_HOME:-$(mktemp -d)}"
 

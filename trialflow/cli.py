@@ -21,9 +21,16 @@ import typer
 from rich.console import Console
 
 from .config import ConfigError, load_config, parse_duration
-from .experiments import ExperimentNotFound, create_experiment, find_experiment, list_experiments
+from .experiments import (
+    ExperimentNotFound,
+    create_experiment,
+    find_experiment,
+    list_experiments,
+    load_experiment_config,
+)
 from .store import ExperimentStore
-from .trial.procs import kill_group, pid_alive
+from .tasks.training_services import PlatformError, TrainingService, TrialHandle, TrialStatus, create_service
+from .trial.procs import pid_alive
 from .views import export_rows, print_experiment, print_trials, sort_trials
 
 app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,
@@ -136,12 +143,12 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     ids = [experiment_id] if experiment_id else [e.id for e in list_experiments(root)
                                                  if e.record.status in ("RUNNING", "INITIALIZED")]
     for exp_id in ids:
-        _, store = _store(exp_id, root)
-        _stop_one(store, wait)
+        base, store = _store(exp_id, root)
+        _stop_one(store, base, wait)
         console.print(f"experiment {exp_id} stopped")
 
 
-def _stop_one(store: ExperimentStore, wait: float) -> None:
+def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
     store.set_control("stop", True)
     deadline = time.monotonic() + wait
     while _controller_alive(store) and time.monotonic() < deadline:
@@ -149,23 +156,34 @@ def _stop_one(store: ExperimentStore, wait: float) -> None:
     if _controller_alive(store):
         os.kill(int(store.experiment().controller_pid), signal.SIGTERM)  # type: ignore[arg-type]
     # No controller (crashed or never resumed): cancel what it left behind ourselves.
-    for trial in store.trials(["WAITING", "RUNNING"]):
+    left = store.trials(["WAITING", "RUNNING"])
+    for trial in left:
         store.set_status(trial.id, "USER_CANCELED", message="cancelled by trialflow stop")
-        _kill_local(trial.handle)
+    _cancel_offline(store, base, [t.handle for t in left])
     if store.experiment().status not in ("DONE", "ERROR"):
         store.set_experiment(status="STOPPED", end_time=time.time(), controller_pid=None)
 
 
-def _kill_local(handle: dict[str, Any] | None) -> None:
-    if not handle or handle.get("platform") != "local":
+def _open_service(store: ExperimentStore, base: Path) -> TrainingService:
+    """The experiment's training service, for work done without its controller (kill, logs)."""
+    config = load_experiment_config(store)
+    return create_service(config.services[0], base / store.experiment_id)
+
+
+def _cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> None:
+    """Stop trials whose controller is gone, through their training service."""
+    live = [TrialHandle.from_dict(h) for h in handles if h]
+    if not live:
         return
-    info_path = Path(handle["data"]["trial_dir"]) / ".nni" / "keeper.pid"
+    service = _open_service(store, base)
     try:
-        pid = int(json.loads(info_path.read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return
-    if pid_alive(pid):
-        kill_group(pid, 1.0)
+        for handle in live:
+            try:
+                service.cancel(handle, TrialStatus.USER_CANCELED)
+            except PlatformError as exc:
+                console.print(f"[yellow]warning:[/] trial {handle.trial_id} may still run: {exc}", highlight=False)
+    finally:
+        service.close()
 
 
 _UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
@@ -330,7 +348,7 @@ def trial_ls(experiment_id: str, head: Annotated[int | None, typer.Option("--hea
 @trial_app.command("kill")
 def trial_kill(experiment_id: str, trial_id: str, root: RootOpt = None) -> None:
     """Cancel one trial (USER_CANCELED)."""
-    _, store = _store(experiment_id, root)
+    base, store = _store(experiment_id, root)
     try:
         trial = store.trial(trial_id)
     except KeyError as exc:
@@ -343,26 +361,32 @@ def trial_kill(experiment_id: str, trial_id: str, root: RootOpt = None) -> None:
         store.set_control("kill", [*kills, trial_id])
     else:
         store.set_status(trial_id, "USER_CANCELED", message="cancelled by trialflow trial kill")
-        _kill_local(trial.handle)
+        _cancel_offline(store, base, [trial.handle])
     console.print(f"trial {trial_id} cancelled")
 
 
 @log_app.command("trial")
 def log_trial(experiment_id: str, trial_id: str, root: RootOpt = None,
               tail: Annotated[int | None, typer.Option("--tail", help="last N bytes of each log")] = None) -> None:
-    """Print a trial's stdout, stderr and trial.log."""
-    _, store = _store(experiment_id, root)
+    """Print a trial's stdout, stderr and trial.log (fetched from the worker for remote trials)."""
+    base, store = _store(experiment_id, root)
     try:
         trial = store.trial(trial_id)
     except KeyError as exc:
         raise CliError(str(exc).strip("'\"")) from None
-    trial_dir = Path(trial.log_dir or "")
-    for name in ("trial.stdout", "trial.stderr", "trial.log"):
-        path = trial_dir / name
-        if path.is_file():
-            text = path.read_bytes()[-tail:] if tail else path.read_bytes()
-            console.rule(f"{name} ({path})")
-            typer.echo(text.decode("utf-8", "replace"))
+    if not trial.handle:
+        raise CliError(f"trial {trial_id} was never submitted, so it has no logs")
+    handle = TrialHandle.from_dict(trial.handle)
+    service = _open_service(store, base)
+    try:
+        logs = service.logs(handle, tail)
+    except PlatformError as exc:
+        raise CliError(f"cannot fetch the logs of trial {trial_id}: {exc}") from None
+    finally:
+        service.close()
+    for name, text in logs.items():
+        console.rule(name)
+        typer.echo(text)
 
 
 def main() -> None:

@@ -324,10 +324,17 @@ class RemoteTrainingService(TrainingService):
             return min(candidates, key=lambda m: (len(m.active), m.index))
 
     def _machine(self, handle: TrialHandle) -> RemoteMachine:
+        """The machine a handle points to, logged in and with the runtime, also without ``prepare()``
+        (the CLI cancels and fetches logs of trials whose controller is gone)."""
         machine = self._by_key.get(str(handle.data.get("machine")))
         if machine is None:
             raise LostHandleError(f"trial {handle.trial_id}: machine {handle.data.get('machine')!r} is no longer in "
                                   "machineList")
+        if not machine.runtime:
+            with self._lock:
+                if not machine.runtime:
+                    self._probe(machine)
+                    self._install_runtime(machine)
         return machine
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:

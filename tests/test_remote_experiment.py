@@ -1,0 +1,168 @@
+"""Experiments on the remote service end to end: two loopback sshd machines, Prefect test server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, machine, start_controller, wait_for, write_trial
+from trialflow import parse_config, run_experiment
+from trialflow.experiments import create_experiment, open_store
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+# Each start is appended to a file on this machine (the "remote" machines are loopback).
+TRIAL = """
+import fcntl, json, os, time, nni
+p = nni.get_next_parameter()
+def mark(kind):
+    with open({log!r}, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps({{"trial": nni.get_trial_id(), "kind": kind, "t": time.time(),
+                            "sys_dir": os.environ["NNI_SYS_DIR"]}}) + "\\n")
+mark("start")
+for i in range(3):
+    nni.report_intermediate_result(p["x"] + i)
+    time.sleep({sleep})
+nni.report_final_result(p["x"] * 10)
+mark("end")
+"""
+
+
+def remote_experiment(tmp_path: Path, servers, known_hosts: Path, sleep: float = 0.1, **overrides) -> dict:
+    log = tmp_path / "events.jsonl"
+    write_trial(tmp_path / "code", TRIAL.format(log=str(log), sleep=sleep))
+    service = {"platform": "remote", "knownHostsFile": str(known_hosts),
+               "machineList": [machine(s, tmp_path / f"remote{i}") for i, s in enumerate(servers)]}
+    service.update(overrides.pop("service", {}))
+    config = base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py",
+                         trainingService=service, **overrides)
+    return config
+
+
+def _events(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _peak(events: list[dict]) -> int:
+    live = peak = 0
+    for e in sorted(events, key=lambda e: (e["t"], e["kind"] == "start")):
+        live += 1 if e["kind"] == "start" else -1
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["per-trial-ssh", "reuse"])
+def test_twelve_trials_on_two_machines_at_concurrency_four(tmp_path, sshd_servers, known_hosts, reuse):
+    config = remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=0.2, trialConcurrency=4,
+                               maxTrialNumber=12, service={"reuseMode": reuse})
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    assert len(result.trials) == 12 and all(t.status == "SUCCEEDED" for t in result.trials)
+    store = open_store(tmp_path / "w", result.experiment_id)
+    for trial in result.trials:
+        assert [m.value for m in store.metrics(trial.id, "PERIODICAL")] == [
+            pytest.approx(trial.parameters["x"] + i) for i in range(3)]
+        assert trial.final == pytest.approx(trial.parameters["x"] * 10)
+    events = _events(tmp_path)
+    starts = [e for e in events if e["kind"] == "start"]
+    assert sorted(e["trial"] for e in starts) == sorted(t.id for t in result.trials)  # each ran once
+    machines_used = {Path(e["sys_dir"]).parents[2].name for e in starts}
+    assert machines_used == {"remote0", "remote1"}
+    assert _peak(events) <= 4
+
+
+def test_dropped_connections_and_an_sshd_restart_lose_nothing(tmp_path, sshd_servers, known_hosts):
+    config = remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=0.7, trialConcurrency=4,
+                               maxTrialNumber=8)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=run_experiment(config)))
+    runner.start()
+    wait_for(lambda: len([e for e in _events(tmp_path) if e["kind"] == "start"]) >= 3)
+    sshd_servers[0].drop_connections()
+    sshd_servers[1].restart()  # listener down and up again; its sessions killed as well
+    sshd_servers[1].drop_connections()
+    runner.join(timeout=240)
+    result = outcome["result"]
+    assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials)
+    store = open_store(tmp_path / "w", result.experiment_id)
+    for trial in result.trials:
+        assert len(store.metrics(trial.id, "PERIODICAL")) == 3 and len(store.metrics(trial.id, "FINAL")) == 1
+    assert sorted(e["trial"] for e in _events(tmp_path) if e["kind"] == "start") == sorted(
+        t.id for t in result.trials)
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["per-trial-ssh", "reuse"])
+def test_controller_sigkill_and_resume_reattaches_remote_trials(tmp_path, sshd_servers, known_hosts, prefect_server,
+                                                                reuse):
+    config = parse_config(remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=1.0, trialConcurrency=2,
+                                            maxTrialNumber=4, service={"reuseMode": reuse}))
+    exp_id, exp_dir = create_experiment(config)
+    store = open_store(exp_dir.parent, exp_id)
+    first = start_controller(exp_id, exp_dir.parent, prefect_server)
+    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    running = {t.id for t in store.trials(["RUNNING"])}
+    assert running
+    second = start_controller(exp_id, exp_dir.parent, prefect_server)
+    assert second.wait(timeout=180) == 0
+    trials = store.trials()
+    assert store.experiment().status == "DONE"
+    assert len(trials) == 4 and all(t.status == "SUCCEEDED" for t in trials)
+    starts = [e["trial"] for e in _events(tmp_path) if e["kind"] == "start"]
+    assert sorted(starts) == sorted(t.id for t in trials), "a remote trial ran twice or not at all"
+    for trial in trials:
+        assert len(store.metrics(trial.id, "PERIODICAL")) == 3 and len(store.metrics(trial.id, "FINAL")) == 1
+
+
+def test_wrong_password_fails_at_start_before_any_trial(tmp_path, sshd_servers, known_hosts):
+    config = remote_experiment(tmp_path, sshd_servers[:1], known_hosts)
+    entry = config["trainingService"]["machineList"][0]
+    entry.pop("sshKeyFile")
+    entry["password"] = "not-the-password-123"
+    with pytest.raises(Exception, match="SSH authentication failed with the password") as err:
+        run_experiment(config)
+    assert "not-the-password-123" not in str(err.value)
+    root = tmp_path / "w"
+    (exp_id,) = [p.name for p in root.iterdir() if (p / "db").is_dir()]
+    store = open_store(root, exp_id)
+    assert store.experiment().status == "ERROR" and store.count_trials() == 0
+
+
+def test_credentials_from_a_prefect_block(tmp_path, sshd_servers, known_hosts):
+    from trialflow.blocks.remote import SSHCredentials
+
+    server = sshd_servers[1]
+    SSHCredentials(username=server.user, private_key=server.key_file.read_text()).save("loopback-ssh", overwrite=True)
+    config = remote_experiment(tmp_path, [server], known_hosts, maxTrialNumber=2)
+    entry = config["trainingService"]["machineList"][0]
+    for key in ("user", "sshKeyFile"):
+        entry.pop(key)
+    entry["credentials"] = "loopback-ssh"
+    result = run_experiment(config)
+    assert result.status == "DONE" and [t.status for t in result.trials] == ["SUCCEEDED", "SUCCEEDED"]
+
+
+def test_log_trial_fetches_remote_logs(tmp_path, sshd_servers, known_hosts, prefect_server):
+    config = remote_experiment(tmp_path, sshd_servers[:1], known_hosts, maxTrialNumber=1)
+    config["trialCommand"] = "python3 trial.py && echo remote-stdout-marker"
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_experiment(str(path))
+    trial = result.trials[0]
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    proc = subprocess.run([sys.executable, "-m", "trialflow.cli", "log", "trial", result.experiment_id, trial.id,
+                           "--root", str(tmp_path / "w")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "remote-stdout-marker" in proc.stdout and "trial.stdout" in proc.stdout
+    assert (tmp_path / "w" / result.experiment_id / "trials" / trial.id / "trial.stdout").is_file()
