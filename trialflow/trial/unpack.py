@@ -16,9 +16,14 @@ import posixpath
 import shutil
 import sys
 import tarfile
+import threading
+from collections import deque
+from collections.abc import Iterator
 from typing import IO
 
 CHUNK = 1 << 20
+READ_AHEAD = 256 * CHUNK
+_ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
 
 
 class UnsafeArchiveError(ValueError):
@@ -55,60 +60,186 @@ def _kind(member: tarfile.TarInfo) -> str:
     return "special file"
 
 
-class _HashingReader:
+class _Source:
+    """The tar stream, read ahead by a thread (up to READ_AHEAD bytes) so that the sender is never
+    stalled while the extractor waits on the file system (creating files is slow on many disks);
+    everything read is hashed. Small reads are served from a buffer without copying it."""
+
     def __init__(self, raw: IO[bytes]) -> None:
         self.raw = raw
         self.sha = hashlib.sha256()
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._buf = bytearray()
+        self._pos = 0
+        threading.Thread(target=self._fill, daemon=True).start()
 
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.sha.update(data)
+    def _fill(self) -> None:
+        try:
+            while True:
+                data = self.raw.read(CHUNK)
+                self.sha.update(data)
+                with self._cond:
+                    while self._queued >= READ_AHEAD:
+                        self._cond.wait()
+                    if data:
+                        self._chunks.append(data)
+                        self._queued += len(data)
+                    else:
+                        self._eof = True
+                    self._cond.notify_all()
+                if not data:
+                    return
+        except BaseException as exc:  # noqa: BLE001 -- handed to the extracting thread
+            with self._cond:
+                self._error, self._eof = exc, True
+                self._cond.notify_all()
+
+    def _next_chunk(self) -> bytes:
+        with self._cond:
+            while not self._chunks and not self._eof:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            if not self._chunks:
+                return b""
+            chunk = self._chunks.popleft()
+            self._queued -= len(chunk)
+            self._cond.notify_all()
+            return chunk
+
+    def _ensure(self, n: int) -> None:
+        while len(self._buf) - self._pos < n:
+            chunk = self._next_chunk()
+            if not chunk:
+                raise tarfile.ReadError("unexpected end of the archive stream")
+            if self._pos:
+                del self._buf[:self._pos]
+                self._pos = 0
+            self._buf += chunk
+
+    def take(self, n: int) -> bytes:
+        self._ensure(n)
+        data = bytes(self._buf[self._pos:self._pos + n])
+        self._pos += n
         return data
+
+    def copy_to(self, fd: int, n: int) -> None:
+        """Write the next ``n`` bytes to the file descriptor ``fd``."""
+        while n > 0:
+            if self._pos >= len(self._buf):
+                self._buf, self._pos = bytearray(), 0
+                self._ensure(1)
+            view = memoryview(self._buf)[self._pos:self._pos + n]
+            written = 0
+            while written < len(view):
+                written += os.write(fd, view[written:])
+            view.release()
+            self._pos += written
+            n -= written
+
+    def drain(self) -> None:
+        while self._next_chunk():
+            pass
+
+    def hexdigest(self) -> str:
+        """SHA-256 of the whole stream (after :meth:`drain`)."""
+        return self.sha.hexdigest()
+
+
+def _padded(size: int) -> int:
+    return size + (-size % tarfile.BLOCKSIZE)
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos:pos + 1] not in (b"", b"\0"):
+        length = int(data[pos:data.index(b" ", pos)])
+        key, _, value = data[data.index(b" ", pos) + 1:pos + length - 1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _members(src: _Source) -> Iterator[tarfile.TarInfo]:
+    """The archive's members (ustar, GNU long names and PAX headers); the caller reads each
+    member's data before asking for the next."""
+    pax: dict[str, str] = {}
+    long_name = long_link = None
+    while True:
+        block = src.take(tarfile.BLOCKSIZE)
+        if block == _ZERO_BLOCK:
+            return  # the end-of-archive marker
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")  # checks the header checksum
+        if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
+            records = _pax_records(src.take(_padded(info.size))[:info.size])
+            if info.type != tarfile.XGLTYPE:
+                pax.update(records)
+            continue
+        if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            text = src.take(_padded(info.size))[:info.size].rstrip(b"\0").decode("utf-8", "surrogateescape")
+            if info.type == tarfile.GNUTYPE_LONGNAME:
+                long_name = text
+            else:
+                long_link = text
+            continue
+        info.name = pax.get("path") or long_name or info.name
+        info.linkname = pax.get("linkpath") or long_link or info.linkname
+        if "size" in pax:
+            info.size = int(pax["size"])
+        pax, long_name, long_link = {}, None, None
+        yield info
 
 
 def extract_stream(stream: IO[bytes], target: str, expected_sha256: str | None = None) -> int:
-    """Extract the tar ``stream`` into ``target`` atomically; returns the number of files."""
+    """Extract the tar ``stream`` into ``target`` atomically; returns the number of regular files."""
     if os.path.isdir(target):
-        _drain(stream)
+        while stream.read(CHUNK):
+            pass
         return 0
     parent = os.path.dirname(os.path.abspath(target)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = f"{target}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    reader = _HashingReader(stream)
+    src = _Source(stream)
     files = 0
     links: set[str] = set()
     try:
         os.makedirs(tmp)
-        with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
-            for member in tar:
-                rel = check_member(member)
-                if not rel:
-                    continue
-                prefix = rel.split("/")
-                if any("/".join(prefix[:i]) in links for i in range(1, len(prefix))):
-                    raise UnsafeArchiveError(f"archive member {member.name!r} is inside a symbolic link")
-                dest = os.path.join(tmp, rel)
-                if member.isdir():
-                    os.makedirs(dest, exist_ok=True)
-                    continue
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                if os.path.lexists(dest):
-                    raise UnsafeArchiveError(f"archive member {member.name!r} appears twice")
-                if member.issym():
-                    os.symlink(member.linkname, dest)
-                    links.add(rel)
-                    continue
-                src = tar.extractfile(member)
-                assert src is not None
-                with open(dest, "wb") as out:
-                    shutil.copyfileobj(src, out, CHUNK)
-                os.chmod(dest, 0o755 if member.mode & 0o111 else 0o644)
-                files += 1
-        _drain(reader)  # hash what follows the end-of-archive marker too
-        if expected_sha256 and reader.sha.hexdigest() != expected_sha256:
+        for member in _members(src):
+            if member.type == tarfile.GNUTYPE_SPARSE:
+                raise UnsafeArchiveError(f"archive member {member.name!r} is a sparse file; not supported")
+            rel = check_member(member)
+            parts = rel.split("/")
+            if any("/".join(parts[:i]) in links for i in range(1, len(parts))):
+                raise UnsafeArchiveError(f"archive member {member.name!r} is inside a symbolic link")
+            dest = os.path.join(tmp, rel) if rel else tmp
+            if member.isdir():
+                os.makedirs(dest, exist_ok=True)
+                src.take(_padded(member.size))
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.lexists(dest):
+                raise UnsafeArchiveError(f"archive member {member.name!r} appears twice")
+            if member.issym():
+                os.symlink(member.linkname, dest)
+                links.add(rel)
+                continue
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755 if member.mode & 0o111 else 0o644)
+            try:
+                src.copy_to(fd, member.size)
+            finally:
+                os.close(fd)
+            src.take(_padded(member.size) - member.size)
+            files += 1
+        src.drain()  # hash what follows the end-of-archive marker too
+        if expected_sha256 and src.hexdigest() != expected_sha256:
             raise UnsafeArchiveError(f"bundle checksum mismatch: expected {expected_sha256}, "
-                                     f"got {reader.sha.hexdigest()} (transfer corrupted or archive altered)")
+                                     f"got {src.hexdigest()} (transfer corrupted or archive altered)")
         try:
             os.rename(tmp, target)
         except OSError:
@@ -117,11 +248,6 @@ def extract_stream(stream: IO[bytes], target: str, expected_sha256: str | None =
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return files
-
-
-def _drain(stream: IO[bytes] | _HashingReader) -> None:
-    while stream.read(CHUNK):
-        pass
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ import time
 from .keeper import claim, write_trial_files
 from .procs import pid_alive, process_start_time, read_json, write_atomic
 
-TICK = 0.05
+TICK = 0.02
 DEFAULT_IDLE_TIMEOUT = 900.0
 
 
