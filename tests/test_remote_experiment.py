@@ -166,3 +166,28 @@ def test_log_trial_fetches_remote_logs(tmp_path, sshd_servers, known_hosts, pref
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "remote-stdout-marker" in proc.stdout and "trial.stdout" in proc.stdout
     assert (tmp_path / "w" / result.experiment_id / "trials" / trial.id / "trial.stdout").is_file()
+
+
+def test_stop_without_a_controller_kills_remote_trials(tmp_path, sshd_servers, known_hosts, prefect_server):
+    config = parse_config(remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=20.0, trialConcurrency=2,
+                                            maxTrialNumber=2))
+    exp_id, exp_dir = create_experiment(config)
+    store = open_store(exp_dir.parent, exp_id)
+    controller = start_controller(exp_id, exp_dir.parent, prefect_server)
+    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    pids = []
+    for trial in store.trials():
+        keeper = json.loads((Path(trial.handle["data"]["trial_dir"]) / ".nni" / "keeper.pid").read_text())
+        pids.append(keeper["pid"])
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    proc = subprocess.run([sys.executable, "-m", "trialflow.cli", "stop", exp_id, "--root", str(exp_dir.parent),
+                           "--wait", "1"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert store.experiment().status == "STOPPED"
+    assert {t.status for t in store.trials()} == {"USER_CANCELED"}
+    from trialflow.trial.procs import group_alive
+
+    wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)
+    assert not [e for e in _events(tmp_path) if e["kind"] == "end"]
