@@ -31,6 +31,7 @@ from benchmarks._stats import median_ms, print_table, timed  # noqa: E402
 from trialflow.context import ExperimentContext  # noqa: E402
 
 POLL_INTERVAL = ExperimentContext.poll_interval
+TRIAL_COMMAND = f"{sys.executable} trial.py"  # the same interpreter everywhere (the sshd is loopback)
 TRIAL = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1.0)\n"
 
 
@@ -103,7 +104,7 @@ def _run_sequential(service, code_ref, code: Path, count: int, prefix: str) -> l
 
     times = []
     for i in range(count):
-        spec = TrialSpec("E", f"{prefix}{i}", i, i, {}, "python3 trial.py", code)
+        spec = TrialSpec("E", f"{prefix}{i}", i, i, {}, TRIAL_COMMAND, code)
         start = time.perf_counter()
         handle = service.submit(spec, code_ref)
         cursor: dict = {}
@@ -127,9 +128,9 @@ def bench_trials(server, tmp: Path, count: int) -> list[list[object]]:
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([NNI_SHIM_DIR, RUNTIME_ROOT])}  # standalone trial
-    bare = [timed(lambda: subprocess.run([sys.executable, "trial.py"], env=env, check=True, cwd=code,
+    bare = [timed(lambda: subprocess.run(["/bin/bash", "-c", TRIAL_COMMAND], env=env, check=True, cwd=code,
                                          capture_output=True)) for _ in range(count)]
-    local = LocalTrainingService(LocalConfig(trial_command="python3 trial.py", trial_code_directory=code),
+    local = LocalTrainingService(LocalConfig(trial_command=TRIAL_COMMAND, trial_code_directory=code),
                                  tmp / "local-exp" / "E")
     local.prepare()
     results = {"bare subprocess": bare,

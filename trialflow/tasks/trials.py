@@ -76,15 +76,17 @@ def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> 
         try:
             update = ctx.service.poll(handle, cursor)
             transient = 0
-        except TransientPlatformError as exc:
+        except Exception as exc:  # noqa: BLE001 -- whatever happens, the trial must not stay RUNNING
+            if isinstance(exc, PlatformError) and not isinstance(exc, TransientPlatformError):
+                return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=str(exc)), history)
+            if not isinstance(exc, TransientPlatformError):
+                log.warning("trial %s: polling failed (%s: %s); retrying", trial_id, type(exc).__name__, exc)
             transient += 1
             if transient >= TRANSIENT_POLL_LIMIT:
                 return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"platform unreachable: {exc}"),
                             history)
             time.sleep(min(5.0, 0.2 * 2**min(transient, 5)))
             continue
-        except PlatformError as exc:
-            return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=str(exc)), history)
         cursor = update.cursor
         if _absorb(ctx, trial_id, update, history) and ctx.assessor is not None:
             values = [scalar_or_none(v) for v in history]

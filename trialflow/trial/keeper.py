@@ -55,6 +55,10 @@ def run(trial_dir: str) -> int:
     write_atomic(os.path.join(meta_dir, "keeper.pid"),
                  {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": _version()})
     env = {**os.environ, **spec.get("env", {})}
+    # bash sources ~/.bashrc when it sees it was started over SSH; that would reorder PATH (pythonPath
+    # first, as NNI promises) and cost a shell start-up per trial. The trial command runs rc-free.
+    for name in ("SSH_CLIENT", "SSH2_CLIENT"):
+        env.pop(name, None)
     with open(os.path.join(trial_dir, "trial.stdout"), "ab") as out, \
             open(os.path.join(trial_dir, "trial.stderr"), "ab") as err:
         try:

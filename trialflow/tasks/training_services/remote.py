@@ -58,6 +58,7 @@ from .local import READ_CHUNK, STDERR_TAIL_BYTES, trial_env
 from .ssh import SshConnection, SshTarget
 
 LIVENESS_SECONDS = 3.0
+FIRST_WAIT_SECONDS = 0.02  # waits between polls start here and double up to the flow's poll interval
 HEARTBEAT_SECONDS = 10.0
 WORKER_IDLE_TIMEOUT = 900.0
 MIN_PYTHON = (3, 8)
@@ -146,6 +147,7 @@ class RemoteTrainingService(TrainingService):
         self._by_key: dict[str, RemoteMachine] = {}
         self._lock = threading.Lock()
         self._liveness: dict[str, float] = {}
+        self._waits: dict[str, int] = {}
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
         for index, machine in enumerate(config.machine_list):
             remote = RemoteMachine(index, machine, SshConnection(self._target(machine), config.known_hosts_file,
@@ -499,10 +501,18 @@ class RemoteTrainingService(TrainingService):
                            f"the trial's keeper on {machine.key} ended without recording an exit code "
                            "(killed, or the machine restarted)", errors)
 
+    def wait(self, handle: TrialHandle, timeout: float) -> None:
+        """Sleep between polls: short at first (a short trial ends sooner than one poll interval),
+        doubling up to ``timeout``, so long trials cost one SFTP listing per interval."""
+        count = self._waits.get(handle.trial_id, 0)
+        self._waits[handle.trial_id] = count + 1
+        time.sleep(min(timeout, FIRST_WAIT_SECONDS * 2 ** min(count, 16)))
+
     def _finish(self, machine: RemoteMachine, handle: TrialHandle) -> None:
         with self._lock:
             machine.active.discard(handle.trial_id)
         self._liveness.pop(handle.trial_id, None)
+        self._waits.pop(handle.trial_id, None)
         if machine.gpu is not None:
             machine.gpu.release(handle.trial_id)
 

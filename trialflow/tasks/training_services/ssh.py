@@ -188,7 +188,7 @@ class SshConnection:
             except _CONNECTION_ERRORS as exc:
                 transport = client.get_transport()
                 alive = transport is not None and transport.is_active()
-                if alive and isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+                if alive and isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, TimeoutError):
                     raise  # an SFTP answer (no such file, permission denied), not a lost connection
                 last = exc
                 self._drop()  # the next client() call reconnects (and counts it)
