@@ -101,17 +101,23 @@ def test_dropped_connections_and_an_sshd_restart_lose_nothing(tmp_path, sshd_ser
         t.id for t in result.trials)
 
 
+def _two_running_then_sigkill(tmp_path, servers, known_hosts, api_url, **overrides):
+    """Start the experiment in its own controller process, SIGKILL it once two trials run."""
+    config = parse_config(remote_experiment(tmp_path, servers, known_hosts, trialConcurrency=2, **overrides))
+    exp_id, exp_dir = create_experiment(config)
+    store = open_store(exp_dir.parent, exp_id)
+    controller = start_controller(exp_id, exp_dir.parent, api_url)
+    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    return exp_id, exp_dir, store
+
+
 @pytest.mark.parametrize("reuse", [False, True], ids=["per-trial-ssh", "reuse"])
 def test_controller_sigkill_and_resume_reattaches_remote_trials(tmp_path, sshd_servers, known_hosts, prefect_server,
                                                                 reuse):
-    config = parse_config(remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=1.0, trialConcurrency=2,
-                                            maxTrialNumber=4, service={"reuseMode": reuse}))
-    exp_id, exp_dir = create_experiment(config)
-    store = open_store(exp_dir.parent, exp_id)
-    first = start_controller(exp_id, exp_dir.parent, prefect_server)
-    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    exp_id, exp_dir, store = _two_running_then_sigkill(tmp_path, sshd_servers, known_hosts, prefect_server, sleep=1.0,
+                                                       maxTrialNumber=4, service={"reuseMode": reuse})
     running = {t.id for t in store.trials(["RUNNING"])}
     assert running
     second = start_controller(exp_id, exp_dir.parent, prefect_server)
@@ -169,14 +175,8 @@ def test_log_trial_fetches_remote_logs(tmp_path, sshd_servers, known_hosts, pref
 
 
 def test_stop_without_a_controller_kills_remote_trials(tmp_path, sshd_servers, known_hosts, prefect_server):
-    config = parse_config(remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=20.0, trialConcurrency=2,
-                                            maxTrialNumber=2))
-    exp_id, exp_dir = create_experiment(config)
-    store = open_store(exp_dir.parent, exp_id)
-    controller = start_controller(exp_id, exp_dir.parent, prefect_server)
-    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
-    os.kill(controller.pid, signal.SIGKILL)
-    controller.wait()
+    exp_id, exp_dir, store = _two_running_then_sigkill(tmp_path, sshd_servers, known_hosts, prefect_server,
+                                                       sleep=20.0, maxTrialNumber=2)
     pids = []
     for trial in store.trials():
         keeper = json.loads((Path(trial.handle["data"]["trial_dir"]) / ".nni" / "keeper.pid").read_text())
