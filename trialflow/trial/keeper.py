@@ -35,12 +35,12 @@ import subprocess
 import sys
 import time
 
-from .procs import kill_group, pid_alive, process_start_time, read_json, write_atomic
+from .procs import daemonize, kill_group, pid_alive, process_start_time, read_json, write_atomic
 
-__all__ = ["claim", "kill_trial", "run", "write_atomic", "write_trial_files"]
+__all__ = ["assign_gpus", "claim", "kill_trial", "run", "runtime_version", "write_atomic", "write_trial_files"]
 
 
-def _version() -> str:
+def runtime_version() -> str:
     from .. import __version__
 
     return __version__
@@ -53,7 +53,7 @@ def run(trial_dir: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     write_atomic(os.path.join(meta_dir, "keeper.pid"),
-                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": _version()})
+                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
     env = {**os.environ, **spec.get("env", {})}
     # bash sources ~/.bashrc when it sees it was started over SSH; that would reorder PATH (pythonPath
     # first, as NNI promises) and cost a shell start-up per trial. The trial command runs rc-free.
@@ -81,10 +81,7 @@ def write_trial_files(payload: dict) -> str:
     ``parameter.cfg`` and ``.nni/keeper.json``. Returns the trial directory."""
     trial_dir = payload["trial_dir"]
     os.makedirs(os.path.join(trial_dir, ".nni"), exist_ok=True)
-    tmp = os.path.join(trial_dir, f"parameter.cfg.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(payload["parameter"])
-    os.replace(tmp, os.path.join(trial_dir, "parameter.cfg"))
+    write_atomic(os.path.join(trial_dir, "parameter.cfg"), payload["parameter"])
     write_atomic(os.path.join(trial_dir, ".nni", "keeper.json"), payload["keeper"])
     return trial_dir
 
@@ -98,27 +95,23 @@ def claim(trial_dir: str) -> bool:
         return False
 
 
+def assign_gpus(spec: dict, gpus: list[int]) -> dict:
+    """Give a keeper spec (``keeper.json``) its GPUs: ``CUDA_VISIBLE_DEVICES`` and ``gpus``."""
+    spec.setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    spec["gpus"] = list(gpus)
+    return spec
+
+
 def set_gpus(trial_dir: str, gpus: str) -> None:
     path = os.path.join(trial_dir, ".nni", "keeper.json")
-    spec = read_json(path) or {}
-    spec.setdefault("env", {})["CUDA_VISIBLE_DEVICES"] = gpus
-    spec["gpus"] = [int(g) for g in gpus.split(",") if g]
-    write_atomic(path, spec)
+    write_atomic(path, assign_gpus(read_json(path) or {}, [int(g) for g in gpus.split(",") if g]))
 
 
 def detach(trial_dir: str) -> int:
     """Fork a keeper that leads its own session; the caller returns at once. A trial whose keeper
     was already started is left alone."""
-    if not claim(trial_dir):
+    if not claim(trial_dir) or not daemonize(os.path.join(trial_dir, ".nni", "keeper.log")):
         return 0
-    if os.fork() != 0:
-        return 0
-    os.setsid()
-    devnull = os.open(os.devnull, os.O_RDWR)
-    log = os.open(os.path.join(trial_dir, ".nni", "keeper.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(devnull, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
     try:
         code = run(trial_dir)
     finally:
@@ -152,7 +145,7 @@ def _default_signals() -> None:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--version"]:
-        print(_version())
+        print(runtime_version())
         return 0
     if argv[:1] == ["--detach"] and len(argv) in (2, 3):
         if len(argv) == 3:

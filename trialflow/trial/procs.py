@@ -14,11 +14,11 @@ import time
 from typing import Any
 
 
-def write_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
+def write_atomic(path: str, data: dict[str, Any] | str) -> None:
+    """Write JSON (or text as it is) so that readers see the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
+        f.write(data if isinstance(data, str) else json.dumps(data))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -33,10 +33,20 @@ def read_json(path: str) -> dict[str, Any] | None:
         return None
 
 
+def stat_fields(text: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` line after the command name: state first."""
+    return text.rsplit(")", 1)[1].split()
+
+
+def stat_alive(fields: list[str], start_time: int | None) -> bool:
+    """Not a zombie and, when ``start_time`` is given, the process that started then (not a recycled pid)."""
+    return fields[0] != "Z" and (start_time is None or int(fields[19]) == start_time)
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()
+            return stat_fields(f.read())
     except (OSError, IndexError):
         return None
 
@@ -50,6 +60,19 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
+def daemonize(log_path: str) -> bool:
+    """Fork; the child leads a new session with stdin on /dev/null and stdout/stderr appended to
+    ``log_path`` (so it survives the SSH session that started it). True in the child."""
+    if os.fork() != 0:
+        return False
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd, target in ((0, devnull), (1, log), (2, log)):
+        os.dup2(target, fd)
+    return True
+
+
 def pid_alive(pid: int, start_time: int | None = None) -> bool:
     """True while ``pid`` runs and is not a zombie (and, when given, started at ``start_time``)."""
     try:
@@ -61,9 +84,7 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
     fields = _stat_fields(pid)
     if fields is None:
         return True  # no /proc: trust kill(0)
-    if fields[0] == "Z":
-        return False
-    return start_time is None or process_start_time(pid) == start_time
+    return stat_alive(fields, start_time)
 
 
 def group_alive(pgid: int) -> bool:

@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from .keeper import claim, write_trial_files
-from .procs import pid_alive, process_start_time, read_json, write_atomic
+from .keeper import claim, runtime_version, write_trial_files
+from .procs import daemonize, pid_alive, process_start_time, read_json, write_atomic
 
 TICK = 0.02
 DEFAULT_IDLE_TIMEOUT = 900.0
@@ -33,18 +33,12 @@ def _live_worker(env_dir: str) -> bool:
     return info is not None and pid_alive(int(info["pid"]), info.get("start_time"))
 
 
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
-
-
 def serve(env_dir: str, idle_timeout: float) -> None:
     queue, taken = os.path.join(env_dir, "queue"), os.path.join(env_dir, "taken")
     os.makedirs(queue, exist_ok=True)
     os.makedirs(taken, exist_ok=True)
     write_atomic(os.path.join(env_dir, "worker.json"),
-                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": _version()})
+                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
     heartbeat = os.path.join(env_dir, "heartbeat")
     keepers: list[subprocess.Popen[bytes]] = []
     while True:
@@ -94,15 +88,8 @@ def start(env_dir: str, idle_timeout: float) -> int:
         os.remove(os.path.join(env_dir, "stop"))
     except FileNotFoundError:
         pass
-    if _live_worker(env_dir):
+    if _live_worker(env_dir) or not daemonize(os.path.join(env_dir, "worker.log")):
         return 0
-    if os.fork() != 0:
-        return 0
-    os.setsid()
-    devnull = os.open(os.devnull, os.O_RDWR)
-    log = os.open(os.path.join(env_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for fd, target in ((0, devnull), (1, log), (2, log)):
-        os.dup2(target, fd)
     code = 0
     try:
         serve(env_dir, idle_timeout)

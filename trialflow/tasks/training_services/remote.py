@@ -41,6 +41,8 @@ from ... import __version__
 from ...codebundle import CodeDirError, scan_code_dir
 from ...config import RemoteConfig, RemoteMachineConfig
 from ...trial import RUNTIME_ROOT
+from ...trial.keeper import assign_gpus
+from ...trial.procs import stat_alive, stat_fields
 from ...trial.records import parse_file_frames
 from .base import (
     CodeRef,
@@ -88,6 +90,7 @@ def runtime_files() -> list[tuple[str, Path]]:
     return files
 
 
+@functools.cache
 def _runtime_key() -> str:
     import hashlib
 
@@ -344,12 +347,10 @@ class RemoteTrainingService(TrainingService):
         machine = self._place(gpu_number)
         trial_dir = posixpath.join(machine.root, spec.experiment_id, "trials", spec.trial_id)
         code_dir = posixpath.join(machine.root, "code", str(code.content_hash))
-        env = trial_env(spec, self.platform, trial_dir, code_dir, None)
+        gpus = machine.gpu.allocate(spec.trial_id, gpu_number) if machine.gpu is not None and gpu_number else None
+        env = trial_env(spec, self.platform, trial_dir, code_dir, gpus)
         env["PYTHONPATH"] = f"{posixpath.join(machine.runtime, 'trialflow', 'trial', 'nni_shim')}:{machine.runtime}"
         env["PATH"] = machine.path_env
-        gpus = machine.gpu.allocate(spec.trial_id, gpu_number) if machine.gpu is not None and gpu_number else None
-        if gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         hold = bool(gpu_number) and gpus is None
         payload = {"trial_dir": trial_dir, "parameter": spec.parameter_record(), "hold": hold,
                    "keeper": {"command": spec.command, "cwd": code_dir, "env": env, "gpus": gpus}}
@@ -393,8 +394,7 @@ class RemoteTrainingService(TrainingService):
             if payload is None:
                 return
             payload["hold"] = False
-            payload["keeper"]["gpus"] = gpus
-            payload["keeper"]["env"]["CUDA_VISIBLE_DEVICES"] = indices
+            assign_gpus(payload["keeper"], gpus)
             _mkdirs(sftp, posixpath.join(env_dir, "queue"))
             queued = posixpath.join(env_dir, "queue", f"{handle.trial_id}.json")
             _write_atomic(sftp, queued, json.dumps(payload).encode())
@@ -483,10 +483,10 @@ class RemoteTrainingService(TrainingService):
                 return True
             try:
                 with sftp.open(f"/proc/{int(info['pid'])}/stat", "r") as f:
-                    fields = f.read(4096).decode("ascii", "replace").rsplit(")", 1)[1].split()
+                    fields = stat_fields(f.read(4096).decode("ascii", "replace"))
             except FileNotFoundError:
                 return not _exists(sftp, "/proc/self")  # no /proc at all: cannot tell, assume alive
-            return fields[0] != "Z" and (info.get("start_time") is None or int(fields[19]) == info["start_time"])
+            return stat_alive(fields, info.get("start_time"))
 
         return bool(machine.sftp("checking the keeper", check))
 
