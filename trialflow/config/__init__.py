@@ -6,6 +6,10 @@ from ._base import ConfigError, parse_duration, parse_gpu_indices, parse_size_mb
 from .experiment import AlgorithmConfig, ExperimentConfig, load_config, parse_config
 from .platforms import (
     PLATFORM_CONFIGS,
+    AdlConfig,
+    FrameworkControllerConfig,
+    KubeflowConfig,
+    KubeflowRoleConfig,
     LocalConfig,
     RemoteConfig,
     RemoteMachineConfig,
@@ -14,7 +18,11 @@ from .platforms import (
 
 __all__ = [
     "PLATFORM_CONFIGS",
+    "AdlConfig",
     "AlgorithmConfig",
+    "FrameworkControllerConfig",
+    "KubeflowConfig",
+    "KubeflowRoleConfig",
     "ConfigError",
     "ExperimentConfig",
     "LocalConfig",

@@ -175,10 +175,18 @@ class DlcConfig(TrainingServiceConfig):
         return None if value == "None" else value
 
 
+_LOCAL_MOUNT = ("where this machine sees the shared storage (mounted by you); trialflow copies the code, the "
+                "trial runtime and trial files there and reads results back")
+MetricChannel = Literal["http", "logs", "file"]
+_METRIC_CHANNEL = ("how trial metrics come back: http (pushed to this controller's receiver; pod logs are the "
+                   "fallback), logs (marker lines read from pod logs only) or file (read from the shared storage)")
+
+
 class NfsStorage(ConfigModel):
     storage_type: Literal["nfs"] = "nfs"
     server: str
     path: str
+    local_mount_point: ConfigPath | None = Field(default=None, description=_LOCAL_MOUNT)
 
 
 class AzureStorage(ConfigModel):
@@ -187,6 +195,7 @@ class AzureStorage(ConfigModel):
     azure_share: str
     key_vault_name: str
     key_vault_key: str
+    local_mount_point: ConfigPath | None = Field(default=None, description=_LOCAL_MOUNT)
 
 
 def _storage_tag(value: Any) -> str | None:
@@ -230,7 +239,8 @@ class KubeflowConfig(TrainingServiceConfig):
     master: KubeflowRoleConfig | None = None
     reuse_mode: bool = True
     namespace: str = "default"
-    credentials: str | None = Field(default=None, description="name of a kubeconfig credentials block")
+    credentials: str | None = Field(default=None, description="name of a Kubernetes credentials block")
+    metric_channel: MetricChannel = Field(default="http", description=_METRIC_CHANNEL)
 
     @model_validator(mode="after")
     def _roles(self) -> KubeflowConfig:
@@ -270,13 +280,15 @@ class FrameworkControllerConfig(TrainingServiceConfig):
     task_roles: list[FrameworkControllerRoleConfig] = Field(min_length=1)
     reuse_mode: bool = True
     namespace: str = "default"
-    credentials: str | None = None
+    credentials: str | None = Field(default=None, description="name of a Kubernetes credentials block")
+    metric_channel: MetricChannel = Field(default="http", description=_METRIC_CHANNEL)
 
 
 class AdlNfs(ConfigModel):
     server: str
     path: str
     container_mount_path: str
+    local_mount_point: ConfigPath | None = Field(default=None, description=_LOCAL_MOUNT)
 
 
 class AdlCheckpoint(ConfigModel):
@@ -297,7 +309,8 @@ class AdlConfig(TrainingServiceConfig):
     cpu_number: float | None = Field(default=None, gt=0)
     memory_size: str | None = None
     log_collection: Literal["http", "none"] = "none"
-    credentials: str | None = None
+    credentials: str | None = Field(default=None, description="name of a Kubernetes credentials block")
+    metric_channel: MetricChannel = Field(default="http", description=_METRIC_CHANNEL)
 
 
 class DltsConfig(TrainingServiceConfig):

@@ -12,6 +12,8 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   command per trial;
 * ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
+* ``... keeper --pod <trial dir> <role> <primary role>``: a cluster job's replica, in the foreground
+  (see :func:`pod`); paths in a ``located`` ``keeper.json`` are relative to the trial directory;
 * ``... keeper --version``: print the runtime's version.
 
 Files in ``<trial dir>/.nni/`` (written atomically):
@@ -30,14 +32,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from .procs import daemonize, kill_group, pid_alive, process_start_time, read_json, write_atomic
 
-__all__ = ["assign_gpus", "claim", "kill_trial", "run", "runtime_version", "write_atomic", "write_trial_files"]
+__all__ = ["assign_gpus", "claim", "execute", "kill_trial", "pod", "run", "runtime_version", "write_atomic",
+           "write_trial_files"]
 
 
 def runtime_version() -> str:
@@ -47,6 +52,27 @@ def runtime_version() -> str:
 
 
 def run(trial_dir: str) -> int:
+    """Run the trial of ``trial_dir`` and record its end; the keeper itself exits 0."""
+    execute(trial_dir)
+    return 0
+
+
+def _located(trial_dir: str, spec: dict) -> tuple[str, dict]:
+    """cwd and env of a spec; a ``located`` spec (written for shared storage, where the controller and
+    the pod see different paths) gets its directories from where the trial directory really is."""
+    cwd = os.path.normpath(os.path.join(trial_dir, spec.get("cwd") or "."))
+    env = dict(spec.get("env", {}))
+    if spec.get("located"):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env.update({"NNI_SYS_DIR": trial_dir, "NNI_OUTPUT_DIR": trial_dir, "NNI_CODE_DIR": cwd,
+                    "PYTHONPATH": os.pathsep.join([os.path.join(root, "trialflow", "trial", "nni_shim"), root])})
+    return cwd, env
+
+
+def execute(trial_dir: str, tee: bool = False) -> int:
+    """Run the trial command and write ``state``; returns the trial's exit code. ``tee`` also copies
+    the trial's output to this process's stdout/stderr (a pod's log)."""
+    trial_dir = os.path.abspath(trial_dir)
     meta_dir = os.path.join(trial_dir, ".nni")
     with open(os.path.join(meta_dir, "keeper.json"), encoding="utf-8") as f:
         spec = json.load(f)
@@ -54,26 +80,63 @@ def run(trial_dir: str) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     write_atomic(os.path.join(meta_dir, "keeper.pid"),
                  {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
-    env = {**os.environ, **spec.get("env", {})}
+    cwd, spec_env = _located(trial_dir, spec)
+    env = {**os.environ, **spec_env}
     # bash sources ~/.bashrc when it sees it was started over SSH; that would reorder PATH (pythonPath
     # first, as NNI promises) and cost a shell start-up per trial. The trial command runs rc-free.
     for name in ("SSH_CLIENT", "SSH2_CLIENT"):
         env.pop(name, None)
+    pipe = subprocess.PIPE if tee else None
     with open(os.path.join(trial_dir, "trial.stdout"), "ab") as out, \
             open(os.path.join(trial_dir, "trial.stderr"), "ab") as err:
         try:
-            proc = subprocess.Popen(["/bin/bash", "-c", spec["command"]], cwd=spec.get("cwd") or trial_dir,
-                                    env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(["/bin/bash", "-c", spec["command"]], cwd=cwd, env=env,
+                                    stdout=pipe or out, stderr=pipe or err, stdin=subprocess.DEVNULL,
                                     preexec_fn=_default_signals)
         except OSError as exc:
             err.write(f"trialflow keeper: cannot start the trial command: {exc}\n".encode())
             write_atomic(os.path.join(meta_dir, "state"), {"exit_code": 127, "end_time": time.time()})
             return 127
         write_atomic(os.path.join(meta_dir, "started"), {"pid": proc.pid, "time": time.time()})
+        copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
+        for copier in copiers:
+            copier.join()
     exit_code = 128 - code if code < 0 else code
     write_atomic(os.path.join(meta_dir, "state"), {"exit_code": exit_code, "end_time": time.time()})
-    return 0
+    return exit_code
+
+
+def _tee(source, sink, also) -> threading.Thread:  # type: ignore[no-untyped-def]
+    def copy() -> None:
+        for line in iter(source.readline, b""):
+            sink.write(line)
+            sink.flush()
+            also.buffer.write(line)
+            also.flush()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
+def pod(trial_dir: str, role: str, primary: str) -> int:
+    """A replica of a cluster job (foreground; the pod's exit code is the command's). The first
+    replica of the primary role to claim the trial runs the trial itself; other replicas run their
+    role's command beside it, in ``replicas/<pod name>/``, reporting nothing."""
+    trial_dir = os.path.abspath(trial_dir)
+    if role == primary and claim(trial_dir):
+        return execute(trial_dir, tee=True)
+    spec = read_json(os.path.join(trial_dir, ".nni", "keeper.json")) or {}
+    command = (spec.get("roles") or {}).get(role) or spec.get("command", "true")
+    replica_dir = os.path.join(trial_dir, "replicas", os.environ.get("HOSTNAME") or str(os.getpid()))
+    os.makedirs(replica_dir, exist_ok=True)
+    shutil.copyfile(os.path.join(trial_dir, "parameter.cfg"), os.path.join(replica_dir, "parameter.cfg"))
+    cwd, env = _located(trial_dir, spec)
+    env.update({"NNI_SYS_DIR": replica_dir, "NNI_OUTPUT_DIR": replica_dir, "TRIALFLOW_METRIC_CHANNEL": "file"})
+    code = subprocess.call(["/bin/bash", "-c", command], cwd=cwd, env={**os.environ, **env},
+                           stdin=subprocess.DEVNULL)
+    return 128 - code if code < 0 else code
 
 
 def write_trial_files(payload: dict) -> str:
@@ -155,12 +218,15 @@ def main(argv: list[str]) -> int:
         payload = json.load(sys.stdin)
         trial_dir = write_trial_files(payload)
         return 0 if payload.get("hold") else detach(trial_dir)
+    if argv[:1] == ["--pod"] and len(argv) == 4:
+        return pod(argv[1], argv[2], argv[3])
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
     if len(argv) == 1:
         return run(argv[0])
-    print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --kill <trial dir> <grace> | --version",
+    print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> | "
+          "--kill <trial dir> <grace> | --version",
           file=sys.stderr)
     return 2
 

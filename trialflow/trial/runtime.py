@@ -2,9 +2,10 @@
 
 Inside an experiment (``NNI_PLATFORM`` set) the parameters come from ``$NNI_SYS_DIR/parameter.cfg``,
 written for this trial alone before it started, and metrics go out on the channel the training
-service chose (``TRIALFLOW_METRIC_CHANNEL``: ``file`` -> ``$NNI_SYS_DIR/.nni/metrics``, or
-``stdout`` -> marker lines). Outside an experiment the trial runs standalone: empty parameters,
-results printed.
+service chose (``TRIALFLOW_METRIC_CHANNEL``: ``file`` -> ``$NNI_SYS_DIR/.nni/metrics``,
+``stdout`` -> marker lines, or ``http`` -> pushed to the metrics receiver *and* printed as marker
+lines, the fallback the controller reads from the pod's log). Outside an experiment the trial runs
+standalone: empty parameters, results printed.
 """
 
 from __future__ import annotations
@@ -108,8 +109,19 @@ def _send(kind: str, metric: Any) -> None:
                 f.write(encode_file_record(record))
                 f.flush()
         else:
+            if channel == "http":
+                _pusher().push(record.to_json())
             sys.stdout.write(encode_stdout_line(record) + "\n")
             sys.stdout.flush()
+
+
+def _pusher() -> Any:
+    if _state.get("pusher") is None:
+        from .push import MetricPusher
+
+        _state["pusher"] = MetricPusher(os.environ["TRIALFLOW_METRICS_URL"],
+                                        os.environ.get("TRIALFLOW_METRICS_TOKEN", ""), get_trial_id())
+    return _state["pusher"]
 
 
 def report_intermediate_result(metric: Any) -> None:

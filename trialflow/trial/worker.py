@@ -11,7 +11,13 @@ pending stop request and leaves. The environment directory holds:
   by the controller; the worker moves each to ``taken/`` and starts its keeper, which runs the
   trial detached, so trials outlive the worker;
 * ``heartbeat``: touched by the controller; with no touch for the idle timeout the worker leaves;
-* ``stop``: ask the worker to leave (the controller's ``close()``).
+* ``stop``: ask the worker to leave (the controller's ``close()``);
+* ``kill/<trial id>``: stop that trial (the file holds its directory); used where the controller
+  cannot run a command next to the worker (a cluster job's pod).
+
+A relative ``trial_dir`` in a payload is relative to ``<env dir>`` (shared storage, where the
+controller and the pod see different paths). ``worker --foreground <env dir> [idle]`` serves in
+the calling process: a cluster job's pod, which ends when the worker leaves.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
-from .keeper import claim, runtime_version, write_trial_files
+from .keeper import claim, kill_trial, runtime_version, write_trial_files
 from .procs import daemonize, pid_alive, process_start_time, read_json, write_atomic
 
 TICK = 0.02
 DEFAULT_IDLE_TIMEOUT = 900.0
+KILL_GRACE = 2.0
 
 
 def _live_worker(env_dir: str) -> bool:
@@ -52,7 +60,8 @@ def serve(env_dir: str, idle_timeout: float) -> None:
             break
         for name in sorted(os.listdir(queue)):
             if name.endswith(".json"):
-                keepers.extend(_take(os.path.join(queue, name), os.path.join(taken, name)))
+                keepers.extend(_take(env_dir, os.path.join(queue, name), os.path.join(taken, name)))
+        _kill_requests(env_dir)
         keepers = [k for k in keepers if k.poll() is None]
         time.sleep(TICK)
     try:
@@ -61,7 +70,22 @@ def serve(env_dir: str, idle_timeout: float) -> None:
         pass
 
 
-def _take(queued: str, taken: str) -> list[subprocess.Popen[bytes]]:
+def _kill_requests(env_dir: str) -> None:
+    kills = os.path.join(env_dir, "kill")
+    if not os.path.isdir(kills):
+        return
+    for name in os.listdir(kills):
+        path = os.path.join(kills, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                trial_dir = os.path.normpath(os.path.join(env_dir, f.read().strip()))
+            os.remove(path)
+        except OSError:
+            continue
+        threading.Thread(target=kill_trial, args=(trial_dir, KILL_GRACE), daemon=True).start()
+
+
+def _take(env_dir: str, queued: str, taken: str) -> list[subprocess.Popen[bytes]]:
     payload = read_json(queued)
     try:
         os.replace(queued, taken)
@@ -69,6 +93,7 @@ def _take(queued: str, taken: str) -> list[subprocess.Popen[bytes]]:
         return []
     if payload is None:
         return []
+    payload["trial_dir"] = os.path.normpath(os.path.join(env_dir, payload["trial_dir"]))
     trial_dir = write_trial_files(payload)
     if not claim(trial_dir):
         return []
@@ -99,8 +124,19 @@ def start(env_dir: str, idle_timeout: float) -> int:
     os._exit(code)
 
 
+def main(argv: list[str]) -> int:
+    foreground = argv[:1] == ["--foreground"]
+    argv = argv[1:] if foreground else argv
+    if len(argv) not in (1, 2):
+        print("usage: worker [--foreground] <env dir> [idle timeout seconds]", file=sys.stderr)
+        return 2
+    idle = float(argv[1]) if len(argv) == 2 else DEFAULT_IDLE_TIMEOUT
+    if foreground:
+        os.makedirs(argv[0], exist_ok=True)
+        serve(os.path.abspath(argv[0]), idle)
+        return 0
+    return start(argv[0], idle)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        print("usage: worker <env dir> [idle timeout seconds]", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(start(sys.argv[1], float(sys.argv[2]) if len(sys.argv) == 3 else DEFAULT_IDLE_TIMEOUT))
+    sys.exit(main(sys.argv[1:]))

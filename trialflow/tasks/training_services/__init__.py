@@ -31,9 +31,30 @@ def _remote(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingServ
     return RemoteTrainingService(config, experiment_dir)  # type: ignore[arg-type]
 
 
+def _kubeflow(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    from .kubeflow import KubeflowTrainingService
+
+    return KubeflowTrainingService(config, experiment_dir)  # type: ignore[arg-type]
+
+
+def _frameworkcontroller(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    from .frameworkcontroller import FrameworkControllerTrainingService
+
+    return FrameworkControllerTrainingService(config, experiment_dir)  # type: ignore[arg-type]
+
+
+def _adl(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    from .adaptdl import AdaptDLTrainingService
+
+    return AdaptDLTrainingService(config, experiment_dir)  # type: ignore[arg-type]
+
+
 SERVICES: dict[str, Callable[[TrainingServiceConfig, Path], TrainingService]] = {
     "local": _local,
     "remote": _remote,
+    "kubeflow": _kubeflow,
+    "frameworkcontroller": _frameworkcontroller,
+    "adl": _adl,
 }
 
 

@@ -1,0 +1,249 @@
+"""The metrics receiver: the HTTP endpoint trials push metrics to when no file of theirs is reachable.
+
+One receiver per experiment controller, started by the services that need it and stopped by their
+``close()``. It binds 127.0.0.1 unless ``nniManagerIp`` names the address pods reach this machine at.
+
+``POST /metrics/<trial id>`` with ``Authorization: Bearer <token>`` and a JSON body
+``{"metrics": [<record>, ...]}``, each record NNI's metric JSON (as a string or an object). Answers:
+
+* 200 ``{"accepted": n, "duplicates": d}`` -- records are idempotent by (type, sequence), so a
+  retried batch is harmless;
+* 401 without a known token; 403 when the token is not allowed to write that trial (a trial token
+  allows its own trial; an environment token the trials currently assigned to its environment);
+* 411 without a Content-Length, 413 over ``max_body`` bytes, 400 for a body that is not JSON (NaN
+  and Infinity literals included) or not of that shape, 422 when a record is invalid (then nothing of
+  the batch is kept), 429 with ``Retry-After`` when a token goes over its request rate or its
+  trial's unread backlog is full; 404/405 for other paths and methods.
+
+Accepted records wait in memory until the service's ``poll()`` takes them with :meth:`drain`.
+Tokens are kept only as SHA-256 digests (looked up by digest, so no comparison leaks a prefix) and
+never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ..trial.records import MetricRecord, MetricRecordError, parse_record
+
+MAX_BODY_BYTES = 1024 * 1024
+RATE_PER_SECOND = 500.0
+BURST = 1000.0
+MAX_BACKLOG = 200_000
+
+
+@dataclass
+class _Grant:
+    trials: set[str]
+    tokens: float = BURST
+    refilled: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class ReceiverStats:
+    accepted: int = 0
+    duplicates: int = 0
+    refused: dict[int, int] = field(default_factory=dict)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "replace")).digest()
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class MetricsReceiver:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
+                 max_body: int = MAX_BODY_BYTES, rate: float = RATE_PER_SECOND, burst: float = BURST) -> None:
+        self.bind_host, self.bind_port = host, port
+        self.advertise = advertise or host
+        self.max_body, self.rate, self.burst = max_body, rate, burst
+        self.stats = ReceiverStats()
+        self._grants: dict[bytes, _Grant] = {}
+        self._pending: dict[str, list[MetricRecord]] = {}
+        self._seen: dict[str, set[tuple[str, int]]] = {}
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> MetricsReceiver:
+        receiver = self
+
+        class Handler(_Handler):
+            pass
+
+        Handler.receiver = receiver
+        try:
+            self._server = ThreadingHTTPServer((self.bind_host, self.bind_port), Handler)
+        except OSError:
+            if not self.bind_port:
+                raise
+            self._server = ThreadingHTTPServer((self.bind_host, 0), Handler)  # the old port is taken
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="metrics-receiver", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() the receiver first"
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The base URL trials push to."""
+        return f"http://{self.advertise}:{self.port}"
+
+    # ---- tokens ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def new_token() -> str:
+        return secrets.token_urlsafe(32)
+
+    def grant(self, token: str, *trial_ids: str) -> None:
+        """Allow ``token`` to append metrics of ``trial_ids`` (added to what it already may write)."""
+        with self._lock:
+            grant = self._grants.setdefault(_digest(token), _Grant(set(), self.burst))
+            grant.trials.update(trial_ids)
+
+    def revoke(self, token: str, trial_id: str | None = None) -> None:
+        with self._lock:
+            if trial_id is None:
+                self._grants.pop(_digest(token), None)
+            elif _digest(token) in self._grants:
+                self._grants[_digest(token)].trials.discard(trial_id)
+
+    # ---- records --------------------------------------------------------------------------------
+
+    def drain(self, trial_id: str) -> list[MetricRecord]:
+        """The records received for ``trial_id`` since the last drain, in arrival order."""
+        with self._lock:
+            return self._pending.pop(trial_id, [])
+
+    def forget(self, trial_id: str) -> None:
+        with self._lock:
+            self._pending.pop(trial_id, None)
+            self._seen.pop(trial_id, None)
+
+    def _authorize(self, header: str | None, trial_id: str) -> int:
+        if not header or not header.startswith("Bearer "):
+            return 401
+        offered = header[7:].strip()
+        with self._lock:
+            grant = self._grants.get(_digest(offered))
+            if grant is None:
+                return 401
+            if trial_id not in grant.trials:
+                return 403
+            now = time.monotonic()
+            grant.tokens = min(self.burst, grant.tokens + (now - grant.refilled) * self.rate)
+            grant.refilled = now
+            if grant.tokens < 1 or len(self._pending.get(trial_id, ())) >= MAX_BACKLOG:
+                return 429
+            grant.tokens -= 1
+        return 0
+
+    def accept(self, trial_id: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        try:
+            data = json.loads(body, parse_constant=_no_constants)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return 400, {"error": f"the body is not valid JSON: {exc}"}
+        metrics = data.get("metrics") if isinstance(data, dict) else None
+        if not isinstance(metrics, list):
+            return 400, {"error": 'the body must be {"metrics": [<metric record>, ...]}'}
+        records = []
+        for index, item in enumerate(metrics):
+            try:
+                text = item if isinstance(item, str) else json.dumps(item)
+                records.append(parse_record(text, trial_id))
+            except (MetricRecordError, TypeError, ValueError) as exc:
+                return 422, {"error": f"metrics[{index}]: {exc}"}
+        accepted = duplicates = 0
+        with self._lock:
+            seen = self._seen.setdefault(trial_id, set())
+            pending = self._pending.setdefault(trial_id, [])
+            for record in records:
+                key = (record.type, record.sequence)
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen.add(key)
+                pending.append(record)
+                accepted += 1
+            self.stats.accepted += accepted
+            self.stats.duplicates += duplicates
+        return 200, {"accepted": accepted, "duplicates": duplicates}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    receiver: MetricsReceiver
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- the base class's name
+        pass  # request lines would carry trial ids only, but keep the receiver silent like a daemon
+
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        receiver = self.receiver
+        parts = self.path.split("?", 1)[0].strip("/").split("/")
+        if len(parts) != 2 or parts[0] != "metrics":
+            self._discard_body()
+            return self._reply(404, {"error": "POST /metrics/<trial id>"})
+        trial_id = parts[1]
+        code = receiver._authorize(self.headers.get("Authorization"), trial_id)
+        if code:
+            self._discard_body()
+            return self._reply(code, {"error": {401: "a valid bearer token is required",
+                                                403: "this token may not write metrics of this trial",
+                                                429: "too many requests; retry later"}[code]})
+        length_header = self.headers.get("Content-Length")
+        if length_header is None or not length_header.isdigit():
+            self.close_connection = True
+            return self._reply(411, {"error": "a Content-Length header is required"})
+        length = int(length_header)
+        if length > receiver.max_body:
+            self.close_connection = True
+            return self._reply(413, {"error": f"the body is {length} bytes; the limit is {receiver.max_body}"})
+        code, payload = receiver.accept(trial_id, self.rfile.read(length))
+        self._reply(code, payload)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._reply(405, {"error": "only POST /metrics/<trial id> is served"})
+
+    do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
+
+    def _discard_body(self) -> None:
+        length = self.headers.get("Content-Length")
+        if length and length.isdigit() and int(length) <= self.receiver.max_body:
+            self.rfile.read(int(length))
+        else:
+            self.close_connection = True
+
+    def _reply(self, code: int, payload: dict[str, Any]) -> None:
+        if code != 200:
+            with self.receiver._lock:
+                self.receiver.stats.refused[code] = self.receiver.stats.refused.get(code, 0) + 1
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if code == 429:
+            self.send_header("Retry-After", "1")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
