@@ -120,3 +120,51 @@ esac
 """)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return directory
+
+
+NFS_SERVER, NFS_PATH = "nfs.cluster.local", "/exports/nni"
+
+
+@pytest.fixture(scope="session")
+def k8s_emulator(tmp_path_factory):
+    """One Kubernetes API emulator for the session; its NFS export is a local folder (``.nfs_dir``)."""
+    from trialflow.testing.emulators.kubernetes import KubernetesEmulator
+
+    root = tmp_path_factory.mktemp("k8s")
+    nfs = root / "nfs"
+    nfs.mkdir()
+    emulator = KubernetesEmulator(root / "cluster", {f"{NFS_SERVER}:{NFS_PATH}": nfs}, kill_grace=1.0).start()
+    emulator.nfs_dir = nfs
+    emulator.kubeconfig = emulator.write_kubeconfig(root / "kubeconfig")
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def k8s(k8s_emulator, monkeypatch):
+    """The emulator, with KUBECONFIG pointing at it for this test."""
+    monkeypatch.setenv("KUBECONFIG", str(k8s_emulator.kubeconfig))
+    return k8s_emulator
+
+
+def k8s_section(kind: str, nfs_dir: Path, reuse: bool = False, channel: str = "http",
+                command: str = 'python3 "$NNI_TRIAL_JOB_ID.py"') -> dict:
+    """A trainingService section for ``kind`` in tfjob, pytorchjob, framework, adaptdl."""
+    storage = {"storageType": "nfs", "server": NFS_SERVER, "path": NFS_PATH, "localMountPoint": str(nfs_dir)}
+    role = {"replicas": 1, "command": command, "cpuNumber": 1, "memorySize": "512mb", "gpuNumber": 0}
+    if kind == "tfjob":
+        return {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1", "storage": storage,
+                "worker": role, "reuseMode": reuse, "metricChannel": channel}
+    if kind == "pytorchjob":
+        return {"platform": "kubeflow", "operator": "pytorch-operator", "apiVersion": "v1", "storage": storage,
+                "master": role, "worker": {**role, "command": "echo worker replica"}, "reuseMode": reuse,
+                "metricChannel": channel}
+    if kind == "framework":
+        return {"platform": "frameworkcontroller", "storage": storage, "reuseMode": reuse, "metricChannel": channel,
+                "taskRoles": [{"name": "worker", "taskNumber": 1, "command": command, "gpuNumber": 0,
+                               "cpuNumber": 1, "memorySize": "512mb",
+                               "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1,
+                                                                    "minSucceedTaskCount": 1}}]}
+    return {"platform": "adl", "metricChannel": channel,
+            "nfs": {"server": NFS_SERVER, "path": NFS_PATH, "containerMountPath": "/nfs",
+                    "localMountPoint": str(nfs_dir)}, "checkpoint": {"storageClass": "nfs", "storageSize": "1Gi"}}

@@ -303,6 +303,9 @@ class KubernetesTrainingService(TrainingService):
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         cursor = dict(cursor)
+        if not (self._trial_dir(handle) / ".nni").is_dir():
+            raise LostHandleError(f"trial {handle.trial_id}: its directory {self._trial_dir(handle)} is missing on "
+                                  "the shared storage")
         if handle.data.get("reuse"):
             return self._poll_reuse(handle, cursor)
         obj = self.api.get_job(self.group, self.version, self.plural, handle.data["job"])
@@ -415,8 +418,6 @@ class KubernetesTrainingService(TrainingService):
         """Re-attach after a restart: the environment is known again, and the token (read back from
         its Secret) is accepted again by this controller's receiver."""
         self._seen.setdefault(handle.trial_id, set())
-        if not (self._trial_dir(handle) / ".nni").exists():
-            raise LostHandleError(f"trial {handle.trial_id}: its directory is missing on the shared storage")
         if handle.data.get("reuse"):
             self._assign(handle)
         if self.receiver is not None:

@@ -67,7 +67,7 @@ class AdaptDLTrainingService(KubernetesTrainingService):
     def before_create(self, name: str, object_labels: dict[str, str], commands: dict[str, list[str]]) -> None:
         self.api.ensure("configmap", {
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": object_labels},
-            "data": {"run.sh": "#!/bin/sh\nexec " + " ".join(commands["main"]) + "\n",
+            "data": {"run.sh": '#!/bin/sh\nexec sh "$TRIALFLOW_TRIAL_SCRIPT"\n',
                      "cleanup.sh": "#!/bin/sh\nkill -INT 1 2>/dev/null; sleep 2\n"}})
         checkpoint = self.config.checkpoint
         if checkpoint is not None:
@@ -104,7 +104,8 @@ class AdaptDLTrainingService(KubernetesTrainingService):
                 "lifecycle": {"preStop": {"exec": {"command": ["sh", f"{SCRIPTS_MOUNT}/cleanup.sh"]}}},
                 "env": [{"name": "ADAPTDL_CHECKPOINT_PATH", "value": "/adaptdl/checkpoint"},
                         {"name": "ADAPTDL_TENSORBOARD_LOGDIR", "value": "/adaptdl/tensorboard"},
-                        {"name": "ADAPTDL_SHARE_PATH", "value": "/adaptdl/share"}, *env],
+                        {"name": "ADAPTDL_SHARE_PATH", "value": "/adaptdl/share"},
+                        {"name": "TRIALFLOW_TRIAL_SCRIPT", "value": commands["main"][-1]}, *env],
                 "volumeMounts": mounts, "resources": res}],
             "volumes": volumes,
         }

@@ -239,23 +239,27 @@ class Controller:
     def _run_pod(self, pod: PodRun, extra_env: dict[str, str]) -> None:
         spec = pod.obj["spec"]
         workdir = self.directory / "pod-volumes" / pod.namespace / pod.name
-        try:
-            mounts = self._volumes(pod, spec, workdir)
-        except LookupError as exc:
-            self._set_pod(pod, "Pending", reason="ContainerCreating", message=str(exc))
-            return
+        while True:  # like a kubelet, wait for a missing PVC, Secret or ConfigMap to appear
+            try:
+                mounts = self._volumes(pod, spec, workdir)
+                break
+            except LookupError as exc:
+                if pod.deleted or self._stop.is_set():
+                    return
+                self._set_pod(pod, "Pending", reason="ContainerCreating", message=str(exc))
+                time.sleep(0.1)
         for container in list(spec.get("initContainers") or []) + [spec["containers"][0]]:
             if pod.deleted:
                 return
             is_init = container is not spec["containers"][0]
+            if is_init and "frameworkbarrier" in str(container.get("image", "")):
+                _framework_barrier(container, mounts, pod)
+                continue
             try:
                 argv, env, cwd = self._container(pod, container, mounts, extra_env)
             except LookupError as exc:
                 self._set_pod(pod, "Pending", reason="CreateContainerConfigError", message=str(exc))
                 return
-            if is_init and "frameworkbarrier" in str(container.get("image", "")):
-                _framework_barrier(container, mounts, self.cluster, pod)
-                continue
             with open(pod.log_path, "ab") as log:
                 try:
                     pod.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
@@ -543,7 +547,7 @@ def _operator_env(job: JobRun, obj: dict[str, Any], rtype: str, index: int) -> d
             "ADAPTDL_REPLICA_RANK": str(index)}
 
 
-def _framework_barrier(container: dict[str, Any], volumes: dict[str, Path], cluster: Any, pod: PodRun) -> None:
+def _framework_barrier(container: dict[str, Any], volumes: dict[str, Path], pod: PodRun) -> None:
     """The frameworkbarrier init container: writes ``injector.sh`` exporting the peers' addresses."""
     for mount in container.get("volumeMounts") or []:
         target = volumes.get(mount["name"])

@@ -303,6 +303,9 @@ class KubernetesEmulator:
             if method == "DELETE":
                 self.cluster.remove(plural, ns, name)
                 self.controller.deleted(plural, ns, name, obj)
+                if plural not in ("secrets", "configmaps"):  # these answer a Status, the others the object
+                    obj["metadata"]["deletionTimestamp"] = now_iso()
+                    return 200, obj
                 return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
                              "details": {"name": name, "kind": plural, "uid": obj["metadata"]["uid"]}}
             if method in ("PATCH", "PUT"):
@@ -331,6 +334,8 @@ class KubernetesEmulator:
             if plural == "secrets":
                 self._check_secret(obj)
             obj.pop("status", None)
+            if plural == "persistentvolumeclaims":
+                obj["status"] = {"phase": "Bound", "accessModes": obj.get("spec", {}).get("accessModes", [])}
             self.cluster.put(plural, ns, obj)
         return obj
 

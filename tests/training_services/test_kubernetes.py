@@ -1,0 +1,312 @@
+"""Kubeflow (TFJob, PyTorchJob), FrameworkController and AdaptDL services through the real
+``kubernetes`` client against the API emulator: the contract for each (reuse on and off, metrics
+over HTTP and through pod logs only), manifests validated against the published CRDs, every row of
+each state table, faults, and tokens that stay out of manifests and logs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import k8s_section, write_trial
+from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
+from trialflow.config.platforms import PLATFORM_CONFIGS
+from trialflow.ids import new_experiment_id
+from trialflow.tasks.training_services import PlatformError, TransientPlatformError, TrialSpec, TrialStatus, create_service
+from trialflow.tasks.training_services.adaptdl import adaptdl_state
+from trialflow.tasks.training_services.frameworkcontroller import framework_state
+from trialflow.tasks.training_services.kubeflow import condition_state
+from trialflow.testing.emulators.k8s_schemas import FRAMEWORK_SCHEMA, specs_dir, validate_custom_object
+
+COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
+VARIANTS = {
+    "tfjob": ("tfjob", False, "http"), "pytorchjob": ("pytorchjob", False, "http"),
+    "framework": ("framework", False, "http"), "adaptdl": ("adaptdl", False, "http"),
+    "tfjob-reuse": ("tfjob", True, "http"), "framework-reuse": ("framework", True, "http"),
+    "pytorchjob-logs-only": ("pytorchjob", False, "logs"),
+}
+
+
+def k8s_service(tmp_path: Path, nfs: Path, kind: str, reuse: bool = False, channel: str = "http", **extra):
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    section = {**k8s_section(kind, nfs, reuse, channel), **extra}
+    config = PLATFORM_CONFIGS[section["platform"]](trial_command=COMMAND, trial_code_directory=code, **section)
+    return create_service(config, tmp_path / "exp" / new_experiment_id())
+
+
+@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
+def service(request, tmp_path, k8s):
+    svc = k8s_service(tmp_path, k8s.nfs_dir, *VARIANTS[request.param])
+    svc.prepare()
+    svc.code = svc.upload_code(tmp_path / "code")
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def make_spec(tmp_path, service):
+    def make(trial_id, body, parameters, gpu_number=None):
+        write_trial(tmp_path / "code", body, f"{trial_id}.py")
+        service.code = service.upload_code(tmp_path / "code")
+        return TrialSpec(service.experiment_id, trial_id, 0, 0, parameters, COMMAND, tmp_path / "code", gpu_number)
+    return make
+
+
+class TestKubernetesContract(TrainingServiceContract):
+    def test_metrics_arrive_on_the_configured_channel(self, service, make_spec):
+        body = "import nni\nnni.get_next_parameter()\nnni.report_final_result(7.0)\n"
+        handle = service.submit(make_spec("Chan1", body, {}), service.code)
+        accepted = service.receiver.stats.accepted if service.receiver else 0
+        _, metrics, _ = poll_until_terminal(service, handle)
+        assert [m.value for m in metrics] == [7.0]
+        if service.channel == "http":
+            assert service.receiver.stats.accepted == accepted + 1  # pushed, not only read from logs
+        else:
+            assert service.receiver is None
+
+
+# ---- manifests and schemas ---------------------------------------------------------------------
+
+
+def _render(tmp_path, nfs, kind, **extra):
+    svc = k8s_service(tmp_path, nfs, kind, **extra)
+    roles = svc.roles()
+    commands = {role: ["sh", f"/tmp/mount/nni/x/run_{role}.sh"] for role in roles}
+    env = [{"name": "TRIALFLOW_METRICS_TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "token"}}}]
+    return svc, svc.manifest(svc.job_name("trial", "AbCde"), {"app": "nni-kubernetes-trial"}, commands, env)
+
+
+@pytest.mark.parametrize("kind,extra", [
+    ("tfjob", {}),
+    ("tfjob", {"ps": {"replicas": 2, "command": "python3 ps.py", "cpuNumber": 0.5, "memorySize": "1gb",
+                      "gpuNumber": 0}}),
+    ("pytorchjob", {}),
+    ("framework", {"serviceAccountName": "nni-runner"}),
+    ("adaptdl", {"adaptive": True, "imagePullSecrets": [{"name": "regcred"}], "cpuNumber": 2, "memorySize": "4Gi"}),
+    ("tfjob", {"storage": {"storageType": "azureStorage", "azureAccount": "acct", "azureShare": "share",
+                           "keyVaultName": "vault", "keyVaultKey": "key", "localMountPoint": "."}}),
+])
+def test_every_generated_manifest_validates_against_the_published_schema(tmp_path, kind, extra):
+    svc, manifest = _render(tmp_path, tmp_path, kind, **extra)
+    assert validate_custom_object(svc.plural, manifest) == []
+    container = _first_container(manifest)
+    assert "TRIALFLOW_METRICS_TOKEN" in {e["name"] for e in container["env"]}
+    assert all("value" not in e for e in container["env"] if e["name"] == "TRIALFLOW_METRICS_TOKEN")
+
+
+def _first_container(manifest):
+    spec = manifest["spec"]
+    if "tfReplicaSpecs" in spec or "pytorchReplicaSpecs" in spec:
+        replicas = spec.get("tfReplicaSpecs") or spec["pytorchReplicaSpecs"]
+        return next(iter(replicas.values()))["template"]["spec"]["containers"][0]
+    if "taskRoles" in spec:
+        return spec["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]
+    return spec["template"]["spec"]["containers"][0]
+
+
+def test_manifests_follow_nni_names_resources_and_storage(tmp_path):
+    extra = {"ps": {"replicas": 2, "command": "python3 ps.py", "cpuNumber": 0.5, "memorySize": "1gb", "gpuNumber": 1}}
+    svc, manifest = _render(tmp_path, tmp_path, "tfjob", **extra)
+    assert manifest["kind"] == "TFJob" and manifest["apiVersion"] == "kubeflow.org/v1"
+    assert manifest["metadata"]["name"] == f"nni-exp-{svc.experiment_id}-trial-abcde05"  # case kept in a suffix
+    ps = manifest["spec"]["tfReplicaSpecs"]["PS"]
+    assert ps["replicas"] == 2 and ps["restartPolicy"] == "ExitCode"
+    assert ps["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "0.5", "memory": "1024Mi", "nvidia.com/gpu": "1"}
+    assert ps["template"]["spec"]["volumes"] == [{"name": "nni-vol", "nfs": {"server": "nfs.cluster.local",
+                                                                            "path": "/exports/nni"}}]
+    fc, framework = _render(tmp_path, tmp_path, "framework")
+    role = framework["spec"]["taskRoles"][0]
+    assert role["frameworkAttemptCompletionPolicy"] == {"minFailedTaskCount": 1, "minSucceededTaskCount": 1}
+    assert "FB_WORKER_PORT=4000" in role["task"]["pod"]["spec"]["containers"][0]["command"][2]
+    assert framework["metadata"]["name"] == f"nniexp{fc.experiment_id}trialabcde05"
+
+
+def test_framework_schema_accepts_the_upstream_examples_and_vendored_specs_match():
+    import yaml
+
+    for name in ("batchsucceeded.yaml", "batchfailedpermanent.yaml"):
+        example = yaml.safe_load((specs_dir() / "frameworkcontroller" / name).read_text())
+        assert validate_custom_object("frameworks", example) == []
+    assert FRAMEWORK_SCHEMA["properties"]["spec"]["properties"]["description"]["type"] == ["string", "null"]
+    shared = Path(__file__).resolve().parents[2].parent / "shared" / "platform-specs"
+    packaged = Path(__file__).resolve().parents[2] / "trialflow" / "testing" / "emulators" / "specs"
+    if shared.is_dir():
+        for sub in ("crds", "frameworkcontroller"):
+            for path in (shared / sub).iterdir():
+                assert (packaged / sub / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda m: m["spec"]["tfReplicaSpecs"].update(Boss=m["spec"]["tfReplicaSpecs"]["Worker"]), "Unsupported value"),
+    (lambda m: m["spec"]["tfReplicaSpecs"]["Worker"].update(replicas="one"), "is not of type 'integer'"),
+    (lambda m: m["spec"].pop("tfReplicaSpecs"), "'tfReplicaSpecs' is a required property"),
+    (lambda m: m["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0].update(name="main"),
+     "needs a container named 'tensorflow'"),
+    (lambda m: m["metadata"].update(name="Upper_Case"), "RFC 1123"),
+])
+def test_invalid_objects_are_refused_like_an_api_server(tmp_path, mutate, message):
+    svc, manifest = _render(tmp_path, tmp_path, "tfjob")
+    mutate(manifest)
+    assert any(message in p for p in validate_custom_object("tfjobs", manifest))
+
+
+def test_the_service_reports_the_api_servers_refusal(tmp_path, k8s):
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "framework")
+    svc.config.task_roles[0].name = "ps-1"  # our config allows dashes; the Framework schema does not
+    svc.prepare()
+    write_trial(tmp_path / "code", "print(1)\n", "Refu1.py")
+    code = svc.upload_code(tmp_path / "code")
+    with pytest.raises(PlatformError, match=r"HTTP 422.*taskRoles.*does not match") as err:
+        svc.submit(TrialSpec(svc.experiment_id, "Refu1", 0, 0, {}, COMMAND, tmp_path / "code"), code)
+    assert not isinstance(err.value, TransientPlatformError)
+    svc.close()
+
+
+# ---- state tables: every row ----------------------------------------------------------------
+
+
+def _conditions(*types):
+    return {"status": {"conditions": [{"type": t, "status": "True", "message": t} for t in types]}}
+
+
+@pytest.mark.parametrize("obj,expected", [
+    ({}, TrialStatus.WAITING),
+    (_conditions("Created"), TrialStatus.WAITING),
+    (_conditions("Created", "Suspended"), TrialStatus.WAITING),
+    (_conditions("Created", "Running"), TrialStatus.RUNNING),
+    (_conditions("Created", "Running", "Restarting"), TrialStatus.RUNNING),
+    (_conditions("Created", "Running", "Succeeded"), TrialStatus.SUCCEEDED),
+    (_conditions("Created", "Running", "Failed"), TrialStatus.FAILED),
+    ({"status": {"conditions": [{"type": "Created", "status": "True"}, {"type": "Running", "status": "False"}]}},
+     TrialStatus.WAITING),
+])
+def test_kubeflow_state_table(obj, expected):
+    assert condition_state(obj)[0] == expected
+
+
+def _framework(state, kind=None, code=0):
+    completion = {"code": code, "phrase": "x", "type": {"name": kind, "attributes": []}} if kind else None
+    return {"status": {"state": state, "attemptStatus": {"completionStatus": completion}}}
+
+
+@pytest.mark.parametrize("obj,expected", [
+    ({}, TrialStatus.WAITING),
+    *[(_framework(s), TrialStatus.WAITING) for s in ("AttemptCreationPending", "AttemptCreationRequested",
+                                                      "AttemptPreparing")],
+    *[(_framework(s), TrialStatus.RUNNING) for s in ("AttemptRunning", "AttemptDeletionPending",
+                                                      "AttemptDeletionRequested", "AttemptDeleting",
+                                                      "AttemptCompleted")],
+    (_framework("Completed", "Succeeded"), TrialStatus.SUCCEEDED),
+    (_framework("Completed", "Failed", 210), TrialStatus.FAILED),
+    (_framework("Completed", "Failed", -210), TrialStatus.SYS_CANCELED),
+])
+def test_frameworkcontroller_state_table(obj, expected):
+    assert framework_state(obj)[0] == expected
+
+
+@pytest.mark.parametrize("status,expected", [
+    ({}, TrialStatus.WAITING), ({"phase": "Pending"}, TrialStatus.WAITING),
+    ({"phase": "Starting"}, TrialStatus.WAITING), ({"phase": "Pending", "reason": "ImagePullBackOff"}, TrialStatus.FAILED),
+    ({"phase": "Starting", "reason": "ErrImagePull"}, TrialStatus.FAILED), ({"phase": "Running"}, TrialStatus.RUNNING),
+    ({"phase": "Stopping"}, TrialStatus.RUNNING), ({"phase": "Succeeded"}, TrialStatus.SUCCEEDED),
+    ({"phase": "Failed", "reason": "PodFailure"}, TrialStatus.FAILED),
+])
+def test_adaptdl_state_table(status, expected):
+    assert adaptdl_state({"status": status})[0] == expected
+
+
+# ---- faults -------------------------------------------------------------------------------------
+
+
+def _submit_retrying(svc, spec, code, attempts=6):
+    for _ in range(attempts):
+        try:
+            return svc.submit(spec, code)
+        except TransientPlatformError:
+            time.sleep(0.1)
+    raise AssertionError("submit never succeeded")
+
+
+@pytest.mark.parametrize("fault", ["5xx", "dropped-before", "dropped-after-create"])
+def test_submit_faults_are_retried_without_a_duplicate_job(tmp_path, k8s, fault):
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "tfjob")
+    svc.prepare()
+    write_trial(tmp_path / "code", "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n", "Flt1.py")
+    code = svc.upload_code(tmp_path / "code")
+    spec = TrialSpec(svc.experiment_id, "Flt1", 0, 0, {}, COMMAND, tmp_path / "code")
+    posts = k8s.count("POST", "tfjobs")
+    if fault == "5xx":
+        k8s.fail_next(3, 503, method="POST")
+    else:
+        k8s.drop_next(1, method="POST", after=fault == "dropped-after-create")
+    handle = _submit_retrying(svc, spec, code)
+    jobs = [j for j in k8s.objects("tfjobs") if j["metadata"]["labels"]["expId"] == svc.experiment_id]
+    assert len(jobs) == 1
+    if fault == "dropped-after-create":
+        assert k8s.count("POST", "tfjobs") == posts + 1  # the retry found the job instead of posting again
+    statuses, metrics, _ = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.SUCCEEDED and [m.value for m in metrics] == [1]
+    svc.close()
+
+
+def test_poll_errors_are_transient_and_a_deleted_job_is_sys_canceled(tmp_path, k8s):
+    from kubernetes import client, config
+
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "pytorchjob")
+    svc.prepare()
+    write_trial(tmp_path / "code", SLEEPING_TRIAL, "Del1.py")
+    code = svc.upload_code(tmp_path / "code")
+    handle = svc.submit(TrialSpec(svc.experiment_id, "Del1", 0, 0, {}, COMMAND, tmp_path / "code"), code)
+    k8s.fail_next(1, 500, method="GET")
+    with pytest.raises(TransientPlatformError, match="HTTP 500"):
+        svc.poll(handle, {})
+    deadline = time.monotonic() + 30
+    while svc.poll(handle, {}).status != TrialStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(k8s.kubeconfig)))
+    api.delete_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", handle.data["job"])
+    statuses, _, update = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.SYS_CANCELED and "deleted outside trialflow" in update.message
+    svc.close()
+
+
+def test_unreachable_api_server_and_missing_storage_are_clear_errors(tmp_path, k8s, monkeypatch):
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "tfjob")
+    svc.config.storage.local_mount_point = None
+    svc.storage = svc.make_storage()
+    with pytest.raises(PlatformError, match="localMountPoint"):
+        svc.prepare()
+    kubeconfig = tmp_path / "dead-kubeconfig"
+    kubeconfig.write_text(k8s.kubeconfig.read_text().replace(k8s.url, "http://127.0.0.1:9"))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with pytest.raises(TransientPlatformError, match="cannot reach the Kubernetes API server"):
+        k8s_service(tmp_path, k8s.nfs_dir, "tfjob").prepare()
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(PlatformError, match="no kubeconfig found"):
+        k8s_service(tmp_path, k8s.nfs_dir, "tfjob").prepare()
+
+
+def test_token_is_only_in_a_secret_never_in_manifests_or_logs(tmp_path, k8s):
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "framework")
+    svc.prepare()
+    body = "import os, nni\nnni.get_next_parameter()\nprint('trial output')\nnni.report_final_result(2)\n"
+    write_trial(tmp_path / "code", body, "Tok1.py")
+    code = svc.upload_code(tmp_path / "code")
+    handle = svc.submit(TrialSpec(svc.experiment_id, "Tok1", 0, 0, {}, COMMAND, tmp_path / "code"), code)
+    secret = svc.api.read_secret(f"{handle.data['job']}-token")
+    token = secret["token"]
+    assert len(token) >= 32
+    framework = next(o for o in k8s.objects("frameworks") if o["metadata"]["name"] == handle.data["job"])
+    assert token not in repr(framework)
+    poll_until_terminal(svc, handle)
+    assert svc.api.read_secret(f"{handle.data['job']}-token") is None  # removed when the trial ended
+    for root in (k8s.nfs_dir / "nni" / svc.experiment_id, k8s.directory / "pods", tmp_path / "exp"):
+        for path in root.rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
+    svc.close()
