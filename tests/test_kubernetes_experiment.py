@@ -1,0 +1,76 @@
+"""Experiments end to end on the Kubernetes services (API emulator, Prefect test server): 6 trials at
+concurrency 3 on TFJob, PyTorchJob, Framework and AdaptDLJob, reuse on and off, metrics over HTTP
+and only through pod logs; controller SIGKILL and resume re-attach running jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.conftest import base_config, k8s_section, start_controller, wait_for
+from tests.test_remote_experiment import TRIAL, _events, _peak
+from trialflow import parse_config, run_experiment
+from trialflow.experiments import create_experiment, open_store
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def k8s_experiment(tmp_path, k8s, kind, reuse=False, channel="http", sleep=0.1, **overrides):
+    from tests.conftest import write_trial
+
+    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep))
+    section = k8s_section(kind, k8s.nfs_dir, reuse, channel, command="python3 trial.py")
+    return base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py", trainingService=section,
+                       **overrides)
+
+
+def _check_done(tmp_path, result_or_store, trials, count):
+    assert len(trials) == count and all(t.status == "SUCCEEDED" for t in trials), [t.status for t in trials]
+    for trial in trials:
+        periodical = [m.value for m in result_or_store.metrics(trial.id, "PERIODICAL")]
+        assert periodical == [pytest.approx(trial.parameters["x"] + i) for i in range(3)]
+        assert trial.final == pytest.approx(trial.parameters["x"] * 10)
+    starts = [e["trial"] for e in _events(tmp_path) if e["kind"] == "start"]
+    assert sorted(starts) == sorted(t.id for t in trials), "a trial ran twice or not at all"
+
+
+@pytest.mark.parametrize("kind,reuse,channel", [
+    ("tfjob", False, "http"), ("pytorchjob", False, "http"), ("framework", False, "http"), ("adaptdl", False, "http"),
+    ("tfjob", True, "http"), ("framework", True, "http"), ("tfjob", False, "logs"), ("framework", False, "logs"),
+], ids=["tfjob", "pytorchjob", "framework", "adaptdl", "tfjob-reuse", "framework-reuse", "tfjob-logs-only",
+        "framework-logs-only"])
+def test_six_trials_at_concurrency_three(tmp_path, k8s, kind, reuse, channel):
+    config = k8s_experiment(tmp_path, k8s, kind, reuse, channel, trialConcurrency=3, maxTrialNumber=6)
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_done(tmp_path, store, result.trials, 6)
+    assert _peak(_events(tmp_path)) <= 3
+    jobs = {"tfjob": "tfjobs", "pytorchjob": "pytorchjobs", "framework": "frameworks", "adaptdl": "adaptdljobs"}[kind]
+    mine = [j for j in k8s.objects(jobs) if j["metadata"]["labels"].get("expId") == result.experiment_id]
+    if reuse:
+        assert mine == []  # environments are deleted at the end
+        envs = list((k8s.nfs_dir / "nni" / result.experiment_id / "envs").iterdir())
+        assert 1 <= len(envs) <= 3  # never more environments than trials in flight
+    else:
+        assert len(mine) == 6
+    receiver_file = tmp_path / "w" / result.experiment_id / "metrics-receiver.json"
+    assert receiver_file.exists() == (channel == "http")
+
+
+@pytest.mark.parametrize("kind,reuse", [("tfjob", False), ("framework", True)], ids=["tfjob", "framework-reuse"])
+def test_controller_sigkill_and_resume_reattaches_running_jobs(tmp_path, k8s, prefect_server, kind, reuse):
+    config = parse_config(k8s_experiment(tmp_path, k8s, kind, reuse, sleep=1.0, trialConcurrency=2,
+                                         maxTrialNumber=4))
+    exp_id, exp_dir = create_experiment(config)
+    store = open_store(exp_dir.parent, exp_id)
+    controller = start_controller(exp_id, exp_dir.parent, prefect_server)
+    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    second = start_controller(exp_id, exp_dir.parent, prefect_server)
+    assert second.wait(timeout=180) == 0
+    assert store.experiment().status == "DONE"
+    _check_done(tmp_path, store, store.trials(), 4)
