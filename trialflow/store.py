@@ -358,7 +358,11 @@ class ExperimentStore:
         if not rows:
             return 0
         stored = 0
+        periodical = [r for r in rows if r["type"] != "FINAL"]
         with self._tx() as conn:
+            if len(periodical) > 1:  # one executemany: the metric channels deliver in batches
+                stored += max(conn.execute(self._insert_metric, periodical).rowcount or 0, 0)
+                rows = [r for r in rows if r["type"] == "FINAL"]
             for row in rows:
                 inserted = conn.execute(self._insert_metric, row).rowcount or 0
                 stored += inserted

@@ -14,7 +14,13 @@ from tests.conftest import k8s_section, write_trial
 from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
 from trialflow.config.platforms import PLATFORM_CONFIGS
 from trialflow.ids import new_experiment_id
-from trialflow.tasks.training_services import PlatformError, TransientPlatformError, TrialSpec, TrialStatus, create_service
+from trialflow.tasks.training_services import (
+    PlatformError,
+    TransientPlatformError,
+    TrialSpec,
+    TrialStatus,
+    create_service,
+)
 from trialflow.tasks.training_services.adaptdl import adaptdl_state
 from trialflow.tasks.training_services.frameworkcontroller import framework_state
 from trialflow.tasks.training_services.kubeflow import condition_state
@@ -210,7 +216,8 @@ def test_frameworkcontroller_state_table(obj, expected):
 
 @pytest.mark.parametrize("status,expected", [
     ({}, TrialStatus.WAITING), ({"phase": "Pending"}, TrialStatus.WAITING),
-    ({"phase": "Starting"}, TrialStatus.WAITING), ({"phase": "Pending", "reason": "ImagePullBackOff"}, TrialStatus.FAILED),
+    ({"phase": "Starting"}, TrialStatus.WAITING),
+    ({"phase": "Pending", "reason": "ImagePullBackOff"}, TrialStatus.FAILED),
     ({"phase": "Starting", "reason": "ErrImagePull"}, TrialStatus.FAILED), ({"phase": "Running"}, TrialStatus.RUNNING),
     ({"phase": "Stopping"}, TrialStatus.RUNNING), ({"phase": "Succeeded"}, TrialStatus.SUCCEEDED),
     ({"phase": "Failed", "reason": "PodFailure"}, TrialStatus.FAILED),

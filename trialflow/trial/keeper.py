@@ -109,10 +109,14 @@ def execute(trial_dir: str, tee: bool = False) -> int:
 
 def _tee(source, sink, also) -> threading.Thread:  # type: ignore[no-untyped-def]
     def copy() -> None:
-        for line in iter(source.readline, b""):
-            sink.write(line)
+        fd = source.fileno()
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            sink.write(chunk)
             sink.flush()
-            also.buffer.write(line)
+            also.buffer.write(chunk)
             also.flush()
 
     thread = threading.Thread(target=copy, daemon=True)

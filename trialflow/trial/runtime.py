@@ -103,11 +103,12 @@ def _send(kind: str, metric: Any) -> None:
         record = MetricRecord(get_trial_id(), kind, sequence, metric, _state["parameter_id"])
         channel = os.environ.get("TRIALFLOW_METRIC_CHANNEL") or ("file" if os.environ.get("NNI_SYS_DIR") else "stdout")
         if channel == "file":
-            path = os.path.join(os.environ["NNI_SYS_DIR"], METRICS_FILE)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "ab") as f:
-                f.write(encode_file_record(record))
-                f.flush()
+            if _state.get("metrics_file") is None:
+                path = os.path.join(os.environ["NNI_SYS_DIR"], METRICS_FILE)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                _state["metrics_file"] = open(path, "ab")  # noqa: SIM115 -- kept open for the trial's life
+            _state["metrics_file"].write(encode_file_record(record))
+            _state["metrics_file"].flush()
         else:
             if channel == "http":
                 _pusher().push(record.to_json())

@@ -75,6 +75,8 @@ def _kill_requests(env_dir: str) -> None:
     if not os.path.isdir(kills):
         return
     for name in os.listdir(kills):
+        if ".tmp" in name:
+            continue  # still being written (write_atomic renames it into place)
         path = os.path.join(kills, name)
         try:
             with open(path, encoding="utf-8") as f:
