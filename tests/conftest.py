@@ -77,6 +77,22 @@ def start_controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def run_until_running_then_sigkill(config, api_url: str, running: int = 2):
+    """Create the experiment of ``config`` (parsed), run it in its own controller process and SIGKILL
+    that process once ``running`` trials run; returns (experiment id, experiment dir, store)."""
+    import signal
+
+    from trialflow.experiments import create_experiment, open_store
+
+    exp_id, exp_dir = create_experiment(config)
+    store = open_store(exp_dir.parent, exp_id)
+    controller = start_controller(exp_id, exp_dir.parent, api_url)
+    wait_for(lambda: len(store.trials(["RUNNING"])) == running, timeout=120)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    return exp_id, exp_dir, store
+
+
 @pytest.fixture(scope="session")
 def sshd_servers(tmp_path_factory):
     """Two real OpenSSH servers on 127.0.0.1 (generated host and user keys), stopped at the end."""

@@ -4,15 +4,12 @@ and only through pod logs; controller SIGKILL and resume re-attach running jobs.
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
-from tests.conftest import base_config, k8s_section, start_controller, wait_for
+from tests.conftest import base_config, k8s_section, run_until_running_then_sigkill, start_controller
 from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import parse_config, run_experiment
-from trialflow.experiments import create_experiment, open_store
+from trialflow.experiments import open_store
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -64,12 +61,7 @@ def test_six_trials_at_concurrency_three(tmp_path, k8s, kind, reuse, channel):
 def test_controller_sigkill_and_resume_reattaches_running_jobs(tmp_path, k8s, prefect_server, kind, reuse):
     config = parse_config(k8s_experiment(tmp_path, k8s, kind, reuse, sleep=1.0, trialConcurrency=2,
                                          maxTrialNumber=4))
-    exp_id, exp_dir = create_experiment(config)
-    store = open_store(exp_dir.parent, exp_id)
-    controller = start_controller(exp_id, exp_dir.parent, prefect_server)
-    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
-    os.kill(controller.pid, signal.SIGKILL)
-    controller.wait()
+    exp_id, exp_dir, store = run_until_running_then_sigkill(config, prefect_server)
     second = start_controller(exp_id, exp_dir.parent, prefect_server)
     assert second.wait(timeout=180) == 0
     assert store.experiment().status == "DONE"

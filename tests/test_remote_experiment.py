@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -13,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, machine, start_controller, wait_for, write_trial
+from tests.conftest import base_config, machine, run_until_running_then_sigkill, start_controller, wait_for, write_trial
 from trialflow import parse_config, run_experiment
-from trialflow.experiments import create_experiment, open_store
+from trialflow.experiments import open_store
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -104,13 +103,7 @@ def test_dropped_connections_and_an_sshd_restart_lose_nothing(tmp_path, sshd_ser
 def _two_running_then_sigkill(tmp_path, servers, known_hosts, api_url, **overrides):
     """Start the experiment in its own controller process, SIGKILL it once two trials run."""
     config = parse_config(remote_experiment(tmp_path, servers, known_hosts, trialConcurrency=2, **overrides))
-    exp_id, exp_dir = create_experiment(config)
-    store = open_store(exp_dir.parent, exp_id)
-    controller = start_controller(exp_id, exp_dir.parent, api_url)
-    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=120)
-    os.kill(controller.pid, signal.SIGKILL)
-    controller.wait()
-    return exp_id, exp_dir, store
+    return run_until_running_then_sigkill(config, api_url)
 
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["per-trial-ssh", "reuse"])
