@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...trial.procs import read_json, write_atomic
-from ...trial.records import MetricRecord, parse_file_frames, parse_stdout_lines
+from ...trial.records import MetricRecord, parse_stdout_lines
 from ..metrics_receiver import MetricsReceiver
 from ._kubernetes import KubeApi, SharedStorage, k8s_id, labels, new_api_client
 from .base import (
@@ -48,7 +48,8 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
-from .local import READ_CHUNK, tail_text
+from .local import READ_CHUNK, read_metrics_file, read_trial_logs, tail_text
+from .runtime_files import runtime_files, runtime_key
 
 ENV_CHECK_SECONDS = 2.0
 HEARTBEAT_SECONDS = 10.0
@@ -64,6 +65,7 @@ class Environment:
     job: str
     trial: str | None = None
     ended: str | None = None  # why the job is gone
+    token: str | None = None  # its metrics token (HTTP channel), kept to grant each new trial
     checked: float = 0.0
 
 
@@ -133,11 +135,9 @@ class KubernetesTrainingService(TrainingService):
         return self._api
 
     def prepare(self) -> None:
-        from .remote import _runtime_key, runtime_files
-
         self.api.check_namespace()
         self.storage.check()
-        self.storage.install_runtime(_runtime_key(), runtime_files())
+        self.storage.install_runtime(runtime_key(), runtime_files())
         self.prepare_platform()
         if self.channel == "http":
             self._start_receiver()
@@ -152,9 +152,7 @@ class KubernetesTrainingService(TrainingService):
 
     @property
     def runtime_dir(self) -> str:
-        from .remote import _runtime_key
-
-        return self.storage.container_path("runtime", _runtime_key())
+        return self.storage.container_path("runtime", runtime_key())
 
     def upload_code(self, code_dir: Path) -> CodeRef:
         digest = self.storage.install_code(code_dir, self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
@@ -180,11 +178,13 @@ class KubernetesTrainingService(TrainingService):
                 {"name": "TRIALFLOW_METRICS_TOKEN",
                  "valueFrom": {"secretKeyRef": {"name": token_secret, "key": "token"}}}]
 
-    def _token(self, secret: str, object_labels: dict[str, str], *trial_ids: str) -> None:
+    def _token(self, secret: str, object_labels: dict[str, str], *trial_ids: str) -> str | None:
+        """The token of ``secret`` (created unless it exists), granted ``trial_ids``."""
         if self.receiver is None:
-            return
+            return None
         token = self.api.ensure_secret(secret, {"token": self.receiver.new_token()}, object_labels)["token"]
         self.receiver.grant(token, *trial_ids)
+        return token
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         trial_dir = self.storage.path(spec.experiment_id, "trials", spec.trial_id)
@@ -233,8 +233,10 @@ class KubernetesTrainingService(TrainingService):
         env_dir = self.storage.path(self.experiment_id, "envs", env.id)
         payload = {"trial_dir": f"../../trials/{spec.trial_id}", "parameter": spec.parameter_record(),
                    "keeper": keeper}
-        if self.receiver is not None:
-            self._token(f"{env.job}-token", labels(self.experiment_id, envId=env.id), spec.trial_id)
+        if self.receiver is not None and env.token is not None:
+            self.receiver.grant(env.token, spec.trial_id)
+        elif self.receiver is not None:  # an environment re-attached on resume: its token is in its Secret
+            env.token = self._token(f"{env.job}-token", labels(self.experiment_id, envId=env.id), spec.trial_id)
         (env_dir / "queue").mkdir(parents=True, exist_ok=True)
         write_atomic(str(env_dir / "queue" / f"{spec.trial_id}.json"), json.dumps(payload))
         return TrialHandle(spec.trial_id, self.platform, {"job": env.job, "env": env.id, "namespace": self.namespace,
@@ -256,7 +258,7 @@ class KubernetesTrainingService(TrainingService):
         write_atomic(str(env_dir / "run.sh"), self._script(
             ["--foreground", self._rel("envs", env_id), str(self.worker_idle_timeout)], "worker"))
         object_labels = labels(self.experiment_id, envId=env_id)
-        self._token(f"{env.job}-token", object_labels)
+        env.token = self._token(f"{env.job}-token", object_labels)
         primary = next(iter(self.roles()))
         command = ["sh", self.storage.container_path(self.experiment_id, "envs", env_id, "run.sh")]
         self.before_create(env.job, object_labels, {primary: command})
@@ -360,20 +362,21 @@ class KubernetesTrainingService(TrainingService):
         errors: list[str] = []
         trial_dir = self._trial_dir(handle)
         if self.channel == "file":
-            offset = int(cursor.get("metrics_offset", 0))
-            data = _read_from(trial_dir / ".nni" / "metrics", offset)
-            result = parse_file_frames(data, offset, handle.trial_id)
-            records, errors, cursor["metrics_offset"] = result.records, result.errors, result.offset
+            records, errors, cursor["metrics_offset"] = read_metrics_file(
+                trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
         else:
             if self.receiver is not None:
                 records = self.receiver.drain(handle.trial_id)
             if self.channel == "logs" or final:  # logs: the channel; http: the gap filler at the end
-                logs = ({"trial.stdout": _read_from(trial_dir / "trial.stdout", 0)} if handle.data.get("reuse")
-                        else self.api.pod_logs(self.pod_selector(handle.data["job"])))
                 offsets = dict(cursor.get("log_offsets") or {})
-                for pod, data in logs.items():
-                    start = int(offsets.get(pod, 0))
-                    result = parse_stdout_lines(data[start:], start, handle.trial_id)
+                if handle.data.get("reuse"):  # the trial's own stdout file, read from where we left off
+                    start = int(offsets.get("trial.stdout", 0))
+                    logs = {"trial.stdout": (start, _read_from(trial_dir / "trial.stdout", start))}
+                else:  # pod logs come whole: skip what was read before
+                    logs = {pod: (int(offsets.get(pod, 0)), data[int(offsets.get(pod, 0)):])
+                            for pod, data in self.api.pod_logs(self.pod_selector(handle.data["job"])).items()}
+                for pod, (start, data) in logs.items():
+                    result = parse_stdout_lines(data, start, handle.trial_id)
                     records += result.records
                     errors += result.errors
                     offsets[pod] = result.offset
@@ -426,13 +429,7 @@ class KubernetesTrainingService(TrainingService):
                 self.receiver.grant(secret["token"], handle.trial_id)
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
-        out = {}
-        for name in ("trial.stdout", "trial.stderr", "trial.log"):
-            path = self._trial_dir(handle) / name
-            if path.exists():
-                data = path.read_bytes()
-                out[name] = (data[-tail:] if tail else data).decode("utf-8", "replace")
-        return out
+        return read_trial_logs(self._trial_dir(handle), tail)
 
     def close(self) -> None:
         """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""

@@ -65,6 +65,28 @@ def tail_text(path: str, limit: int = STDERR_TAIL_BYTES) -> str:
         return ""
 
 
+def read_metrics_file(trial_dir: str | Path, offset: int, trial_id: str) -> tuple[list[Any], list[str], int]:
+    """Metric records of ``<trial dir>/.nni/metrics`` after byte ``offset``: (records, errors, new offset)."""
+    try:
+        with open(os.path.join(trial_dir, METRICS_FILE), "rb") as f:
+            f.seek(offset)
+            data = f.read(READ_CHUNK)
+    except FileNotFoundError:
+        return [], [], offset
+    result = parse_file_frames(data, offset, trial_id)
+    return result.records, result.errors, result.offset
+
+
+def read_trial_logs(trial_dir: str | Path, tail: int | None = None) -> dict[str, str]:
+    """A trial directory's log files by name (the last ``tail`` bytes of each when given)."""
+    out = {}
+    for name in ("trial.stdout", "trial.stderr", "trial.log"):
+        path = os.path.join(trial_dir, name)
+        if os.path.exists(path):
+            out[name] = tail_text(path, tail) if tail else Path(path).read_text("utf-8", "replace")
+    return out
+
+
 class LocalTrainingService(TrainingService):
     platform = "local"
 
@@ -151,7 +173,7 @@ class LocalTrainingService(TrainingService):
             return TrialUpdate(TrialStatus.WAITING, cursor={"metrics_offset": offset})
         meta = os.path.join(trial_dir, ".nni")
         state = read_json(os.path.join(meta, "state"))  # read before metrics: all metrics precede it
-        records, errors, offset = self._read_metrics(trial_dir, offset, handle.trial_id)
+        records, errors, offset = read_metrics_file(trial_dir, offset, handle.trial_id)
         new_cursor = {"metrics_offset": offset}
         if state is not None:
             self._finish(handle)
@@ -169,16 +191,6 @@ class LocalTrainingService(TrainingService):
         started = os.path.exists(os.path.join(meta, "started"))
         return TrialUpdate(TrialStatus.RUNNING if started else TrialStatus.WAITING, records, new_cursor, None, None,
                            errors)
-
-    def _read_metrics(self, trial_dir: str, offset: int, trial_id: str) -> tuple[list[Any], list[str], int]:
-        try:
-            with open(os.path.join(trial_dir, METRICS_FILE), "rb") as f:
-                f.seek(offset)
-                data = f.read(READ_CHUNK)
-        except FileNotFoundError:
-            return [], [], offset
-        result = parse_file_frames(data, offset, trial_id)
-        return result.records, result.errors, result.offset
 
     def _finish(self, handle: TrialHandle) -> None:
         proc = self._procs.pop(handle.trial_id, None)
@@ -213,12 +225,7 @@ class LocalTrainingService(TrainingService):
             self.gpu.adopt(handle.trial_id, keeper["gpus"])
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
-        out = {}
-        for name in ("trial.stdout", "trial.stderr", "trial.log"):
-            path = os.path.join(handle.data["trial_dir"], name)
-            if os.path.exists(path):
-                out[name] = tail_text(path, tail) if tail else Path(path).read_text("utf-8", "replace")
-        return out
+        return read_trial_logs(handle.data["trial_dir"], tail)
 
     def close(self) -> None:
         for proc in list(self._procs.values()):

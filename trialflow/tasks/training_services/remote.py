@@ -40,7 +40,6 @@ import paramiko
 from ... import __version__
 from ...codebundle import CodeDirError, scan_code_dir
 from ...config import RemoteConfig, RemoteMachineConfig
-from ...trial import RUNTIME_ROOT
 from ...trial.keeper import assign_gpus
 from ...trial.procs import stat_alive, stat_fields
 from ...trial.records import parse_file_frames
@@ -57,6 +56,7 @@ from .base import (
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .local import READ_CHUNK, STDERR_TAIL_BYTES, trial_env
+from .runtime_files import runtime_files, runtime_key
 from .ssh import SshConnection, SshTarget
 
 LIVENESS_SECONDS = 3.0
@@ -77,27 +77,6 @@ def check_version(remote: str, where: str, fix: str, controller: str | None = No
     if remote.split(".")[:2] != controller.split(".")[:2]:
         raise VersionMismatchError(f"{where} runs trialflow {remote} but this controller is trialflow {controller}; "
                                    f"major.minor must match: {fix}")
-
-
-def runtime_files() -> list[tuple[str, Path]]:
-    """The files of the trial runtime: ``trialflow/__init__.py`` and the ``trialflow.trial`` package."""
-    root = Path(RUNTIME_ROOT)
-    package = root / "trialflow" / "trial"
-    files = [("trialflow/__init__.py", root / "trialflow" / "__init__.py")]
-    for path in sorted(package.rglob("*.py")):
-        if "__pycache__" not in path.parts:
-            files.append((path.relative_to(root).as_posix(), path))
-    return files
-
-
-@functools.cache
-def _runtime_key() -> str:
-    import hashlib
-
-    sha = hashlib.sha256()
-    for rel, path in runtime_files():
-        sha.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"{__version__}-{sha.hexdigest()[:16]}"
 
 
 def machine_key(config: RemoteMachineConfig) -> str:
@@ -234,7 +213,7 @@ class RemoteTrainingService(TrainingService):
         machine.root = posixpath.normpath(root)
 
     def _install_runtime(self, machine: RemoteMachine) -> None:
-        target = posixpath.join(machine.root, "runtime", _runtime_key())
+        target = posixpath.join(machine.root, "runtime", runtime_key())
         machine.runtime = target
 
         def install(sftp: paramiko.SFTPClient) -> None:
