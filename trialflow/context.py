@@ -31,6 +31,14 @@ class ExperimentContext:
     cancel_requests: dict[str, TrialStatus] = field(default_factory=dict)
     # parameter id -> raw values of trials taken over from an earlier run (resume)
     adopted: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # trials whose end is recorded (and told to the tuner): their slot in the window is free even
+    # while their task run is still closing; ``slot_freed`` wakes the experiment loop
+    ended: set[str] = field(default_factory=set)
+    slot_freed: threading.Event = field(default_factory=threading.Event)
+
+    def trial_ended(self, trial_id: str) -> None:
+        self.ended.add(trial_id)
+        self.slot_freed.set()
 
     def request_cancel(self, trial_id: str, reason: TrialStatus) -> None:
         self.cancel_requests.setdefault(trial_id, reason)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED
-from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +122,20 @@ class _Loop:
 
     def start(self, trial_id: str, sequence: int, spec: TrialSpec | None, handle: TrialHandle | None,
               code: CodeRef) -> None:
-        self.running[trial_id] = run_trial.submit(self.ctx, trial_id, sequence, spec, handle, code)
+        future = run_trial.submit(self.ctx, trial_id, sequence, spec, handle, code)
+        self.running[trial_id] = future
+        # The wrapped concurrent future answers locally; PrefectFuture.state asks the API every time.
+        future.wrapped_future.add_done_callback(lambda _: self.ctx.slot_freed.set())  # type: ignore[attr-defined]
+
+    def in_flight(self) -> int:
+        """Trials holding a slot of the window: started, and their end not yet recorded."""
+        return sum(1 for t in self.running if t not in self.ctx.ended)
+
+    def prune(self) -> None:
+        """Forget trials whose task run has closed."""
+        for trial_id in [t for t, f in self.running.items() if f.wrapped_future.done()]:  # type: ignore[attr-defined]
+            del self.running[trial_id]
+            self.ctx.ended.discard(trial_id)
 
 
 def _run(ctx: ExperimentContext) -> str:
@@ -133,6 +144,7 @@ def _run(ctx: ExperimentContext) -> str:
     resubmit = _reattach(ctx, loop, code)
     try:
         while True:
+            ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
             controls = ctx.store.controls()
             if controls.get("stop"):
                 return "STOPPED"
@@ -141,38 +153,25 @@ def _run(ctx: ExperimentContext) -> str:
                     ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
             concurrency, max_trials, max_duration = loop.limits(controls)
             budget_over = max_duration is not None and loop.elapsed() >= max_duration
-            while len(loop.running) < concurrency and not budget_over and not loop.exhausted:
+            while loop.in_flight() < concurrency and not budget_over and not loop.exhausted:
                 total = ctx.store.count_trials()
                 if not resubmit and max_trials is not None and total >= max_trials:
                     break
                 if not _start_one(ctx, loop, code, resubmit):
                     break
-            loop.running = {t: f for t, f in loop.running.items() if not _done(f)}
+            loop.prune()
             loop.reporter.maybe_update()
             total = ctx.store.count_trials()
             no_more = loop.exhausted or budget_over or (max_trials is not None and total >= max_trials)
             if not loop.running and no_more and not resubmit:
                 return "DONE"
-            if loop.running:
-                _wait_any(loop, TICK_SECONDS)
-            else:
-                time.sleep(TICK_SECONDS)
+            ctx.slot_freed.wait(TICK_SECONDS)
     finally:
         ctx.stop.set()
         for future in loop.running.values():
             future.wait()
         ctx.store.set_control("elapsed_seconds", loop.elapsed())
         loop.reporter.update()
-
-
-def _done(future: PrefectFuture[Any]) -> bool:
-    # The wrapped concurrent future answers locally; PrefectFuture.state asks the API every time.
-    return future.wrapped_future.done()  # type: ignore[attr-defined,no-any-return]
-
-
-def _wait_any(loop: _Loop, timeout: float) -> None:
-    wrapped = [f.wrapped_future for f in loop.running.values()]  # type: ignore[attr-defined]
-    wait_futures(wrapped, timeout=timeout, return_when=FIRST_COMPLETED)
 
 
 def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: list[Any]) -> bool:

@@ -54,14 +54,18 @@ def submit_with_retries(ctx: ExperimentContext, spec: TrialSpec, code: CodeRef) 
 @task(name="trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}-#{sequence}")
 def run_trial(ctx: ExperimentContext, trial_id: str, sequence: int, spec: TrialSpec | None,
               handle: TrialHandle | None, code: CodeRef) -> str:
-    """Submit ``spec`` (or re-attach ``handle``) and follow the trial; returns its terminal status."""
-    if handle is None:
-        assert spec is not None
-        try:
-            handle = submit_with_retries(ctx, spec, code)
-        except PlatformError as exc:
-            return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {exc}"), [])
-    return follow_trial(ctx, trial_id, handle)
+    """Submit ``spec`` (or re-attach ``handle``) and follow the trial; returns its terminal status.
+    The trial's slot is released as soon as its end is recorded, before the task run closes."""
+    try:
+        if handle is None:
+            assert spec is not None
+            try:
+                handle = submit_with_retries(ctx, spec, code)
+            except PlatformError as exc:
+                return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {exc}"), [])
+        return follow_trial(ctx, trial_id, handle)
+    finally:
+        ctx.trial_ended(trial_id)
 
 
 def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> str:

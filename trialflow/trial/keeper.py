@@ -177,7 +177,7 @@ def set_gpus(trial_dir: str, gpus: str) -> None:
 def detach(trial_dir: str) -> int:
     """Fork a keeper that leads its own session; the caller returns at once. A trial whose keeper
     was already started is left alone."""
-    if not claim(trial_dir) or not daemonize(os.path.join(trial_dir, ".nni", "keeper.log")):
+    if not claim(trial_dir) or daemonize(os.path.join(trial_dir, ".nni", "keeper.log")) != 0:
         return 0
     try:
         code = run(trial_dir)

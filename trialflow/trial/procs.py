@@ -60,17 +60,21 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def daemonize(log_path: str) -> bool:
+def daemonize(log_path: str) -> int:
     """Fork; the child leads a new session with stdin on /dev/null and stdout/stderr appended to
-    ``log_path`` (so it survives the SSH session that started it). True in the child."""
-    if os.fork() != 0:
-        return False
+    ``log_path`` (so it survives the SSH session or the process that started it). Returns like
+    ``os.fork``: 0 in the child, the child's pid (= its process group) in the parent."""
+    pid = os.fork()
+    if pid != 0:
+        return pid
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     for fd, target in ((0, devnull), (1, log), (2, log)):
         os.dup2(target, fd)
-    return True
+    for fd in {devnull, log} - {0, 1, 2}:
+        os.close(fd)
+    return 0
 
 
 def pid_alive(pid: int, start_time: int | None = None) -> bool:

@@ -115,7 +115,7 @@ def start(env_dir: str, idle_timeout: float) -> int:
         os.remove(os.path.join(env_dir, "stop"))
     except FileNotFoundError:
         pass
-    if _live_worker(env_dir) or not daemonize(os.path.join(env_dir, "worker.log")):
+    if _live_worker(env_dir) or daemonize(os.path.join(env_dir, "worker.log")) != 0:
         return 0
     code = 0
     try:

@@ -1,19 +1,20 @@
 """Local training service: each trial is a real process group on this machine.
 
-A trial runs under the trial keeper (``trialflow.trial.keeper``) in its own session, with
+A trial runs under the trial keeper (``trialflow.trial.keeper``), forked by the service's keeper
+fork server (``trialflow.trial.forkserver``: no interpreter start per trial), in its own session, with
 cwd = ``trialCodeDirectory`` (NNI semantics: the code runs in place) and its own directory
 ``<experiment dir>/trials/<trial id>/`` (``NNI_SYS_DIR`` = ``NNI_OUTPUT_DIR``) holding
 ``parameter.cfg``, ``trial.stdout``, ``trial.stderr``, ``trial.log`` and ``.nni/metrics``.
 Trials outlive a killed controller and are re-attached from their handle on resume. Trials that
 ask for GPUs wait (WAITING) until the scheduler has free slots, then get ``CUDA_VISIBLE_DEVICES``.
-Cancel sends SIGINT, then SIGTERM, then SIGKILL to the whole process group.
+Cancel sends SIGINT, then SIGTERM, then SIGKILL to the whole process group. Following a trial
+waits on its keeper's pidfd, so its end is seen at once, not at the next poll.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import select
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from ...config import LocalConfig
 from ...trial import NNI_SHIM_DIR, RUNTIME_ROOT
+from ...trial.forkserver import ForkServer
 from ...trial.procs import kill_group, pid_alive, read_json, write_atomic
 from ...trial.records import parse_file_frames
 from ...trial.runtime import METRICS_FILE, PARAMETER_FILE
@@ -29,6 +31,7 @@ from .base import (
     LostHandleError,
     PlatformError,
     TrainingService,
+    TransientPlatformError,
     TrialHandle,
     TrialSpec,
     TrialStatus,
@@ -38,6 +41,7 @@ from .gpu import GpuError, GpuProbe, GpuScheduler
 
 STDERR_TAIL_BYTES = 2000
 READ_CHUNK = 4 * 1024 * 1024
+KEEPER_PID_WAIT = 10.0
 
 
 def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpus: list[int] | None
@@ -95,8 +99,13 @@ class LocalTrainingService(TrainingService):
         self.config = config
         self.trials_dir = Path(experiment_dir) / "trials"
         self.kill_grace = kill_grace_seconds
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._started: set[str] = set()  # keepers started by this controller
+        self._pidfds: dict[str, int] = {}
         self._lock = threading.Lock()
+        paths = [NNI_SHIM_DIR, RUNTIME_ROOT, os.environ.get("PYTHONPATH", "")]
+        self._pythonpath = os.pathsep.join(p for p in paths if p)
+        self._forkserver = ForkServer({**os.environ, "PYTHONPATH": self._pythonpath},
+                                      str(self.trials_dir.parent / "forkserver.log"))
         self.gpu: GpuScheduler | None = None
         if config.trial_gpu_number:
             self.gpu = GpuScheduler(gpu_probe or GpuProbe(), config.max_trial_number_per_gpu,
@@ -131,7 +140,7 @@ class LocalTrainingService(TrainingService):
         data = handle.data
         meta = os.path.join(data["trial_dir"], ".nni")
         with self._lock:
-            if handle.trial_id in self._procs or os.path.exists(os.path.join(meta, "keeper.pid")):
+            if handle.trial_id in self._started or os.path.exists(os.path.join(meta, "keeper.pid")):
                 return True
             gpus = None
             if self.gpu is not None and data.get("gpu_number"):
@@ -141,28 +150,26 @@ class LocalTrainingService(TrainingService):
             spec = TrialSpec(data["experiment_id"], handle.trial_id, data["sequence"], data["parameter_id"], {},
                              data["command"], Path(data["code_dir"]), data.get("gpu_number"))
             env = trial_env(spec, self.platform, data["trial_dir"], data["code_dir"], gpus)
-            paths = [NNI_SHIM_DIR, RUNTIME_ROOT, os.environ.get("PYTHONPATH", "")]
-            env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+            env["PYTHONPATH"] = self._pythonpath
             write_atomic(os.path.join(meta, "keeper.json"),
                          {"command": data["command"], "cwd": data["code_dir"], "env": env, "gpus": gpus})
-            with open(os.path.join(meta, "keeper.log"), "ab") as log:
-                # -S: the keeper is standard-library only; skipping site-packages saves ~50 ms per trial.
-                proc = subprocess.Popen([sys.executable, "-S", "-m", "trialflow.trial.keeper", data["trial_dir"]],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                        env={**os.environ, "PYTHONPATH": env["PYTHONPATH"]})
-            self._procs[handle.trial_id] = proc
-            write_atomic(os.path.join(meta, "keeper.pid"), {"pid": proc.pid, "time": time.time()})
+            try:
+                self._forkserver.start_keeper(data["trial_dir"])
+            except OSError as exc:
+                raise TransientPlatformError(f"cannot start the trial's keeper: {exc}") from None
+            self._started.add(handle.trial_id)
             return True
 
-    def _keeper_pid(self, handle: TrialHandle) -> int | None:
-        info = read_json(os.path.join(handle.data["trial_dir"], ".nni", "keeper.pid"))
-        return int(info["pid"]) if info else None
-
-    def _keeper_alive(self, handle: TrialHandle, pid: int) -> bool:
-        proc = self._procs.get(handle.trial_id)
-        if proc is not None:
-            return proc.poll() is None
-        return pid_alive(pid)
+    def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
+        """(pid, start time) of the trial's keeper once it was started. A keeper started by a
+        request whose reply was lost writes its own ``keeper.pid`` at once, so it is waited for."""
+        path = os.path.join(handle.data["trial_dir"], ".nni", "keeper.pid")
+        info = read_json(path)
+        deadline = time.monotonic() + KEEPER_PID_WAIT
+        while info is None and handle.trial_id in self._started and time.monotonic() < deadline:
+            time.sleep(0.02)
+            info = read_json(path)
+        return (int(info["pid"]), info.get("start_time")) if info else None
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         trial_dir = handle.data.get("trial_dir")
@@ -183,39 +190,46 @@ class LocalTrainingService(TrainingService):
             tail = tail_text(os.path.join(trial_dir, "trial.stderr"))
             return TrialUpdate(TrialStatus.FAILED, records, new_cursor, code,
                                f"exit code {code}" + (f"; stderr tail:\n{tail}" if tail else ""), errors)
-        pid = self._keeper_pid(handle)
-        if pid is not None and not self._keeper_alive(handle, pid) and read_json(os.path.join(meta, "state")) is None:
+        keeper = self._keeper(handle)
+        if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, "state")) is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's process group ended without recording an exit code (killed)", errors)
+        if keeper is None and handle.trial_id in self._started:
+            self._finish(handle)
+            return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
+                               "the trial's keeper never started", errors)
         started = os.path.exists(os.path.join(meta, "started"))
         return TrialUpdate(TrialStatus.RUNNING if started else TrialStatus.WAITING, records, new_cursor, None, None,
                            errors)
 
     def _finish(self, handle: TrialHandle) -> None:
-        proc = self._procs.pop(handle.trial_id, None)
-        if proc is not None:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        self._started.discard(handle.trial_id)
+        fd = self._pidfds.pop(handle.trial_id, None)
+        if fd is not None:
+            os.close(fd)
         if self.gpu is not None:
             self.gpu.release(handle.trial_id)
 
     def wait(self, handle: TrialHandle, timeout: float) -> None:
-        proc = self._procs.get(handle.trial_id)
-        if proc is None:
+        """Sleep up to ``timeout``, waking as soon as the trial's keeper exits (a pidfd)."""
+        fd = self._pidfds.get(handle.trial_id)
+        if fd is None:
+            keeper = self._keeper(handle)
+            if keeper is not None and pid_alive(*keeper):
+                try:
+                    fd = self._pidfds[handle.trial_id] = os.pidfd_open(keeper[0])
+                except (AttributeError, OSError):  # no pidfds here, or the keeper just ended
+                    fd = None
+        if fd is None:
             time.sleep(timeout)
-            return
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        else:
+            select.select([fd], [], [], timeout)
 
     def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
-        pid = self._keeper_pid(handle)
-        if pid is not None and self._keeper_alive(handle, pid):
-            kill_group(pid, self.kill_grace)
+        keeper = self._keeper(handle)
+        if keeper is not None and pid_alive(*keeper):
+            kill_group(keeper[0], self.kill_grace)
         self._finish(handle)
 
     def adopt(self, handle: TrialHandle) -> None:
@@ -228,6 +242,7 @@ class LocalTrainingService(TrainingService):
         return read_trial_logs(handle.data["trial_dir"], tail)
 
     def close(self) -> None:
-        for proc in list(self._procs.values()):
-            if proc.poll() is not None:
-                proc.wait()
+        self._forkserver.close()
+        for fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()

@@ -202,7 +202,9 @@ class SshConnection:
 
     def run_streaming(self, command: str, feed: Callable[[Callable[[bytes], None]], Any] | None,
                       timeout: float = 600.0) -> tuple[Any, int, str, str]:
-        """Run ``command`` with ``feed(send)`` writing its stdin; returns (feed's result, status, out, err)."""
+        """Run ``command`` with ``feed(send)`` writing its stdin; returns (feed's result, status, out, err).
+        A session lost before the exit status arrived counts as a lost connection: the command runs
+        again once on a new connection (every command trialflow runs this way is idempotent)."""
 
         def call(client: paramiko.SSHClient) -> tuple[Any, int, str, str]:
             transport = client.get_transport()
@@ -216,6 +218,8 @@ class SshConnection:
                 out = _read_all(channel.makefile("rb"))
                 err = _read_all(channel.makefile_stderr("rb"))
                 status = channel.recv_exit_status()
+                if status == -1:  # the session ended without an exit status: the connection was lost
+                    raise EOFError("the SSH session closed before the command's exit status arrived")
                 return result, status, out, err
             finally:
                 channel.close()
