@@ -1,0 +1,189 @@
+"""Scale run: Ray Tune's bookkeeping release test on this machine.
+
+N trials (default 10,000) of a Python trial that sleeps 1 s and reports one final metric, at
+concurrency C (default 16) on the local service with the Random tuner; ideal = ceil(N/C) x 1 s
+(625 s for the defaults; Ray's bar is < 800 s = 1.28x on 16 CPUs). Prints:
+
+* total wall time (first submit -> last end) against the ideal;
+* the controller's peak RSS (target <= 500 MB), and the embedded Prefect server's beside it;
+* per-trial bookkeeping around trials 1k / 5k / 10k (medians over a window of trials): launch
+  (trial submitted -> its command started), collect (command exited -> end recorded), and the
+  loop's turnaround (an end recorded -> the next trial submitted) -- flat means no O(n) per trial;
+* TPE's suggestion time with the same numbers of finished trials (tuner_latency's measure);
+* the time to render ``trialflow trial ls`` and ``trialflow experiment export`` for the whole
+  experiment, beside ``trialflow --help`` (the CLI's start-up alone).
+
+The controller runs in its own process (``--controller``), so its peak RSS is its own.
+
+    python benchmarks/scale.py [--trials 10000] [--concurrency 16] [--sleep 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._stats import print_table  # noqa: E402
+
+TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep({sleep})\nnni.report_final_result(1.0)\n"
+WINDOW = 200  # trials per bookkeeping point
+
+
+def controller(config_path: str) -> None:
+    """Run the experiment in this process; print its id, status and peak RSS figures as JSON."""
+    from trialflow import run_experiment
+
+    result = run_experiment(config_path)
+    server_kb = None
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        for server in getattr(SubprocessASGIServer, "_instances", {}).values():
+            if server.server_process is not None:
+                server_kb = _vm_hwm_kb(server.server_process.pid)
+    except ImportError:
+        pass
+    print(json.dumps({"experiment_id": result.experiment_id, "status": result.status,
+                      "succeeded": sum(t.status == "SUCCEEDED" for t in result.trials),
+                      "controller_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "server_kb": server_kb}))
+
+
+def _vm_hwm_kb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def trial_timings(exp_dir: Path, store) -> list[dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Per trial, in submission order: submit, started, exited (keeper files), recorded (store)."""
+    rows = []
+    for trial in store.trials():
+        meta = exp_dir / "trials" / trial.id / ".nni"
+        try:
+            started = json.loads((meta / "started").read_text())["time"]
+            exited = json.loads((meta / "state").read_text())["end_time"]
+        except (OSError, ValueError, KeyError):
+            continue
+        rows.append({"sequence": trial.sequence, "submit": trial.submit_time, "started": started,
+                     "exited": exited, "recorded": trial.end_time or exited})
+    return sorted(rows, key=lambda r: r["sequence"])
+
+
+def bookkeeping(rows: list[dict[str, float]], concurrency: int, point: int) -> tuple[float, float, float]:
+    """Median ms of (launch, collect, turnaround) over the ``WINDOW`` trials before ``point``."""
+    lo, hi = max(0, point - WINDOW), min(point, len(rows))
+    window = rows[lo:hi]
+    ends = sorted(r["recorded"] for r in rows)
+    submits = sorted(r["submit"] for r in rows)
+    # the k-th end frees the slot that the (k + C)-th submission takes
+    turnaround = [submits[k + concurrency] - ends[k] for k in range(max(0, lo - concurrency), hi - concurrency)
+                  if k + concurrency < len(submits)]
+    return (1000 * statistics.median(r["started"] - r["submit"] for r in window),
+            1000 * statistics.median(r["recorded"] - r["exited"] for r in window),
+            1000 * statistics.median(turnaround) if turnaround else float("nan"))
+
+
+def _cli_seconds(*args: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trialflow.cli", *args], check=True, capture_output=True, timeout=600)
+    return time.perf_counter() - start
+
+
+def tpe_suggestion_ms(points: list[int]) -> list[float]:
+    from benchmarks.tuner_latency import _history, measure
+
+    with tempfile.TemporaryDirectory() as workdir:
+        return [measure("TPE", _history(n, random.Random(n)), 15, workdir)[1] for n in points]
+
+
+def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
+    """Run the scale experiment; returns the measured figures (see the module doc)."""
+    from trialflow.experiments import open_store
+
+    ideal = math.ceil(trials / concurrency) * sleep
+    with tempfile.TemporaryDirectory() as tmp:
+        code = Path(tmp) / "code"
+        code.mkdir()
+        (code / "trial.py").write_text(TRIAL.format(sleep=sleep))
+        work = Path(tmp) / "w"
+        config = {"experimentName": "scale", "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+                  "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+                  "trialConcurrency": concurrency, "maxTrialNumber": trials,
+                  "experimentWorkingDirectory": str(work), "tuner": {"name": "Random", "classArgs": {"seed": 0}},
+                  "trainingService": {"platform": "local"}}
+        config_path = Path(tmp) / "config.json"
+        config_path.write_text(json.dumps(config))
+        env = {**os.environ, "PREFECT_LOGGING_LEVEL": os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING")}
+        out = subprocess.run([sys.executable, __file__, "--controller", str(config_path)], env=env, check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+        summary = json.loads(out.strip().splitlines()[-1])
+        exp_id = summary["experiment_id"]
+        store = open_store(work, exp_id)
+        rows = trial_timings(work / exp_id, store)
+        store.close()
+        wall = max(r["recorded"] for r in rows) - min(r["submit"] for r in rows)
+        points = sorted({p for p in (1000, 5000, 10000, trials) if p <= trials})
+        books = {p: bookkeeping(rows, concurrency, p) for p in points}
+        cli_start = _cli_seconds("--help")
+        ls = _cli_seconds("trial", "ls", exp_id, "--root", str(work))
+        export = _cli_seconds("experiment", "export", exp_id, "--root", str(work), "-t", "csv", "-f",
+                              str(Path(tmp) / "export.csv"))
+    return {"trials": trials, "concurrency": concurrency, "sleep": sleep, "ideal": ideal, "wall": wall,
+            "status": summary["status"], "succeeded": summary["succeeded"],
+            "controller_mb": summary["controller_kb"] / 1024,
+            "server_mb": (summary["server_kb"] or 0) / 1024, "bookkeeping": books,
+            "tpe_ms": dict(zip(points, tpe_suggestion_ms(points))) if tpe else {},
+            "cli_start": cli_start, "trial_ls": ls, "export": export}
+
+
+def report(r: dict) -> None:
+    print_table(f"{r['trials']} trials x {r['sleep']:g} s at concurrency {r['concurrency']}, Random tuner, local "
+                f"service: {r['status']}, {r['succeeded']} succeeded",
+                ["measure", "value", "target"],
+                [["wall (first submit -> last end)", f"{r['wall']:.1f} s = {r['wall'] / r['ideal']:.2f}x ideal "
+                  f"({r['ideal']:.0f} s)", "<= 1.28x"],
+                 ["controller peak RSS", f"{r['controller_mb']:.0f} MB", "<= 500 MB"],
+                 ["embedded Prefect server peak RSS", f"{r['server_mb']:.0f} MB", "-"],
+                 ["trialflow --help (CLI start-up)", f"{r['cli_start']:.2f} s", "-"],
+                 ["trialflow trial ls", f"{r['trial_ls']:.2f} s", "-"],
+                 ["trialflow experiment export (csv)", f"{r['export']:.2f} s", "-"]])
+    print()
+    print_table("per-trial bookkeeping, median ms over the 200 trials before each point",
+                ["trials", "launch", "collect", "turnaround", "TPE suggest+store+observe"],
+                [[p, f"{a:.1f}", f"{b:.1f}", f"{c:.1f}", f"{r['tpe_ms'].get(p, float('nan')):.1f}"]
+                 for p, (a, b, c) in r["bookkeeping"].items()])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--sleep", type=float, default=1.0)
+    parser.add_argument("--controller", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    if args.controller:
+        controller(args.controller)
+        return
+    report(run(args.trials, args.concurrency, args.sleep))
+
+
+if __name__ == "__main__":
+    main()
