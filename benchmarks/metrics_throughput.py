@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._stats import print_table
+from benchmarks._stats import print_table, summary_row
 from trialflow.config import parse_config
 from trialflow.experiments import create_experiment, open_store
 from trialflow.store import Metric
@@ -83,24 +83,43 @@ def run_channel(root: Path, emulator: KubernetesEmulator, nfs: Path, channel: st
     return stored, last - started, (stored / (last - first)) if last > first else 0.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--per-trial", type=int, default=20000)
-    parser.add_argument("--channels", default="http,file,logs")
-    args = parser.parse_args()
+TARGET_PER_SECOND = 5000
+
+
+def measure(trials: int, per_trial: int, channels: list[str]) -> dict[str, tuple[int, float, float]]:
+    """Per channel: (metrics stored, wall s, steady metrics/s)."""
+    out = {}
     with tempfile.TemporaryDirectory(prefix="tf-metrics-") as tmp:
         root = Path(tmp)
         nfs = root / "nfs"
         nfs.mkdir()
         with KubernetesEmulator(root / "cluster", {f"{NFS[0]}:{NFS[1]}": nfs}) as emulator:
             os.environ["KUBECONFIG"] = str(emulator.write_kubeconfig(root / "kubeconfig"))
-            rows = []
-            for channel in args.channels.split(","):
-                stored, wall, steady = run_channel(root, emulator, nfs, channel, args.trials, args.per_trial)
-                expected = args.trials * (args.per_trial + 1)
-                rows.append([channel, f"{stored}/{expected}", f"{wall:.2f}", f"{stored / wall:,.0f}",
-                             f"{steady:,.0f}"])
+            for channel in channels:
+                out[channel] = run_channel(root, emulator, nfs, channel, trials, per_trial)
+    return out
+
+
+def summary(profile: str) -> list[list[object]]:
+    """Rows for ``python -m benchmarks``: metrics/s end to end against the 5,000/s target."""
+    trials, per_trial = (4, 5000) if profile == "short" else (8, 20000)
+    rows = []
+    for channel, (stored, wall, _) in measure(trials, per_trial, ["http", "file", "logs"]).items():
+        rows.append(summary_row(f"metrics ({trials} x {per_trial:,} reports)", f"{channel} channel, end to end",
+                                stored / wall, "/s", "target", TARGET_PER_SECOND, 1.0, higher_is_better=True))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--per-trial", type=int, default=20000)
+    parser.add_argument("--channels", default="http,file,logs")
+    args = parser.parse_args()
+    rows = []
+    for channel, (stored, wall, steady) in measure(args.trials, args.per_trial, args.channels.split(",")).items():
+        expected = args.trials * (args.per_trial + 1)
+        rows.append([channel, f"{stored}/{expected}", f"{wall:.2f}", f"{stored / wall:,.0f}", f"{steady:,.0f}"])
     print_table(f"Metrics stored per second, {args.trials} trials x {args.per_trial} reports (target >= 5,000/s "
                 "over HTTP)", ["channel", "stored", "wall s", "metrics/s (wall)", "metrics/s (steady)"], rows)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._stats import print_table  # noqa: E402
+from benchmarks._stats import print_table, summary_row  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep(0.5)\nnni.report_final_result(1.0)\n"
 
@@ -103,6 +103,32 @@ def install_nni(venv: Path) -> None:
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "nni==3.0"], check=True)
 
 
+def measure(trials: int, concurrency: int, nni_venv: Path | None = None) -> dict[str, float]:
+    """Wall times (s) of the bare pool, trialflow (trials, and with start-up) and NNI 3.0 when given."""
+    out: dict[str, float] = {"ideal": math.ceil(trials / concurrency) * 0.5}
+    with tempfile.TemporaryDirectory() as tmp:
+        code = Path(tmp) / "code"
+        code.mkdir()
+        (code / "trial.py").write_text(TRIAL)
+        out["bare"] = bare_pool(code, trials, concurrency)
+        out["trialflow"], out["trialflow_total"] = trialflow_run(code, Path(tmp) / "w", trials, concurrency)
+        if nni_venv and (nni_venv / "bin" / "nnictl").exists():
+            out["nni"], out["nni_total"] = nni_run(nni_venv, code, Path(tmp) / "nni", trials, concurrency)
+    return out
+
+
+def summary(profile: str, nni_venv: Path | None = None) -> list[list[object]]:
+    """Rows for ``python -m benchmarks``."""
+    trials = 80 if profile == "short" else 200
+    m = measure(trials, 8, nni_venv)
+    name = f"overhead ({trials} x 0.5 s, C=8)"
+    rows = [summary_row(name, "trialflow local, wall", m["trialflow"], "s", "bare subprocess pool", m["bare"], 1.25),
+            summary_row(name, "trialflow local, wall", m["trialflow"], "s", "ideal", m["ideal"])]
+    if "nni" in m:
+        rows.append(summary_row(name, "NNI 3.0 local, wall", m["nni"], "s", "bare subprocess pool", m["bare"]))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
@@ -115,16 +141,9 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    ideal = math.ceil(args.trials / args.concurrency) * 0.5
-    with tempfile.TemporaryDirectory() as tmp:
-        code = Path(tmp) / "code"
-        code.mkdir()
-        (code / "trial.py").write_text(TRIAL)
-        bare = bare_pool(code, args.trials, args.concurrency)
-        trials_wall, total = trialflow_run(code, Path(tmp) / "w", args.trials, args.concurrency)
-        nni = None
-        if args.nni_venv and (args.nni_venv / "bin" / "nnictl").exists():
-            nni = nni_run(args.nni_venv, code, Path(tmp) / "nni", args.trials, args.concurrency)
+    m = measure(args.trials, args.concurrency, args.nni_venv)
+    ideal, bare, trials_wall, total = m["ideal"], m["bare"], m["trialflow"], m["trialflow_total"]
+    nni = (m["nni"], m["nni_total"]) if "nni" in m else None
     measured = [("bare subprocess pool", bare), ("trialflow (first submit -> last end)", trials_wall),
                 ("trialflow (incl. Prefect start-up)", total)]
     if nni is not None:

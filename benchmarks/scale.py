@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._stats import print_table  # noqa: E402
+from benchmarks._stats import print_table, summary_row  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep({sleep})\nnni.report_final_result(1.0)\n"
 WINDOW = 200  # trials per bookkeeping point
@@ -148,7 +148,7 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
             "status": summary["status"], "succeeded": summary["succeeded"],
             "controller_mb": summary["controller_kb"] / 1024,
             "server_mb": (summary["server_kb"] or 0) / 1024, "bookkeeping": books,
-            "tpe_ms": dict(zip(points, tpe_suggestion_ms(points))) if tpe else {},
+            "tpe_ms": dict(zip(points, tpe_suggestion_ms(points), strict=True)) if tpe else {},
             "cli_start": cli_start, "trial_ls": ls, "export": export}
 
 
@@ -170,11 +170,27 @@ def report(r: dict) -> None:
                  for p, (a, b, c) in r["bookkeeping"].items()])
 
 
+def summary(profile: str) -> list[list[object]]:
+    """Rows for ``python -m benchmarks`` (short: 800 trials; full: 10,000)."""
+    trials = 800 if profile == "short" else 10000
+    r = run(trials, 16, 1.0, tpe=False)
+    name = f"scale ({trials:,} x 1 s, C=16)"
+    first, last = min(r["bookkeeping"]), max(r["bookkeeping"])
+    book = [sum(r["bookkeeping"][p]) for p in (first, last)]
+    return [summary_row(name, "wall, first submit -> last end", r["wall"], "s", "ideal", r["ideal"], 1.28),
+            summary_row(name, "controller peak RSS", r["controller_mb"], "MB", "500 MB budget", 500.0, 1.0),
+            summary_row(name, f"bookkeeping per trial at {last:,}", book[1], "ms", f"same at {first:,}", book[0]),
+            summary_row(name, "trialflow trial ls", r["trial_ls"], "s", "CLI start-up (--help)", r["cli_start"]),
+            summary_row(name, "trialflow experiment export", r["export"], "s", "CLI start-up (--help)",
+                        r["cli_start"])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=1.0)
+    parser.add_argument("--json", help="also write the measured figures to this file")
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -182,7 +198,10 @@ def main() -> None:
     if args.controller:
         controller(args.controller)
         return
-    report(run(args.trials, args.concurrency, args.sleep))
+    result = run(args.trials, args.concurrency, args.sleep)
+    report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, default=str, indent=1))
 
 
 if __name__ == "__main__":

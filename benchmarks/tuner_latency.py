@@ -21,7 +21,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._stats import median_ms, print_table, timed  # noqa: E402
+from benchmarks._stats import median_ms, print_table, summary_row, timed  # noqa: E402
 from trialflow.config import AlgorithmConfig  # noqa: E402
 from trialflow.search_space import parse_search_space  # noqa: E402
 from trialflow.store import ExperimentStore, Metric  # noqa: E402
@@ -77,6 +77,19 @@ def measure(name: str, history: list, samples: int, workdir: str) -> tuple[float
         ours.append(time.perf_counter() - start)
     store.close()
     return median_ms(base), median_ms(ours), median_ms(books)
+
+
+def summary(profile: str) -> list[list[object]]:
+    """Rows for ``python -m benchmarks``: per-trial tuning time against Optuna's ask/tell."""
+    n = 1000 if profile == "short" else 10000
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        history = _history(n, random.Random(n))
+        for name in ("Random", "TPE"):
+            base, ours, _ = measure(name, history, 15 if profile == "short" else 30, workdir)
+            rows.append(summary_row(f"tuner latency ({n:,} finished)", f"{name} suggest+store+observe", ours, "ms",
+                                    "Optuna in-memory ask/tell", base))
+    return rows
 
 
 def main() -> None:

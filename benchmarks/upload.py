@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._stats import median_ms, print_table, timed  # noqa: E402
+from benchmarks._stats import median_ms, print_table, summary_row, timed  # noqa: E402
 from trialflow.context import ExperimentContext  # noqa: E402
 
 POLL_INTERVAL = ExperimentContext.poll_interval
@@ -72,7 +72,8 @@ def remote_service(server, code: Path, workdir: Path, exp: Path, reuse: bool = F
     return service
 
 
-def bench_upload(server, tmp: Path, repeats: int, total_mb: int) -> list[list[object]]:
+def upload_medians(server, tmp: Path, repeats: int, total_mb: int) -> tuple[float, float, float]:
+    """Median seconds of (scp -r, trialflow's first upload, an unchanged re-upload)."""
     code = tmp / "bigcode"
     make_code_dir(code, total_mb)
     scp_times, first_times, again_times = [], [], []
@@ -90,12 +91,15 @@ def bench_upload(server, tmp: Path, repeats: int, total_mb: int) -> list[list[ob
         assert again.uploaded_bytes == 0
         again.close()
         shutil.rmtree(tmp / f"remote-{r}")
-    scp = statistics.median(scp_times)
+    return statistics.median(scp_times), statistics.median(first_times), statistics.median(again_times)
+
+
+def bench_upload(server, tmp: Path, repeats: int, total_mb: int) -> list[list[object]]:
+    scp, first, again = upload_medians(server, tmp, repeats, total_mb)
     return [
-        ["scp -r (baseline)", f"{median_ms(scp_times):.0f}", "1.00x"],
-        ["trialflow first upload", f"{median_ms(first_times):.0f}", f"{statistics.median(first_times) / scp:.2f}x"],
-        ["trialflow unchanged re-upload", f"{median_ms(again_times):.1f}",
-         f"{statistics.median(again_times) / scp:.3f}x"],
+        ["scp -r (baseline)", f"{scp * 1000:.0f}", "1.00x"],
+        ["trialflow first upload", f"{first * 1000:.0f}", f"{first / scp:.2f}x"],
+        ["trialflow unchanged re-upload", f"{again * 1000:.1f}", f"{again / scp:.3f}x"],
     ]
 
 
@@ -143,6 +147,24 @@ def bench_trials(server, tmp: Path, count: int) -> list[list[object]]:
     base = statistics.median(bare)
     return [[name, f"{median_ms(t):.0f}", f"{(statistics.median(t) - base) * 1000:+.0f}"]
             for name, t in results.items()]
+
+
+def summary(profile: str) -> list[list[object]]:
+    """Rows for ``python -m benchmarks``: upload against scp, per-trial time against a bare subprocess."""
+    from trialflow.testing.sshd import LoopbackSshd
+
+    mb, count = (60, 10) if profile == "short" else (250, 50)
+    with tempfile.TemporaryDirectory(prefix="trialflow-upload-") as tmp_name, LoopbackSshd() as server:
+        tmp = Path(tmp_name)
+        scp, first, again = upload_medians(server, tmp, 1 if profile == "short" else 3, mb)
+        trials = bench_trials(server, tmp, count)
+    name = f"upload (2000 files, {mb} MB)"
+    rows = [summary_row(name, "first upload", first, "s", "scp -r", scp, 1.0),
+            summary_row(name, "unchanged re-upload", again, "s", "scp -r", scp)]
+    bare = float(trials[0][1])
+    rows += [summary_row(f"per-trial time ({count} sequential)", str(where), float(ms), "ms", "bare subprocess", bare)
+             for where, ms, _ in trials[1:]]
+    return rows
 
 
 def main() -> None:

@@ -153,7 +153,7 @@ def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_ser
     starts = [json.loads(x)["trial"] for x in (code / "intervals.jsonl").read_text().splitlines() if '"start"' in x]
     assert sorted(starts) == sorted(t.id for t in trials), "a trial ran twice or not at all"
     for t in trials:
-        assert [s for s, _ in store.status_history(t.id)].count("SUCCEEDED") == 1
+        assert [s for s, _, _ in store.status_history(t.id)].count("SUCCEEDED") == 1
         assert len(store.metrics(t.id, "FINAL")) == 1
 
 

@@ -69,8 +69,8 @@ def test_terminal_status_is_recorded_once_with_history(tmp_path):
     assert not store.set_status("abcde", "FAILED", exit_code=137)  # the kill's exit does not override
     t = store.trial("abcde")
     assert (t.status, t.exit_code, t.message) == ("EARLY_STOPPED", None, "assessor")
-    assert [s for s, _ in store.status_history("abcde")] == ["WAITING", "RUNNING", "EARLY_STOPPED"]
-    times = [ts for _, ts in store.status_history("abcde")]
+    assert [s for s, _, _ in store.status_history("abcde")] == ["WAITING", "RUNNING", "EARLY_STOPPED"]
+    times = [ts for _, ts, _ in store.status_history("abcde")]
     assert times == sorted(times)
 
 

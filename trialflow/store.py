@@ -341,12 +341,21 @@ class ExperimentStore:
                            m["exit_code"], m["message"], m["log_dir"], m["submit_time"], m["start_time"],
                            m["end_time"], json.loads(m["final"]) if m["final"] is not None else None)
 
-    def status_history(self, trial_id: str) -> list[tuple[str, float]]:
+    def status_history(self, trial_id: str) -> list[tuple[str, float, str | None]]:
+        """The trial's recorded events in order: (status, time, message)."""
         with self._tx() as conn:
-            rows = conn.execute(sa.select(events.c.status, events.c.time).where(
+            rows = conn.execute(sa.select(events.c.status, events.c.time, events.c.message).where(
                 events.c.experiment_id == self.experiment_id, events.c.trial_id == trial_id)
                 .order_by(events.c.id)).all()
-        return [(r[0], r[1]) for r in rows]
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def note(self, trial_id: str, message: str) -> None:
+        """Add an event to the trial's history without changing its status."""
+        with self._tx() as conn:
+            status = conn.execute(sa.select(trials.c.status).where(_ONE_TRIAL), {"e": self.experiment_id,
+                                                                                "t": trial_id}).scalar_one()
+            conn.execute(_INSERT_EVENT, {"e": self.experiment_id, "t": trial_id, "new_status": status,
+                                         "now": time.time(), "msg": message})
 
     # ---- metrics ------------------------------------------------------------------------
 

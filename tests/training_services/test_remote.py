@@ -237,3 +237,23 @@ def test_code_limits_are_reported_before_any_upload(tmp_path, sshd_servers, know
         svc.upload_code(tmp_path / "code")
     assert svc.uploaded_bytes == 0
     svc.close()
+
+
+def test_a_retried_submission_stays_on_its_first_machine_and_runs_once(tmp_path, sshd_servers, known_hosts):
+    """A submission whose answer was lost is retried; the first attempt may have started the trial, so
+    the retry must go to the same machine (another one would run the trial a second time)."""
+    svc = remote_service(tmp_path, sshd_servers, known_hosts)
+    svc.prepare()
+    try:
+        write_trial(tmp_path / "code", f"import os\nopen({str(tmp_path / 'runs')!r}, 'a').write('run\\n')\n",
+                    "Retry1.py")
+        code = svc.upload_code(tmp_path / "code")
+        spec = TrialSpec("exp00001", "Retry1", 0, 0, {}, "python3 Retry1.py", tmp_path / "code")
+        first = svc.submit(spec, code)
+        again = svc.submit(spec, code)  # as submit_with_retries does after a TransientPlatformError
+        assert again.data["machine"] == first.data["machine"]
+        statuses, _, _ = poll_until_terminal(svc, first)
+        assert statuses[-1] == TrialStatus.SUCCEEDED
+        assert (tmp_path / "runs").read_text() == "run\n"
+    finally:
+        svc.close()

@@ -112,6 +112,10 @@ class ExperimentConfig(ConfigModel):
             parse_search_space(self.search_space)
         except SearchSpaceError as exc:
             raise ValueError(f"searchSpace: {exc}") from None
+        if not self.search_space:
+            where = f'searchSpaceFile "{self.search_space_file}"' if self.search_space_file else "searchSpace"
+            raise ValueError(f"{where} is empty: give at least one parameter, e.g. "
+                             '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
         if self.log_level is None:
             self.log_level = "debug" if self.debug else "info"
         return self

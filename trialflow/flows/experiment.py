@@ -43,6 +43,7 @@ from ..tuners import create_tuner, scalar_or_none
 from ..ui import ArtifactReporter
 
 TICK_SECONDS = 0.25
+RESUBMITTED = "resubmitted after a restart: it was never submitted"
 MAX_THREADS = 1024  # the window, not the pool, bounds concurrency (it may grow at run time)
 
 
@@ -179,6 +180,7 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: lis
     if resubmit:
         trial = resubmit.pop(0)
         trial_id, sequence, parameter_id, parameters = trial.id, trial.sequence, trial.parameter_id, trial.parameters
+        ctx.store.note(trial_id, RESUBMITTED)
     else:
         suggestion = suggest(ctx)
         if suggestion is None:

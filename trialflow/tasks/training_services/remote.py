@@ -128,6 +128,7 @@ class RemoteTrainingService(TrainingService):
         self.machines: list[RemoteMachine] = []
         self._by_key: dict[str, RemoteMachine] = {}
         self._lock = threading.Lock()
+        self._placed: dict[str, RemoteMachine] = {}  # trial id -> machine, until the trial ends
         self._liveness: dict[str, float] = {}
         self._waits: dict[str, int] = {}
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
@@ -302,10 +303,16 @@ class RemoteTrainingService(TrainingService):
 
     # ---- trials -----------------------------------------------------------------------------
 
-    def _place(self, gpu_number: int) -> RemoteMachine:
+    def _place(self, trial_id: str, gpu_number: int) -> RemoteMachine:
+        """The least busy machine that fits; a retried submission keeps its first choice (its
+        first attempt may have started the trial there before the connection dropped)."""
         with self._lock:
+            placed = self._placed.get(trial_id)
+            if placed is not None:
+                return placed
             candidates = [m for m in self.machines if not gpu_number or m.gpu is not None]
-            return min(candidates, key=lambda m: (len(m.active), m.index))
+            machine = self._placed[trial_id] = min(candidates, key=lambda m: (len(m.active), m.index))
+            return machine
 
     def _machine(self, handle: TrialHandle) -> RemoteMachine:
         """The machine a handle points to, logged in and with the runtime, also without ``prepare()``
@@ -323,7 +330,7 @@ class RemoteTrainingService(TrainingService):
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         gpu_number = spec.gpu_number or 0
-        machine = self._place(gpu_number)
+        machine = self._place(spec.trial_id, gpu_number)
         trial_dir = posixpath.join(machine.root, spec.experiment_id, "trials", spec.trial_id)
         code_dir = posixpath.join(machine.root, "code", str(code.content_hash))
         gpus = machine.gpu.allocate(spec.trial_id, gpu_number) if machine.gpu is not None and gpu_number else None
@@ -490,6 +497,7 @@ class RemoteTrainingService(TrainingService):
     def _finish(self, machine: RemoteMachine, handle: TrialHandle) -> None:
         with self._lock:
             machine.active.discard(handle.trial_id)
+            self._placed.pop(handle.trial_id, None)
         self._liveness.pop(handle.trial_id, None)
         self._waits.pop(handle.trial_id, None)
         if machine.gpu is not None:

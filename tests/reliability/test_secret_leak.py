@@ -1,0 +1,153 @@
+"""Secrets never leak: experiments run with sentinel passwords, tokens and passphrases, then the store,
+every file they left (logs, trial directories, remote working directories, shared storage, pod logs),
+the Python log records and output of the run, and the Prefect API's flow runs (parameters, names, state
+messages), task runs (names, inputs, states), artifacts and logs are scanned -- no sentinel may appear."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import traceback
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import base_config, k8s_section, machine, wait_for, write_trial
+from trialflow import run_experiment
+from trialflow.testing.sshd import SSH_KEYGEN
+
+PASSWORD = "SENTINEL-pw-7f3a9c1e"
+PASSPHRASE = "SENTINEL-passphrase-b41d6e02"
+
+TRIAL = """
+import os, nni
+p = nni.get_next_parameter()
+token = os.environ.get("TRIALFLOW_METRICS_TOKEN")
+if token:  # kept out of every scanned place, to know what to look for
+    with open(os.path.join({captured!r}, nni.get_trial_id() + ".token"), "w") as f:
+        f.write(token)
+nni.report_intermediate_result(p["x"])
+nni.report_final_result(p["x"] * 2)
+"""
+
+
+def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
+    """Everything the Prefect API holds about the experiment's flow run, as text."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterName,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    texts = []
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[experiment_id])))
+        assert runs, f"no flow run named {experiment_id}"
+        for run in runs:
+            texts.append(run.model_dump_json())
+            run_filter = FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+            # the server records task runs from events, a moment after they happen
+            task_runs = client.read_task_runs(flow_run_filter=run_filter)
+            if ran_trials:
+                task_runs = wait_for(lambda f=run_filter: client.read_task_runs(flow_run_filter=f), timeout=30)
+            texts += [task_run.model_dump_json() for task_run in task_runs]
+            for artifact in client.read_artifacts():
+                if artifact.flow_run_id == run.id or (artifact.key or "").endswith(experiment_id):
+                    texts.append(artifact.model_dump_json())
+            texts += [log.model_dump_json() for log in
+                      client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
+    return texts
+
+
+def _files_containing(roots: list[Path], secrets: list[str], skip: set[Path]) -> list[str]:
+    found = []
+    needles = [s.encode() for s in secrets]
+    for root in roots:
+        for path in (p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+            if path in skip or any(parent in skip for parent in path.parents):
+                continue
+            data = path.read_bytes()
+            found += [f"{path} holds {s}" for s, n in zip(secrets, needles, strict=True) if n in data]
+    return found
+
+
+def _assert_nowhere(secrets: list[str], roots: list[Path], skip: set[Path], texts: list[str]) -> None:
+    assert all(secrets), "no sentinel to look for"
+    assert _files_containing(roots, secrets, skip) == []
+    leaks = [(s, t[:300]) for t in texts for s in secrets if s in t]
+    assert leaks == []
+
+
+@pytest.fixture
+def scan_logs(caplog, capfd):
+    """Every log record at DEBUG (Prefect's logging set-up raised the levels) plus the run's output."""
+    for name in ("", "trialflow", "prefect", "paramiko", "kubernetes", "urllib3"):
+        caplog.set_level(logging.DEBUG, logger=name)
+
+    def texts() -> list[str]:
+        out, err = capfd.readouterr()
+        return [out, err, *(r.getMessage() for r in caplog.records), caplog.text]
+    return texts
+
+
+def test_ssh_passphrase_and_a_wrong_password_never_leak(tmp_path, prefect_server, sshd_servers, known_hosts,
+                                                        scan_logs):
+    server = sshd_servers[0]
+    key = tmp_path / "keys" / "encrypted_key"
+    key.parent.mkdir()
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", PASSPHRASE, "-f", str(key), "-C", "sentinel"],
+                   check=True)
+    authorized = server.directory / "authorized_keys"
+    original = authorized.read_text()
+    authorized.write_text(original + (key.with_suffix(".pub")).read_text())
+    try:
+        write_trial(tmp_path / "code", TRIAL.format(captured=str(tmp_path / "keys")))
+        remote = tmp_path / "remote"
+        good = {"platform": "remote", "knownHostsFile": str(known_hosts),
+                "machineList": [machine(server, remote, sshKeyFile=str(key), sshPassphrase=PASSPHRASE)]}
+        result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py",
+                                            maxTrialNumber=2, trainingService=good))
+        assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials)
+        texts = _prefect_texts(result.experiment_id)
+
+        bad_entry = machine(server, remote, password=PASSWORD)
+        bad_entry.pop("sshKeyFile")
+        bad = {**good, "machineList": [bad_entry]}
+        with pytest.raises(Exception) as err:  # noqa: PT011 -- the message is checked below
+            run_experiment(base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py",
+                                       maxTrialNumber=1, trainingService=bad))
+        assert "authentication failed" in str(err.value)
+        texts.append("".join(traceback.format_exception(err.value)))
+        failed_id = next(p.name for p in (tmp_path / "w").iterdir()
+                         if p.name != result.experiment_id and (p / "db").is_dir())
+        texts += _prefect_texts(failed_id, ran_trials=False)
+    finally:
+        authorized.write_text(original)
+    _assert_nowhere([PASSWORD, PASSPHRASE], [tmp_path, server.directory], {key.parent, authorized},
+                    texts + scan_logs())
+
+
+def test_kubernetes_and_metrics_tokens_never_leak(tmp_path, prefect_server, k8s_emulator, scan_logs, monkeypatch):
+    from trialflow.blocks.kubernetes import KubernetesCredentials
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.kube/config to fall back on
+    kubeconfig = k8s_emulator.write_kubeconfig(tmp_path / "secret" / "kubeconfig")
+    KubernetesCredentials(kubeconfig=kubeconfig.read_text()).save("sentinel-cluster", overwrite=True)
+    kubeconfig.unlink()
+    captured = tmp_path / "secret"
+    nfs = k8s_emulator.nfs_dir
+    code = tmp_path / "code"
+    write_trial(code, TRIAL.format(captured=str(captured)), name="trial.py")
+    service = {**k8s_section("tfjob", nfs, command="python3 trial.py"), "credentials": "sentinel-cluster"}
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=2, trainingService=service))
+    assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials), \
+        [(t.status, t.message) for t in result.trials]
+    metric_tokens = [p.read_text() for p in captured.glob("*.token")]
+    assert len(metric_tokens) == 2, "the trials got no metrics token"
+    pod_logs = [Path(k8s_emulator.directory)]
+    _assert_nowhere([k8s_emulator.token, *metric_tokens], [tmp_path, nfs, *pod_logs], {captured},
+                    _prefect_texts(result.experiment_id) + scan_logs())
