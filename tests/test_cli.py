@@ -179,3 +179,21 @@ def test_optuna_export_opens_as_a_study(finished):
     measured = [t for t in done if t.intermediate_values]  # imported trials (test above) have none
     assert len(measured) == 4 and all(t.value == t.params["x"] for t in measured)
     assert all(t.intermediate_values == {0: t.params["x"]} for t in measured)
+
+
+def test_trial_ls_of_thousands_of_trials_lists_every_one_quickly(tmp_path):
+    from trialflow import parse_config
+    from trialflow.experiments import create_experiment, open_store
+
+    exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
+    store = open_store(exp_dir.parent, exp_id)
+    ids = [f"T{i:05d}" for i in range(3000)]
+    for i, trial_id in enumerate(ids):
+        store.add_trial(trial_id, None, i, {"x": i / 3000}, {"x": i / 3000})
+        store.set_status(trial_id, "SUCCEEDED" if i % 3 else "FAILED", 0)
+    proc = cli("trial", "ls", exp_id, "--root", str(tmp_path / "w"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3001 and lines[0].split()[:3] == ["trial", "#", "status"]
+    assert [line.split()[0] for line in lines[1:]] == ids
+    assert lines[2].split()[2] == "SUCCEEDED" and lines[1].split()[2] == "FAILED"

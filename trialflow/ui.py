@@ -1,6 +1,7 @@
 """Prefect UI artifacts of a running experiment: progress, trial table and best trial.
 
-Updated at most every ``MIN_INTERVAL`` seconds (artifact writes are API calls) and once at the end.
+Updated at most every ``MIN_INTERVAL`` seconds (artifact writes are API calls; large experiments
+update less often, see :meth:`ArtifactReporter.update`) and once at the end.
 Metric values are made JSON-safe first (the API would emit ``Infinity``).
 """
 
@@ -16,6 +17,7 @@ from .store import TrialRecord
 from .tuners import maximizes, scalar_or_none
 
 MIN_INTERVAL = 3.0
+MAX_SHARE = 20
 MAX_TABLE_ROWS = 500
 log = logging.getLogger("trialflow.ui")
 
@@ -49,10 +51,11 @@ class ArtifactReporter:
         self.ctx = ctx
         self.key = f"experiment-{ctx.experiment_id}"
         self._last = 0.0
+        self._interval = MIN_INTERVAL
         self._progress_id: Any = None
 
     def maybe_update(self) -> None:
-        if time.monotonic() - self._last >= MIN_INTERVAL:
+        if time.monotonic() - self._last >= self._interval:
             self.update()
 
     def update(self) -> None:
@@ -61,6 +64,9 @@ class ArtifactReporter:
             self._publish()
         except Exception as exc:  # the UI must never stop an experiment
             log.warning("could not update the Prefect UI artifacts: %s", exc)
+        # Publishing reads every trial: with thousands of them it takes longer, so it runs less often
+        # and never takes more than ~1/MAX_SHARE of the controller's time.
+        self._interval = max(MIN_INTERVAL, (time.monotonic() - self._last) * MAX_SHARE)
 
     def _publish(self) -> None:
         from prefect.artifacts import (

@@ -47,12 +47,24 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
                       f"parameters {json.dumps(best.parameters)}")
 
 
+RICH_TABLE_ROWS = 500  # above this, rich's cell measuring takes seconds (10,000 rows: ~10 s)
+TRIAL_COLUMNS = ("trial", "#", "status", "final", "start", "end", "parameters")
+
+
 def print_trials(console: Console, trials: list[TrialRecord]) -> None:
-    table = Table("trial", "#", "status", "final", "start", "end", "parameters")
-    for t in trials:
-        table.add_row(t.id, str(t.sequence), t.status, "" if t.final is None else json.dumps(t.final),
-                      _when(t.start_time), _when(t.end_time), json.dumps(t.parameters))
-    console.print(table)
+    """The trials as a table: a rich table up to ``RICH_TABLE_ROWS``, plain aligned columns beyond."""
+    rows = [(t.id, str(t.sequence), t.status, "" if t.final is None else json.dumps(t.final),
+             _when(t.start_time), _when(t.end_time), json.dumps(t.parameters)) for t in trials]
+    if len(rows) <= RICH_TABLE_ROWS:
+        table = Table(*TRIAL_COLUMNS)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(TRIAL_COLUMNS[:-1])]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
+             for row in [TRIAL_COLUMNS, *rows]]
+    console.file.write("\n".join(lines) + "\n")
 
 
 def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | None, tail: int | None
