@@ -257,3 +257,29 @@ def test_a_retried_submission_stays_on_its_first_machine_and_runs_once(tmp_path,
         assert (tmp_path / "runs").read_text() == "run\n"
     finally:
         svc.close()
+
+
+def test_a_login_refused_after_it_worked_is_retried_not_fatal(sshd_servers, known_hosts):
+    """A server dropping its sessions can refuse a login in progress; credentials that worked before
+    make that a transient error (the trial's follower retries), while a first login refused stays fatal."""
+    from trialflow.tasks.training_services import TransientPlatformError
+    from trialflow.tasks.training_services.ssh import SshConnection, SshTarget
+
+    server = sshd_servers[0]
+    target = SshTarget("127.0.0.1", server.port, server.user, key_file=server.key_file)
+    conn = SshConnection(target, known_hosts)
+    authorized = server.directory / "authorized_keys"
+    keys = authorized.read_text()
+    try:
+        assert conn.run("echo hi")[1].strip() == "hi"
+        authorized.write_text("")  # now every login is refused
+        server.drop_connections()
+        with pytest.raises(TransientPlatformError, match="worked before"):
+            conn.run("echo again")
+        with pytest.raises(PlatformError, match="authentication failed") as first:
+            SshConnection(target, known_hosts).run("echo fresh")
+        assert not isinstance(first.value, TransientPlatformError)
+    finally:
+        authorized.write_text(keys)
+        conn.close()
+    assert SshConnection(target, known_hosts).run("echo back")[1].strip() == "back"

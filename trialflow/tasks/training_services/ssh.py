@@ -64,6 +64,7 @@ class SshConnection:
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()  # guards the client and serialises SFTP requests
         self.reconnects = 0  # connections re-established after a loss
+        self._authenticated_once = False
 
     # ---- connecting -----------------------------------------------------------------------
 
@@ -114,6 +115,11 @@ class SshConnection:
         except paramiko.AuthenticationException:
             client.close()
             method = "password" if t.password is not None else "private key"
+            if self._authenticated_once:
+                # These credentials logged in before: a server dropping its sessions (restart, overload)
+                # answers a login in progress like a refusal. Retried; a real change fails after retries.
+                raise TransientPlatformError(f"{t.label}: SSH authentication with the {method} failed on "
+                                             "reconnecting, although it worked before; retrying") from None
             raise PlatformError(f"{t.label}: SSH authentication failed with the {method}; check user, "
                                 "password / sshKeyFile / sshPassphrase (or the credentials block) and the "
                                 "machine's authorized_keys") from None
@@ -134,6 +140,7 @@ class SshConnection:
         transport = client.get_transport()
         assert transport is not None
         transport.set_keepalive(KEEPALIVE_SECONDS)
+        self._authenticated_once = True
         return client
 
     @staticmethod
