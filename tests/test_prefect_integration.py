@@ -36,6 +36,7 @@ def test_progress_table_and_best_trial_artifacts(tmp_path):
     assert float(progress.data) == 100.0
 
 
+@pytest.mark.timeout(600)
 def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
     code = tmp_path / "code"
     write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
@@ -47,7 +48,7 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
     server = subprocess.Popen([sys.executable, "-c", serve_code], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # generous: the session's API server may still be busy
         while True:  # the deployment appears once serve has registered it
             run = subprocess.run(["prefect", "deployment", "run", "experiment/nightly-test"], env=env,
                                  capture_output=True, text=True, timeout=120)
@@ -56,6 +57,7 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
             time.sleep(2)
         assert run.returncode == 0, run.stdout + run.stderr
         found = None
+        deadline = time.monotonic() + 240
         while time.monotonic() < deadline and found is None:
             done = [e for e in list_experiments(tmp_path / "w") if e.record.status == "DONE"]
             found = done[0] if done else None
