@@ -138,7 +138,7 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
         rows = trial_timings(work / exp_id, store)
         store.close()
         wall = max(r["recorded"] for r in rows) - min(r["submit"] for r in rows)
-        points = sorted({p for p in (1000, 5000, 10000, trials) if p <= trials})
+        points = sorted({p for p in (trials // 4, 1000, 5000, 10000, trials) if WINDOW <= p <= trials})
         books = {p: bookkeeping(rows, concurrency, p) for p in points}
         cli_start = _cli_seconds("--help")
         ls = _cli_seconds("trial", "ls", exp_id, "--root", str(work))
