@@ -156,6 +156,8 @@ class LocalTrainingService(TrainingService):
             try:
                 self._forkserver.start_keeper(data["trial_dir"])
             except OSError as exc:
+                if self.gpu is not None:
+                    self.gpu.release(handle.trial_id)  # the retried submission allocates again
                 raise TransientPlatformError(f"cannot start the trial's keeper: {exc}") from None
             self._started.add(handle.trial_id)
             return True
