@@ -252,6 +252,10 @@ def test_a_retried_submission_stays_on_its_first_machine_and_runs_once(tmp_path,
         first = svc.submit(spec, code)
         again = svc.submit(spec, code)  # as submit_with_retries does after a TransientPlatformError
         assert again.data["machine"] == first.data["machine"]
+        restarted = remote_service(tmp_path, sshd_servers, known_hosts)  # a resumed controller resubmits
+        restarted.prepare()
+        assert restarted.submit(spec, code).data["machine"] == first.data["machine"]
+        restarted.close()
         statuses, _, _ = poll_until_terminal(svc, first)
         assert statuses[-1] == TrialStatus.SUCCEEDED
         assert (tmp_path / "runs").read_text() == "run\n"

@@ -41,7 +41,7 @@ from ... import __version__
 from ...codebundle import CodeDirError, scan_code_dir
 from ...config import RemoteConfig, RemoteMachineConfig
 from ...trial.keeper import assign_gpus
-from ...trial.procs import stat_alive, stat_fields
+from ...trial.procs import stat_alive, stat_fields, write_atomic
 from ...trial.records import parse_file_frames
 from .base import (
     CodeRef,
@@ -304,15 +304,22 @@ class RemoteTrainingService(TrainingService):
     # ---- trials -----------------------------------------------------------------------------
 
     def _place(self, trial_id: str, gpu_number: int) -> RemoteMachine:
-        """The least busy machine that fits; a retried submission keeps its first choice (its
-        first attempt may have started the trial there before the connection dropped)."""
+        """The least busy machine that fits. A submission made again keeps the first choice, also
+        after a controller restart (the choice is written down before the trial is sent): the first
+        attempt may have started the trial there before its answer was lost, and the machine's claim
+        lock then keeps it from running twice."""
+        record = self.experiment_dir / "placements" / trial_id
         with self._lock:
             placed = self._placed.get(trial_id)
-            if placed is not None:
-                return placed
-            candidates = [m for m in self.machines if not gpu_number or m.gpu is not None]
-            machine = self._placed[trial_id] = min(candidates, key=lambda m: (len(m.active), m.index))
-            return machine
+            if placed is None and record.is_file():
+                placed = self._by_key.get(record.read_text().strip())
+            if placed is None:
+                candidates = [m for m in self.machines if not gpu_number or m.gpu is not None]
+                placed = min(candidates, key=lambda m: (len(m.active), m.index))
+                record.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(str(record), placed.key)
+            self._placed[trial_id] = placed
+            return placed
 
     def _machine(self, handle: TrialHandle) -> RemoteMachine:
         """The machine a handle points to, logged in and with the runtime, also without ``prepare()``
