@@ -24,8 +24,8 @@ from pathlib import Path
 from benchmarks._stats import print_table, summary_row
 from trialflow.config import parse_config
 from trialflow.experiments import create_experiment, open_store
+from trialflow.platforms import TrialSpec, create_service
 from trialflow.store import Metric
-from trialflow.tasks.training_services import TrialSpec, create_service
 from trialflow.testing.emulators.kubernetes import KubernetesEmulator
 
 TRIAL = """

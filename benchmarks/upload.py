@@ -60,7 +60,7 @@ def scp_upload(server, source: Path, target: Path) -> None:
 
 def remote_service(server, code: Path, workdir: Path, exp: Path, reuse: bool = False):
     from trialflow.config.platforms import RemoteConfig
-    from trialflow.tasks.training_services.remote import RemoteTrainingService
+    from trialflow.platforms.remote import RemoteTrainingService
 
     config = RemoteConfig(trial_command="python3 trial.py", trial_code_directory=code, reuse_mode=reuse,
                           known_hosts_file=server.known_hosts, machine_list=[{
@@ -104,7 +104,7 @@ def bench_upload(server, tmp: Path, repeats: int, total_mb: int) -> list[list[ob
 
 
 def _run_sequential(service, code_ref, code: Path, count: int, prefix: str) -> list[float]:
-    from trialflow.tasks.training_services import TrialSpec
+    from trialflow.platforms import TrialSpec
 
     times = []
     for i in range(count):
@@ -125,7 +125,7 @@ def _run_sequential(service, code_ref, code: Path, count: int, prefix: str) -> l
 
 def bench_trials(server, tmp: Path, count: int) -> list[list[object]]:
     from trialflow.config import LocalConfig
-    from trialflow.tasks.training_services.local import LocalTrainingService
+    from trialflow.platforms.local import LocalTrainingService
     from trialflow.trial import NNI_SHIM_DIR, RUNTIME_ROOT
 
     code = tmp / "small"

@@ -10,7 +10,7 @@ import threading
 import pytest
 import requests
 
-from trialflow.tasks.metrics_receiver import MetricsReceiver
+from trialflow.platforms.metrics_receiver import MetricsReceiver
 from trialflow.trial.records import MetricRecord
 
 

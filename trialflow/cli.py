@@ -28,8 +28,8 @@ from .experiments import (
     list_experiments,
     load_experiment_config,
 )
+from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, create_service
 from .store import ExperimentStore
-from .tasks.training_services import PlatformError, TrainingService, TrialHandle, TrialStatus, create_service
 from .trial.procs import pid_alive
 from .views import export_rows, print_experiment, print_trials, sort_trials
 

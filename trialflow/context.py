@@ -10,8 +10,8 @@ from typing import Any
 
 from .assessors import Assessor
 from .config import ExperimentConfig
+from .platforms import TrainingService, TrialStatus
 from .store import ExperimentStore
-from .tasks.training_services import TrainingService, TrialStatus
 from .tuners import Tuner
 
 

@@ -1,12 +1,12 @@
 """Per-platform ``trainingService`` sections of NNI's v2 config (reference nni-contract.md §2.3).
 
 Every section parses and validates here, whether or not its training service is implemented yet;
-the registry in ``trialflow.tasks.training_services`` says which ones can run.
+the registry in ``trialflow.platforms`` says which ones can run.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
 
@@ -324,15 +324,9 @@ class DltsConfig(TrainingServiceConfig):
 
 
 PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {
-    "local": LocalConfig,
-    "remote": RemoteConfig,
-    "openpai": OpenpaiConfig,
-    "aml": AmlConfig,
-    "dlc": DlcConfig,
-    "kubeflow": KubeflowConfig,
-    "frameworkcontroller": FrameworkControllerConfig,
-    "adl": AdlConfig,
-    "dlts": DltsConfig,
+    str(model.model_fields["platform"].default): model
+    for model in (LocalConfig, RemoteConfig, OpenpaiConfig, AmlConfig, DlcConfig, KubeflowConfig,
+                  FrameworkControllerConfig, AdlConfig, DltsConfig)
 }
 
 
@@ -349,22 +343,17 @@ def platform_tag(value: Any) -> str | None:
 
 
 # Discriminator tags start with "~" so error paths can leave them out (trainingService.machineList[1].port).
-AnyTrainingService = Annotated[
-    Annotated[LocalConfig, Tag("~local")]
-    | Annotated[RemoteConfig, Tag("~remote")]
-    | Annotated[OpenpaiConfig, Tag("~openpai")]
-    | Annotated[AmlConfig, Tag("~aml")]
-    | Annotated[DlcConfig, Tag("~dlc")]
-    | Annotated[KubeflowConfig, Tag("~kubeflow")]
-    | Annotated[FrameworkControllerConfig, Tag("~frameworkcontroller")]
-    | Annotated[AdlConfig, Tag("~adl")]
-    | Annotated[DltsConfig, Tag("~dlts")],
-    Discriminator(
-        platform_tag,
-        custom_error_type="platform",
-        custom_error_message="platform must be one of " + ", ".join(PLATFORM_CONFIGS),
-    ),
-]
+if TYPE_CHECKING:
+    AnyTrainingService = TrainingServiceConfig
+else:
+    AnyTrainingService = Annotated[
+        Union[tuple(Annotated[model, Tag(f"~{name}")] for name, model in PLATFORM_CONFIGS.items())],  # noqa: UP007
+        Discriminator(
+            platform_tag,
+            custom_error_type="platform",
+            custom_error_message="platform must be one of " + ", ".join(PLATFORM_CONFIGS),
+        ),
+    ]
 
 
 class SharedStorageConfig(ConfigModel):

@@ -29,14 +29,14 @@ from ..config import load_config
 from ..context import ExperimentContext
 from ..experiments import create_experiment, find_experiment, load_experiment_config, open_store
 from ..ids import new_trial_id
-from ..tasks.code import upload_code
-from ..tasks.training_services import (
+from ..platforms import (
     CodeRef,
     TrialHandle,
     TrialSpec,
     TrialStatus,
     create_service,
 )
+from ..tasks.code import upload_code
 from ..tasks.trials import run_trial
 from ..tasks.tuner import suggest
 from ..tuners import create_tuner, scalar_or_none

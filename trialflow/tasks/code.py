@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ..context import ExperimentContext
-from .training_services import CodeRef
+from ..platforms import CodeRef
 
 
 @task(name="upload_code", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)

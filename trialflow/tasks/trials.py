@@ -18,9 +18,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ..context import ExperimentContext
-from ..store import Metric
-from ..tuners import scalar_or_none
-from .training_services import (
+from ..platforms import (
     CodeRef,
     PlatformError,
     TransientPlatformError,
@@ -29,6 +27,8 @@ from .training_services import (
     TrialStatus,
     TrialUpdate,
 )
+from ..store import Metric
+from ..tuners import scalar_or_none
 from .tuner import observe
 
 log = logging.getLogger("trialflow.trials")

@@ -28,11 +28,12 @@ import traceback
 
 from .keeper import claim, run, runtime_version
 from .procs import daemonize, process_start_time, write_atomic
+from .protocol import KEEPER_PID, META_DIR
 
 
 def spawn(trial_dir: str) -> str:
     """Fork a keeper for ``trial_dir`` unless one was started before; returns the reply line."""
-    meta_dir = os.path.join(trial_dir, ".nni")
+    meta_dir = os.path.join(trial_dir, META_DIR)
     if not claim(trial_dir):
         return "claimed"
     pid = daemonize(os.path.join(meta_dir, "keeper.log"))
@@ -47,7 +48,7 @@ def spawn(trial_dir: str) -> str:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    write_atomic(os.path.join(meta_dir, "keeper.pid"),
+    write_atomic(os.path.join(meta_dir, KEEPER_PID),
                  {"pid": pid, "start_time": process_start_time(pid), "version": runtime_version()})
     return str(pid)
 

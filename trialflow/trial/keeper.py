@@ -40,6 +40,17 @@ import threading
 import time
 
 from .procs import daemonize, kill_group, pid_alive, process_start_time, read_json, write_atomic
+from .protocol import (
+    KEEPER_LOCK,
+    KEEPER_PID,
+    KEEPER_SPEC,
+    META_DIR,
+    PARAMETER_FILE,
+    STARTED,
+    STATE,
+    STDERR_FILE,
+    STDOUT_FILE,
+)
 
 __all__ = ["assign_gpus", "claim", "execute", "kill_trial", "pod", "run", "runtime_version", "write_atomic",
            "write_trial_files"]
@@ -73,12 +84,12 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     """Run the trial command and write ``state``; returns the trial's exit code. ``tee`` also copies
     the trial's output to this process's stdout/stderr (a pod's log)."""
     trial_dir = os.path.abspath(trial_dir)
-    meta_dir = os.path.join(trial_dir, ".nni")
-    with open(os.path.join(meta_dir, "keeper.json"), encoding="utf-8") as f:
+    meta_dir = os.path.join(trial_dir, META_DIR)
+    with open(os.path.join(meta_dir, KEEPER_SPEC), encoding="utf-8") as f:
         spec = json.load(f)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    write_atomic(os.path.join(meta_dir, "keeper.pid"),
+    write_atomic(os.path.join(meta_dir, KEEPER_PID),
                  {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
     cwd, spec_env = _located(trial_dir, spec)
     env = {**os.environ, **spec_env}
@@ -87,23 +98,23 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     for name in ("SSH_CLIENT", "SSH2_CLIENT"):
         env.pop(name, None)
     pipe = subprocess.PIPE if tee else None
-    with open(os.path.join(trial_dir, "trial.stdout"), "ab") as out, \
-            open(os.path.join(trial_dir, "trial.stderr"), "ab") as err:
+    with open(os.path.join(trial_dir, STDOUT_FILE), "ab") as out, \
+            open(os.path.join(trial_dir, STDERR_FILE), "ab") as err:
         try:
             proc = subprocess.Popen(["/bin/bash", "-c", spec["command"]], cwd=cwd, env=env,
                                     stdout=pipe or out, stderr=pipe or err, stdin=subprocess.DEVNULL,
                                     preexec_fn=_default_signals)
         except OSError as exc:
             err.write(f"trialflow keeper: cannot start the trial command: {exc}\n".encode())
-            write_atomic(os.path.join(meta_dir, "state"), {"exit_code": 127, "end_time": time.time()})
+            write_atomic(os.path.join(meta_dir, STATE), {"exit_code": 127, "end_time": time.time()})
             return 127
-        write_atomic(os.path.join(meta_dir, "started"), {"pid": proc.pid, "time": time.time()})
+        write_atomic(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
         copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
         for copier in copiers:
             copier.join()
     exit_code = 128 - code if code < 0 else code
-    write_atomic(os.path.join(meta_dir, "state"), {"exit_code": exit_code, "end_time": time.time()})
+    write_atomic(os.path.join(meta_dir, STATE), {"exit_code": exit_code, "end_time": time.time()})
     return exit_code
 
 
@@ -131,11 +142,11 @@ def pod(trial_dir: str, role: str, primary: str) -> int:
     trial_dir = os.path.abspath(trial_dir)
     if role == primary and claim(trial_dir):
         return execute(trial_dir, tee=True)
-    spec = read_json(os.path.join(trial_dir, ".nni", "keeper.json")) or {}
+    spec = read_json(os.path.join(trial_dir, META_DIR, KEEPER_SPEC)) or {}
     command = (spec.get("roles") or {}).get(role) or spec.get("command", "true")
     replica_dir = os.path.join(trial_dir, "replicas", os.environ.get("HOSTNAME") or str(os.getpid()))
     os.makedirs(replica_dir, exist_ok=True)
-    shutil.copyfile(os.path.join(trial_dir, "parameter.cfg"), os.path.join(replica_dir, "parameter.cfg"))
+    shutil.copyfile(os.path.join(trial_dir, PARAMETER_FILE), os.path.join(replica_dir, PARAMETER_FILE))
     cwd, env = _located(trial_dir, spec)
     env.update({"NNI_SYS_DIR": replica_dir, "NNI_OUTPUT_DIR": replica_dir, "TRIALFLOW_METRIC_CHANNEL": "file"})
     code = subprocess.call(["/bin/bash", "-c", command], cwd=cwd, env={**os.environ, **env},
@@ -147,16 +158,16 @@ def write_trial_files(payload: dict) -> str:
     """Create the trial directory from a launch payload ``{"trial_dir", "parameter", "keeper"}``:
     ``parameter.cfg`` and ``.nni/keeper.json``. Returns the trial directory."""
     trial_dir = payload["trial_dir"]
-    os.makedirs(os.path.join(trial_dir, ".nni"), exist_ok=True)
-    write_atomic(os.path.join(trial_dir, "parameter.cfg"), payload["parameter"])
-    write_atomic(os.path.join(trial_dir, ".nni", "keeper.json"), payload["keeper"])
+    os.makedirs(os.path.join(trial_dir, META_DIR), exist_ok=True)
+    write_atomic(os.path.join(trial_dir, PARAMETER_FILE), payload["parameter"])
+    write_atomic(os.path.join(trial_dir, META_DIR, KEEPER_SPEC), payload["keeper"])
     return trial_dir
 
 
 def claim(trial_dir: str) -> bool:
     """True for the one caller allowed to start this trial's keeper."""
     try:
-        os.close(os.open(os.path.join(trial_dir, ".nni", "keeper.lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         return True
     except FileExistsError:
         return False
@@ -170,14 +181,14 @@ def assign_gpus(spec: dict, gpus: list[int]) -> dict:
 
 
 def set_gpus(trial_dir: str, gpus: str) -> None:
-    path = os.path.join(trial_dir, ".nni", "keeper.json")
+    path = os.path.join(trial_dir, META_DIR, KEEPER_SPEC)
     write_atomic(path, assign_gpus(read_json(path) or {}, [int(g) for g in gpus.split(",") if g]))
 
 
 def detach(trial_dir: str) -> int:
     """Fork a keeper that leads its own session; the caller returns at once. A trial whose keeper
     was already started is left alone."""
-    if not claim(trial_dir) or daemonize(os.path.join(trial_dir, ".nni", "keeper.log")) != 0:
+    if not claim(trial_dir) or daemonize(os.path.join(trial_dir, META_DIR, "keeper.log")) != 0:
         return 0
     try:
         code = run(trial_dir)
@@ -190,17 +201,17 @@ def detach(trial_dir: str) -> int:
 def kill_trial(trial_dir: str, grace: float) -> None:
     """Stop the trial: if its keeper never started, make sure it never will (and record the end);
     otherwise stop its process group unless it already ended (pid checked with its start time)."""
-    meta_dir = os.path.join(trial_dir, ".nni")
+    meta_dir = os.path.join(trial_dir, META_DIR)
     os.makedirs(meta_dir, exist_ok=True)
     if claim(trial_dir):
-        write_atomic(os.path.join(meta_dir, "state"),
+        write_atomic(os.path.join(meta_dir, STATE),
                      {"exit_code": None, "end_time": time.time(), "never_started": True})
         return
     deadline = time.monotonic() + 10.0  # a keeper that just won the claim writes its pid at once
-    info = read_json(os.path.join(meta_dir, "keeper.pid"))
-    while info is None and time.monotonic() < deadline and not os.path.exists(os.path.join(meta_dir, "state")):
+    info = read_json(os.path.join(meta_dir, KEEPER_PID))
+    while info is None and time.monotonic() < deadline and not os.path.exists(os.path.join(meta_dir, STATE)):
         time.sleep(0.05)
-        info = read_json(os.path.join(meta_dir, "keeper.pid"))
+        info = read_json(os.path.join(meta_dir, KEEPER_PID))
     if info and pid_alive(int(info["pid"]), info.get("start_time")):
         kill_group(int(info["pid"]), grace)
 

@@ -18,10 +18,9 @@ import time
 import warnings
 from typing import Any
 
+from .protocol import METRICS_FILE, PARAMETER_FILE
 from .records import MetricRecord, encode_file_record, encode_stdout_line
 
-PARAMETER_FILE = "parameter.cfg"
-METRICS_FILE = os.path.join(".nni", "metrics")
 PARAMETER_WAIT_SECONDS = 600.0
 
 _lock = threading.Lock()

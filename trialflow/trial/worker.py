@@ -30,6 +30,7 @@ import time
 
 from .keeper import claim, kill_trial, runtime_version, write_trial_files
 from .procs import daemonize, pid_alive, process_start_time, read_json, write_atomic
+from .protocol import HEARTBEAT, KILL, META_DIR, QUEUE, STOP, TAKEN, WORKER_INFO
 
 TICK = 0.02
 DEFAULT_IDLE_TIMEOUT = 900.0
@@ -37,25 +38,25 @@ KILL_GRACE = 2.0
 
 
 def _live_worker(env_dir: str) -> bool:
-    info = read_json(os.path.join(env_dir, "worker.json"))
+    info = read_json(os.path.join(env_dir, WORKER_INFO))
     return info is not None and pid_alive(int(info["pid"]), info.get("start_time"))
 
 
 def serve(env_dir: str, idle_timeout: float) -> None:
-    queue, taken = os.path.join(env_dir, "queue"), os.path.join(env_dir, "taken")
+    queue, taken = os.path.join(env_dir, QUEUE), os.path.join(env_dir, TAKEN)
     os.makedirs(queue, exist_ok=True)
     os.makedirs(taken, exist_ok=True)
-    write_atomic(os.path.join(env_dir, "worker.json"),
+    write_atomic(os.path.join(env_dir, WORKER_INFO),
                  {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
-    heartbeat = os.path.join(env_dir, "heartbeat")
+    heartbeat = os.path.join(env_dir, HEARTBEAT)
     keepers: list[subprocess.Popen[bytes]] = []
     while True:
-        if os.path.exists(os.path.join(env_dir, "stop")):
+        if os.path.exists(os.path.join(env_dir, STOP)):
             break
         try:
             last = os.stat(heartbeat).st_mtime
         except OSError:
-            last = os.stat(os.path.join(env_dir, "worker.json")).st_mtime
+            last = os.stat(os.path.join(env_dir, WORKER_INFO)).st_mtime
         if time.time() - last > idle_timeout:
             break
         for name in sorted(os.listdir(queue)):
@@ -65,13 +66,13 @@ def serve(env_dir: str, idle_timeout: float) -> None:
         keepers = [k for k in keepers if k.poll() is None]
         time.sleep(TICK)
     try:
-        os.remove(os.path.join(env_dir, "worker.json"))
+        os.remove(os.path.join(env_dir, WORKER_INFO))
     except OSError:
         pass
 
 
 def _kill_requests(env_dir: str) -> None:
-    kills = os.path.join(env_dir, "kill")
+    kills = os.path.join(env_dir, KILL)
     if not os.path.isdir(kills):
         return
     for name in os.listdir(kills):
@@ -99,7 +100,7 @@ def _take(env_dir: str, queued: str, taken: str) -> list[subprocess.Popen[bytes]
     trial_dir = write_trial_files(payload)
     if not claim(trial_dir):
         return []
-    log = open(os.path.join(trial_dir, ".nni", "keeper.log"), "ab")  # noqa: SIM115 -- handed to the child
+    log = open(os.path.join(trial_dir, META_DIR, "keeper.log"), "ab")  # noqa: SIM115 -- handed to the child
     try:
         proc = subprocess.Popen([sys.executable, "-S", "-m", "trialflow.trial.keeper", trial_dir],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -112,7 +113,7 @@ def start(env_dir: str, idle_timeout: float) -> int:
     """Fork a worker for ``env_dir`` unless one is running; return at once."""
     os.makedirs(env_dir, exist_ok=True)
     try:
-        os.remove(os.path.join(env_dir, "stop"))
+        os.remove(os.path.join(env_dir, STOP))
     except FileNotFoundError:
         pass
     if _live_worker(env_dir) or daemonize(os.path.join(env_dir, "worker.log")) != 0:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_nvidia_smi, machine, write_trial
-from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
 from trialflow.config import ConfigError, parse_config
 from trialflow.config.platforms import RemoteConfig
-from trialflow.tasks.training_services import PlatformError, TrialSpec, TrialStatus
-from trialflow.tasks.training_services.remote import RemoteTrainingService, VersionMismatchError, check_version
+from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
+from trialflow.platforms.remote import RemoteTrainingService, VersionMismatchError, check_version
+from trialflow.testing.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
 
 
 def remote_service(tmp_path: Path, servers, known_hosts: Path, exp_id: str = "exp00001", **fields
@@ -167,7 +167,7 @@ def test_unreachable_host_is_a_clear_error_at_start(tmp_path, sshd_servers, know
 
 
 def test_version_mismatch_is_a_clear_error(tmp_path, sshd_servers, known_hosts, monkeypatch):
-    import trialflow.tasks.training_services.remote as remote
+    import trialflow.platforms.remote as remote
 
     with pytest.raises(VersionMismatchError, match=r"runs trialflow 0.9.1 but this controller is trialflow 1.2.0"):
         check_version("0.9.1", "the keeper", "upgrade", "1.2.0")
@@ -266,8 +266,8 @@ def test_a_retried_submission_stays_on_its_first_machine_and_runs_once(tmp_path,
 def test_a_login_refused_after_it_worked_is_retried_not_fatal(sshd_servers, known_hosts):
     """A server dropping its sessions can refuse a login in progress; credentials that worked before
     make that a transient error (the trial's follower retries), while a first login refused stays fatal."""
-    from trialflow.tasks.training_services import TransientPlatformError
-    from trialflow.tasks.training_services.ssh import SshConnection, SshTarget
+    from trialflow.platforms import TransientPlatformError
+    from trialflow.platforms.ssh import SshConnection, SshTarget
 
     server = sshd_servers[0]
     target = SshTarget("127.0.0.1", server.port, server.user, key_file=server.key_file)

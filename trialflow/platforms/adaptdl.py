@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import AdlConfig
-from ._kubernetes import SharedStorage, k8s_id
-from ._kubernetes_service import KubernetesTrainingService, resources
+from ..config import AdlConfig
 from .base import PlatformError, TrialStatus
+from .k8s import KubernetesJobService, resources
+from .k8s_api import k8s_id
+from .shared_storage import SharedStorage
 
 PHASES = {"Pending": TrialStatus.WAITING, "Starting": TrialStatus.WAITING, "Running": TrialStatus.RUNNING,
           "Stopping": TrialStatus.RUNNING, "Succeeded": TrialStatus.SUCCEEDED, "Failed": TrialStatus.FAILED}
@@ -42,7 +43,7 @@ def adaptdl_state(obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
     return PHASES.get(phase or "", TrialStatus.WAITING), message
 
 
-class AdaptDLTrainingService(KubernetesTrainingService):
+class AdaptDLTrainingService(KubernetesJobService):
     platform = "adl"
     group = "adaptdl.petuum.com"
     plural = "adaptdljobs"

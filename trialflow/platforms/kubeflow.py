@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import KubeflowConfig, KubeflowRoleConfig
-from ._kubernetes import CONTAINER_MOUNT, SharedStorage, azure_storage_key, k8s_id
-from ._kubernetes_service import KubernetesTrainingService, resources, storage_volume
+from ..config import KubeflowConfig, KubeflowRoleConfig
 from .base import TrialStatus
+from .k8s import KubernetesJobService, resources, storage_volume
+from .k8s_api import CONTAINER_MOUNT, k8s_id
+from .shared_storage import SharedStorage
 
 CONDITION_STATES = {
     "Created": TrialStatus.WAITING,
@@ -44,34 +45,7 @@ def condition_state(obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
     return CONDITION_STATES.get(last.get("type"), TrialStatus.WAITING), last.get("message")
 
 
-class KubernetesRegistryMixin:
-    """Private registry and Azure storage Secrets, shared by Kubeflow and FrameworkController."""
-
-    config: Any
-    experiment_id: str
-    api: Any
-
-    def registry_secret_name(self) -> str:
-        return f"nni-registry-{self.experiment_id}"
-
-    def azure_secret_name(self) -> str | None:
-        return f"nni-azure-{self.experiment_id}" if self.config.storage.storage_type == "azureStorage" else None
-
-    def create_shared_secrets(self, auth_paths: list[Any]) -> None:
-        base = {"app": "nni-kubernetes-trial", "expId": self.experiment_id}
-        for path in auth_paths:
-            if path is not None:
-                self.api.ensure_secret(self.registry_secret_name(), {".dockerconfigjson": path.read_text()}, base,
-                                       kind="kubernetes.io/dockerconfigjson")
-                break
-        storage = self.config.storage
-        if storage.storage_type == "azureStorage":
-            key = azure_storage_key(storage.key_vault_name, storage.key_vault_key)
-            self.api.ensure_secret(str(self.azure_secret_name()), {"azurestorageaccountname": storage.azure_account,
-                                                                   "azurestorageaccountkey": key}, base)
-
-
-class KubeflowTrainingService(KubernetesRegistryMixin, KubernetesTrainingService):
+class KubeflowTrainingService(KubernetesJobService):
     platform = "kubeflow"
     group = "kubeflow.org"
 

@@ -1,6 +1,7 @@
-"""The contract every TrainingService must meet. A platform's test module subclasses
-:class:`TrainingServiceContract` and provides the ``service`` and ``make_spec`` fixtures; the
-class's tests then run against that platform for real (its emulator, sshd, or local processes)."""
+"""The contract every TrainingService meets, shipped so that a new platform (ours or a user's) is
+held to it: a platform's test module subclasses :class:`TrainingServiceContract` and provides the
+``service`` and ``make_spec`` fixtures; the class's tests then run against that platform for real
+(its emulator, sshd, or local processes). Modelled on Optuna's ``StorageTestCase``. Needs pytest."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from trialflow.tasks.training_services import LostHandleError, TrialHandle, TrialStatus
+from trialflow.platforms import LostHandleError, TrialHandle, TrialStatus
 
 TERMINAL_TIMEOUT = 60.0
 
@@ -35,6 +36,21 @@ time.sleep(60)
 """
 
 
+ADOPTED_TRIAL = """
+import nni, time
+nni.get_next_parameter()
+nni.report_intermediate_result(1.0)
+time.sleep(2.5)
+nni.report_intermediate_result(2.0)
+nni.report_final_result(3.0)
+"""
+LOGGING_TRIAL = """
+import sys
+print("hello from stdout " + "x" * 200)
+sys.stderr.write("hello from stderr\\n")
+"""
+
+
 def poll_until_terminal(service, handle, cursor=None, timeout=TERMINAL_TIMEOUT):
     """Poll like the flow does; returns (statuses seen, all metrics, last update)."""
     cursor = cursor or {}
@@ -52,9 +68,62 @@ def poll_until_terminal(service, handle, cursor=None, timeout=TERMINAL_TIMEOUT):
     raise AssertionError(f"trial did not end within {timeout} s; statuses {statuses}")
 
 
+def wait_for_status(service, handle, status, timeout=30.0):
+    """Poll until the trial reports ``status``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if service.poll(handle, {}).status == status:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"trial {handle.trial_id} did not reach {status.value} within {timeout} s")
+
+
 class TrainingServiceContract:
     """Subclass and provide fixtures ``service`` (prepared, with code uploaded as ``service.code``)
-    and ``make_spec(trial_id, script_body, parameters)``."""
+    and ``make_spec(trial_id, script_body, parameters)``. ``reopen`` (a fresh, prepared service for the
+    same experiment, as a restarted controller makes) and :meth:`crash` have defaults a platform may
+    override."""
+
+    @pytest.fixture
+    def reopen(self, service):
+        made = []
+
+        def make():
+            fresh = type(service)(service.config, service.experiment_dir)
+            fresh.prepare()
+            made.append(fresh)
+            return fresh
+
+        yield make
+        for fresh in made:
+            fresh.close()
+
+    def crash(self, service):
+        """Make ``service`` let go of the experiment as a killed controller would (default: close it;
+        running trials are not touched by ``close``)."""
+        service.close()
+
+    def test_adopt_reattaches_a_running_trial_after_a_controller_restart(self, service, make_spec, reopen):
+        handle = service.submit(make_spec("Adopt1", ADOPTED_TRIAL, {}), service.code)
+        wait_for_status(service, handle, TrialStatus.RUNNING)
+        stored = json.loads(json.dumps(handle.to_dict()))
+        self.crash(service)
+        fresh = reopen()
+        adopted = TrialHandle.from_dict(stored)
+        fresh.adopt(adopted)
+        statuses, metrics, update = poll_until_terminal(fresh, adopted)
+        assert statuses[-1] == TrialStatus.SUCCEEDED and update.exit_code == 0
+        assert [m.value for m in metrics if m.type == "FINAL"] == [3.0]
+        assert 2.0 in [m.value for m in metrics if m.type == "PERIODICAL"]  # reported after the restart
+
+    def test_logs_hold_the_trials_output_and_honour_tail(self, service, make_spec):
+        handle = service.submit(make_spec("Logs1", LOGGING_TRIAL, {}), service.code)
+        assert poll_until_terminal(service, handle)[0][-1] == TrialStatus.SUCCEEDED
+        logs = service.logs(handle)
+        assert "hello from stdout " + "x" * 200 in logs["trial.stdout"]
+        assert "hello from stderr" in logs["trial.stderr"]
+        tail = service.logs(handle, tail=50)
+        assert 0 < len(tail["trial.stdout"].encode()) <= 50 and tail["trial.stdout"].endswith("x" * 20)
 
     def test_submit_returns_before_the_trial_ends(self, service, make_spec):
         spec = make_spec("Subm1", SLEEPING_TRIAL, {"x": 1})

@@ -1,6 +1,5 @@
 """Kubernetes plumbing shared by the kubeflow, frameworkcontroller and adl services: the API client
-(with errors turned into ours), NNI's object names and labels, and the shared storage where code,
-the trial runtime and trial files live.
+(with errors turned into ours), credentials from a kubeconfig or a block, NNI's object names and labels.
 
 The ``kubernetes`` client is an optional extra (``pip install 'trialflow[kubernetes]'``) imported
 only when a Kubernetes service is used.
@@ -11,16 +10,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import subprocess
-import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from ...codebundle import CodeDirError, scan_code_dir
-from ...trial.unpack import extract_stream
+import yaml
+
+from ..blocks import BlockNotFoundError, KubernetesCredentials, load_block
 from .base import PlatformError, TransientPlatformError
 
 LABEL_APP = "nni-kubernetes-trial"
@@ -58,9 +54,7 @@ def new_api_client(credentials: str | None) -> Any:
     kubernetes = kubernetes_module()
     try:
         if credentials:
-            from ...blocks.kubernetes import load_kubeconfig_block
-
-            config, context = load_kubeconfig_block(credentials)
+            config, context = kubeconfig_from_block(credentials)
             return kubernetes.config.new_client_from_config_dict(config, context=context)
         path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
         if os.path.isfile(path):
@@ -72,6 +66,27 @@ def new_api_client(credentials: str | None) -> Any:
         raise PlatformError(f"the kubeconfig cannot be used: {exc}") from None
     raise PlatformError(f"no kubeconfig found at {path}: set KUBECONFIG, write ~/.kube/config, or name a "
                         "Kubernetes credentials block with 'credentials'")
+
+
+def kubeconfig_from_block(name: str) -> tuple[dict[str, Any], str | None]:
+    """The kubeconfig dict and context of a saved block (ours, or prefect-kubernetes' by slug)."""
+    try:
+        block = load_block(KubernetesCredentials, name)
+    except BlockNotFoundError as exc:
+        raise PlatformError(str(exc)) from None
+    if isinstance(block, KubernetesCredentials):
+        try:
+            data = yaml.safe_load(block.kubeconfig.get_secret_value())
+        except yaml.YAMLError:
+            raise PlatformError(f"the kubeconfig in Kubernetes credentials block {name!r} is not valid YAML") from None
+        if not isinstance(data, dict):
+            raise PlatformError(f"the kubeconfig in Kubernetes credentials block {name!r} is not a kubeconfig mapping")
+        return data, block.context
+    cluster = getattr(block, "cluster_config", None)
+    if cluster is not None and isinstance(getattr(cluster, "config", None), dict):
+        return cluster.config, getattr(cluster, "context_name", None)
+    raise PlatformError(f"block {name!r} holds no kubeconfig: use a trialflow or prefect-kubernetes Kubernetes "
+                        "credentials block")
 
 
 def _server_message(exc: Any) -> str:
@@ -206,83 +221,6 @@ class KubeApi:
             except NotFound:
                 continue
         return out
-
-
-class SharedStorage:
-    """The storage pods mount (NFS or an Azure File share) as this machine sees it (``local``) and
-    as containers see it (``container``). Layout under both::
-
-        nni/runtime/<version>-<hash>/   the trial runtime (keeper, worker, nni package)
-        nni/code/<content hash>/        extracted code bundles
-        nni/<experiment>/trials/<id>/   trial directories
-        nni/<experiment>/envs/<id>/     reuse-mode environments
-    """
-
-    def __init__(self, local: Path | None, container: str, what: str) -> None:
-        self._local = local
-        self.container = container.rstrip("/")
-        self.what = what
-        self._lock = threading.Lock()
-
-    @property
-    def local(self) -> Path:
-        if self._local is None:
-            raise PlatformError(f"{self.what} is not mounted on this machine: mount it (for NFS: sudo mount -t nfs "
-                                "<server>:<path> <folder>) and set its localMountPoint to that folder")
-        return self._local
-
-    def check(self) -> None:
-        if not self.local.is_dir():
-            raise PlatformError(f"localMountPoint {self.local} of {self.what} is not a directory; mount the share "
-                                "there first")
-        if not os.access(self.local, os.W_OK):
-            raise PlatformError(f"localMountPoint {self.local} of {self.what} is not writable by this user "
-                                "(NFS root_squash? give the export to this user)")
-
-    def path(self, *parts: str) -> Path:
-        return self.local.joinpath("nni", *parts)
-
-    def container_path(self, *parts: str) -> str:
-        return "/".join([self.container, "nni", *parts])
-
-    def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:
-        target = self.path("runtime", key)
-        if target.is_dir():
-            return
-        partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{time.time_ns()}")
-        for rel, source in files:
-            (partial / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, partial / rel)
-        try:
-            partial.rename(target)
-        except OSError:
-            shutil.rmtree(partial, ignore_errors=True)
-            if not target.is_dir():
-                raise
-
-    def install_code(self, code_dir: Path, cache_file: Path) -> str:
-        """Extract the code bundle once per content hash; returns the hash."""
-        try:
-            bundle = scan_code_dir(code_dir)
-        except CodeDirError as exc:
-            raise PlatformError(str(exc)) from None
-        digest = bundle.content_hash(cache_file)
-        target = self.path("code", digest)
-        with self._lock:
-            if target.is_dir():
-                return digest
-            target.parent.mkdir(parents=True, exist_ok=True)
-            read_fd, write_fd = os.pipe()
-            with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb") as writer:
-                def feed() -> None:
-                    bundle.stream(writer.write)
-                    writer.close()
-
-                feeder = threading.Thread(target=feed, daemon=True)
-                feeder.start()
-                extract_stream(reader, str(target), digest)
-                feeder.join()
-        return digest
 
 
 def azure_storage_key(vault: str, key: str) -> str:

@@ -37,12 +37,30 @@ from typing import Any
 
 import paramiko
 
-from ... import __version__
-from ...codebundle import CodeDirError, scan_code_dir
-from ...config import RemoteConfig, RemoteMachineConfig
-from ...trial.keeper import assign_gpus
-from ...trial.procs import stat_alive, stat_fields, write_atomic
-from ...trial.records import parse_file_frames
+from .. import __version__
+from ..blocks import BlockNotFoundError, SSHCredentials, load_block
+from ..codebundle import CodeDirError, scan_code_dir
+from ..config import RemoteConfig, RemoteMachineConfig
+from ..trial.keeper import assign_gpus
+from ..trial.procs import stat_alive, stat_fields, write_atomic
+from ..trial.protocol import (
+    HEARTBEAT,
+    HOLD,
+    KEEPER_LOCK,
+    KEEPER_PID,
+    KEEPER_SPEC,
+    LOG_FILES,
+    META_DIR,
+    METRICS,
+    QUEUE,
+    STARTED,
+    STATE,
+    STDERR_FILE,
+    STOP,
+    TAKEN,
+    WORKER_INFO,
+)
+from ..trial.records import parse_file_frames
 from .base import (
     CodeRef,
     LostHandleError,
@@ -55,9 +73,10 @@ from .base import (
     TrialUpdate,
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
-from .local import READ_CHUNK, STDERR_TAIL_BYTES, trial_env
+from .local import trial_env
 from .runtime_files import runtime_files, runtime_key
 from .ssh import SshConnection, SshTarget
+from .trialdir import READ_CHUNK, STDERR_TAIL_BYTES, ended_update, read_trial_logs
 
 LIVENESS_SECONDS = 3.0
 FIRST_WAIT_SECONDS = 0.02  # waits between polls start here and double up to the flow's poll interval
@@ -65,6 +84,20 @@ HEARTBEAT_SECONDS = 10.0
 WORKER_IDLE_TIMEOUT = 900.0
 MIN_PYTHON = (3, 8)
 _q = shlex.quote
+
+
+def target_from_block(name: str, host: str, port: int, user: str | None = None) -> SshTarget:
+    """The login for ``host:port`` from the saved :class:`SSHCredentials` block ``name``."""
+    try:
+        block = load_block(SSHCredentials, name)
+    except BlockNotFoundError as exc:
+        raise PlatformError(str(exc)) from None
+    if block.password is None and block.private_key is None and not block.private_key_file:
+        raise PlatformError(f"SSH credentials block {name!r} for {host}: set a password, private_key or "
+                            "private_key_file")
+    key_file = Path(block.private_key_file).expanduser() if block.private_key_file else None
+    return SshTarget(host, port, user or block.username, block.password, key_file, block.private_key,
+                     block.passphrase)
 
 
 class VersionMismatchError(PlatformError):
@@ -143,9 +176,7 @@ class RemoteTrainingService(TrainingService):
     @staticmethod
     def _target(machine: RemoteMachineConfig) -> SshTarget:
         if machine.credentials:
-            from ...blocks.remote import SSHCredentials
-
-            return SSHCredentials.load_target(machine.credentials, machine.host, machine.port, machine.user)
+            return target_from_block(machine.credentials, machine.host, machine.port, machine.user)
         assert machine.user is not None
         return SshTarget(machine.host, machine.port, machine.user, machine.password, machine.ssh_key_file,
                          None, machine.ssh_passphrase)
@@ -252,7 +283,7 @@ class RemoteTrainingService(TrainingService):
         self._heartbeat(machine, force=True)
         deadline = time.monotonic() + 15.0
         while True:
-            info = machine.sftp("reading worker.json", lambda s: _read_json(s, posixpath.join(env_dir, "worker.json")))
+            info = machine.sftp("reading worker.json", lambda s: _read_json(s, posixpath.join(env_dir, WORKER_INFO)))
             if info is not None:
                 check_version(str(info.get("version")), f"the reuse worker on {machine.key}",
                               f"stop it (create {env_dir}/stop on that machine) or resume with the trialflow "
@@ -266,7 +297,7 @@ class RemoteTrainingService(TrainingService):
         if not self.reuse or (not force and time.monotonic() - machine.last_heartbeat < HEARTBEAT_SECONDS):
             return
         machine.last_heartbeat = time.monotonic()
-        path = posixpath.join(self._env_dir(machine), "heartbeat")
+        path = posixpath.join(self._env_dir(machine), HEARTBEAT)
 
         def touch(sftp: paramiko.SFTPClient) -> None:
             with sftp.open(path, "w") as f:
@@ -352,7 +383,7 @@ class RemoteTrainingService(TrainingService):
         with self._lock:
             machine.active.add(spec.trial_id)
         if self.reuse:
-            self._enqueue(machine, spec.trial_id, payload, "hold" if hold else "queue")
+            self._enqueue(machine, spec.trial_id, payload, HOLD if hold else QUEUE)
         else:
             machine.run(machine.command("keeper", "--submit"), json.dumps(payload).encode())
         return handle
@@ -380,7 +411,7 @@ class RemoteTrainingService(TrainingService):
             machine.run(machine.command("keeper", "--detach", handle.data["trial_dir"], indices))
             return True
         env_dir = self._env_dir(machine)
-        held = posixpath.join(env_dir, "hold", f"{handle.trial_id}.json")
+        held = posixpath.join(env_dir, HOLD, f"{handle.trial_id}.json")
 
         def release(sftp: paramiko.SFTPClient) -> None:
             payload = _read_json(sftp, held)
@@ -388,8 +419,8 @@ class RemoteTrainingService(TrainingService):
                 return
             payload["hold"] = False
             assign_gpus(payload["keeper"], gpus)
-            _mkdirs(sftp, posixpath.join(env_dir, "queue"))
-            queued = posixpath.join(env_dir, "queue", f"{handle.trial_id}.json")
+            _mkdirs(sftp, posixpath.join(env_dir, QUEUE))
+            queued = posixpath.join(env_dir, QUEUE, f"{handle.trial_id}.json")
             _write_atomic(sftp, queued, json.dumps(payload).encode())
             sftp.remove(held)
 
@@ -401,20 +432,20 @@ class RemoteTrainingService(TrainingService):
         self._heartbeat(machine)
         offset = int(cursor.get("metrics_offset", 0))
         trial_dir = handle.data["trial_dir"]
-        meta = posixpath.join(trial_dir, ".nni")
+        meta = posixpath.join(trial_dir, META_DIR)
 
         def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, Any] | None, set[str], list[Any], list[str], int, str]:
             try:
                 names = {a.filename: a for a in sftp.listdir_attr(meta)}
             except FileNotFoundError:
                 return None, set(), [], [], offset, ""
-            state = _read_json(sftp, posixpath.join(meta, "state")) if "state" in names else None
+            state = _read_json(sftp, posixpath.join(meta, STATE)) if STATE in names else None
             records: list[Any] = []
             errors: list[str] = []
             new_offset = offset
-            size = names["metrics"].st_size if "metrics" in names else 0
-            while "metrics" in names and (size or 0) > new_offset:
-                with sftp.open(posixpath.join(meta, "metrics"), "rb") as f:
+            size = names[METRICS].st_size if METRICS in names else 0
+            while METRICS in names and (size or 0) > new_offset:
+                with sftp.open(posixpath.join(meta, METRICS), "rb") as f:
                     f.seek(new_offset)
                     data = f.read(READ_CHUNK)
                 result = parse_file_frames(data, new_offset, handle.trial_id)
@@ -424,7 +455,7 @@ class RemoteTrainingService(TrainingService):
                     new_offset = result.offset
                     break
                 new_offset = result.offset
-            tail = _read_tail(sftp, posixpath.join(trial_dir, "trial.stderr")) if state else ""
+            tail = _read_tail(sftp, posixpath.join(trial_dir, STDERR_FILE)) if state else ""
             return state, set(names), records, errors, new_offset, tail
 
         state, names, records, errors, offset, tail = machine.sftp("reading trial files", look)
@@ -436,20 +467,13 @@ class RemoteTrainingService(TrainingService):
                                   f"{machine.key}")
         if state is not None:
             self._finish(machine, handle)
-            code = state.get("exit_code")
-            if code == 0:
-                return TrialUpdate(TrialStatus.SUCCEEDED, records, new_cursor, 0, None, errors)
-            if code is None:
-                return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
-                                   "cancelled before it started", errors)
-            return TrialUpdate(TrialStatus.FAILED, records, new_cursor, int(code),
-                               f"exit code {code}" + (f"; stderr tail:\n{tail}" if tail else ""), errors)
-        if "keeper.lock" not in names:  # written but held for GPU slots (non-reuse)
+            return ended_update(state, records, new_cursor, errors, tail)
+        if KEEPER_LOCK not in names:  # written but held for GPU slots (non-reuse)
             self._start_held(machine, handle)
             return TrialUpdate(TrialStatus.WAITING, records, new_cursor, None, None, errors)
-        if "keeper.pid" in names and not self._keeper_alive(machine, handle, meta):
+        if KEEPER_PID in names and not self._keeper_alive(machine, handle, meta):
             return self._vanished(machine, handle, new_cursor, records, errors)
-        status = TrialStatus.RUNNING if "started" in names else TrialStatus.WAITING
+        status = TrialStatus.RUNNING if STARTED in names else TrialStatus.WAITING
         return TrialUpdate(status, records, new_cursor, None, None, errors)
 
     def _queued(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
@@ -457,9 +481,9 @@ class RemoteTrainingService(TrainingService):
         if not handle.data.get("reuse"):
             return False
         env_dir = self._env_dir(machine)
-        boxes = {box: posixpath.join(env_dir, box, f"{handle.trial_id}.json") for box in ("hold", "queue", "taken")}
+        boxes = {box: posixpath.join(env_dir, box, f"{handle.trial_id}.json") for box in (HOLD, QUEUE, TAKEN)}
         found = machine.sftp("reading the queue", lambda s: {b for b, p in boxes.items() if _exists(s, p)})
-        if "hold" in found:
+        if HOLD in found:
             self._start_held(machine, handle)
         return bool(found)
 
@@ -471,7 +495,7 @@ class RemoteTrainingService(TrainingService):
         self._liveness[handle.trial_id] = now
 
         def check(sftp: paramiko.SFTPClient) -> bool:
-            info = _read_json(sftp, posixpath.join(meta, "keeper.pid"))
+            info = _read_json(sftp, posixpath.join(meta, KEEPER_PID))
             if not info:
                 return True
             try:
@@ -486,7 +510,7 @@ class RemoteTrainingService(TrainingService):
     def _vanished(self, machine: RemoteMachine, handle: TrialHandle, cursor: dict[str, Any], records: list[Any],
                   errors: list[str]) -> TrialUpdate:
         """The keeper is gone: unless it recorded an end after all, the trial was killed."""
-        state_path = posixpath.join(handle.data["trial_dir"], ".nni", "state")
+        state_path = posixpath.join(handle.data["trial_dir"], META_DIR, STATE)
         if machine.sftp("reading the trial state", lambda s: _exists(s, state_path)):
             return TrialUpdate(TrialStatus.RUNNING, records, cursor, None, None, errors)  # next poll reads it
         self._finish(machine, handle)
@@ -514,7 +538,7 @@ class RemoteTrainingService(TrainingService):
         machine = self._machine(handle)
         if handle.data.get("reuse"):
             env_dir = self._env_dir(machine)
-            for box in ("hold", "queue"):
+            for box in (HOLD, QUEUE):
                 path = posixpath.join(env_dir, box, f"{handle.trial_id}.json")
                 machine.sftp("dequeueing the trial", lambda s, p=path: _remove(s, p))
         machine.run(machine.command("keeper", "--kill", handle.data["trial_dir"], str(self.kill_grace)),
@@ -527,7 +551,7 @@ class RemoteTrainingService(TrainingService):
         with self._lock:
             machine.active.add(handle.trial_id)
         if machine.gpu is not None:
-            path = posixpath.join(handle.data["trial_dir"], ".nni", "keeper.json")
+            path = posixpath.join(handle.data["trial_dir"], META_DIR, KEEPER_SPEC)
             keeper = machine.sftp("reading keeper.json", lambda s: _read_json(s, path)) or {}
             if keeper.get("gpus"):
                 machine.gpu.adopt(handle.trial_id, keeper["gpus"])
@@ -537,24 +561,21 @@ class RemoteTrainingService(TrainingService):
         machine = self._machine(handle)
         local_dir = self.experiment_dir / "trials" / handle.trial_id
         local_dir.mkdir(parents=True, exist_ok=True)
-        out: dict[str, str] = {}
 
         def fetch(sftp: paramiko.SFTPClient) -> None:
-            for name in ("trial.stdout", "trial.stderr", "trial.log"):
+            for name in LOG_FILES:
                 path = posixpath.join(handle.data["trial_dir"], name)
                 if _exists(sftp, path):
                     sftp.get(path, str(local_dir / name))
-                    data = (local_dir / name).read_bytes()
-                    out[name] = (data[-tail:] if tail else data).decode("utf-8", "replace")
 
         machine.sftp("fetching logs", fetch)
-        return out
+        return read_trial_logs(local_dir, tail)
 
     def close(self) -> None:
         """Ask reuse workers to leave and close the connections; running trials are not touched."""
         for machine in self.machines:
             if self.reuse and machine.root:
-                stop = posixpath.join(self._env_dir(machine), "stop")
+                stop = posixpath.join(self._env_dir(machine), STOP)
                 try:
                     machine.sftp("stopping the worker", lambda s, p=stop: s.open(p, "w").close())
                 except PlatformError:

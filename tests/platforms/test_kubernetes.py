@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import k8s_section, write_trial
-from tests.training_services.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
 from trialflow.config.platforms import PLATFORM_CONFIGS
 from trialflow.ids import new_experiment_id
-from trialflow.tasks.training_services import (
+from trialflow.platforms import (
     PlatformError,
     TransientPlatformError,
     TrialSpec,
     TrialStatus,
     create_service,
 )
-from trialflow.tasks.training_services.adaptdl import adaptdl_state
-from trialflow.tasks.training_services.frameworkcontroller import framework_state
-from trialflow.tasks.training_services.kubeflow import condition_state
+from trialflow.platforms.adaptdl import adaptdl_state
+from trialflow.platforms.frameworkcontroller import framework_state
+from trialflow.platforms.kubeflow import condition_state
+from trialflow.testing.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
 from trialflow.testing.emulators.k8s_schemas import FRAMEWORK_SCHEMA, specs_dir, validate_custom_object
 
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
@@ -62,6 +62,13 @@ def make_spec(tmp_path, service):
 
 
 class TestKubernetesContract(TrainingServiceContract):
+    def crash(self, service):
+        """A killed controller deletes nothing: its jobs and environments stay, its receiver is gone."""
+        if service.receiver is not None:
+            service.receiver.stop()
+            service.receiver = None
+        service.envs.clear()
+
     def test_metrics_arrive_on_the_configured_channel(self, service, make_spec):
         body = "import nni\nnni.get_next_parameter()\nnni.report_final_result(7.0)\n"
         handle = service.submit(make_spec("Chan1", body, {}), service.code)

@@ -10,13 +10,16 @@ re-attach), ``poll()`` until a terminal status, ``cancel()`` at any time (idempo
 
 from __future__ import annotations
 
+import json
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ...trial.records import MetricRecord
+from ..trial.records import MetricRecord
+from .errors import LostHandleError, PlatformError, TransientPlatformError
 
 
 class TrialStatus(str, Enum):
@@ -31,18 +34,6 @@ class TrialStatus(str, Enum):
     @property
     def is_terminal(self) -> bool:
         return self not in (TrialStatus.WAITING, TrialStatus.RUNNING)
-
-
-class PlatformError(RuntimeError):
-    """A permanent platform error: the trial (or the experiment, at prepare) fails with this message."""
-
-
-class TransientPlatformError(PlatformError):
-    """A temporary platform error (5xx, timeout, dropped connection): the call is retried."""
-
-
-class LostHandleError(PlatformError):
-    """The platform no longer knows the trial a handle points to."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +51,6 @@ class TrialSpec:
 
     def parameter_record(self) -> str:
         """The exact ``parameter.cfg`` content NNI trial code expects (nni-contract.md §3.2)."""
-        import json
-
         return json.dumps({"parameter_id": self.parameter_id, "parameter_source": "algorithm",
                            "parameters": self.parameters, "parameter_index": 0})
 
@@ -100,6 +89,10 @@ class CodeRef:
     content_hash: str | None = None
 
 
+__all__ = ["CodeRef", "LostHandleError", "PlatformError", "TrainingService", "TransientPlatformError",
+           "TrialHandle", "TrialSpec", "TrialStatus", "TrialUpdate"]
+
+
 class TrainingService(ABC):
     platform: str = ""
 
@@ -130,12 +123,11 @@ class TrainingService(ABC):
 
     def wait(self, handle: TrialHandle, timeout: float) -> None:
         """Block up to ``timeout`` seconds or until the trial may have changed (default: sleep)."""
-        import time
-
         time.sleep(timeout)
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
-        """The trial's log files by name (stdout, stderr, trial.log); empty when not available."""
+        """The trial's log files by name (``trial.stdout``, ``trial.stderr``, ``trial.log``), the last
+        ``tail`` bytes of each when given; empty when not available."""
         return {}
 
     def close(self) -> None:

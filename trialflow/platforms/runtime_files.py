@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ... import __version__
-from ...trial import RUNTIME_ROOT
+from .. import __version__
+from ..trial import RUNTIME_ROOT
 
 
 def runtime_files() -> list[tuple[str, Path]]:

@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...config import LocalConfig
-from ...trial import NNI_SHIM_DIR, RUNTIME_ROOT
-from ...trial.forkserver import ForkServer
-from ...trial.procs import kill_group, pid_alive, read_json, write_atomic
-from ...trial.records import parse_file_frames
-from ...trial.runtime import METRICS_FILE, PARAMETER_FILE
+from ..config import LocalConfig
+from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
+from ..trial.forkserver import ForkServer
+from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
+from ..trial.protocol import KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE, STDERR_FILE
+from ..trial.runtime import PARAMETER_FILE
 from .base import (
     CodeRef,
     LostHandleError,
@@ -38,9 +38,8 @@ from .base import (
     TrialUpdate,
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
+from .trialdir import ended_update, read_metrics_file, read_trial_logs, tail_text
 
-STDERR_TAIL_BYTES = 2000
-READ_CHUNK = 4 * 1024 * 1024
 KEEPER_PID_WAIT = 10.0
 
 
@@ -59,45 +58,14 @@ def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpu
     return env
 
 
-def tail_text(path: str, limit: int = STDERR_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def read_metrics_file(trial_dir: str | Path, offset: int, trial_id: str) -> tuple[list[Any], list[str], int]:
-    """Metric records of ``<trial dir>/.nni/metrics`` after byte ``offset``: (records, errors, new offset)."""
-    try:
-        with open(os.path.join(trial_dir, METRICS_FILE), "rb") as f:
-            f.seek(offset)
-            data = f.read(READ_CHUNK)
-    except FileNotFoundError:
-        return [], [], offset
-    result = parse_file_frames(data, offset, trial_id)
-    return result.records, result.errors, result.offset
-
-
-def read_trial_logs(trial_dir: str | Path, tail: int | None = None) -> dict[str, str]:
-    """A trial directory's log files by name (the last ``tail`` bytes of each when given)."""
-    out = {}
-    for name in ("trial.stdout", "trial.stderr", "trial.log"):
-        path = os.path.join(trial_dir, name)
-        if os.path.exists(path):
-            out[name] = tail_text(path, tail) if tail else Path(path).read_text("utf-8", "replace")
-    return out
-
-
 class LocalTrainingService(TrainingService):
     platform = "local"
 
     def __init__(self, config: LocalConfig, experiment_dir: Path, kill_grace_seconds: float = 2.0,
                  gpu_probe: GpuProbe | None = None) -> None:
         self.config = config
-        self.trials_dir = Path(experiment_dir) / "trials"
+        self.experiment_dir = Path(experiment_dir)
+        self.trials_dir = self.experiment_dir / "trials"
         self.kill_grace = kill_grace_seconds
         self._started: set[str] = set()  # keepers started by this controller
         self._pidfds: dict[str, int] = {}
@@ -126,7 +94,7 @@ class LocalTrainingService(TrainingService):
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         trial_dir = self.trials_dir / spec.trial_id
-        (trial_dir / ".nni").mkdir(parents=True, exist_ok=True)
+        (trial_dir / META_DIR).mkdir(parents=True, exist_ok=True)
         (trial_dir / PARAMETER_FILE).write_text(spec.parameter_record(), encoding="utf-8")
         handle = TrialHandle(spec.trial_id, self.platform, {
             "trial_dir": str(trial_dir), "code_dir": code.location, "command": spec.command,
@@ -138,9 +106,9 @@ class LocalTrainingService(TrainingService):
     def _try_start(self, handle: TrialHandle) -> bool:
         """Start the keeper unless it already runs; False while waiting for GPUs."""
         data = handle.data
-        meta = os.path.join(data["trial_dir"], ".nni")
+        meta = os.path.join(data["trial_dir"], META_DIR)
         with self._lock:
-            if handle.trial_id in self._started or os.path.exists(os.path.join(meta, "keeper.pid")):
+            if handle.trial_id in self._started or os.path.exists(os.path.join(meta, KEEPER_PID)):
                 return True
             gpus = None
             if self.gpu is not None and data.get("gpu_number"):
@@ -151,7 +119,7 @@ class LocalTrainingService(TrainingService):
                              data["command"], Path(data["code_dir"]), data.get("gpu_number"))
             env = trial_env(spec, self.platform, data["trial_dir"], data["code_dir"], gpus)
             env["PYTHONPATH"] = self._pythonpath
-            write_atomic(os.path.join(meta, "keeper.json"),
+            write_atomic(os.path.join(meta, KEEPER_SPEC),
                          {"command": data["command"], "cwd": data["code_dir"], "env": env, "gpus": gpus})
             try:
                 self._forkserver.start_keeper(data["trial_dir"])
@@ -165,7 +133,7 @@ class LocalTrainingService(TrainingService):
     def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
         """(pid, start time) of the trial's keeper once it was started. A keeper started by a
         request whose reply was lost writes its own ``keeper.pid`` at once, so it is waited for."""
-        path = os.path.join(handle.data["trial_dir"], ".nni", "keeper.pid")
+        path = os.path.join(handle.data["trial_dir"], META_DIR, KEEPER_PID)
         info = read_json(path)
         deadline = time.monotonic() + KEEPER_PID_WAIT
         while info is None and handle.trial_id in self._started and time.monotonic() < deadline:
@@ -180,20 +148,15 @@ class LocalTrainingService(TrainingService):
         offset = int(cursor.get("metrics_offset", 0))
         if not self._try_start(handle):
             return TrialUpdate(TrialStatus.WAITING, cursor={"metrics_offset": offset})
-        meta = os.path.join(trial_dir, ".nni")
-        state = read_json(os.path.join(meta, "state"))  # read before metrics: all metrics precede it
+        meta = os.path.join(trial_dir, META_DIR)
+        state = read_json(os.path.join(meta, STATE))  # read before metrics: all metrics precede it
         records, errors, offset = read_metrics_file(trial_dir, offset, handle.trial_id)
         new_cursor = {"metrics_offset": offset}
         if state is not None:
             self._finish(handle)
-            code = int(state["exit_code"])
-            if code == 0:
-                return TrialUpdate(TrialStatus.SUCCEEDED, records, new_cursor, 0, None, errors)
-            tail = tail_text(os.path.join(trial_dir, "trial.stderr"))
-            return TrialUpdate(TrialStatus.FAILED, records, new_cursor, code,
-                               f"exit code {code}" + (f"; stderr tail:\n{tail}" if tail else ""), errors)
+            return ended_update(state, records, new_cursor, errors, tail_text(os.path.join(trial_dir, STDERR_FILE)))
         keeper = self._keeper(handle)
-        if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, "state")) is None:
+        if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, STATE)) is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's process group ended without recording an exit code (killed)", errors)
@@ -201,7 +164,7 @@ class LocalTrainingService(TrainingService):
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's keeper never started", errors)
-        started = os.path.exists(os.path.join(meta, "started"))
+        started = os.path.exists(os.path.join(meta, STARTED))
         return TrialUpdate(TrialStatus.RUNNING if started else TrialStatus.WAITING, records, new_cursor, None, None,
                            errors)
 
@@ -236,7 +199,7 @@ class LocalTrainingService(TrainingService):
 
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach a trial started by an earlier controller (resume): re-register its GPUs."""
-        keeper = read_json(os.path.join(handle.data["trial_dir"], ".nni", "keeper.json"))
+        keeper = read_json(os.path.join(handle.data["trial_dir"], META_DIR, KEEPER_SPEC))
         if self.gpu is not None and keeper and keeper.get("gpus"):
             self.gpu.adopt(handle.trial_id, keeper["gpus"])
 

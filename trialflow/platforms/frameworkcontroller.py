@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import FrameworkControllerConfig
-from ._kubernetes import CONTAINER_MOUNT, SharedStorage, k8s_id
-from ._kubernetes_service import KubernetesTrainingService, resources, storage_volume
+from ..config import FrameworkControllerConfig
 from .base import TrialStatus
-from .kubeflow import KubernetesRegistryMixin
+from .k8s import KubernetesJobService, resources, storage_volume
+from .k8s_api import CONTAINER_MOUNT, k8s_id
+from .shared_storage import SharedStorage
 
 BARRIER_MOUNT = "/mnt/frameworkbarrier"
 FIRST_PORT = 4000
@@ -57,7 +57,7 @@ def framework_state(obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
     return TrialStatus.FAILED, message
 
 
-class FrameworkControllerTrainingService(KubernetesRegistryMixin, KubernetesTrainingService):
+class FrameworkControllerTrainingService(KubernetesJobService):
     platform = "frameworkcontroller"
     group = "frameworkcontroller.microsoft.com"
     plural = "frameworks"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_nvidia_smi, write_trial
-from tests.training_services.contract import TrainingServiceContract, poll_until_terminal
 from trialflow.config import LocalConfig
-from trialflow.tasks.training_services import PlatformError, TrialSpec, TrialStatus
-from trialflow.tasks.training_services.gpu import GpuProbe
-from trialflow.tasks.training_services.local import LocalTrainingService
+from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
+from trialflow.platforms.gpu import GpuProbe
+from trialflow.platforms.local import LocalTrainingService
+from trialflow.testing.contract import TrainingServiceContract, poll_until_terminal
 from trialflow.trial.procs import pid_alive
 
 

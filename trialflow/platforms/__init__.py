@@ -1,0 +1,23 @@
+"""Training platforms: plain Python (no Prefect tasks or flows), one module per platform, behind the
+one interface of :mod:`.base`. :mod:`.table` is the platform table; :mod:`.trialdir` the controller's
+side of the trial file protocol; :mod:`.shared_storage` the base of job platforms on a mounted share."""
+
+from __future__ import annotations
+
+from .base import (
+    CodeRef,
+    LostHandleError,
+    PlatformError,
+    TrainingService,
+    TransientPlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    TrialUpdate,
+)
+from .errors import is_transient
+from .table import PLATFORMS, Platform, RetryPolicy, available, create_service, platform
+
+__all__ = ["PLATFORMS", "CodeRef", "LostHandleError", "Platform", "PlatformError", "RetryPolicy", "TrainingService",
+           "TransientPlatformError", "TrialHandle", "TrialSpec", "TrialStatus", "TrialUpdate", "available",
+           "create_service", "is_transient", "platform"]

@@ -1,0 +1,138 @@
+"""Kubernetes job platforms on the shared-storage base: the base of the kubeflow, frameworkcontroller
+and adl services. A job is a custom object of the platform's CRD; the metrics token is a Secret the
+pods reference (never written into the manifest); job logs are the pods' logs. Subclasses give the
+manifest, the state table and the pod selector; Kubeflow and FrameworkController also create the
+private registry and Azure File Secrets (:meth:`KubernetesJobService.create_shared_secrets`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any
+
+from .base import TrialStatus
+from .k8s_api import LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
+from .shared_storage import SharedStorageService
+
+
+class KubernetesJobService(SharedStorageService):
+    group = ""
+    version = "v1"
+    plural = ""
+
+    def __init__(self, config: Any, experiment_dir: Path) -> None:
+        self.namespace = config.namespace
+        self._api: KubeApi | None = None
+        super().__init__(config, experiment_dir)
+
+    # ---- what a Kubernetes platform implements --------------------------------------------------
+
+    @abstractmethod
+    def manifest(self, name: str, object_labels: dict[str, str], commands: dict[str, list[str]],
+                 env: list[dict[str, Any]]) -> dict[str, Any]:
+        """The job object; ``commands`` holds each role's container command."""
+
+    @abstractmethod
+    def job_state(self, obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
+        """The platform's state table: the job object's status as a trial status and message."""
+
+    @abstractmethod
+    def pod_selector(self, name: str) -> str: ...
+
+    def before_create(self, name: str, object_labels: dict[str, str], commands: dict[str, list[str]]) -> None:
+        """Create objects the job needs besides its Secret (AdaptDL: PVC and ConfigMap)."""
+
+    def after_delete(self, name: str) -> None:
+        """Delete what ``before_create`` made."""
+
+    # ---- the shared-storage base's job calls ----------------------------------------------------
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = KubeApi(new_api_client(self.config.credentials), self.namespace)
+        return self._api
+
+    def check_platform(self) -> None:
+        self.api.check_namespace()
+
+    def handle_extra(self) -> dict[str, Any]:
+        return {"namespace": self.namespace}
+
+    def _metric_env(self, token_secret: str) -> list[dict[str, Any]]:
+        url = self.metrics_url()
+        if url is None:
+            return []
+        return [{"name": "TRIALFLOW_METRICS_URL", "value": url},
+                {"name": "TRIALFLOW_METRICS_TOKEN",
+                 "valueFrom": {"secretKeyRef": {"name": token_secret, "key": "token"}}}]
+
+    def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None:
+        object_labels = labels(self.experiment_id, **ids)
+        self.before_create(name, object_labels, commands)
+        self.api.create_job(self.group, self.version, self.plural,
+                            self.manifest(name, object_labels, commands, self._metric_env(token_ref)))
+
+    def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
+        obj = self.api.get_job(self.group, self.version, self.plural, name)
+        return None if obj is None else self.job_state(obj)
+
+    def delete_job(self, name: str) -> None:
+        self.api.delete_job(self.group, self.version, self.plural, name)
+        self.after_delete(name)
+
+    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
+        return self.api.ensure_secret(name, {"token": token}, labels(self.experiment_id, **ids))["token"]
+
+    def read_token(self, name: str) -> str | None:
+        secret = self.api.read_secret(name)
+        return secret.get("token") if secret else None
+
+    def delete_token(self, name: str) -> None:
+        self.api.delete("secret", name)
+
+    def job_logs(self, name: str) -> dict[str, bytes]:
+        return self.api.pod_logs(self.pod_selector(name))
+
+    # ---- Secrets shared by an experiment's jobs (Kubeflow, FrameworkController) -------------------
+
+    def registry_secret_name(self) -> str:
+        return f"nni-registry-{self.experiment_id}"
+
+    def azure_secret_name(self) -> str | None:
+        return f"nni-azure-{self.experiment_id}" if self.config.storage.storage_type == "azureStorage" else None
+
+    def create_shared_secrets(self, auth_paths: list[Any]) -> None:
+        """The private registry Secret (the first role's auth file) and the Azure File share's key."""
+        base = {"app": LABEL_APP, "expId": self.experiment_id}
+        for path in auth_paths:
+            if path is not None:
+                self.api.ensure_secret(self.registry_secret_name(), {".dockerconfigjson": path.read_text()}, base,
+                                       kind="kubernetes.io/dockerconfigjson")
+                break
+        storage = self.config.storage
+        if storage.storage_type == "azureStorage":
+            key = azure_storage_key(storage.key_vault_name, storage.key_vault_key)
+            self.api.ensure_secret(str(self.azure_secret_name()), {"azurestorageaccountname": storage.azure_account,
+                                                                   "azurestorageaccountkey": key}, base)
+
+
+def resources(cpu: float | None, memory_mb: int | str | None, gpus: int | None) -> dict[str, Any]:
+    """A container's requests and limits in NNI's form (``<MB>Mi``; GPUs only when asked for)."""
+    amounts: dict[str, str] = {}
+    if cpu is not None:
+        amounts["cpu"] = str(int(cpu)) if float(cpu).is_integer() else str(cpu)
+    if memory_mb is not None:
+        amounts["memory"] = f"{memory_mb}Mi" if isinstance(memory_mb, int) else str(memory_mb)
+    if gpus:
+        amounts["nvidia.com/gpu"] = str(gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def storage_volume(storage: Any, secret_name: str | None) -> dict[str, Any]:
+    """The ``nni-vol`` volume of NNI's manifests: NFS, or an Azure File share with its Secret."""
+    if storage.storage_type == "nfs":
+        return {"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
+    return {"name": "nni-vol", "azureFile": {"secretName": secret_name, "shareName": storage.azure_share,
+                                             "readOnly": False}}

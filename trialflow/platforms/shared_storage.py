@@ -1,0 +1,546 @@
+"""Job platforms on a mounted share: the base every cluster and cloud job platform subclasses
+(Kubeflow, FrameworkController, AdaptDL today; OpenPAI, DLTS, PAI-DLC and Azure ML describe the same
+local-mount / container-path model).
+
+The share is mounted on this machine (``localMountPoint``) and in the jobs' containers (the
+container path). Code bundles, the trial runtime and trial directories live on it, so a job needs no
+upload of its own; see :class:`SharedStorage` for the layout.
+
+Lifecycle. ``prepare()`` checks the share, installs the trial runtime once per version, runs the
+platform's own checks (:meth:`SharedStorageService.prepare_platform`) and, for
+``metricChannel: http``, starts the metrics receiver (its port is kept in the experiment directory,
+so a resumed controller listens where running jobs push). ``upload_code()`` extracts the code bundle
+on the share once per content hash.
+
+Without reuse, ``submit`` writes the trial directory (``parameter.cfg``, the keeper spec and one
+``run_<role>.sh`` per role), stores the trial's metrics token with the platform, then starts the
+job, named deterministically; platforms look the name up first, so a retried submit never creates a
+second job. ``poll`` maps the job's state through the platform's table; metrics come from the
+receiver (then, at the end, the job logs fill any gap), from the job logs only, or from the file on
+the share. ``cancel`` deletes the job (the caller recorded the status first). A job deleted by
+someone else ends its trial as SYS_CANCELED.
+
+With ``reuseMode: true`` an environment is one long-lived job running the reuse worker on the
+share; trials are queued to it as files, and an environment takes the next trial when its last one
+ended (never more environments than trials in flight). A trial whose environment ended or vanished
+is SYS_CANCELED. ``close()`` stops and deletes the environments.
+
+A platform implements the abstract methods below: the job (start, state, delete, logs), the
+token's home (store, read, delete) and its names and roles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from abc import abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..codebundle import CodeDirError, scan_code_dir
+from ..trial.procs import read_json, write_atomic
+from ..trial.protocol import (
+    HEARTBEAT,
+    HEARTBEAT_SECONDS,
+    KEEPER_SPEC,
+    KILL,
+    META_DIR,
+    PARAMETER_FILE,
+    QUEUE,
+    STARTED,
+    STATE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    STOP,
+    WORKER_IDLE_TIMEOUT,
+)
+from ..trial.records import MetricRecord, parse_stdout_lines
+from ..trial.unpack import extract_stream
+from .base import (
+    CodeRef,
+    LostHandleError,
+    PlatformError,
+    TrainingService,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    TrialUpdate,
+)
+from .metrics_receiver import MetricsReceiver
+from .runtime_files import runtime_files, runtime_key
+from .trialdir import ended_update, read_from, read_metrics_file, read_trial_logs, tail_text
+
+log = logging.getLogger("trialflow.platforms")
+ENV_CHECK_SECONDS = 2.0
+_CHANNEL_ENV = {"http": "http", "logs": "stdout", "file": "file"}
+
+
+class SharedStorage:
+    """The share as this machine sees it (``local``) and as containers see it (``container``).
+    Layout under both::
+
+        nni/runtime/<version>-<hash>/   the trial runtime (keeper, worker, nni package)
+        nni/code/<content hash>/        extracted code bundles
+        nni/<experiment>/trials/<id>/   trial directories
+        nni/<experiment>/envs/<id>/     reuse-mode environments
+    """
+
+    def __init__(self, local: Path | None, container: str, what: str) -> None:
+        self._local = local
+        self.container = container.rstrip("/")
+        self.what = what
+        self._lock = threading.Lock()
+
+    @property
+    def local(self) -> Path:
+        if self._local is None:
+            raise PlatformError(f"{self.what} is not mounted on this machine: mount it (for NFS: sudo mount -t nfs "
+                                "<server>:<path> <folder>) and set its localMountPoint to that folder")
+        return self._local
+
+    def check(self) -> None:
+        if not self.local.is_dir():
+            raise PlatformError(f"localMountPoint {self.local} of {self.what} is not a directory; mount the share "
+                                "there first")
+        if not os.access(self.local, os.W_OK):
+            raise PlatformError(f"localMountPoint {self.local} of {self.what} is not writable by this user "
+                                "(NFS root_squash? give the export to this user)")
+
+    def path(self, *parts: str) -> Path:
+        return self.local.joinpath("nni", *parts)
+
+    def container_path(self, *parts: str) -> str:
+        return "/".join([self.container, "nni", *parts])
+
+    def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:
+        target = self.path("runtime", key)
+        if target.is_dir():
+            return
+        partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{time.time_ns()}")
+        for rel, source in files:
+            (partial / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, partial / rel)
+        try:
+            partial.rename(target)
+        except OSError:
+            shutil.rmtree(partial, ignore_errors=True)
+            if not target.is_dir():
+                raise
+
+    def install_code(self, code_dir: Path, cache_file: Path) -> str:
+        """Extract the code bundle once per content hash; returns the hash."""
+        try:
+            bundle = scan_code_dir(code_dir)
+        except CodeDirError as exc:
+            raise PlatformError(str(exc)) from None
+        digest = bundle.content_hash(cache_file)
+        target = self.path("code", digest)
+        with self._lock:
+            if target.is_dir():
+                return digest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            read_fd, write_fd = os.pipe()
+            with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb") as writer:
+                def feed() -> None:
+                    bundle.stream(writer.write)
+                    writer.close()
+
+                feeder = threading.Thread(target=feed, daemon=True)
+                feeder.start()
+                extract_stream(reader, str(target), digest)
+                feeder.join()
+        return digest
+
+
+@dataclass
+class Environment:
+    """A reuse-mode job and the trial it runs (one at a time)."""
+
+    id: str
+    job: str
+    trial: str | None = None
+    ended: str | None = None  # why the job is gone
+    token: str | None = None  # its metrics token (HTTP channel), kept to grant each new trial
+    checked: float = 0.0
+
+
+class SharedStorageService(TrainingService):
+    """A job platform whose jobs mount the share; subclasses implement the abstract methods."""
+
+    reuse_supported = True
+
+    def __init__(self, config: Any, experiment_dir: Path) -> None:
+        self.config = config
+        self.experiment_dir = Path(experiment_dir)
+        self.experiment_id = self.experiment_dir.name
+        self.channel = getattr(config, "metric_channel", "http")
+        self.reuse = bool(getattr(config, "reuse_mode", False)) and self.reuse_supported
+        self.storage = self.make_storage()
+        self.worker_idle_timeout = WORKER_IDLE_TIMEOUT
+        self.receiver: MetricsReceiver | None = None
+        self._lock = threading.Lock()
+        self._seen: dict[str, set[tuple[str, int]]] = {}
+        self._cancelled: dict[str, TrialStatus] = {}
+        self.envs: dict[str, Environment] = {}
+        self._last_heartbeat = 0.0
+
+    # ---- what a platform implements -----------------------------------------------------------
+
+    @abstractmethod
+    def make_storage(self) -> SharedStorage:
+        """The share, from the platform's config."""
+
+    @abstractmethod
+    def roles(self) -> dict[str, str]:
+        """Role name -> the command its replicas run (non-reuse); the first role is the primary one."""
+
+    @abstractmethod
+    def job_name(self, kind: str, ident: str) -> str:
+        """The deterministic name of a trial's (``kind='trial'``) or an environment's (``'env'``) job."""
+
+    @abstractmethod
+    def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None:
+        """Create the job ``name`` unless it exists; ``commands`` holds each role's container command,
+        ``token_ref`` where :meth:`store_token` put the metrics token (given to the job, never inline)."""
+
+    @abstractmethod
+    def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
+        """The platform's state table applied to the job: (status, message), None when it is gone."""
+
+    @abstractmethod
+    def delete_job(self, name: str) -> None:
+        """Stop and delete the job and what was made for it; an unknown job is not an error."""
+
+    @abstractmethod
+    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
+        """Keep ``token`` with the platform as ``name`` unless one is stored; returns the stored one."""
+
+    @abstractmethod
+    def read_token(self, name: str) -> str | None:
+        """The token stored as ``name``, None when there is none."""
+
+    @abstractmethod
+    def delete_token(self, name: str) -> None:
+        """Forget the token stored as ``name`` (idempotent)."""
+
+    def job_logs(self, name: str) -> dict[str, bytes]:
+        """The job's output by replica (whole logs); the ``logs`` metric channel and the HTTP channel's
+        gap filler read it. Default: none (the trial's files on the share are read instead)."""
+        return {}
+
+    def check_platform(self) -> None:
+        """Connect and check credentials once (fail fast with a hint)."""
+
+    def prepare_platform(self) -> None:
+        """Platform objects made once per experiment (registry and storage secrets)."""
+
+    # ---- prepare and code ------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        self.check_platform()
+        self.storage.check()
+        self.storage.install_runtime(runtime_key(), runtime_files())
+        self.prepare_platform()
+        if self.channel == "http":
+            self._start_receiver()
+
+    def _start_receiver(self) -> None:
+        state = self.experiment_dir / "metrics-receiver.json"
+        previous = read_json(str(state)) or {}
+        host = self.config.nni_manager_ip or "127.0.0.1"
+        self.receiver = MetricsReceiver(host, int(previous.get("port") or 0)).start()
+        self.experiment_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(str(state), {"port": self.receiver.port})
+
+    @property
+    def runtime_dir(self) -> str:
+        return self.storage.container_path("runtime", runtime_key())
+
+    def upload_code(self, code_dir: Path) -> CodeRef:
+        digest = self.storage.install_code(code_dir, self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
+        return CodeRef(self.storage.container_path("code", digest), digest)
+
+    # ---- submit ----------------------------------------------------------------------------
+
+    def keeper_env(self, spec: TrialSpec) -> dict[str, str]:
+        """NNI's trial environment as the job's keeper sets it (GPU visibility is the platform's:
+        its device plugin decides, so nothing is overridden here)."""
+        channel = _CHANNEL_ENV[self.channel]
+        if self.reuse and self.channel == "logs":
+            channel = "stdout"  # read back from trial.stdout on the share
+        return {"NNI_PLATFORM": self.platform, "NNI_EXP_ID": spec.experiment_id, "NNI_TRIAL_JOB_ID": spec.trial_id,
+                "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": channel}
+
+    def _keeper_spec(self, spec: TrialSpec, code: CodeRef) -> dict[str, Any]:
+        command = spec.command if self.reuse else next(iter(self.roles().values()))
+        return {"command": command, "cwd": f"../../../code/{code.content_hash}", "env": self.keeper_env(spec),
+                "located": True, "roles": self.roles()}
+
+    def metrics_url(self) -> str | None:
+        """Where jobs push metrics (None without the HTTP channel)."""
+        return self.receiver.url if self.receiver is not None else None
+
+    def _token(self, name: str, ids: dict[str, str], *trial_ids: str) -> str | None:
+        """The token stored as ``name`` (created unless it exists), granted ``trial_ids``."""
+        if self.receiver is None:
+            return None
+        token = self.store_token(name, self.receiver.new_token(), ids)
+        self.receiver.grant(token, *trial_ids)
+        return token
+
+    def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+        trial_dir = self.storage.path(spec.experiment_id, "trials", spec.trial_id)
+        (trial_dir / META_DIR).mkdir(parents=True, exist_ok=True)
+        write_atomic(str(trial_dir / PARAMETER_FILE), spec.parameter_record())
+        keeper = self._keeper_spec(spec, code)
+        write_atomic(str(trial_dir / META_DIR / KEEPER_SPEC), keeper)
+        self._seen.setdefault(spec.trial_id, set())
+        if self.reuse:
+            return self._submit_to_environment(spec, keeper)
+        name = self.job_name("trial", spec.trial_id)
+        primary = next(iter(self.roles()))
+        commands = {}
+        for role in self.roles():
+            script = trial_dir / f"run_{role.lower()}.sh"
+            write_atomic(str(script), self._script(["--pod", f"trials/{spec.trial_id}", role, primary], "keeper"))
+            commands[role] = ["sh", self.storage.container_path(spec.experiment_id, "trials", spec.trial_id,
+                                                                script.name)]
+        ids = {"trialId": spec.trial_id}
+        self._token(f"{name}-token", ids, spec.trial_id)
+        self.start_job(name, ids, commands, f"{name}-token")
+        return TrialHandle(spec.trial_id, self.platform, {"job": name, "reuse": False, **self.handle_extra()})
+
+    def handle_extra(self) -> dict[str, Any]:
+        """Platform fields kept in every handle (e.g. the Kubernetes namespace)."""
+        return {}
+
+    def _script(self, args: list[str], module: str) -> str:
+        """A run script that finds the runtime relative to itself (the controller and the job see the
+        share at different paths)."""
+        quoted = " ".join(f"\"$exp/{a}\"" if "/" in a else f"'{a}'" for a in args)
+        return ("#!/bin/sh\n# written by trialflow: runs in the job's container\n"
+                'here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)\n'
+                'exp=$(CDPATH= cd -- "$here/../.." && pwd)\n'
+                'nni=$(CDPATH= cd -- "$exp/.." && pwd)\n'
+                f'PYTHONPATH="$nni/runtime/{os.path.basename(self.runtime_dir)}" '
+                f"exec python3 -S -m trialflow.trial.{module} {quoted}\n")
+
+    # ---- reuse-mode environments -------------------------------------------------------------
+
+    def _env_dir(self, env_id: str) -> Path:
+        return self.storage.path(self.experiment_id, "envs", env_id)
+
+    def _submit_to_environment(self, spec: TrialSpec, keeper: dict[str, Any]) -> TrialHandle:
+        env = self._free_environment(spec.trial_id)
+        payload = {"trial_dir": f"../../trials/{spec.trial_id}", "parameter": spec.parameter_record(),
+                   "keeper": keeper}
+        if self.receiver is not None and env.token is not None:
+            self.receiver.grant(env.token, spec.trial_id)
+        elif self.receiver is not None:  # an environment re-attached on resume: its token is stored
+            env.token = self._token(f"{env.job}-token", {"envId": env.id}, spec.trial_id)
+        queue = self._env_dir(env.id) / QUEUE
+        queue.mkdir(parents=True, exist_ok=True)
+        write_atomic(str(queue / f"{spec.trial_id}.json"), json.dumps(payload))
+        return TrialHandle(spec.trial_id, self.platform, {"job": env.job, "env": env.id, "reuse": True,
+                                                          **self.handle_extra()})
+
+    def _free_environment(self, trial_id: str) -> Environment:
+        """An idle environment, now running ``trial_id``; a new one when none is idle."""
+        with self._lock:
+            for env in self.envs.values():
+                if env.trial is None and env.ended is None:
+                    env.trial = trial_id
+                    return env
+            env_id = secrets.token_hex(4)
+            env = Environment(env_id, self.job_name("env", env_id), trial_id)
+            self.envs[env_id] = env
+        env_dir = self._env_dir(env_id)
+        env_dir.mkdir(parents=True, exist_ok=True)
+        (env_dir / HEARTBEAT).write_text(str(time.time()))
+        write_atomic(str(env_dir / "run.sh"), self._script(
+            ["--foreground", f"envs/{env_id}", str(self.worker_idle_timeout)], "worker"))
+        ids = {"envId": env_id}
+        env.token = self._token(f"{env.job}-token", ids)
+        command = ["sh", self.storage.container_path(self.experiment_id, "envs", env_id, "run.sh")]
+        self.start_job(env.job, ids, {next(iter(self.roles())): command}, f"{env.job}-token")
+        return env
+
+    def _assign(self, handle: TrialHandle) -> Environment:
+        with self._lock:
+            env = self.envs.get(str(handle.data.get("env")))
+            if env is None:
+                env = self.envs[handle.data["env"]] = Environment(handle.data["env"], handle.data["job"])
+            env.trial = handle.trial_id
+            return env
+
+    def _environment_gone(self, env: Environment) -> str | None:
+        now = time.monotonic()
+        if env.ended is None and now - env.checked >= ENV_CHECK_SECONDS:
+            env.checked = now
+            found = self.job_status(env.job)
+            if found is None:
+                env.ended = f"its environment job {env.job} was deleted"
+            elif found[0].is_terminal:
+                env.ended = f"its environment job {env.job} ended ({found[0].value}: {found[1]})"
+        return env.ended
+
+    def _heartbeat(self) -> None:
+        if time.monotonic() - self._last_heartbeat < HEARTBEAT_SECONDS:
+            return
+        self._last_heartbeat = time.monotonic()
+        for env in list(self.envs.values()):
+            if env.ended is None:
+                try:
+                    (self._env_dir(env.id) / HEARTBEAT).write_text(str(time.time()))
+                except OSError as exc:  # the worker leaves only after the idle timeout; the next beat retries
+                    log.warning("environment %s: heartbeat not written (%s); retrying in %.0f s", env.id, exc,
+                                HEARTBEAT_SECONDS)
+
+    # ---- poll ------------------------------------------------------------------------------
+
+    def _trial_dir(self, handle: TrialHandle) -> Path:
+        return self.storage.path(self.experiment_id, "trials", handle.trial_id)
+
+    def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
+        cursor = dict(cursor)
+        if not (self._trial_dir(handle) / META_DIR).is_dir():
+            raise LostHandleError(f"trial {handle.trial_id}: its directory {self._trial_dir(handle)} is missing on "
+                                  "the shared storage")
+        if handle.data.get("reuse"):
+            return self._poll_reuse(handle, cursor)
+        found = self.job_status(handle.data["job"])
+        if found is None:
+            status = self._cancelled.get(handle.trial_id, TrialStatus.SYS_CANCELED)
+            message: str | None = (None if handle.trial_id in self._cancelled
+                                   else f"job {handle.data['job']} was deleted outside trialflow")
+        else:
+            status, message = found
+        records, errors = self._metrics(handle, cursor, status.is_terminal and found is not None)
+        if not status.is_terminal:
+            return TrialUpdate(status, records, cursor, None, message, errors)
+        return self._job_ended(handle, status, message, records, cursor, errors)
+
+    def _job_ended(self, handle: TrialHandle, status: TrialStatus, message: str | None, records: list[MetricRecord],
+                   cursor: dict[str, Any], errors: list[str]) -> TrialUpdate:
+        """A non-reuse trial whose job ended: the job's status, with the keeper's exit code."""
+        trial_dir = self._trial_dir(handle)
+        state = read_json(str(trial_dir / META_DIR / STATE)) or {}
+        exit_code = state.get("exit_code")
+        if status == TrialStatus.FAILED:
+            tail = tail_text(trial_dir / STDERR_FILE)
+            message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \
+                (f"; stderr tail:\n{tail}" if tail else "")
+        self._finish(handle)
+        return TrialUpdate(status, records, cursor, exit_code if isinstance(exit_code, int) else None, message, errors)
+
+    def _poll_reuse(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
+        env = self._assign(handle)
+        self._heartbeat()
+        trial_dir = self._trial_dir(handle)
+        meta = trial_dir / META_DIR
+        state = read_json(str(meta / STATE))
+        records, errors = self._metrics(handle, cursor, state is not None)
+        cancelled = self._cancelled.get(handle.trial_id)
+        if state is not None:
+            self._finish(handle)
+            return ended_update(state, records, cursor, errors, tail_text(trial_dir / STDERR_FILE), cancelled)
+        gone = self._environment_gone(env)
+        if gone is not None:
+            self._finish(handle)
+            return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None,
+                               f"the trial did not finish: {gone}", errors)
+        status = TrialStatus.RUNNING if (meta / STARTED).exists() else TrialStatus.WAITING
+        return TrialUpdate(status, records, cursor, None, None, errors)
+
+    def _metrics(self, handle: TrialHandle, cursor: dict[str, Any], final: bool
+                 ) -> tuple[list[MetricRecord], list[str]]:
+        """New metrics of the trial from its channel(s), without duplicates."""
+        records: list[MetricRecord] = []
+        errors: list[str] = []
+        trial_dir = self._trial_dir(handle)
+        if self.channel == "file":
+            records, errors, cursor["metrics_offset"] = read_metrics_file(
+                trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
+        else:
+            if self.receiver is not None:
+                records = self.receiver.drain(handle.trial_id)
+            if self.channel == "logs" or final:  # logs: the channel; http: the gap filler at the end
+                offsets = dict(cursor.get("log_offsets") or {})
+                if handle.data.get("reuse"):  # the trial's own stdout file, read from where we left off
+                    start = int(offsets.get(STDOUT_FILE, 0))
+                    logs = {STDOUT_FILE: (start, read_from(trial_dir / STDOUT_FILE, start))}
+                else:  # job logs come whole: skip what was read before
+                    logs = {pod: (int(offsets.get(pod, 0)), data[int(offsets.get(pod, 0)):])
+                            for pod, data in self.job_logs(handle.data["job"]).items()}
+                for pod, (start, data) in logs.items():
+                    result = parse_stdout_lines(data, start, handle.trial_id)
+                    records += result.records
+                    errors += result.errors
+                    offsets[pod] = result.offset
+                cursor["log_offsets"] = offsets
+        seen = self._seen.setdefault(handle.trial_id, set())
+        fresh = []
+        for record in records:
+            if (record.type, record.sequence) not in seen:
+                seen.add((record.type, record.sequence))
+                fresh.append(record)
+        return fresh, errors
+
+    def _finish(self, handle: TrialHandle) -> None:
+        with self._lock:
+            for env in self.envs.values():
+                if env.trial == handle.trial_id:
+                    env.trial = None
+        if not handle.data.get("reuse"):
+            self.delete_token(f"{handle.data['job']}-token")
+        self._seen.pop(handle.trial_id, None)
+        if self.receiver is not None:
+            self.receiver.forget(handle.trial_id)
+
+    # ---- cancel, adopt, logs, close --------------------------------------------------------
+
+    def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
+        self._cancelled[handle.trial_id] = reason
+        if not handle.data.get("reuse"):
+            self.delete_job(handle.data["job"])
+            self.delete_token(f"{handle.data['job']}-token")
+            return
+        env_dir = self._env_dir(str(handle.data["env"]))
+        (env_dir / QUEUE / f"{handle.trial_id}.json").unlink(missing_ok=True)
+        (env_dir / KILL).mkdir(parents=True, exist_ok=True)
+        write_atomic(str(env_dir / KILL / handle.trial_id), f"../../trials/{handle.trial_id}")
+
+    def adopt(self, handle: TrialHandle) -> None:
+        """Re-attach after a restart: the environment is known again, and the token (read back from
+        the platform) is accepted again by this controller's receiver."""
+        self._seen.setdefault(handle.trial_id, set())
+        if handle.data.get("reuse"):
+            self._assign(handle)
+        if self.receiver is not None:
+            token = self.read_token(f"{handle.data['job']}-token")
+            if token:
+                self.receiver.grant(token, handle.trial_id)
+
+    def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
+        return read_trial_logs(self._trial_dir(handle), tail)
+
+    def close(self) -> None:
+        """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""
+        for env in list(self.envs.values()):
+            try:
+                (self._env_dir(env.id) / STOP).write_text("")
+                self.delete_job(env.job)
+                self.delete_token(f"{env.job}-token")
+            except (PlatformError, OSError) as exc:  # the worker still leaves after its idle timeout
+                log.warning("environment %s (%s) not stopped: %s; it leaves after %.0f s without a heartbeat",
+                            env.id, env.job, exc, self.worker_idle_timeout)
+        self.envs.clear()
+        if self.receiver is not None:
+            self.receiver.stop()
+            self.receiver = None

@@ -1,0 +1,108 @@
+"""THE platform table: one row per platform -- its config model (the row's name comes from it), its
+service class, its credentials block, the pip extra it needs and its retry policy. The service
+factory, the list of available platforms in error messages and the Prefect tasks' retries read it;
+the config loader's union and the v1 converter read ``trialflow.config.PLATFORM_CONFIGS`` (the
+config layer sits below this one), and a test holds the two to the same names.
+
+A new platform adds: its config model, one row here, its service module, its block, its emulator,
+one contract-test subclass and one README row. Nothing in ``tasks/``, ``flows/`` or the other
+platforms changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect.blocks.core import Block
+
+from ..blocks import (
+    AzureMLCredentials,
+    DLTSCredentials,
+    KubernetesCredentials,
+    OpenPAICredentials,
+    PAIDLCCredentials,
+    SSHCredentials,
+)
+from ..config import PLATFORM_CONFIGS, TrainingServiceConfig
+from ..config.platforms import (
+    AdlConfig,
+    AmlConfig,
+    DlcConfig,
+    DltsConfig,
+    FrameworkControllerConfig,
+    KubeflowConfig,
+    LocalConfig,
+    OpenpaiConfig,
+    RemoteConfig,
+)
+from .adaptdl import AdaptDLTrainingService
+from .base import TrainingService
+from .errors import PlatformError
+from .frameworkcontroller import FrameworkControllerTrainingService
+from .kubeflow import KubeflowTrainingService
+from .local import LocalTrainingService
+from .remote import RemoteTrainingService
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the Prefect tasks retry a platform call that failed with a transient error: ``retries``
+    more attempts, ``delay`` seconds before the first, doubling each time (exponential backoff)."""
+
+    retries: int = 4
+    delay: float = 1.0
+
+    def delays(self) -> list[float]:
+        return [self.delay * 2**i for i in range(self.retries)]
+
+
+@dataclass(frozen=True)
+class Platform:
+    config: type[TrainingServiceConfig]
+    service: type[TrainingService] | None  # None: the config validates, the service is not built yet
+    block: type[Block] | None = None
+    extra: str | None = None  # ``pip install 'trialflow[<extra>]'``
+    retry: RetryPolicy = RetryPolicy()
+
+    @property
+    def name(self) -> str:
+        return str(self.config.model_fields["platform"].default)
+
+
+_ROWS = (
+    Platform(LocalConfig, LocalTrainingService, retry=RetryPolicy(retries=3, delay=0.2)),
+    Platform(RemoteConfig, RemoteTrainingService, SSHCredentials),
+    Platform(KubeflowConfig, KubeflowTrainingService, KubernetesCredentials, "kubernetes"),
+    Platform(FrameworkControllerConfig, FrameworkControllerTrainingService, KubernetesCredentials, "kubernetes"),
+    Platform(AdlConfig, AdaptDLTrainingService, KubernetesCredentials, "kubernetes"),
+    Platform(OpenpaiConfig, None, OpenPAICredentials),
+    Platform(DltsConfig, None, DLTSCredentials),
+    Platform(AmlConfig, None, AzureMLCredentials, "aml"),
+    Platform(DlcConfig, None, PAIDLCCredentials, "dlc"),
+)
+PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
+
+
+def available() -> list[str]:
+    """Names of the platforms whose training service can run."""
+    return [name for name, row in PLATFORMS.items() if row.service is not None]
+
+
+def platform(name: str) -> Platform:
+    row = PLATFORMS.get(name)
+    if row is None:
+        raise PlatformError(f"unknown platform {name!r}; known: {', '.join(PLATFORMS)}")
+    return row
+
+
+def create_service(config: TrainingServiceConfig, experiment_dir: Path) -> TrainingService:
+    """The training service of ``config``'s platform for the experiment in ``experiment_dir``."""
+    row = platform(config.platform)
+    if row.service is None:
+        raise PlatformError(f"the {config.platform!r} training service is not available in this version of "
+                            f"trialflow; available: {', '.join(available())}")
+    return row.service(config, experiment_dir)  # type: ignore[call-arg]
+
+
+assert set(PLATFORMS) == set(PLATFORM_CONFIGS), "the platform table and PLATFORM_CONFIGS name different platforms"

@@ -1,0 +1,41 @@
+"""The keeper/worker file protocol: names of the files a trial's keeper, a reuse worker and the
+controller exchange (standard library only; the controller side is ``trialflow.platforms.trialdir``).
+
+A trial directory holds ``parameter.cfg``, ``trial.stdout``, ``trial.stderr``, ``trial.log`` and the
+meta directory ``.nni/`` with ``keeper.json`` (what to run), ``keeper.lock`` (claimed by the one keeper
+allowed to start), ``keeper.pid``, ``started``, ``state`` (how it ended) and ``metrics``. A reuse
+environment directory holds ``worker.json``, the ``queue/``, ``hold/``, ``taken/`` and ``kill/`` boxes
+and the ``heartbeat`` and ``stop`` files.
+"""
+
+from __future__ import annotations
+
+import os
+
+# ---- trial directory ----
+PARAMETER_FILE = "parameter.cfg"
+STDOUT_FILE = "trial.stdout"
+STDERR_FILE = "trial.stderr"
+TRIAL_LOG_FILE = "trial.log"
+LOG_FILES = (STDOUT_FILE, STDERR_FILE, TRIAL_LOG_FILE)
+META_DIR = ".nni"
+KEEPER_SPEC = "keeper.json"
+KEEPER_LOCK = "keeper.lock"
+KEEPER_PID = "keeper.pid"
+STARTED = "started"
+STATE = "state"
+METRICS = "metrics"
+METRICS_FILE = os.path.join(META_DIR, METRICS)
+
+# ---- reuse environment directory ----
+WORKER_INFO = "worker.json"
+QUEUE = "queue"
+HOLD = "hold"
+TAKEN = "taken"
+KILL = "kill"
+HEARTBEAT = "heartbeat"
+STOP = "stop"
+
+# ---- timings ----
+HEARTBEAT_SECONDS = 10.0  # the controller touches ``heartbeat`` at most this often
+WORKER_IDLE_TIMEOUT = 900.0  # a worker whose heartbeat is older than this leaves
