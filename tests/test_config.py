@@ -300,3 +300,14 @@ def test_v1_remote_config_converts_machine_list(tmp_path):
         cfg = load_config(tmp_path / "config.yml")
     machine = cfg.services[0].machine_list[0]
     assert (machine.host, machine.port, machine.user) == ("10.0.0.5", 2200, "bob")
+
+
+def test_trialflow_home_is_where_new_experiments_go(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALFLOW_HOME", str(tmp_path / "home"))
+    config = parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",
+                           "trialCodeDirectory": str(tmp_path), "trainingService": {"platform": "local"}})
+    assert Path(config.experiment_working_directory) == tmp_path / "home"
+    monkeypatch.delenv("TRIALFLOW_HOME")
+    config = parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",
+                           "trialCodeDirectory": str(tmp_path), "trainingService": {"platform": "local"}})
+    assert Path(config.experiment_working_directory) == Path("~/trialflow-experiments").expanduser()

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "run_experiment": "trialflow.api",
     "ExperimentResult": "trialflow.api",
+    "experiment_session": "trialflow.api",
     "ExperimentConfig": "trialflow.config",
     "ConfigError": "trialflow.config",
     "load_config": "trialflow.config",

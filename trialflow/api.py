@@ -1,14 +1,21 @@
-"""Python API for notebooks and scripts: ``trialflow.run_experiment(config)``."""
+"""Python API for notebooks and scripts: ``trialflow.run_experiment(config)`` runs a whole experiment;
+``trialflow.experiment_session(config)`` opens one for a flow of your own built from the task library
+(``trialflow.tasks``)."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig, load_config, parse_config
+from .context import ExperimentContext, open_context
 from .experiments import create_experiment, open_store
+from .ids import new_trial_id
 from .store import TrialRecord
 from .ui import best_trial, is_maximize, trial_value
 
@@ -69,3 +76,55 @@ def result_of(root: Path, experiment_id: str, cfg: ExperimentConfig, status: str
     finally:
         store.close()
     return ExperimentResult(experiment_id, status, root / experiment_id, trials, best_trial(trials, is_maximize(cfg)))
+
+
+class ExperimentSession:
+    """An experiment opened for a user's own flow: the tasks of ``trialflow.tasks`` find it by
+    :attr:`id`. Trials added by hand are recorded like suggested ones, but not told to the tuner."""
+
+    def __init__(self, ctx: ExperimentContext) -> None:
+        self._ctx = ctx
+        self.id = ctx.experiment_id
+        self.directory = ctx.experiment_dir
+
+    def add_trial(self, parameters: dict[str, Any]) -> str:
+        """Record a trial with hand-picked ``parameters``; returns its id for ``submit_trial``."""
+        trial_id = new_trial_id()
+        hand_picked = -1 - self._ctx.store.count_trials()  # negative: never a tuner's parameter id
+        self._ctx.store.add_trial(trial_id, None, hand_picked, dict(parameters), {},
+                                  str(self.directory / "trials" / trial_id))
+        return trial_id
+
+    def trial(self, trial_id: str) -> TrialRecord:
+        return self._ctx.store.trial(trial_id)
+
+
+@contextmanager
+def experiment_session(config: ConfigLike) -> Iterator[ExperimentSession]:
+    """Create an experiment from ``config``, prepare its training service and open it for the task
+    library; on exit the experiment is DONE (ERROR when the block raised) and the service is closed.
+    Use it inside a Prefect ``@flow``::
+
+        with trialflow.experiment_session("config.yml") as exp:
+            upload_code(exp.id, "code/")
+            trial = exp.add_trial({"lr": 0.01})
+            submit_trial(exp.id, trial)
+            poll_trial(exp.id, trial)
+    """
+    cfg, path = _as_config(config)
+    experiment_id, exp_dir = create_experiment(cfg, path)
+    store = open_store(exp_dir.parent, experiment_id)
+    status, message = "ERROR", None
+    try:
+        with open_context(experiment_id, exp_dir, cfg, store) as ctx:
+            ctx.service.prepare()
+            store.set_experiment(status="RUNNING")
+            try:
+                yield ExperimentSession(ctx)
+                status = "DONE"
+            except BaseException as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                raise
+    finally:
+        store.set_experiment(status=status, message=message, end_time=time.time())
+        store.close()

@@ -1,18 +1,26 @@
-"""Shared state of one running experiment, handed to its tasks (never pickled: the flow runs tasks in
-threads, and tasks use ``cache_policy=NO_CACHE``)."""
+"""Shared state of one running experiment, and the in-process registry the Prefect tasks find it in.
+
+Tasks take ids and small values as parameters (never this object, which holds the store, the
+service's connections and the tuner): they look the context up by experiment id with
+:func:`get_context`. :func:`open_context` builds it (service, tuner, assessor), registers it and,
+on exit, unregisters it and closes the service; the experiment flow and a user's own flow
+(``trialflow.api.experiment_session``) both use it.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .assessors import Assessor
+from .assessors import Assessor, create_assessor
 from .config import ExperimentConfig
-from .platforms import TrainingService, TrialStatus
+from .platforms import CodeRef, TrainingService, TrialStatus, create_service
 from .store import ExperimentStore
-from .tuners import Tuner
+from .tuners import Tuner, create_tuner
 
 
 @dataclass
@@ -26,19 +34,66 @@ class ExperimentContext:
     assessor: Assessor | None = None
     poll_interval: float = 0.2
     max_trial_duration: float | None = None
+    code: CodeRef | None = None  # set by the upload_code task
     stop: threading.Event = field(default_factory=threading.Event)
     tuner_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel_requests: dict[str, TrialStatus] = field(default_factory=dict)
+    # why a trial's last submission attempt failed (read by its poll task when no handle was stored)
+    submit_errors: dict[str, str] = field(default_factory=dict)
     # parameter id -> raw values of trials taken over from an earlier run (resume)
     adopted: dict[int, dict[str, Any]] = field(default_factory=dict)
     # trials whose end is recorded (and told to the tuner): their slot in the window is free even
     # while their task run is still closing; ``slot_freed`` wakes the experiment loop
     ended: set[str] = field(default_factory=set)
     slot_freed: threading.Event = field(default_factory=threading.Event)
+    on_trial_end: list[Any] = field(default_factory=list)  # callbacks(trial_id), e.g. a platform cap's release
 
     def trial_ended(self, trial_id: str) -> None:
         self.ended.add(trial_id)
+        for callback in self.on_trial_end:
+            callback(trial_id)
         self.slot_freed.set()
 
     def request_cancel(self, trial_id: str, reason: TrialStatus) -> None:
         self.cancel_requests.setdefault(trial_id, reason)
+
+
+_CONTEXTS: dict[str, ExperimentContext] = {}
+_LOCK = threading.Lock()
+
+
+class ContextNotFound(LookupError):
+    """No running experiment with that id in this process."""
+
+
+def get_context(experiment_id: str) -> ExperimentContext:
+    """The running experiment ``experiment_id`` of this process (for the Prefect tasks)."""
+    try:
+        return _CONTEXTS[experiment_id]
+    except KeyError:
+        raise ContextNotFound(f"experiment {experiment_id} is not open in this process: run the tasks inside "
+                              "experiment_flow or trialflow.api.experiment_session()") from None
+
+
+@contextmanager
+def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentConfig,
+                 store: ExperimentStore) -> Iterator[ExperimentContext]:
+    """Build the experiment's service, tuner and assessor, register the context for the tasks, and
+    on exit stop its trials' followers, unregister it and close the service (trials keep running)."""
+    service = create_service(config.services[0], experiment_dir)
+    tuner = create_tuner(config.tuner, config.space)  # type: ignore[arg-type]
+    assessor = create_assessor(config.assessor) if config.assessor else None
+    ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
+                            max_trial_duration=config.max_trial_duration)
+    with _LOCK:
+        if experiment_id in _CONTEXTS:
+            service.close()
+            raise RuntimeError(f"experiment {experiment_id} is already running in this process")
+        _CONTEXTS[experiment_id] = ctx
+    try:
+        yield ctx
+    finally:
+        ctx.stop.set()
+        with _LOCK:
+            _CONTEXTS.pop(experiment_id, None)
+        service.close()

@@ -56,7 +56,8 @@ class ExperimentConfig(ConfigModel):
     use_annotation: bool = False
     debug: bool = False
     log_level: Literal["fatal", "error", "warning", "info", "debug", "trace"] | None = None
-    experiment_working_directory: ConfigPath = Field(default=DEFAULT_WORKING_DIRECTORY, validate_default=True)
+    experiment_working_directory: ConfigPath = Field(  # TRIALFLOW_HOME, when set, is the default
+        default_factory=lambda: os.environ.get("TRIALFLOW_HOME") or DEFAULT_WORKING_DIRECTORY, validate_default=True)
     tuner_gpu_indices: GpuIndices | None = None
     tuner: AlgorithmConfig | None = None
     assessor: AlgorithmConfig | None = None

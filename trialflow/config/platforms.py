@@ -25,6 +25,16 @@ class TrainingServiceConfig(ConfigModel):
     nni_manager_ip: str | None = None
     debug: bool = False
     reuse_mode: bool = False
+    platform_concurrency: int | None = Field(
+        default=None, gt=0, description="at most this many trials of this platform run together across every "
+        "experiment using the same Prefect server (a Prefect global concurrency limit)")
+    platform_concurrency_name: str | None = Field(
+        default=None, min_length=1, description="name of that limit (default: trialflow-<platform>); experiments "
+        "naming the same limit share its slots")
+
+    @property
+    def cap_name(self) -> str:
+        return self.platform_concurrency_name or f"trialflow-{self.platform}"
 
     @field_validator("trial_code_directory", mode="before")
     @classmethod

@@ -1,11 +1,15 @@
-"""The experiment flow: one Prefect flow run per experiment (run name = experiment id).
+"""The experiment flow: one Prefect flow run per experiment (run name = experiment id), built only
+from the task library (``trialflow.tasks``).
 
 The loop keeps at most ``trialConcurrency`` trials in flight (a bounded window, re-read every tick so
-``trialflow update`` applies at run time), asks the tuner while budget remains, and runs each trial
--- submission and following -- in its own ``trial`` task run (one trial, one task run). It ends
-DONE when the budget (``maxTrialNumber``, ``maxExperimentDuration``, or a finished grid) is spent
-and every trial has ended, STOPPED on ``trialflow stop`` (running trials are cancelled as
-USER_CANCELED), ERROR when the service or tuner cannot go on.
+``trialflow update concurrency`` applies at run time) and, when the platform has a
+``platformConcurrency`` cap, starts a trial only with a slot of that Prefect global concurrency
+limit. Per trial it runs ``suggest_parameters`` (in the loop), then ``submit_trial`` and
+``poll_trial`` (task runs of their own; the poll run starts when the submit run has ended, failed or
+not). ``upload_code`` runs once. It ends DONE when the budget (``maxTrialNumber``,
+``maxExperimentDuration``, or a finished grid) is spent and every trial has ended, STOPPED on
+``trialflow stop`` or a cancelled flow run (running trials are cancelled as USER_CANCELED), ERROR
+when the service or tuner cannot go on. A failed trial never fails the flow run.
 
 Resume (the same flow on an existing experiment id): finished trials are replayed to the tuner,
 running trials are re-attached through their stored handles, trials that were never submitted are
@@ -17,29 +21,23 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import allow_failure
 
-from ..assessors import create_assessor
 from ..config import load_config
-from ..context import ExperimentContext
+from ..context import ExperimentContext, open_context
 from ..experiments import create_experiment, find_experiment, load_experiment_config, open_store
-from ..ids import new_trial_id
-from ..platforms import (
-    CodeRef,
-    TrialHandle,
-    TrialSpec,
-    TrialStatus,
-    create_service,
-)
-from ..tasks.code import upload_code
-from ..tasks.trials import run_trial
-from ..tasks.tuner import suggest
-from ..tuners import create_tuner, scalar_or_none
+from ..limits import PlatformCap
+from ..platforms import TrialHandle, TrialStatus, platform
+from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
+from ..tasks.retries import retry_options
+from ..tuners import scalar_or_none
 from ..ui import ArtifactReporter
 
 TICK_SECONDS = 0.25
@@ -73,31 +71,33 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         root = Path(working_directory) if working_directory else find_experiment(experiment_id)[0]
     store = open_store(root, experiment_id)
     exp_dir = root / experiment_id
-    try:
-        config = load_experiment_config(store, config_path)
-        service = create_service(config.services[0], exp_dir)
-        tuner = create_tuner(config.tuner, config.space)  # type: ignore[arg-type]
-        assessor = create_assessor(config.assessor) if config.assessor else None
-        service.prepare()
-    except Exception as exc:
-        store.set_experiment(status="ERROR", message=str(exc), end_time=time.time())
-        raise
-    ctx = ExperimentContext(experiment_id, exp_dir, config, store, service, tuner, assessor,
-                            max_trial_duration=config.max_trial_duration)
-    store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid())
-    logger.info("experiment %s running on %s; trials under %s", experiment_id, service.platform, exp_dir)
-    try:
-        status = _run(ctx)
-    except BaseException as exc:
-        ctx.stop.set()  # poll tasks cancel their trials
-        store.set_experiment(status="ERROR", message=f"{type(exc).__name__}: {exc}", end_time=time.time())
-        raise
-    finally:
-        ctx.stop.set()
-        service.close()
+    with ExitStack() as stack:
+        try:
+            config = load_experiment_config(store, config_path)
+            ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
+            ctx.service.prepare()
+        except Exception as exc:
+            store.set_experiment(status="ERROR", message=str(exc), end_time=time.time())
+            raise
+        store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid())
+        logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)
+        try:
+            status = _run(ctx)
+        except BaseException as exc:
+            ctx.stop.set()  # poll tasks cancel their trials
+            stopped = _stopped_by_cancel(exc)
+            store.set_experiment(status="STOPPED" if stopped else "ERROR", end_time=time.time(), controller_pid=None,
+                                 message="the flow run was cancelled" if stopped else f"{type(exc).__name__}: {exc}")
+            raise
     store.set_experiment(status=status, end_time=time.time(), controller_pid=None)
     logger.info("experiment %s %s", experiment_id, status)
     return status
+
+
+def _stopped_by_cancel(exc: BaseException) -> bool:
+    """A flow-run cancellation from the UI/API (or Ctrl-C) reaches the flow as one of these."""
+    return isinstance(exc, KeyboardInterrupt | SystemExit) or type(exc).__name__ in (
+        "TerminationSignal", "CancelledRun", "Abort", "CancelledError")
 
 
 class _Loop:
@@ -111,6 +111,14 @@ class _Loop:
         self.elapsed_before = float(controls.get("elapsed_seconds", 0.0))
         self.started = time.monotonic()
         self.reporter = ArtifactReporter(ctx)
+        self.suggested = 0
+        row = platform(ctx.config.services[0].platform)
+        self.submit = submit_trial.with_options(**retry_options(row.retry))
+        self.cap: PlatformCap | None = None
+        service_cfg = ctx.config.services[0]
+        if service_cfg.platform_concurrency:
+            self.cap = PlatformCap(service_cfg.cap_name, service_cfg.platform_concurrency).ensure()
+            ctx.on_trial_end.append(self.cap.release)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
@@ -121,9 +129,10 @@ class _Loop:
                 controls.get("max_trial_number", cfg.max_trial_number),
                 controls.get("max_experiment_duration", cfg.max_experiment_duration))
 
-    def start(self, trial_id: str, sequence: int, spec: TrialSpec | None, handle: TrialHandle | None,
-              code: CodeRef) -> None:
-        future = run_trial.submit(self.ctx, trial_id, sequence, spec, handle, code)
+    def start(self, trial_id: str, submit: bool) -> None:
+        """Submit (unless re-attached) and follow the trial, each in its own task run."""
+        wait_for = [allow_failure(self.submit.submit(self.ctx.experiment_id, trial_id))] if submit else None
+        future = poll_trial.submit(self.ctx.experiment_id, trial_id, wait_for=wait_for)  # type: ignore[call-overload]
         self.running[trial_id] = future
         # The wrapped concurrent future answers locally; PrefectFuture.state asks the API every time.
         future.wrapped_future.add_done_callback(lambda _: self.ctx.slot_freed.set())  # type: ignore[attr-defined]
@@ -138,11 +147,15 @@ class _Loop:
             del self.running[trial_id]
             self.ctx.ended.discard(trial_id)
 
+    def close(self) -> None:
+        if self.cap is not None:
+            self.cap.close()
+
 
 def _run(ctx: ExperimentContext) -> str:
     loop = _Loop(ctx)
-    code = upload_code(ctx, ctx.config.services[0].trial_code_directory)
-    resubmit = _reattach(ctx, loop, code)
+    upload_code(ctx.experiment_id, str(ctx.config.services[0].trial_code_directory))
+    resubmit = _reattach(ctx, loop)
     try:
         while True:
             ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
@@ -158,7 +171,7 @@ def _run(ctx: ExperimentContext) -> str:
                 total = ctx.store.count_trials()
                 if not resubmit and max_trials is not None and total >= max_trials:
                     break
-                if not _start_one(ctx, loop, code, resubmit):
+                if not _start_one(ctx, loop, resubmit):
                     break
             loop.prune()
             loop.reporter.maybe_update()
@@ -171,36 +184,41 @@ def _run(ctx: ExperimentContext) -> str:
         ctx.stop.set()
         for future in loop.running.values():
             future.wait()
+        loop.close()
         ctx.store.set_control("elapsed_seconds", loop.elapsed())
         loop.reporter.update()
 
 
-def _start_one(ctx: ExperimentContext, loop: _Loop, code: CodeRef, resubmit: list[Any]) -> bool:
-    """Submit one trial (a never-submitted one from before a resume first); False when none is left."""
+def _start_one(ctx: ExperimentContext, loop: _Loop, resubmit: list[Any]) -> bool:
+    """Start one trial (a never-submitted one from before a resume first); False when none can start:
+    the platform cap has no free slot, or the tuner has nothing more to try."""
+    pending = f"pending-{loop.suggested}"
+    if loop.cap is not None and not loop.cap.try_acquire(pending):
+        return False
     if resubmit:
-        trial = resubmit.pop(0)
-        trial_id, sequence, parameter_id, parameters = trial.id, trial.sequence, trial.parameter_id, trial.parameters
+        trial_id = resubmit.pop(0).id
         ctx.store.note(trial_id, RESUBMITTED)
     else:
-        suggestion = suggest(ctx)
+        loop.suggested += 1
+        suggestion = suggest_parameters(ctx.experiment_id, ctx.store.count_trials() + 1)
         if suggestion is None:
             loop.exhausted = True
+            if loop.cap is not None:
+                loop.cap.release(pending)
             return False
-        trial_id = new_trial_id()
-        parameter_id, parameters = suggestion.parameter_id, suggestion.parameters
-        sequence = ctx.store.add_trial(trial_id, None, parameter_id, parameters, suggestion.raw,
-                                       str(ctx.experiment_dir / "trials" / trial_id)).sequence
-    service_cfg = ctx.config.services[0]
-    spec = TrialSpec(ctx.experiment_id, trial_id, sequence, parameter_id, parameters, service_cfg.trial_command,
-                     Path(code.location), service_cfg.trial_gpu_number)
-    loop.start(trial_id, sequence, spec, None, code)
+        trial_id = suggestion["trial_id"]
+    if loop.cap is not None:
+        loop.cap.rename(pending, trial_id)
+    loop.start(trial_id, submit=True)
     return True
 
 
-def _reattach(ctx: ExperimentContext, loop: _Loop, code: CodeRef) -> list[Any]:
+def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
     """Replay finished trials to the tuner and follow live ones; returns trials to submit again."""
     resubmit = []
     for trial in ctx.store.trials():
+        if trial.parameter_id < 0:  # added by hand in a user's flow: not the tuner's, not resumed here
+            continue
         if trial.is_terminal:
             value = scalar_or_none(trial.final) if trial.status == "SUCCEEDED" else None
             ctx.tuner.replay(trial.parameter_id, trial.raw, value)
@@ -210,7 +228,9 @@ def _reattach(ctx: ExperimentContext, loop: _Loop, code: CodeRef) -> list[Any]:
         if trial.handle is None:
             resubmit.append(trial)
         else:
-            handle = TrialHandle.from_dict(trial.handle)
-            ctx.service.adopt(handle)
-            loop.start(trial.id, trial.sequence, None, handle, code)
+            ctx.service.adopt(TrialHandle.from_dict(trial.handle))
+            if loop.cap is not None and not loop.cap.try_acquire(trial.id):
+                get_run_logger().warning("trial %s runs on beyond the %s cap (all slots were taken while the "
+                                         "controller was away)", trial.id, loop.cap.name)
+            loop.start(trial.id, submit=False)
     return resubmit

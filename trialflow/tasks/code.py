@@ -1,5 +1,7 @@
-"""The ``upload_code`` task: make the trial code directory available to the training service once
-per experiment run (services make the upload idempotent by content)."""
+"""The ``upload_code`` task: make the trial code directory available to the experiment's training
+service (once per experiment run; services make it idempotent by content). Transient platform
+errors are retried with backoff; a permanent one (an over-limit code directory, refused
+credentials) fails at once."""
 
 from __future__ import annotations
 
@@ -8,10 +10,15 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ..context import ExperimentContext
+from ..context import get_context
 from ..platforms import CodeRef
+from .retries import retry_transient
 
 
-@task(name="upload_code", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def upload_code(ctx: ExperimentContext, code_dir: Path) -> CodeRef:
-    return ctx.service.upload_code(Path(code_dir))
+@task(name="upload_code", cache_policy=NO_CACHE, task_run_name="upload-{experiment_id}", retries=3,
+      retry_delay_seconds=[1, 2, 4], retry_condition_fn=retry_transient)
+def upload_code(experiment_id: str, code_dir: str) -> CodeRef:
+    """Upload ``code_dir`` for the experiment; the result is kept for its trials' submissions."""
+    ctx = get_context(experiment_id)
+    ctx.code = ctx.service.upload_code(Path(code_dir))
+    return ctx.code

@@ -1,71 +1,92 @@
-"""The trial task: one Prefect task run per trial (``trial-<id>-#<sequence>``) that submits the trial
-to its training service and follows it to the end.
+"""The trial tasks: ``submit_trial`` (``submit-<trial>``) hands one trial to its training service,
+``poll_trial`` (``trial-<trial>``) follows it to the end.
 
-Submission is retried with exponential backoff on :class:`TransientPlatformError` only; services
-make it idempotent. Following stores metrics as they arrive, asks the assessor, enforces
-``maxTrialDuration``, honours cancel requests and the experiment's stop event, and records the
-trial's terminal status exactly once -- cancels record their status (USER_CANCELED /
-EARLY_STOPPED) before the kill, so the kill's exit code never overrides it.
+``submit_trial`` builds the trial's spec from the store (its parameters were bound to it when it was
+suggested), submits it and stores the handle; Prefect retries it on transient platform errors only,
+with the platform's backoff (``trialflow.platforms.table``), and services make it idempotent.
+
+``poll_trial`` stores metrics as they arrive, asks the assessor, enforces ``maxTrialDuration``,
+honours cancel requests and the experiment's stop event, and records the trial's terminal status
+exactly once -- cancels record their status (USER_CANCELED / EARLY_STOPPED) before the kill, so the
+kill's exit code never overrides it. Its task run ends in a state mirroring the trial: Completed,
+Failed (exit code and stderr tail as the message), Cancelled, or Completed named ``EarlyStopped``.
+The trial's slot is released as soon as its end is recorded, before the task run closes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled, Completed, Failed, State
 
-from ..context import ExperimentContext
-from ..platforms import (
-    CodeRef,
-    PlatformError,
-    TransientPlatformError,
-    TrialHandle,
-    TrialSpec,
-    TrialStatus,
-    TrialUpdate,
-)
+from ..context import ExperimentContext, get_context
+from ..platforms import PlatformError, TransientPlatformError, TrialHandle, TrialSpec, TrialStatus, TrialUpdate
 from ..store import Metric
 from ..tuners import scalar_or_none
-from .tuner import observe
+from .retries import retry_transient
+from .suggest import observe
 
 log = logging.getLogger("trialflow.trials")
 TRANSIENT_POLL_LIMIT = 30
-SUBMIT_ATTEMPTS = 5
 
 
-def submit_with_retries(ctx: ExperimentContext, spec: TrialSpec, code: CodeRef) -> TrialHandle:
-    """Submit, retrying transient platform errors (1, 2, 4, 8 s apart); store the handle."""
-    for attempt in range(SUBMIT_ATTEMPTS):
-        try:
-            handle = ctx.service.submit(spec, code)
-            break
-        except TransientPlatformError as exc:
-            if attempt == SUBMIT_ATTEMPTS - 1 or ctx.stop.is_set():
-                raise PlatformError(f"submission kept failing: {exc}") from None
-            log.warning("trial %s: submission failed (%s); retrying", spec.trial_id, exc)
-            time.sleep(2**attempt)
-    ctx.store.set_handle(spec.trial_id, handle.to_dict())
-    return handle
-
-
-@task(name="trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}-#{sequence}")
-def run_trial(ctx: ExperimentContext, trial_id: str, sequence: int, spec: TrialSpec | None,
-              handle: TrialHandle | None, code: CodeRef) -> str:
-    """Submit ``spec`` (or re-attach ``handle``) and follow the trial; returns its terminal status.
-    The trial's slot is released as soon as its end is recorded, before the task run closes."""
+@task(name="submit_trial", cache_policy=NO_CACHE, task_run_name="submit-{trial_id}", retries=4,
+      retry_delay_seconds=[1, 2, 4, 8], retry_condition_fn=retry_transient)
+def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
+    """Submit the stored trial ``trial_id``; returns its handle (also stored)."""
+    ctx = get_context(experiment_id)
+    if ctx.stop.is_set():
+        raise PlatformError("the experiment is stopping")
+    if ctx.code is None:
+        raise PlatformError("no code was uploaded for the experiment: run upload_code first")
+    record = ctx.store.trial(trial_id)
+    service_cfg = ctx.config.services[0]
+    spec = TrialSpec(experiment_id, trial_id, record.sequence, record.parameter_id, record.parameters,
+                     service_cfg.trial_command, Path(ctx.code.location), service_cfg.trial_gpu_number)
     try:
-        if handle is None:
-            assert spec is not None
-            try:
-                handle = submit_with_retries(ctx, spec, code)
-            except PlatformError as exc:
-                return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {exc}"), [])
-        return follow_trial(ctx, trial_id, handle)
+        handle = ctx.service.submit(spec, ctx.code)
+    except PlatformError as exc:
+        ctx.submit_errors[trial_id] = str(exc)
+        if isinstance(exc, TransientPlatformError):
+            log.warning("trial %s: submission failed (%s)", trial_id, exc)
+        raise
+    ctx.submit_errors.pop(trial_id, None)
+    ctx.store.set_handle(trial_id, handle.to_dict())
+    return handle.to_dict()
+
+
+@task(name="poll_trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}")
+def poll_trial(experiment_id: str, trial_id: str) -> State:
+    """Follow the trial (submitted, or re-attached from its stored handle) to its end; the task run's
+    state mirrors the trial's. A trial whose submission failed is recorded FAILED here."""
+    ctx = get_context(experiment_id)
+    try:
+        raw = ctx.store.trial(trial_id).handle
+        if raw is None:
+            error = ctx.submit_errors.pop(trial_id, "it was never submitted")
+            status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {error}"), [])
+        else:
+            status = follow_trial(ctx, trial_id, TrialHandle.from_dict(raw))
     finally:
         ctx.trial_ended(trial_id)
+    return trial_state(ctx, trial_id, status)
+
+
+def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
+    """The Prefect state mirroring a trial's terminal status (the UI's colours tell the story)."""
+    message = ctx.store.trial(trial_id).message
+    if status == TrialStatus.SUCCEEDED.value:
+        return Completed(message=f"trial {trial_id} succeeded", data=status)
+    if status == TrialStatus.EARLY_STOPPED.value:
+        return Completed(name="EarlyStopped", message=message or "stopped early", data=status)
+    if status in (TrialStatus.USER_CANCELED.value, TrialStatus.SYS_CANCELED.value):
+        return Cancelled(message=f"{status}: {message or 'cancelled'}", data=status)
+    return Failed(message=f"trial {trial_id} {status}: {message or ''}".strip(), data=status)
 
 
 def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> str:
@@ -124,8 +145,8 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
     ctx.service.cancel(handle, reason)
     try:
         _absorb(ctx, trial_id, ctx.service.poll(handle, cursor), history)
-    except PlatformError:
-        pass
+    except PlatformError as exc:  # the status is recorded; only metrics written in the last moments are missed
+        log.warning("trial %s: metrics written just before the cancel could not be read: %s", trial_id, exc)
     if recorded:
         _finish_tuning(ctx, trial_id, history, succeeded=False)
     return ctx.store.trial(trial_id).status
@@ -156,6 +177,8 @@ def _end(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: li
 
 def _finish_tuning(ctx: ExperimentContext, trial_id: str, history: list[Any], succeeded: bool) -> None:
     trial = ctx.store.trial(trial_id)
+    if trial.parameter_id < 0:  # added by hand (ExperimentSession.add_trial): not the tuner's
+        return
     problem = observe(ctx, trial.parameter_id, trial.final, succeeded)
     if problem and succeeded:
         log.warning("trial %s: %s; the tuner treats it as failed, the experiment goes on", trial_id, problem)

@@ -1,0 +1,264 @@
+"""The Prefect shape of an experiment, checked on a real ``prefect server start`` on 127.0.0.1: the
+task runs of each trial, Prefect retries of transient submission errors only, task-run states that
+mirror trials, a platform cap shared by two experiments, the block catalog, the work-pool deployment,
+the nightly schedule (read back, and a near-term variant that fires) and a flow run cancelled from
+the API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, wait_for, write_trial
+from trialflow.experiments import list_experiments, open_store
+from trialflow.testing.prefect_server import PrefectServer, stop_group
+
+pytestmark = pytest.mark.timeout(600)
+REPO = Path(__file__).resolve().parents[1]
+TRIAL = """
+import nni, sys, time
+p = nni.get_next_parameter()
+x = p["x"]
+if x == 2:
+    sys.stderr.write("bad x\\n"); sys.exit(3)
+if x == 3:
+    time.sleep(60)
+time.sleep(0.5)
+nni.report_final_result(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = PrefectServer(tmp_path_factory.mktemp("prefect-home")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: server.url}), get_client(sync_client=True) as c:
+        yield c
+
+
+def _config(tmp_path: Path, name: str, **overrides) -> Path:
+    code = tmp_path / f"code-{name}"
+    write_trial(code, TRIAL)
+    cfg = base_config(code, tmp_path / "w", experimentName=name, **overrides)
+    path = tmp_path / f"{name}.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _run(server: PrefectServer, tmp_path: Path, script: str, name: str) -> None:
+    log = tmp_path / f"{name}.log"
+    proc = server.spawn([sys.executable, "-c", script], log, TRIALFLOW_HOME=str(tmp_path / "home"))
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+
+
+def _experiment(tmp_path: Path, name: str):
+    return next(e for e in list_experiments(tmp_path / "w") if e.record.name == name)
+
+
+def _task_runs(client, experiment_id: str, expected: int, timeout: float = 60.0):
+    """The experiment's task runs once ``expected`` of them are final (states arrive as events)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    runs: list = []
+
+    def settled() -> bool:
+        nonlocal runs
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[experiment_id])))
+        return sum(1 for r in runs if r.state and r.state.is_final()) >= expected
+
+    wait_for(settled, timeout=timeout, interval=1.0)
+    return runs
+
+
+def test_each_trial_is_a_suggest_a_submit_and_a_poll_task_run_whose_state_mirrors_it(server, client, tmp_path):
+    config = _config(tmp_path, "shape", maxTrialNumber=3, trialConcurrency=3, maxTrialDuration="3s",
+                     searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3]}}, tuner={"name": "GridSearch"})
+    _run(server, tmp_path, f"import trialflow; trialflow.run_experiment({str(config)!r})", "shape")
+    exp = _experiment(tmp_path, "shape")
+    assert exp.record.status == "DONE"  # a failed trial never fails the experiment
+    trials = {t.parameters["x"]: t for t in open_store(tmp_path / "w", exp.record.id).trials()}
+    assert {x: t.status for x, t in trials.items()} == {1: "SUCCEEDED", 2: "FAILED", 3: "EARLY_STOPPED"}
+    runs = _task_runs(client, exp.record.id, 1 + 3 * 3)
+    names = Counter(r.name for r in runs)
+    assert names[f"upload-{exp.record.id}"] == 1
+    assert sorted(n for n in names if n.startswith("suggest-")) == ["suggest-#1", "suggest-#2", "suggest-#3"]
+    for trial in trials.values():
+        assert names[f"submit-{trial.id}"] == 1 and names[f"trial-{trial.id}"] == 1
+    assert len(runs) == 1 + 3 * 3
+    polls = {r.name: r.state for r in runs if r.name.startswith("trial-")}
+    succeeded = polls[f"trial-{trials[1].id}"]
+    assert succeeded.type.value == "COMPLETED" and succeeded.name == "Completed"
+    failed = polls[f"trial-{trials[2].id}"]
+    assert failed.type.value == "FAILED" and "exit code 3" in failed.message and "bad x" in failed.message
+    early = polls[f"trial-{trials[3].id}"]
+    assert early.type.value == "COMPLETED" and early.name == "EarlyStopped"
+    flow_runs = client.read_flow_runs()
+    assert [f.state.type.value for f in flow_runs if f.name == exp.record.id] == ["COMPLETED"]
+
+
+FLAKY_SUBMIT = """
+import sys, trialflow
+from trialflow.platforms import PlatformError, TransientPlatformError
+from trialflow.platforms.local import LocalTrainingService
+real, calls, mode = LocalTrainingService.submit, [], sys.argv[2]
+def submit(self, spec, code):
+    calls.append(spec.trial_id)
+    if mode == "permanent":
+        raise PlatformError("the platform refused the job: quota exceeded")
+    if len(calls) <= 2:
+        raise TransientPlatformError(f"HTTP 503 on attempt {len(calls)}")
+    return real(self, spec, code)
+LocalTrainingService.submit = submit
+trialflow.run_experiment(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("mode", ["transient", "permanent"])
+def test_submit_retries_transient_errors_with_prefect_and_never_a_permanent_one(server, client, tmp_path, mode):
+    config = _config(tmp_path, mode, maxTrialNumber=1, searchSpace={"x": {"_type": "choice", "_value": [1]}})
+    log = tmp_path / "flaky.log"
+    proc = server.spawn([sys.executable, "-c", FLAKY_SUBMIT, str(config), mode], log,
+                        TRIALFLOW_HOME=str(tmp_path / "home"))
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    exp = _experiment(tmp_path, mode)
+    trial = open_store(tmp_path / "w", exp.record.id).trials()[0]
+    runs = _task_runs(client, exp.record.id, 4)
+    submit = next(r for r in runs if r.name == f"submit-{trial.id}")
+    history = [s.name for s in client.read_task_run_states(submit.id)]
+    if mode == "transient":
+        assert trial.status == "SUCCEEDED"
+        assert history.count("AwaitingRetry") == 2 and submit.run_count == 3 and history[-1] == "Completed"
+    else:
+        assert trial.status == "FAILED" and "quota exceeded" in (trial.message or "")
+        assert "AwaitingRetry" not in history and submit.run_count == 1 and history[-1] == "Failed"
+    assert exp.record.status == "DONE"
+
+
+def test_a_platform_cap_holds_across_two_experiments(server, client, tmp_path):
+    space = {"x": {"_type": "choice", "_value": [1, 4, 5, 6]}}
+    configs = [_config(tmp_path, f"cap{i}", maxTrialNumber=4, trialConcurrency=3, searchSpace=space,
+                       tuner={"name": "GridSearch"}, trainingService={"platform": "local", "platformConcurrency": 2,
+                                                                      "platformConcurrencyName": "cap-test"})
+               for i in range(2)]
+    procs = [server.spawn(["trialflow", "create", "--config", str(c), "--foreground"], tmp_path / f"cap{i}.log",
+                          TRIALFLOW_HOME=str(tmp_path / "home")) for i, c in enumerate(configs)]
+    for i, proc in enumerate(procs):
+        assert proc.wait(timeout=300) == 0, (tmp_path / f"cap{i}.log").read_text()[-3000:]
+    intervals = []
+    for i in range(2):
+        exp = _experiment(tmp_path, f"cap{i}")
+        assert exp.record.status == "DONE"
+        trials = open_store(tmp_path / "w", exp.record.id).trials()
+        assert [t.status for t in trials] == ["SUCCEEDED"] * 4
+        intervals += [(t.start_time, t.end_time) for t in trials]
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda p: (p[0], p[1]))
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    assert peak == 2  # never more than the cap, and the cap's slots were used
+    assert client.read_global_concurrency_limit_by_name("cap-test").limit == 2
+
+
+def test_block_register_puts_every_platform_block_in_the_catalog(server, client, tmp_path):
+    run = subprocess.run(["prefect", "block", "register", "-m", "trialflow.blocks"], env=server.env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    slugs = {b.slug for b in client.read_block_types()}
+    assert {"trialflow-ssh-credentials", "trialflow-kubernetes-credentials", "trialflow-openpai-credentials",
+            "trialflow-dlts-credentials", "trialflow-azure-ml-credentials", "trialflow-pai-dlc-credentials"} <= slugs
+    dlc = client.read_block_type_by_slug("trialflow-pai-dlc-credentials")
+    schema = next(s for s in client.read_block_schemas() if s.block_type_id == dlc.id)
+    assert schema.fields["properties"]["access_key_secret"]["format"] == "password"  # a SecretStr in the UI
+
+
+def _deploy(server: PrefectServer, prefect_file: Path) -> None:
+    run = subprocess.run(["prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)],
+                         env=server.env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def _flow_run_of(client, deployment: str, timeout: float = 240.0):
+    found: list = []
+
+    def done() -> bool:
+        dep = client.read_deployment_by_name(deployment)
+        runs = [r for r in client.read_flow_runs() if r.deployment_id == dep.id and r.state and r.state.is_final()]
+        found[:] = runs
+        return bool(runs)
+
+    wait_for(done, timeout=timeout, interval=2.0)
+    return found[0]
+
+
+def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_path):
+    subprocess.run(["prefect", "work-pool", "create", "local", "--type", "process"], env=server.env, check=True,
+                   capture_output=True, timeout=120)
+    _deploy(server, REPO / "deployments" / "prefect.yaml")
+    nightly = client.read_deployment_by_name("experiment/nightly-sweep")
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    file_schedule = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")["schedules"][0]
+    assert nightly.schedules[0].schedule.cron == file_schedule["cron"]
+    assert nightly.schedules[0].schedule.timezone == file_schedule["timezone"]
+
+    home = tmp_path / "home"
+    worker = server.spawn(["prefect", "worker", "start", "--pool", "local"], tmp_path / "worker.log",
+                          TRIALFLOW_PROJECT_DIR=str(REPO), TRIALFLOW_HOME=str(home))
+    try:
+        # the work-pool path of the file, as a user runs it
+        run = subprocess.run(["prefect", "deployment", "run", "experiment/quickstart"], env=server.env,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        finished = _flow_run_of(client, "experiment/quickstart", timeout=400)
+        assert finished.state.type.value == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+        quick = [e for e in list_experiments(home) if e.record.name == "quickstart"]
+        assert [e.record.status for e in quick] == ["DONE"]
+
+        # the nightly sweep with a near-term cron: the scheduler creates the run and the worker runs it
+        soon = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")
+        soon.update(name="nightly-soon", schedules=[{"cron": "* * * * *", "timezone": "UTC", "active": True}],
+                    parameters={"config_path": str(_config(tmp_path, "soon", maxTrialNumber=2,
+                                                           searchSpace={"x": {"_type": "choice", "_value": [1]}}))})
+        spec["deployments"] = [soon]
+        soon_file = tmp_path / "prefect-soon.yaml"
+        soon_file.write_text(yaml.safe_dump(spec))
+        _deploy(server, soon_file)
+        fired = _flow_run_of(client, "experiment/nightly-soon", timeout=240)
+        assert fired.state.type.value == "COMPLETED" and fired.auto_scheduled
+        assert _experiment(tmp_path, "soon").record.status == "DONE"
+        client.pause_deployment(client.read_deployment_by_name("experiment/nightly-soon").id)
+
+        # a flow run cancelled from the API stops the experiment and its trials
+        long = _config(tmp_path, "long", maxTrialNumber=2, trialConcurrency=2,
+                       searchSpace={"x": {"_type": "choice", "_value": [3]}})
+        run = subprocess.run(["prefect", "deployment", "run", "experiment/quickstart", "--param",
+                              f"config_path={long}"], env=server.env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        store_of = lambda: open_store(tmp_path / "w", _experiment(tmp_path, "long").record.id)  # noqa: E731
+        wait_for(lambda: any(e.record.name == "long" for e in list_experiments(tmp_path / "w"))
+                 and [t.status for t in store_of().trials()].count("RUNNING") == 2, timeout=180, interval=1.0)
+        flow_run = next(r for r in client.read_flow_runs() if r.parameters.get("config_path") == str(long))
+        subprocess.run(["prefect", "flow-run", "cancel", str(flow_run.id)], env=server.env, check=True,
+                       capture_output=True, timeout=120)
+        wait_for(lambda: _experiment(tmp_path, "long").record.status == "STOPPED", timeout=120, interval=1.0)
+        trials = store_of().trials()
+        assert [t.status for t in trials] == ["USER_CANCELED", "USER_CANCELED"]
+        for trial in trials:
+            pid = json.loads((Path(trial.log_dir) / ".nni" / "keeper.pid").read_text())["pid"]
+            assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    finally:
+        stop_group(worker)

@@ -1,0 +1,83 @@
+"""A real ``prefect server start`` on 127.0.0.1 for tests (throwaway home and database). It stops with
+the test session; started servers and workers die with their session leader."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+STARTUP_SECONDS = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrefectServer:
+    """``prefect server start`` bound to loopback; :attr:`env` points clients (CLI, workers) at it."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.env = {**os.environ, "PREFECT_API_URL": self.url, "PREFECT_HOME": str(home),
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
+                    "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "1",
+                    "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> PrefectServer:
+        self.home.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--no-ui"], env=env, start_new_session=True,
+                                     stdout=open(self.home / "server.log", "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited: {(self.home / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"prefect server did not answer within {STARTUP_SECONDS} s")
+
+    def spawn(self, args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+        """A process (a worker, a CLI call) talking to this server, in its own session."""
+        return subprocess.Popen(args, env={**self.env, **env}, start_new_session=True, stdout=open(log, "wb"),
+                                stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc)
+            self.proc = None
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """SIGTERM the process's session (twice: a Prefect worker ignores the first), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGTERM):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace / 2)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
