@@ -173,3 +173,30 @@ def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server)
     assert store.experiment().status == "STOPPED"
     assert all(t.status == "USER_CANCELED" for t in store.trials())
     assert len(store.trials()) == 3  # the killed trial was replaced, then the stop cancelled the rest
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_users_own_flow_composed_from_the_task_library(tmp_path):
+    from prefect import flow
+
+    import trialflow
+    from trialflow.tasks import poll_trial, submit_trial, upload_code
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['lr'] * 2)\n")
+
+    @flow
+    def hand_picked() -> tuple[str, str]:
+        with trialflow.experiment_session(base_config(code, tmp_path / "w")) as exp:
+            upload_code(exp.id, str(code))
+            trial = exp.add_trial({"lr": 0.25})
+            submit_trial(exp.id, trial)
+            state = poll_trial(exp.id, trial, return_state=True)
+            return exp.id, state.type.value
+
+    experiment_id, state = hand_picked()
+    assert state == "COMPLETED"
+    store = open_store(tmp_path / "w", experiment_id)
+    [trial] = store.trials()
+    assert trial.status == "SUCCEEDED" and trial.final == 0.5 and trial.parameters == {"lr": 0.25}
+    assert store.experiment().status == "DONE"

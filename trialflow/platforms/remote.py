@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import posixpath
 import shlex
 import stat
@@ -45,6 +46,7 @@ from ..trial.keeper import assign_gpus
 from ..trial.procs import stat_alive, stat_fields, write_atomic
 from ..trial.protocol import (
     HEARTBEAT,
+    HEARTBEAT_SECONDS,
     HOLD,
     KEEPER_LOCK,
     KEEPER_PID,
@@ -58,6 +60,7 @@ from ..trial.protocol import (
     STDERR_FILE,
     STOP,
     TAKEN,
+    WORKER_IDLE_TIMEOUT,
     WORKER_INFO,
 )
 from ..trial.records import parse_file_frames
@@ -78,10 +81,9 @@ from .runtime_files import runtime_files, runtime_key
 from .ssh import SshConnection, SshTarget
 from .trialdir import READ_CHUNK, STDERR_TAIL_BYTES, ended_update, read_trial_logs
 
+log = logging.getLogger("trialflow.platforms")
 LIVENESS_SECONDS = 3.0
 FIRST_WAIT_SECONDS = 0.02  # waits between polls start here and double up to the flow's poll interval
-HEARTBEAT_SECONDS = 10.0
-WORKER_IDLE_TIMEOUT = 900.0
 MIN_PYTHON = (3, 8)
 _q = shlex.quote
 
@@ -578,8 +580,9 @@ class RemoteTrainingService(TrainingService):
                 stop = posixpath.join(self._env_dir(machine), STOP)
                 try:
                     machine.sftp("stopping the worker", lambda s, p=stop: s.open(p, "w").close())
-                except PlatformError:
-                    pass
+                except PlatformError as exc:  # the worker still leaves when its heartbeat stops
+                    log.warning("the reuse worker on %s was not asked to stop (%s); it leaves after %.0f s without "
+                                "a heartbeat", machine.key, exc, self.worker_idle_timeout)
             machine.conn.close()
 
 

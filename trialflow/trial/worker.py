@@ -30,10 +30,9 @@ import time
 
 from .keeper import claim, kill_trial, runtime_version, write_trial_files
 from .procs import daemonize, pid_alive, process_start_time, read_json, write_atomic
-from .protocol import HEARTBEAT, KILL, META_DIR, QUEUE, STOP, TAKEN, WORKER_INFO
+from .protocol import HEARTBEAT, KILL, META_DIR, QUEUE, STOP, TAKEN, WORKER_IDLE_TIMEOUT, WORKER_INFO
 
 TICK = 0.02
-DEFAULT_IDLE_TIMEOUT = 900.0
 KILL_GRACE = 2.0
 
 
@@ -133,7 +132,7 @@ def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print("usage: worker [--foreground] <env dir> [idle timeout seconds]", file=sys.stderr)
         return 2
-    idle = float(argv[1]) if len(argv) == 2 else DEFAULT_IDLE_TIMEOUT
+    idle = float(argv[1]) if len(argv) == 2 else WORKER_IDLE_TIMEOUT
     if foreground:
         os.makedirs(argv[0], exist_ok=True)
         serve(os.path.abspath(argv[0]), idle)

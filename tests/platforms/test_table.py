@@ -1,0 +1,74 @@
+"""The platform table and the layers: one row per platform, the same names as the config loader's,
+a credentials block for every platform that needs one, platforms below the Prefect task library."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from prefect import Task
+from prefect.blocks.core import Block
+from pydantic import SecretStr
+
+import trialflow.tasks
+from trialflow.config import PLATFORM_CONFIGS
+from trialflow.platforms import PLATFORMS, PlatformError, TrainingService, available, create_service
+
+PACKAGE = Path(trialflow.tasks.__file__).resolve().parents[1]
+
+
+def test_every_platform_has_one_row_with_the_loaders_name():
+    assert sorted(PLATFORMS) == sorted(PLATFORM_CONFIGS)
+    for name, row in PLATFORMS.items():
+        assert row.config is PLATFORM_CONFIGS[name]
+        assert row.service is None or issubclass(row.service, TrainingService)
+        assert row.retry.retries >= 1 and row.retry.delays() == sorted(row.retry.delays())
+
+
+def test_every_remote_platform_has_a_credentials_block_with_secret_fields():
+    for name, row in PLATFORMS.items():
+        if name == "local":
+            assert row.block is None
+            continue
+        assert row.block is not None and issubclass(row.block, Block), name
+        secrets = [f for f, info in row.block.model_fields.items() if "SecretStr" in str(info.annotation)]
+        assert secrets, f"{name}: its block holds no SecretStr field"
+        assert all(info.description for info in row.block.model_fields.values()), f"{name}: undescribed field"
+    assert SecretStr  # the annotation checked above
+
+
+def test_a_platform_without_a_service_is_refused_naming_the_available_ones(tmp_path):
+    config = PLATFORM_CONFIGS["dlts"].model_construct(platform="dlts")
+    with pytest.raises(PlatformError, match="'dlts' training service is not available") as err:
+        create_service(config, tmp_path / "exp")
+    assert all(name in str(err.value) for name in available())
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_platforms_sit_below_the_prefect_layers_and_blocks_below_platforms():
+    for path in (PACKAGE / "platforms").glob("*.py"):
+        bad = {n for n in _imports(path) if n.lstrip(".").split(".")[0] in ("tasks", "flows", "context", "cli")
+               or n.startswith("prefect") and not n.startswith("prefect.blocks")}
+        assert not bad, f"{path.name} imports {bad}"
+    for path in (PACKAGE / "blocks").glob("*.py"):
+        assert not {n for n in _imports(path) if "platforms" in n}, path.name
+
+
+def test_the_task_library_holds_prefect_tasks():
+    exported = [getattr(trialflow.tasks, name) for name in trialflow.tasks.__all__]
+    assert [t.name for t in exported] == ["poll_trial", "submit_trial", "suggest_parameters", "upload_code"]
+    assert all(isinstance(t, Task) for t in exported)
+    for path in (PACKAGE / "tasks").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+        assert not classes, f"tasks/{path.name} defines classes {classes}: they belong below the task library"
