@@ -5,12 +5,20 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install --disable-pip-version-check -q -e '.[test]' || exit 1
 
-# The remote-service tests start real OpenSSH servers on 127.0.0.1 (Debian's openssh-server).
+# The remote-service tests start real OpenSSH servers on 127.0.0.1 (Debian's openssh-server); the
+# store tests a throwaway PostgreSQL cluster on 127.0.0.1 (Debian's postgresql).
+missing=""
 if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null || ! command -v scp >/dev/null; then
+  missing="openssh-server openssh-client"
+fi
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  missing="$missing postgresql"
+fi
+if [ -n "$missing" ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssh-server openssh-client \
-    >/dev/null || { echo "could not install openssh-server (needed by the remote tests)" >&2; exit 1; }
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing \
+    >/dev/null || { echo "could not install $missing (needed by the remote and store tests)" >&2; exit 1; }
 fi
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL

@@ -142,6 +142,35 @@ NFS_SERVER, NFS_PATH = "nfs.cluster.local", "/exports/nni"
 
 
 @pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL server on 127.0.0.1 for the session (Debian's postgresql)."""
+    from trialflow.testing.postgres import LocalPostgres
+
+    with LocalPostgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    """A store URL: the embedded SQLite file, or a fresh database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        from trialflow.store import embedded_url
+
+        return embedded_url(tmp_path)
+    import uuid
+
+    import sqlalchemy as sa
+
+    server = request.getfixturevalue("postgres_server")
+    name = f"t{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(server.url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    engine.dispose()
+    return server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(scope="session")
 def k8s_emulator(tmp_path_factory):
     """One Kubernetes API emulator for the session; its NFS export is a local folder (``.nfs_dir``)."""
     from trialflow.testing.emulators.kubernetes import KubernetesEmulator

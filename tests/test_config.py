@@ -304,10 +304,45 @@ def test_v1_remote_config_converts_machine_list(tmp_path):
 
 def test_trialflow_home_is_where_new_experiments_go(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIALFLOW_HOME", str(tmp_path / "home"))
-    config = parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",
-                           "trialCodeDirectory": str(tmp_path), "trainingService": {"platform": "local"}})
-    assert Path(config.experiment_working_directory) == tmp_path / "home"
+    raw = {"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true", "trialConcurrency": 1,
+           "trialCodeDirectory": str(tmp_path), "tuner": {"name": "TPE"}, "trainingService": {"platform": "local"}}
+    assert Path(parse_config(raw).experiment_working_directory) == tmp_path / "home"
     monkeypatch.delenv("TRIALFLOW_HOME")
-    config = parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",
-                           "trialCodeDirectory": str(tmp_path), "trainingService": {"platform": "local"}})
+    config = parse_config(raw)
     assert Path(config.experiment_working_directory) == Path("~/trialflow-experiments").expanduser()
+
+
+@pytest.mark.parametrize("kind", ["tfjob", "framework"])
+def test_kubeflow_and_frameworkcontroller_need_no_trial_command_unless_reuse(tmp_path, kind):
+    from tests.conftest import k8s_section
+
+    data = minimal(tmp_path, trainingService=k8s_section(kind, tmp_path, reuse=False))
+    del data["trialCommand"]
+    assert parse_config(data).services[0].trial_command == ""
+    data["trainingService"]["reuseMode"] = True
+    assert any("trialCommand is required with reuseMode: true" in p for p in problems(data))
+    local = minimal(tmp_path)
+    del local["trialCommand"]
+    assert any("trialCommand is required" in p for p in problems(local))
+
+
+def test_numbers_in_string_fields_as_in_nnis_examples(tmp_path):
+    data = minimal(tmp_path, trainingService={"platform": "remote", "machineList": [
+        {"host": "127.0.0.1", "port": 22, "user": 1000, "password": 12345}]})
+    machine = parse_config(data).services[0].machine_list[0]
+    assert machine.user == "1000" and machine.password.get_secret_value() == "12345"
+    assert "12345" not in repr(machine) and "12345" not in str(parse_config(data).dump())
+
+
+@pytest.mark.parametrize(("section", "given", "closest"), [
+    ("tuner", "TPEE", "tpe"), ("tuner", "NoSuchTuner", None), ("assessor", "MedianStopp", "medianstop")])
+def test_unknown_tuner_or_assessor_is_refused_at_load(tmp_path, section, given, closest):
+    [problem] = problems(minimal(tmp_path, **{section: {"name": given}}))
+    assert f"{section}.name: unknown {section} {given!r}" in problem
+    if closest:
+        assert f"did you mean {closest!r}" in problem
+
+
+def test_a_bad_platform_is_named_in_the_message(tmp_path):
+    [problem] = problems(minimal(tmp_path, trainingService={"platform": "kubeflw"}))
+    assert "got 'kubeflw'" in problem and "kubeflow" in problem

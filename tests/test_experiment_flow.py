@@ -48,7 +48,7 @@ def test_concurrency_is_never_exceeded_and_max_trial_number_is_exact(tmp_path):
     assert result.status == "DONE"
     assert len(result.trials) == 9
     assert all(t.status == "SUCCEEDED" for t in result.trials)
-    assert _max_overlap(code / "intervals.jsonl") <= 3
+    assert _max_overlap(code / "intervals.jsonl") == 3  # never more, and the window is filled
     starts = [json.loads(x)["trial"] for x in (code / "intervals.jsonl").read_text().splitlines()
               if '"start"' in x]
     assert sorted(starts) == sorted(t.id for t in result.trials)  # each trial ran exactly once
@@ -129,12 +129,13 @@ def test_invalid_final_metric_is_reported_and_experiment_goes_on(tmp_path):
     assert result.best is None and result.trials[0].final == "not a number"
 
 
-def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_server):
+def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_server, store_url):
     code = tmp_path / "code"
     write_trial(code, INTERVAL_TRIAL)
     os.environ["TRIAL_SLEEP"] = "2.5"
+    shared = {} if store_url.startswith("sqlite") else {"storeUrl": store_url}  # sqlite: the embedded default
     try:
-        cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=5))
+        cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=5, **shared))
         exp_id, exp_dir = create_experiment(cfg)
         store = open_store(exp_dir.parent, exp_id)
         first = start_controller(exp_id, exp_dir.parent, prefect_server)
@@ -155,6 +156,8 @@ def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_ser
     for t in trials:
         assert [s for s, _, _ in store.status_history(t.id)].count("SUCCEEDED") == 1
         assert len(store.metrics(t.id, "FINAL")) == 1
+    assert store.url == (store_url if shared else store.url)
+    assert (exp_dir / "db" / "trialflow.sqlite").exists() == (not shared)
 
 
 def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server):
@@ -187,7 +190,8 @@ def test_a_users_own_flow_composed_from_the_task_library(tmp_path):
 
     @flow
     def hand_picked() -> tuple[str, str]:
-        with trialflow.experiment_session(base_config(code, tmp_path / "w")) as exp:
+        space = {"lr": {"_type": "uniform", "_value": [0, 1]}}
+        with trialflow.experiment_session(base_config(code, tmp_path / "w", searchSpace=space)) as exp:
             upload_code(exp.id, str(code))
             trial = exp.add_trial({"lr": 0.25})
             submit_trial(exp.id, trial)
@@ -200,3 +204,34 @@ def test_a_users_own_flow_composed_from_the_task_library(tmp_path):
     [trial] = store.trials()
     assert trial.status == "SUCCEEDED" and trial.final == 0.5 and trial.parameters == {"lr": 0.25}
     assert store.experiment().status == "DONE"
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_import_into_an_experiment_made_from_a_search_space_file_reaches_the_tuner(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from trialflow.config import load_config
+    from trialflow.flows.experiment import experiment_flow
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    (tmp_path / "space.json").write_text(json.dumps({"x": {"_type": "choice", "_value": [1, 2, 3]}}))
+    config = base_config(code, tmp_path / "w", maxTrialNumber=3, tuner={"name": "GridSearch"},
+                         searchSpaceFile="space.json")
+    del config["searchSpace"]
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    experiment_id, exp_dir = create_experiment(load_config(path), str(path))
+    (tmp_path / "data.json").write_text(json.dumps([{"parameter": {"x": 1}, "value": 1},
+                                                    {"parameter": {"x": 2}, "value": 2}]))
+    path.unlink()  # the stored copy alone must do
+    done = subprocess.run(["trialflow", "experiment", "import", experiment_id, "-f",
+                           str(tmp_path / "data.json")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRIALFLOW_HOME": str(tmp_path / "w")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert experiment_flow(None, experiment_id, str(exp_dir.parent)) == "DONE"
+    trials = open_store(tmp_path / "w", experiment_id).trials()
+    assert sorted(t.parameters["x"] for t in trials) == [1, 2, 3]  # the grid skipped the imported points
+    assert [t.status for t in trials] == ["SUCCEEDED"] * 3

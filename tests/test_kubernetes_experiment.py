@@ -66,3 +66,23 @@ def test_controller_sigkill_and_resume_reattaches_running_jobs(tmp_path, k8s, pr
     assert second.wait(timeout=180) == 0
     assert store.experiment().status == "DONE"
     _check_done(tmp_path, store, store.trials(), 4)
+
+
+def test_file_metric_channel_end_to_end_and_log_trial_of_a_kubernetes_trial(tmp_path, k8s):
+    import os
+    import subprocess
+
+    config = k8s_experiment(tmp_path, k8s, "tfjob", False, "file", trialConcurrency=2, maxTrialNumber=2)
+    with open(tmp_path / "code" / "trial.py", "a") as f:
+        f.write('print("hello from the pod, x =", p["x"])\n')
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_done(tmp_path, store, result.trials, 2)
+    assert not (tmp_path / "w" / result.experiment_id / "metrics-receiver.json").exists()  # no HTTP receiver
+    trial = result.trials[0]
+    shown = subprocess.run(["trialflow", "log", "trial", result.experiment_id, trial.id, "--root",
+                            str(tmp_path / "w")], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "KUBECONFIG": str(k8s.kubeconfig)})
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"hello from the pod, x = {trial.parameters['x']}" in shown.stdout

@@ -29,7 +29,6 @@ from trialflow.tuners.base import RandomChooser
     ({"a": {"_type": "quniform", "_value": [0, 1, 0]}}, "quniform needs q > 0"),
     ({"a": {"_type": "uniform", "_value": [0, "x"]}}, "uniform values must be finite numbers"),
     ({"a": {"_type": "choice", "_value": []}}, "choice needs at least one option"),
-    ({"a": {"_type": "choice", "_value": [[1, 2]]}}, "choice options must be numbers or strings"),
     ({"a": {"_type": "choice", "_value": [{"_name": "x"}, {"y": 1}]}}, 'every nested choice option needs "_name"'),
     ({"a": {"_type": "choice", "_value": [{"_name": "x", "b": {"_type": "uniform", "_value": [1, 0]}}]}},
      'parameter "a/x/b": uniform needs low < high'),
@@ -178,3 +177,19 @@ def test_every_tuner_samples_inside_the_declared_domain(raw, seed):
             for key, spec in raw.items():
                 _check(spec, suggestion.parameters[key])
             tuner.observe(suggestion.parameter_id, float(i % 5))
+
+
+def test_choice_values_may_be_any_json_value_and_dicts_without_name_are_plain():
+    # NNI's BatchTuner example: each option a whole parameter set
+    options = [{"optimizer": "Adam", "learning_rate": 1e-5}, {"optimizer": "SGD", "learning_rate": 0.01},
+               [1, 2], None]
+    space = parse_search_space({"combine_params": {"_type": "choice", "_value": options}})
+    tuner = create_tuner(AlgorithmConfig(name="Batch"), space)
+    seen = []
+    while (suggestion := tuner.suggest()) is not None:
+        seen.append(suggestion.parameters["combine_params"])
+        tuner.observe(suggestion.parameter_id, 1.0)
+    assert seen == options
+    assert space.encode({"combine_params": options[1]}) == {"combine_params": 1}
+    random_pick = create_tuner(AlgorithmConfig(name="Random"), space).suggest().parameters["combine_params"]
+    assert random_pick in options

@@ -1,4 +1,6 @@
-"""Experiment store: crash safety under SIGKILL, duplicates, terminal status recorded once."""
+"""Experiment store, on the embedded SQLite file and on a real PostgreSQL server: crash safety under
+SIGKILL, duplicates, terminal status recorded once, readers beside a writer, experiments sharing one
+database."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from trialflow.store import ExperimentStore, Metric
 WRITER = """
 import sys, time
 from trialflow.store import ExperimentStore, Metric
-store = ExperimentStore.embedded(sys.argv[1], "crashexp")
+store = ExperimentStore(sys.argv[1], "crashexp")
 store.create_experiment("crash", {"a": 1})
 i = 0
 while True:
@@ -28,18 +30,18 @@ while True:
 """
 
 
-def test_sigkill_mid_stream_loses_nothing_committed(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+def test_sigkill_mid_stream_loses_nothing_committed(store_url):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, store_url], stdout=subprocess.PIPE, text=True)
     confirmed = []
     deadline = time.monotonic() + 60
     while len(confirmed) < 150 and time.monotonic() < deadline:
         confirmed.append(proc.stdout.readline().strip())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    store = ExperimentStore.embedded(tmp_path, "crashexp")
+    store = ExperimentStore(store_url, "crashexp")
     trials = {t.id: t for t in store.trials()}
-    integrity = store.engine.connect().exec_driver_sql("PRAGMA integrity_check").scalar()
-    assert integrity == "ok"
+    if store_url.startswith("sqlite"):
+        assert store.engine.connect().exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
     for tid in confirmed:  # every trial the writer saw committed is complete
         t = trials[tid]
         assert t.status == "SUCCEEDED" and t.final == float(int(tid[1:]))
@@ -49,8 +51,8 @@ def test_sigkill_mid_stream_loses_nothing_committed(tmp_path):
     assert store.experiment().next_sequence >= len(trials)
 
 
-def test_duplicate_metrics_are_dropped_and_dicts_kept_whole(tmp_path):
-    store = ExperimentStore.embedded(tmp_path, "dupexp01")
+def test_duplicate_metrics_are_dropped_and_dicts_kept_whole(store_url):
+    store = ExperimentStore(store_url, "dupexp01")
     store.create_experiment(None, {})
     store.add_trial("abcde", 0, 0, {}, {})
     assert store.add_metrics([Metric("abcde", "PERIODICAL", 0, {"default": 1, "x": {"y": [1, 2]}})]) == 1
@@ -60,8 +62,8 @@ def test_duplicate_metrics_are_dropped_and_dicts_kept_whole(tmp_path):
     assert store.trial("abcde").final == "nan"  # stored as text, never an invalid JSON token
 
 
-def test_terminal_status_is_recorded_once_with_history(tmp_path):
-    store = ExperimentStore.embedded(tmp_path, "statexp1")
+def test_terminal_status_is_recorded_once_with_history(store_url):
+    store = ExperimentStore(store_url, "statexp1")
     store.create_experiment(None, {})
     store.add_trial("abcde", 0, 0, {}, {})
     assert store.set_status("abcde", "RUNNING")
@@ -74,11 +76,27 @@ def test_terminal_status_is_recorded_once_with_history(tmp_path):
     assert times == sorted(times)
 
 
-def test_a_second_reader_sees_writes_while_the_writer_is_open(tmp_path):
-    writer = ExperimentStore.embedded(tmp_path, "readexp1")
+def test_a_second_reader_sees_writes_while_the_writer_is_open(store_url):
+    writer = ExperimentStore(store_url, "readexp1")
     writer.create_experiment("r", {"k": 1})
     writer.set_control("trial_concurrency", 4)
-    reader = ExperimentStore.embedded(tmp_path, "readexp1")
+    reader = ExperimentStore(store_url, "readexp1")
     assert reader.experiment().controls == {"trial_concurrency": 4}
     reader.set_control("trial_concurrency", 5)
     assert writer.experiment().controls["trial_concurrency"] == 5
+
+
+def test_two_experiments_share_one_database_without_seeing_each_others_trials(store_url):
+    first, second = ExperimentStore(store_url, "shareexp1"), ExperimentStore(store_url, "shareexp2")
+    for store, n in ((first, 3), (second, 2)):
+        store.create_experiment(store.experiment_id, {"n": n})
+        for i in range(n):
+            tid = f"{store.experiment_id[-1]}t{i}"
+            store.add_trial(tid, store.take_sequence(), i, {"x": i}, {})
+            store.add_metrics([Metric(tid, "FINAL", 0, float(i))])
+            store.set_status(tid, "SUCCEEDED", 0)
+        store.set_control("stop", n == 2)
+    assert [t.id for t in first.trials()] == ["1t0", "1t1", "1t2"] and first.count_trials() == 3
+    assert [t.id for t in second.trials()] == ["2t0", "2t1"] and second.count_trials() == 2
+    assert first.experiment().controls == {"stop": False} and second.experiment().controls == {"stop": True}
+    assert {m.trial_id for m in second.metrics()} == {"2t0", "2t1"}

@@ -80,7 +80,8 @@ def result_of(root: Path, experiment_id: str, cfg: ExperimentConfig, status: str
 
 class ExperimentSession:
     """An experiment opened for a user's own flow: the tasks of ``trialflow.tasks`` find it by
-    :attr:`id`. Trials added by hand are recorded like suggested ones, but not told to the tuner."""
+    :attr:`id`. A trial added by hand is recorded like a suggested one and, when it ends, told to the
+    tuner as an imported result (so a later ``suggest_parameters`` learns from it)."""
 
     def __init__(self, ctx: ExperimentContext) -> None:
         self._ctx = ctx
@@ -88,11 +89,15 @@ class ExperimentSession:
         self.directory = ctx.experiment_dir
 
     def add_trial(self, parameters: dict[str, Any]) -> str:
-        """Record a trial with hand-picked ``parameters``; returns its id for ``submit_trial``."""
+        """Record a trial with hand-picked ``parameters`` (they must lie in the search space); returns its
+        id for ``submit_trial``."""
+        raw = self._ctx.config.space.encode(parameters)
         trial_id = new_trial_id()
-        hand_picked = -1 - self._ctx.store.count_trials()  # negative: never a tuner's parameter id
-        self._ctx.store.add_trial(trial_id, None, hand_picked, dict(parameters), {},
+        sequence = self._ctx.store.take_sequence()
+        hand_picked = -1 - sequence  # negative, as imported trials: never a tuner's parameter id
+        self._ctx.store.add_trial(trial_id, sequence, hand_picked, dict(parameters), raw,
                                   str(self.directory / "trials" / trial_id))
+        self._ctx.adopted[hand_picked] = raw  # its end is replayed to the tuner
         return trial_id
 
     def trial(self, trial_id: str) -> TrialRecord:

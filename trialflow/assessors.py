@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import statistics
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from .tuners import AlgorithmSpec
 from .tuners.base import (
     TunerError,
     check_args,
@@ -25,9 +26,6 @@ from .tuners.base import (
     optimize_mode_arg,
     positive_int_arg,
 )
-
-if TYPE_CHECKING:
-    from .config import AlgorithmConfig
 
 
 def _nonneg_int(value: Any) -> str | None:
@@ -114,7 +112,7 @@ ASSESSORS = {
 }
 
 
-def create_assessor(config: AlgorithmConfig) -> Assessor:
+def create_assessor(config: AlgorithmSpec) -> Assessor:
     name = (config.name or config.class_name or "").lower()
     if name not in ASSESSORS:
         raise TunerError(f"unknown assessor {config.name or config.class_name!r}; built-in: Medianstop, Curvefitting")

@@ -27,10 +27,12 @@ from .experiments import (
     find_experiment,
     list_experiments,
     load_experiment_config,
+    open_store,
 )
 from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, create_service
 from .store import ExperimentStore
 from .trial.procs import pid_alive
+from .tuners import TunerError
 from .views import export_rows, print_experiment, print_trials, sort_trials
 
 app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,
@@ -75,7 +77,10 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
     if foreground:
         from .live import run_with_progress
 
-        status = run_with_progress(experiment_id, root, config_path, console)
+        try:
+            status = run_with_progress(experiment_id, root, config_path, console)
+        except (PlatformError, ConfigError, TunerError) as exc:  # stored as ERROR with the message too
+            raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
         if status != "DONE":
             raise CliError(f"experiment {experiment_id} ended {status}")
         return
@@ -240,7 +245,7 @@ def experiment_list(root: RootOpt = None) -> None:
 
     table = Table("id", "name", "status", "trials", "started", "directory")
     for e in list_experiments(root):
-        store = ExperimentStore.embedded(e.root / e.id, e.id)
+        store = open_store(e.root, e.id)
         count = len(store.trials())
         store.close()
         started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))

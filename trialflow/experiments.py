@@ -8,10 +8,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from .config import ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import new_experiment_id
 from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore
+
+STORE_URL_FILE = Path("db") / "store-url"  # where a shared store is: its URL, without the password
 
 # Configs of experiments created in this process (the Python API): they keep their secrets, which
 # the stored copy masks.
@@ -27,17 +31,24 @@ def default_root() -> Path:
 
 
 def create_experiment(config: ExperimentConfig, config_path: str | None = None) -> tuple[str, Path]:
-    """A new experiment id and its directory with the store holding the config."""
+    """A new experiment id and its directory with the store holding the config. With ``storeUrl`` the
+    records go to that database and the directory keeps where (the URL without its password)."""
     root = Path(config.experiment_working_directory)
     experiment_id = new_experiment_id()
     exp_dir = root / experiment_id
     (exp_dir / "log").mkdir(parents=True, exist_ok=True)
-    store = ExperimentStore.embedded(exp_dir, experiment_id)
+    LIVE_CONFIGS[experiment_id] = config
+    if config.store_url is not None:
+        url = config.store_url.get_secret_value()
+        (exp_dir / STORE_URL_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (exp_dir / STORE_URL_FILE).write_text(_without_password(url) + "\n", encoding="utf-8")
+        store = ExperimentStore(url, experiment_id)
+    else:
+        store = ExperimentStore.embedded(exp_dir, experiment_id)
     try:
         store.create_experiment(config.experiment_name, config.dump(), config_path)
     finally:
         store.close()
-    LIVE_CONFIGS[experiment_id] = config
     _register(experiment_id, root)
     return experiment_id, exp_dir
 
@@ -71,12 +82,27 @@ def _registered_roots() -> list[Path]:
     return roots
 
 
+def _without_password(url: str) -> str:
+    return make_url(url).set(password=None).render_as_string(hide_password=False)
+
+
+def _has_store(exp_dir: Path) -> bool:
+    return (exp_dir / DB_RELATIVE_PATH).is_file() or (exp_dir / STORE_URL_FILE).is_file()
+
+
 def open_store(working_directory: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
+    """The experiment's store: embedded in its directory, or the shared database its directory names
+    (the password from the experiment's config in this process, else PGPASSWORD or ~/.pgpass)."""
     exp_dir = Path(working_directory) / experiment_id
-    if not (exp_dir / DB_RELATIVE_PATH).is_file():
-        raise ExperimentNotFound(f"no experiment {experiment_id!r} under {working_directory}; "
-                                 "`trialflow experiment list` shows the known ones")
-    return ExperimentStore.embedded(exp_dir, experiment_id)
+    if (exp_dir / DB_RELATIVE_PATH).is_file():
+        return ExperimentStore.embedded(exp_dir, experiment_id)
+    if (exp_dir / STORE_URL_FILE).is_file():
+        live = LIVE_CONFIGS.get(experiment_id)
+        if live is not None and live.store_url is not None:
+            return ExperimentStore(live.store_url.get_secret_value(), experiment_id)
+        return ExperimentStore((exp_dir / STORE_URL_FILE).read_text(encoding="utf-8").strip(), experiment_id)
+    raise ExperimentNotFound(f"no experiment {experiment_id!r} under {working_directory}; "
+                             "`trialflow experiment list` shows the known ones")
 
 
 def load_experiment_config(store: ExperimentStore, config_path: str | None = None) -> ExperimentConfig:
@@ -88,7 +114,16 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
     path = config_path or record.config_path
     if path and Path(path).is_file():
         return load_config(path)
-    return parse_config(record.config, source=f"stored config of {store.experiment_id}")
+    return stored_config(store)
+
+
+def stored_config(store: ExperimentStore) -> ExperimentConfig:
+    """The config stored with the experiment, parsed. Copies stored before the search space's file
+    was dropped from them hold both ``searchSpace`` and ``searchSpaceFile``: the content wins."""
+    data = dict(store.experiment().config)
+    if data.get("searchSpace") is not None:
+        data.pop("searchSpaceFile", None)
+    return parse_config(data, source=f"stored config of {store.experiment_id}")
 
 
 @dataclass
@@ -105,7 +140,7 @@ def search_roots(root: Path | None = None) -> list[Path]:
 def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path, ExperimentStore]:
     """The working directory and store of an experiment (default root, then registered roots)."""
     for base in search_roots(root):
-        if (base / experiment_id / DB_RELATIVE_PATH).is_file():
+        if _has_store(base / experiment_id):
             return base, open_store(base, experiment_id)
     raise ExperimentNotFound(f"no experiment {experiment_id!r} found; `trialflow experiment list` shows the "
                              "known ones (use --root for another working directory)")
@@ -116,11 +151,11 @@ def list_experiments(root: Path | None = None) -> list[ExperimentEntry]:
     for base in search_roots(root):
         if not base.is_dir():
             continue
-        for db in sorted(base.glob(f"*/{DB_RELATIVE_PATH.as_posix()}")):
-            exp_id = db.parent.parent.name
+        for exp_dir in sorted(d for d in base.iterdir() if _has_store(d)):
+            exp_id = exp_dir.name
             if any(e.id == exp_id for e in out):
                 continue
-            store = ExperimentStore.embedded(db.parent.parent, exp_id)
+            store = open_store(base, exp_id)
             try:
                 out.append(ExperimentEntry(exp_id, base, store.experiment()))
             except KeyError:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -34,6 +35,10 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
 
 def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console) -> str:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # The live table shows each trial's end and the CLI prints one line when the run fails: Prefect's
+    # own flow/task-run error logs (tracebacks, one per failed trial) would only bury them.
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     from .experiments import load_experiment_config
     from .flows.experiment import experiment_flow
     from .ui import is_maximize

@@ -9,7 +9,8 @@ internal space -- an option index, an integer, or a unit value ``u`` in (0, 1) -
 * ``normal`` family: ``mu + sigma * Phi^-1(u)`` (so a uniform ``u`` gives an exact normal);
 * ``q`` types: ``round(x / q) * q``, clipped to [low, high] for quniform/qloguniform only;
 * ``randint``: an integer in [lower, upper) -- the upper bound is exclusive;
-* nested ``choice``: ``{"_name": option, <sub-parameters>...}``.
+* nested ``choice``: ``{"_name": option, <sub-parameters>...}`` when every option has ``_name``;
+  options without ``_name`` (any JSON value, dicts too) are plain values, as NNI allows.
 
 Tuners differ only in how they choose the raw values, so every tuner supports every type.
 """
@@ -141,7 +142,8 @@ class SearchSpace:
             key, value = prefix + p.name, params[p.name]
             if p.type == "choice":
                 names = [o.name if isinstance(o, Option) else o for o in p.values]
-                chosen = value.get("_name") if isinstance(value, dict) else value
+                nested = any(isinstance(o, Option) for o in p.values)
+                chosen = value.get("_name") if nested and isinstance(value, dict) else value
                 if chosen not in names:
                     raise SearchSpaceError(f'parameter "{key}": {chosen!r} is not one of {names}')
                 raw[key] = index = names.index(chosen)
@@ -215,13 +217,8 @@ def _check_values(label: str, kind: str, values: list[Any]) -> list[Any]:
 def _check_choice(label: str, values: list[Any]) -> list[Any]:
     if not values:
         raise SearchSpaceError(f'parameter "{label}": choice needs at least one option')
-    if not isinstance(values[0], dict):
-        for x in values:
-            if x is not None and not isinstance(x, str | int | float | bool):
-                raise SearchSpaceError(
-                    f'parameter "{label}": choice options must be numbers or strings (or nested '
-                    f'objects with "_name" for every option), got {x!r}')
-        return values
+    if not any(isinstance(x, dict) and "_name" in x for x in values):
+        return values  # plain values: any JSON value, dicts without "_name" included (NNI's BatchTuner)
     options = []
     for x in values:
         if not isinstance(x, dict) or "_name" not in x:

@@ -204,7 +204,8 @@ class ExperimentStore:
         self.experiment_id = experiment_id
         self.engine = _engine(url)
         self._insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-        self._insert_metric = self._insert(metrics).on_conflict_do_nothing()
+        # RETURNING counts what was new on every backend (psycopg reports no rowcount for these inserts)
+        self._insert_metric = self._insert(metrics).on_conflict_do_nothing().returning(metrics.c.sequence)
         self._lock = threading.RLock()
         _meta.create_all(self.engine)
         # One connection per store, used under the lock: a pool checkout per statement costs more
@@ -370,10 +371,10 @@ class ExperimentStore:
         periodical = [r for r in rows if r["type"] != "FINAL"]
         with self._tx() as conn:
             if len(periodical) > 1:  # one executemany: the metric channels deliver in batches
-                stored += max(conn.execute(self._insert_metric, periodical).rowcount or 0, 0)
+                stored += len(conn.execute(self._insert_metric, periodical).all())
                 rows = [r for r in rows if r["type"] == "FINAL"]
             for row in rows:
-                inserted = conn.execute(self._insert_metric, row).rowcount or 0
+                inserted = len(conn.execute(self._insert_metric, row).all())
                 stored += inserted
                 if inserted and row["type"] == "FINAL":
                     conn.execute(_SET_FINAL, {"e": self.experiment_id, "t": row["trial_id"],

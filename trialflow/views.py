@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .config import parse_config
+from .experiments import stored_config
 from .ids import new_trial_id
 from .store import ExperimentStore, Metric, TrialRecord
 from .tuners import maximizes
@@ -111,7 +111,7 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
     """Add ``[{parameter, value}]`` as finished trials (replayed to the tuner on start/resume)."""
     if not isinstance(data, list):
         raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
-    space = parse_config(store.experiment().config).space
+    space = stored_config(store).space
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
             raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")

@@ -32,6 +32,7 @@ VARIANTS = {
     "framework": ("framework", False, "http"), "adaptdl": ("adaptdl", False, "http"),
     "tfjob-reuse": ("tfjob", True, "http"), "framework-reuse": ("framework", True, "http"),
     "pytorchjob-logs-only": ("pytorchjob", False, "logs"),
+    "tfjob-file": ("tfjob", False, "file"), "framework-reuse-file": ("framework", True, "file"),
 }
 
 
@@ -79,6 +80,27 @@ class TestKubernetesContract(TrainingServiceContract):
             assert service.receiver.stats.accepted == accepted + 1  # pushed, not only read from logs
         else:
             assert service.receiver is None
+
+
+GPU_PROBE = ("import os, nni\nnni.get_next_parameter()\n"
+             "nni.report_final_result(os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'))\n")
+
+
+@pytest.mark.parametrize(("gpus", "seen"), [(1, "<unset>"), (0, "")])
+def test_gpu_visibility_is_left_to_the_device_plugin_unless_the_role_asks_for_none(tmp_path, k8s, gpus, seen):
+    from tests.conftest import k8s_section
+
+    role = {**k8s_section("tfjob", k8s.nfs_dir)["worker"], "gpuNumber": gpus}
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "tfjob", worker=role)
+    svc.prepare()
+    try:
+        write_trial(tmp_path / "code", GPU_PROBE, "Gpu1.py")
+        code = svc.upload_code(tmp_path / "code")
+        spec = TrialSpec(svc.experiment_id, "Gpu1", 0, 0, {}, COMMAND, tmp_path / "code", None)
+        _, metrics, update = poll_until_terminal(svc, svc.submit(spec, code))
+        assert update.status == TrialStatus.SUCCEEDED and [m.value for m in metrics] == [seen]
+    finally:
+        svc.close()
 
 
 # ---- manifests and schemas ---------------------------------------------------------------------
@@ -324,3 +346,24 @@ def test_token_is_only_in_a_secret_never_in_manifests_or_logs(tmp_path, k8s):
             if path.is_file():
                 assert token.encode() not in path.read_bytes(), path
     svc.close()
+
+
+def test_a_remote_cluster_without_nni_manager_ip_is_refused_at_start(tmp_path, k8s, monkeypatch):
+    from trialflow.platforms.k8s_api import KubeApi
+
+    remote = tmp_path / "kubeconfig"
+    remote.write_text(Path(k8s.kubeconfig).read_text().replace("127.0.0.1", "192.0.2.10"))
+    monkeypatch.setenv("KUBECONFIG", str(remote))
+
+    def never(self):  # the check must come first: nothing is sent to that address
+        raise AssertionError("the cluster was contacted")
+
+    monkeypatch.setattr(KubeApi, "check_namespace", never)
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "tfjob")
+    with pytest.raises(PlatformError, match="nniManagerIp is not set") as err:
+        svc.prepare()
+    assert "192.0.2.10" in str(err.value) and "metricChannel: logs" in str(err.value)
+    for channel, fields in (("http", {"nniManagerIp": "10.0.0.5"}), ("logs", {})):
+        ok = k8s_service(tmp_path, k8s.nfs_dir, "tfjob", False, channel, **fields)
+        with pytest.raises(AssertionError, match="contacted"):  # past the check, on to the cluster
+            ok.prepare()

@@ -287,3 +287,43 @@ def test_a_login_refused_after_it_worked_is_retried_not_fatal(sshd_servers, know
         authorized.write_text(keys)
         conn.close()
     assert SshConnection(target, known_hosts).run("echo back")[1].strip() == "back"
+
+
+def test_a_host_without_sftp_is_named_with_how_to_enable_it(tmp_path):
+    from trialflow.testing.sshd import LoopbackSshd
+
+    with LoopbackSshd(tmp_path / "nosftp", sftp=False) as server:
+        svc = remote_service(tmp_path, [server], server.known_hosts)
+        with pytest.raises(PlatformError) as err:
+            svc.prepare()
+        svc.close()
+    message = str(err.value)
+    assert "SFTP is not available on this host" in message and "Subsystem sftp" in message
+    assert "connection lost" not in message
+
+
+def test_gpu_trials_go_where_gpu_slots_are_free(tmp_path, sshd_servers, known_hosts):
+    small, big = fake_nvidia_smi(tmp_path / "bin-small", 1), fake_nvidia_smi(tmp_path / "bin-big", 4)
+    for bin_dir in (small, big):
+        os.symlink(sys.executable, bin_dir / "python3")
+    machines = [machine(sshd_servers[0], tmp_path / "r0", pythonPath=str(small)),
+                machine(sshd_servers[1], tmp_path / "r1", pythonPath=str(big))]
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=machines, trial_gpu_number=1)
+    svc.prepare()
+    write_trial(tmp_path / "code", SLEEPING_TRIAL, "s.py")
+    code = svc.upload_code(tmp_path / "code")
+    handles = [svc.submit(TrialSpec("exp00001", f"Cap{i}", i, i, {}, "python3 s.py", tmp_path / "code", 1), code)
+               for i in range(5)]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            statuses = [svc.poll(h, {}).status for h in handles]
+            if statuses.count(TrialStatus.RUNNING) == 5:
+                break
+            time.sleep(0.2)
+        assert statuses == [TrialStatus.RUNNING] * 5  # 1 + 4 GPU slots: nobody waits for the full machine
+        assert sorted(h.data["machine"] for h in handles).count(svc.machines[1].key) == 4
+    finally:
+        for h in handles:
+            svc.cancel(h, TrialStatus.USER_CANCELED)
+        svc.close()

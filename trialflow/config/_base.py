@@ -56,6 +56,7 @@ class ConfigModel(BaseModel):
         extra="forbid",
         validate_default=False,
         hide_input_in_errors=True,
+        coerce_numbers_to_str=True,  # NNI's examples write ``password: 12345``, ``user: 1000``
     )
 
     @model_validator(mode="before")
@@ -64,6 +65,7 @@ class ConfigModel(BaseModel):
         if not isinstance(data, dict):
             return data
         known = {canonical_key(f.alias or name): (f.alias or name) for name, f in cls.model_fields.items()}
+        secret_aliases = {f.alias or name for name, f in cls.model_fields.items() if "SecretStr" in str(f.annotation)}
         out: dict[str, Any] = {}
         for key, value in data.items():
             if not isinstance(key, str):
@@ -74,7 +76,8 @@ class ConfigModel(BaseModel):
                 close = difflib.get_close_matches(canonical_key(key), list(known), n=1, cutoff=0.6)
                 out[f"{key}{_SUGGEST}{known[close[0]] if close else ''}"] = value
             elif value is not None:  # NNI: setting a field to null is the same as not setting it
-                out[alias] = value
+                secret = alias in secret_aliases and isinstance(value, int | float) and not isinstance(value, bool)
+                out[alias] = str(value) if secret else value
         return out
 
     def dump(self) -> dict[str, Any]:
@@ -196,6 +199,9 @@ def format_errors(exc: ValidationError) -> list[str]:
         value = err.get("input")
         hidden = err["type"] == "missing" or isinstance(value, dict | list) or _SECRET_NAME.search(path)
         shown = "" if hidden else f" (got {value!r})"
+        if err["type"] == "platform" and isinstance(value, dict):  # name the value given, not the section
+            given = [v for k, v in value.items() if isinstance(k, str) and canonical_key(k) == "platform"]
+            shown = f" (got {given[0]!r})" if given else " (no platform given)"
         if err["type"] == "missing":
             msg = "is required but not set"
         problems.append(f"{path}: {msg}{shown}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import warnings
@@ -9,9 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
+from ..assessors import ASSESSORS
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
+from ..tuners import TUNERS
 from ._base import ConfigError, ConfigModel, ConfigPath, Duration, GpuIndices, canonical_key, format_errors
 from .legacy import convert_v1, is_v1
 from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
@@ -64,7 +67,9 @@ class ExperimentConfig(ConfigModel):
     advisor: AlgorithmConfig | None = None
     training_service: OneOrManyTrainingServices
     shared_storage: SharedStorageConfig | None = None
-    store_url: str | None = Field(default=None, description="PostgreSQL URL of a shared experiment store")
+    store_url: SecretStr | None = Field(
+        default=None, description="URL of a shared experiment store, e.g. postgresql+psycopg://user@db.example.org/"
+        "trialflow (pip install 'trialflow[postgres]'); default: embedded SQLite in the experiment directory")
 
     @model_validator(mode="before")
     @classmethod
@@ -105,6 +110,12 @@ class ExperimentConfig(ConfigModel):
             self.tuner, self.advisor = self.advisor, None
         if self.tuner is None:
             raise ValueError("tuner must be set (e.g. tuner: {name: TPE, classArgs: {optimize_mode: maximize}})")
+        for kind, algorithm, builtin in (("tuner", self.tuner, TUNERS), ("assessor", self.assessor, ASSESSORS)):
+            if algorithm is not None and algorithm.name is not None and algorithm.name.lower() not in builtin:
+                close = difflib.get_close_matches(algorithm.name.lower(), list(builtin), n=1, cutoff=0.4)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"{kind}.name: unknown {kind} {algorithm.name!r}{hint} (built-in: "
+                                 f"{', '.join(builtin)}; or give className for your own)")
         if (self.search_space is None) == (self.search_space_file is None):
             raise ValueError("set exactly one of searchSpace or searchSpaceFile")
         if self.search_space_file is not None:
@@ -120,6 +131,14 @@ class ExperimentConfig(ConfigModel):
         if self.log_level is None:
             self.log_level = "debug" if self.debug else "info"
         return self
+
+    def dump(self) -> dict[str, Any]:
+        """As stored with an experiment: the search space's content, not the file it came from (the
+        file may change or go; the stored copy must parse again on its own)."""
+        data = super().dump()
+        if self.search_space_file is not None:
+            data.pop("searchSpaceFile", None)
+        return data
 
     @property
     def services(self) -> list[TrainingServiceConfig]:

@@ -6,7 +6,7 @@ the registry in ``trialflow.platforms`` says which ones can run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
 
@@ -19,7 +19,7 @@ class TrainingServiceConfig(ConfigModel):
     """Fields every platform shares; top-level shortcut fields are copied in when missing."""
 
     platform: str
-    trial_command: str = Field(min_length=1)
+    trial_command: str = ""
     trial_code_directory: ConfigPath = Field(default=None, validate_default=True)  # type: ignore[assignment]
     trial_gpu_number: int | None = Field(default=None, ge=0)
     nni_manager_ip: str | None = None
@@ -35,6 +35,20 @@ class TrainingServiceConfig(ConfigModel):
     @property
     def cap_name(self) -> str:
         return self.platform_concurrency_name or f"trialflow-{self.platform}"
+
+    # Kubeflow and FrameworkController roles carry their own commands (NNI sets trialCommand to '')
+    roles_carry_commands: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _command_where_used(self) -> TrainingServiceConfig:
+        if self.trial_command.strip():
+            return self
+        if not self.roles_carry_commands:
+            raise ValueError("trialCommand is required: the command that runs one trial, e.g. python3 mnist.py")
+        if self.reuse_mode:
+            raise ValueError("trialCommand is required with reuseMode: true (each environment runs it for every "
+                             "trial; the roles' commands are used only with reuseMode: false)")
+        return self
 
     @field_validator("trial_code_directory", mode="before")
     @classmethod
@@ -241,6 +255,7 @@ class KubeflowRoleConfig(ConfigModel):
 
 class KubeflowConfig(TrainingServiceConfig):
     platform: Literal["kubeflow"] = "kubeflow"
+    roles_carry_commands: ClassVar[bool] = True
     operator: Literal["tf-operator", "pytorch-operator"]
     api_version: Literal["v1alpha2", "v1beta1", "v1beta2", "v1"]
     storage: K8sStorageConfig
@@ -285,6 +300,7 @@ class FrameworkControllerRoleConfig(ConfigModel):
 
 class FrameworkControllerConfig(TrainingServiceConfig):
     platform: Literal["frameworkcontroller"] = "frameworkcontroller"
+    roles_carry_commands: ClassVar[bool] = True
     storage: K8sStorageConfig
     service_account_name: str | None = None
     task_roles: list[FrameworkControllerRoleConfig] = Field(min_length=1)

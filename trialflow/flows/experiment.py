@@ -32,7 +32,7 @@ from prefect.utilities.annotations import allow_failure
 
 from ..config import load_config
 from ..context import ExperimentContext, open_context
-from ..experiments import create_experiment, find_experiment, load_experiment_config, open_store
+from ..experiments import LIVE_CONFIGS, create_experiment, find_experiment, load_experiment_config, open_store
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, TrialStatus, platform
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
@@ -68,6 +68,8 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         experiment_id, exp_dir = create_experiment(load_config(config_path), config_path)
         root = exp_dir.parent
     else:
+        if config_path:  # the file may hold what the directory does not: a shared store's password
+            LIVE_CONFIGS.setdefault(experiment_id, load_config(config_path))
         root = Path(working_directory) if working_directory else find_experiment(experiment_id)[0]
     store = open_store(root, experiment_id)
     exp_dir = root / experiment_id
@@ -217,8 +219,6 @@ def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
     """Replay finished trials to the tuner and follow live ones; returns trials to submit again."""
     resubmit = []
     for trial in ctx.store.trials():
-        if trial.parameter_id < 0:  # added by hand in a user's flow: not the tuner's, not resumed here
-            continue
         if trial.is_terminal:
             value = scalar_or_none(trial.final) if trial.status == "SUCCEEDED" else None
             ctx.tuner.replay(trial.parameter_id, trial.raw, value)

@@ -62,6 +62,9 @@ class AdaptDLTrainingService(KubernetesJobService):
     def roles(self) -> dict[str, str]:
         return {"main": self.config.trial_command}
 
+    def primary_gpus(self) -> int:
+        return self.config.trial_gpu_number or 0
+
     def job_name(self, kind: str, ident: str) -> str:
         return f"nni-exp-{self.experiment_id}-trial-{k8s_id(ident)}"
 

@@ -72,6 +72,9 @@ class FrameworkControllerTrainingService(KubernetesJobService):
     def roles(self) -> dict[str, str]:
         return {role.name: role.command for role in self.config.task_roles}
 
+    def primary_gpus(self) -> int:
+        return self.config.task_roles[0].gpu_number
+
     def job_name(self, kind: str, ident: str) -> str:
         if kind == "env":
             return f"nniexp{self.experiment_id}env{ident}"

@@ -107,18 +107,29 @@ class GpuScheduler:
             raise GpuError(f"trialGpuNumber {gpu_number} exceeds the {len(gpus)} usable GPU(s) "
                            f"{[g.index for g in gpus]}")
 
+    def _free(self) -> tuple[list[GpuInfo], dict[int, int]]:
+        """GPUs with a free slot now, and the slots used per GPU index (call with the lock held)."""
+        used: dict[int, int] = {}
+        for idx in self._slots.values():
+            for i in idx:
+                used[i] = used.get(i, 0) + 1
+        free = [g for g in self.usable()
+                if used.get(g.index, 0) < self.per_gpu
+                and (self.use_active_gpu or g.processes == 0 or used.get(g.index, 0) > 0)]
+        return free, used
+
+    def free_slots(self) -> tuple[int, int]:
+        """(GPUs with a free slot, free slots in all: GPUs x maxTrialNumberPerGpu less those taken)."""
+        with self._lock:
+            free, used = self._free()
+            return len(free), sum(self.per_gpu - used.get(g.index, 0) for g in free)
+
     def allocate(self, trial_id: str, gpu_number: int) -> list[int] | None:
         """GPU indices for the trial, or None while not enough slots are free."""
         with self._lock:
             if trial_id in self._slots:
                 return self._slots[trial_id]
-            used: dict[int, int] = {}
-            for idx in self._slots.values():
-                for i in idx:
-                    used[i] = used.get(i, 0) + 1
-            free = [g for g in self.usable()
-                    if used.get(g.index, 0) < self.per_gpu
-                    and (self.use_active_gpu or g.processes == 0 or used.get(g.index, 0) > 0)]
+            free, used = self._free()
             if len(free) < gpu_number:
                 return None
             free.sort(key=lambda g: (used.get(g.index, 0), g.utilization, g.memory_used, g.index))

@@ -7,11 +7,13 @@ private registry and Azure File Secrets (:meth:`KubernetesJobService.create_shar
 
 from __future__ import annotations
 
+import ipaddress
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from .base import TrialStatus
+from .base import PlatformError, TrialStatus
 from .k8s_api import LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
 from .shared_storage import SharedStorageService
 
@@ -40,6 +42,10 @@ class KubernetesJobService(SharedStorageService):
     @abstractmethod
     def pod_selector(self, name: str) -> str: ...
 
+    def primary_gpus(self) -> int:
+        """GPUs the primary role's pods ask for."""
+        return 0
+
     def before_create(self, name: str, object_labels: dict[str, str], commands: dict[str, list[str]]) -> None:
         """Create objects the job needs besides its Secret (AdaptDL: PVC and ConfigMap)."""
 
@@ -55,7 +61,29 @@ class KubernetesJobService(SharedStorageService):
         return self._api
 
     def check_platform(self) -> None:
+        self._check_receiver_reachable()  # before any call: it needs only the configured address
         self.api.check_namespace()
+
+    def _check_receiver_reachable(self) -> None:
+        """Pods push metrics to this machine's receiver, which binds loopback unless ``nniManagerIp``
+        is set: with an API server elsewhere, its pods could never reach it."""
+        if self.channel != "http" or self.config.nni_manager_ip:
+            return
+        host = urlsplit(self.api.host).hostname or ""
+        if host == "localhost" or _is_loopback(host):
+            return
+        raise PlatformError(
+            f"nniManagerIp is not set, so the metrics receiver binds 127.0.0.1, which pods of the cluster at "
+            f"{self.api.host} cannot reach: set nniManagerIp to an address of this machine the pods can reach, "
+            "or use metricChannel: logs (or file, on the shared storage)")
+
+    def keeper_env(self, spec: Any) -> dict[str, str]:
+        """The device plugin decides which GPUs a pod sees; only a role asking for none gets an empty
+        ``CUDA_VISIBLE_DEVICES`` (as NNI did), so a GPU the pod was given is never hidden."""
+        env = super().keeper_env(spec)
+        if not self.primary_gpus():
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
 
     def handle_extra(self) -> dict[str, Any]:
         return {"namespace": self.namespace}
@@ -116,6 +144,13 @@ class KubernetesJobService(SharedStorageService):
             key = azure_storage_key(storage.key_vault_name, storage.key_vault_key)
             self.api.ensure_secret(str(self.azure_secret_name()), {"azurestorageaccountname": storage.azure_account,
                                                                    "azurestorageaccountkey": key}, base)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def resources(cpu: float | None, memory_mb: int | str | None, gpus: int | None) -> dict[str, Any]:

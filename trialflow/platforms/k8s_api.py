@@ -104,6 +104,7 @@ class KubeApi:
         kubernetes = kubernetes_module()
         client.configuration.retries = False  # our callers retry, knowing what is idempotent
         self.namespace = namespace
+        self.host = str(client.configuration.host)  # the API server's URL
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self._api_exception = kubernetes.client.exceptions.ApiException

@@ -67,6 +67,9 @@ class KubeflowTrainingService(KubernetesJobService):
     def roles(self) -> dict[str, str]:
         return {name: role.command for name, role in self.role_configs().items()}
 
+    def primary_gpus(self) -> int:
+        return next(iter(self.role_configs().values())).gpu_number
+
     def job_name(self, kind: str, ident: str) -> str:
         if kind == "env":
             return f"nniexp{self.experiment_id}env{ident}"

@@ -337,7 +337,8 @@ class RemoteTrainingService(TrainingService):
     # ---- trials -----------------------------------------------------------------------------
 
     def _place(self, trial_id: str, gpu_number: int) -> RemoteMachine:
-        """The least busy machine that fits. A submission made again keeps the first choice, also
+        """The machine with room for the trial's GPUs now (most free GPU slots first), then the least
+        busy one; without GPUs the least busy one. A submission made again keeps the first choice, also
         after a controller restart (the choice is written down before the trial is sent): the first
         attempt may have started the trial there before its answer was lost, and the machine's claim
         lock then keeps it from running twice."""
@@ -347,12 +348,19 @@ class RemoteTrainingService(TrainingService):
             if placed is None and record.is_file():
                 placed = self._by_key.get(record.read_text().strip())
             if placed is None:
-                candidates = [m for m in self.machines if not gpu_number or m.gpu is not None]
-                placed = min(candidates, key=lambda m: (len(m.active), m.index))
+                placed = min((m for m in self.machines if not gpu_number or m.gpu is not None),
+                             key=lambda m: self._placement_rank(m, gpu_number))
                 record.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(str(record), placed.key)
             self._placed[trial_id] = placed
             return placed
+
+    @staticmethod
+    def _placement_rank(machine: RemoteMachine, gpu_number: int) -> tuple[int, int, int, int]:
+        if not gpu_number or machine.gpu is None:
+            return (0, 0, len(machine.active), machine.index)
+        gpus_free, slots_free = machine.gpu.free_slots()
+        return (0 if gpus_free >= gpu_number else 1, -slots_free, len(machine.active), machine.index)
 
     def _machine(self, handle: TrialHandle) -> RemoteMachine:
         """The machine a handle points to, logged in and with the runtime, also without ``prepare()``

@@ -239,11 +239,24 @@ class SshConnection:
         def with_sftp(client: paramiko.SSHClient) -> T:
             with self._lock:
                 if self._sftp is None:
-                    self._sftp = client.open_sftp()
-                    self._sftp.get_channel().settimeout(60.0)  # type: ignore[union-attr]
+                    self._sftp = self._open_sftp(client)
                 return call(self._sftp)
 
         return self._retrying(what, with_sftp)
+
+    def _open_sftp(self, client: paramiko.SSHClient) -> paramiko.SFTPClient:
+        try:
+            sftp = client.open_sftp()
+        except (paramiko.SSHException, EOFError):
+            transport = client.get_transport()
+            if transport is not None and transport.is_active():  # logged in, but the subsystem was refused
+                raise PlatformError(
+                    f"{self.target.label}: SFTP is not available on this host (sshd refused the sftp subsystem); "
+                    "trialflow copies code and reads trial files over SFTP: enable it in /etc/ssh/sshd_config "
+                    "with 'Subsystem sftp internal-sftp' (or the sftp-server path) and reload sshd") from None
+            raise
+        sftp.get_channel().settimeout(60.0)  # type: ignore[union-attr]
+        return sftp
 
 
 def _read_all(stream: Any) -> str:

@@ -177,8 +177,6 @@ def _end(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: li
 
 def _finish_tuning(ctx: ExperimentContext, trial_id: str, history: list[Any], succeeded: bool) -> None:
     trial = ctx.store.trial(trial_id)
-    if trial.parameter_id < 0:  # added by hand (ExperimentSession.add_trial): not the tuner's
-        return
     problem = observe(ctx, trial.parameter_id, trial.final, succeeded)
     if problem and succeeded:
         log.warning("trial %s: %s; the tuner treats it as failed, the experiment goes on", trial_id, problem)

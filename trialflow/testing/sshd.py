@@ -42,12 +42,13 @@ class LoopbackSshd:
     ``key_file`` (private user key), ``known_hosts`` (a file trusting this server's host key),
     ``host_public_key`` (``"ssh-ed25519 AAAA..."``), ``directory``."""
 
-    def __init__(self, directory: Path | None = None, password_auth: bool = False) -> None:
+    def __init__(self, directory: Path | None = None, password_auth: bool = False, sftp: bool = True) -> None:
         if not os.path.exists(SSHD):
             raise SshdUnavailable(f"{SSHD} not found; install Debian's openssh-server")
         self.directory = Path(directory or tempfile.mkdtemp(prefix="trialflow-sshd-"))
         self._owns_directory = directory is None
         self.password_auth = password_auth
+        self.sftp = sftp  # False: no sftp subsystem, as on hosts where it was disabled
         self.user = getpass.getuser()
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -78,7 +79,7 @@ class LoopbackSshd:
             f"PidFile {d / 'sshd.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
             f"AllowUsers {self.user}", "PermitRootLogin yes", "StrictModes no", "UsePAM no",
             "PubkeyAuthentication yes", f"PasswordAuthentication {'yes' if self.password_auth else 'no'}",
-            "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp", "MaxSessions 100",
+            "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp" if self.sftp else "", "MaxSessions 100",
             "MaxStartups 100:30:200", "ClientAliveInterval 0", "LogLevel ERROR", "",
         ]))
         if os.geteuid() == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..search_space import SearchSpace
 from .anneal import AnnealTuner
@@ -33,8 +33,14 @@ from .evolution import EvolutionTuner
 from .grid import BatchTuner, GridSearchTuner
 from .optuna_tuners import OptunaTuner, cmaes_sampler, gp_sampler, random_sampler, tpe_sampler
 
-if TYPE_CHECKING:
-    from ..config import AlgorithmConfig
+
+class AlgorithmSpec(Protocol):
+    """What a tuner or assessor section of the config holds (``trialflow.config.AlgorithmConfig``)."""
+
+    name: str | None
+    class_name: str | None
+    class_args: dict[str, Any]
+    code_directory: Any
 
 __all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar", "maximizes",
            "scalar_or_none", "TUNERS"]
@@ -76,7 +82,7 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
 }
 
 
-def create_tuner(config: AlgorithmConfig, space: SearchSpace) -> Tuner:
+def create_tuner(config: AlgorithmSpec, space: SearchSpace) -> Tuner:
     """Build the configured tuner; unknown names and bad ``classArgs`` raise :class:`TunerError`."""
     if config.class_name:
         return _custom_tuner(config, space)
@@ -89,7 +95,7 @@ def create_tuner(config: AlgorithmConfig, space: SearchSpace) -> Tuner:
     return factory(space, **args)
 
 
-def _custom_tuner(config: AlgorithmConfig, space: SearchSpace) -> Tuner:
+def _custom_tuner(config: AlgorithmSpec, space: SearchSpace) -> Tuner:
     """``className: module.Class`` from ``codeDirectory``: a trialflow Tuner subclass, called with
     the search space and ``classArgs``."""
     module_name, _, cls_name = (config.class_name or "").rpartition(".")

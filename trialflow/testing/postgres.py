@@ -1,0 +1,92 @@
+"""A throwaway PostgreSQL server on 127.0.0.1 for tests (Debian's ``postgresql`` binaries): a new
+cluster in a temporary directory, trust authentication for one user, stopped and removed at the end.
+Run as root, the server runs as the ``postgres`` user (PostgreSQL refuses root)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+USER = "trialflow"
+
+
+class PostgresUnavailable(RuntimeError):
+    """No PostgreSQL server binaries here (``apt-get install postgresql``)."""
+
+
+def _bin_dir() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        raise PostgresUnavailable("PostgreSQL's initdb was not found under /usr/lib/postgresql: "
+                                  "apt-get install postgresql")
+    return Path(found[-1]).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalPostgres:
+    """``with LocalPostgres() as pg: pg.url`` -- a SQLAlchemy URL (psycopg) of an empty database."""
+
+    def __init__(self) -> None:
+        self.bin = _bin_dir()
+        self.port = _free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="trialflow-pg-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")
+            os.chown(self.directory, owner.pw_uid, owner.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/postgres"
+
+    def start(self, timeout: float = 60.0) -> LocalPostgres:
+        data = self.directory / "data"
+        subprocess.run([*self._as, str(self.bin / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8",
+                        "--no-sync"], check=True, capture_output=True, timeout=120)
+        self.proc = subprocess.Popen(
+            [*self._as, str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
+             "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200"],
+            stdout=subprocess.DEVNULL, stderr=open(self.directory / "server.log", "ab"), start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                                   capture_output=True)
+            if ready.returncode == 0:
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"postgres exited: {(self.directory / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"postgres did not accept connections within {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)  # fast shutdown
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
