@@ -367,3 +367,26 @@ def test_a_remote_cluster_without_nni_manager_ip_is_refused_at_start(tmp_path, k
         ok = k8s_service(tmp_path, k8s.nfs_dir, "tfjob", False, channel, **fields)
         with pytest.raises(AssertionError, match="contacted"):  # past the check, on to the cluster
             ok.prepare()
+
+
+def test_a_poll_failing_half_way_loses_no_metric(tmp_path, k8s):
+    svc = k8s_service(tmp_path, k8s.nfs_dir, "tfjob", True, "http")
+    svc.prepare()
+    try:
+        body = "import nni, time\nnni.get_next_parameter()\nnni.report_intermediate_result(1.5)\ntime.sleep(30)\n"
+        write_trial(tmp_path / "code", body, "Half1.py")
+        code = svc.upload_code(tmp_path / "code")
+        handle = svc.submit(TrialSpec(svc.experiment_id, "Half1", 0, 0, {}, COMMAND, tmp_path / "code", None), code)
+        deadline = time.monotonic() + 30
+        while svc.receiver.stats.accepted == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.receiver.stats.accepted == 1  # pushed, waiting in the receiver
+        for env in svc.envs.values():
+            env.checked = 0.0  # the environment's job is looked up in this poll...
+        k8s.fail_next(1, 503)  # ...and the API fails it
+        with pytest.raises(TransientPlatformError):
+            svc.poll(handle, {})
+        assert [m.value for m in svc.poll(handle, {}).metrics] == [1.5]  # the next poll still has it
+        svc.cancel(handle, TrialStatus.USER_CANCELED)
+    finally:
+        svc.close()

@@ -72,3 +72,29 @@ def test_the_task_library_holds_prefect_tasks():
         tree = ast.parse(path.read_text())
         classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
         assert not classes, f"tasks/{path.name} defines classes {classes}: they belong below the task library"
+
+
+def test_a_call_outside_a_task_is_retried_on_transient_errors_only():
+    from trialflow.platforms import RetryPolicy, TransientPlatformError
+
+    policy, calls, waits = RetryPolicy(retries=3, delay=0.01), [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientPlatformError("HTTP 502")
+        return "ready"
+
+    assert policy.call(flaky, lambda exc, delay: waits.append(delay)) == "ready"
+    assert len(calls) == 3 and waits == [0.01, 0.02]
+    calls.clear()
+
+    def refused():
+        calls.append(1)
+        raise PlatformError("credentials refused")
+
+    with pytest.raises(PlatformError, match="refused"):
+        policy.call(refused)
+    assert len(calls) == 1
+    with pytest.raises(TransientPlatformError):
+        policy.call(lambda: (_ for _ in ()).throw(TransientPlatformError("still down")))

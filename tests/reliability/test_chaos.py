@@ -1,6 +1,7 @@
-"""Chaos: 60 short trials at concurrency 6 on the local and the remote service while the controller
-(SIGKILL, then ``trialflow resume``), single trial processes and the SSH connections are killed at
-moments drawn from a fixed seed. The invariants of ``trialflow.testing.chaos`` must all hold, and each
+"""Chaos: 60 short trials at concurrency 6 on the local, the remote and a Kubernetes service (reuse
+on and off) while the controller (SIGKILL, then ``trialflow resume``), single trial processes, the
+SSH connections and the Kubernetes API (5xx answers, dropped connections, a create whose answer is
+lost) fail at moments drawn from a fixed seed. The invariants of ``trialflow.testing.chaos`` must all hold, and each
 check is shown to catch a run that breaks it. ``benchmarks/chaos.py`` runs longer plans."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import os
 
 import pytest
 
-from tests.conftest import PYTHON, base_config, machine, wait_for
+from tests.conftest import PYTHON, base_config, k8s_section, machine, wait_for
 from trialflow import parse_config
 from trialflow.experiments import create_experiment, open_store
 from trialflow.testing.chaos import (
@@ -38,10 +39,10 @@ def _chaos_config(tmp_path, service: dict, command: str) -> dict:
                        maxTrialNumber=TRIALS, trainingService=service)
 
 
-def _run_chaos(tmp_path, config: dict, api_url: str, plan: ChaosPlan, ssh_servers=()) -> RunRecord:
+def _run_chaos(tmp_path, config: dict, api_url: str, plan: ChaosPlan, ssh_servers=(), api=None) -> RunRecord:
     exp_id, exp_dir = create_experiment(parse_config(config))
     driver = ChaosDriver(exp_id, exp_dir.parent, plan, SEED, {**os.environ, "PREFECT_API_URL": api_url},
-                         list(ssh_servers))
+                         list(ssh_servers), api)
     code = driver.run(timeout=420)
     actions = " | ".join(driver.actions)
     print(f"chaos actions: {actions}")
@@ -50,6 +51,8 @@ def _run_chaos(tmp_path, config: dict, api_url: str, plan: ChaosPlan, ssh_server
     assert "killed trial process" in actions, actions
     if ssh_servers:
         assert "SSH connections" in actions, actions
+    if api is not None:
+        assert "API " in actions, actions
     store = open_store(exp_dir.parent, exp_id)
     assert store.experiment().status == "DONE"
     # no orphans: no trial, keeper, fork server or worker of the experiment outlives it
@@ -76,6 +79,15 @@ def test_chaos_on_the_remote_service(tmp_path, prefect_server, sshd_servers, kno
     config = _chaos_config(tmp_path, service, "python3 trial.py")
     _run_chaos(tmp_path, config, prefect_server,
                ChaosPlan(controller_kills=2, trial_kills=3, ssh_drops=3, gap=GAP), sshd_servers)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("reuse", [False, True], ids=["tfjob", "tfjob-reuse"])
+def test_chaos_on_a_kubernetes_service(tmp_path, prefect_server, k8s, reuse):
+    service = k8s_section("tfjob", k8s.nfs_dir, reuse, command="python3 trial.py")
+    config = _chaos_config(tmp_path, service, "python3 trial.py")
+    _run_chaos(tmp_path, config, prefect_server,
+               ChaosPlan(controller_kills=2, trial_kills=3, api_faults=3, gap=GAP), api=k8s)
 
 
 # ---- each invariant catches a run that breaks it --------------------------------------------------

@@ -408,7 +408,17 @@ class SharedStorageService(TrainingService):
         return self.storage.path(self.experiment_id, "trials", handle.trial_id)
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
-        cursor = dict(cursor)
+        """One poll. Metrics count as delivered only once it returns: a poll that fails half-way (an
+        API error) leaves them to the next one -- the cursor is not advanced, nothing is marked seen,
+        and the receiver is drained only after the platform calls that can fail."""
+        update = self._poll(handle, dict(cursor))
+        seen = self._seen.setdefault(handle.trial_id, set())
+        seen.update((r.type, r.sequence) for r in update.metrics)
+        if update.status.is_terminal:
+            self._seen.pop(handle.trial_id, None)
+        return update
+
+    def _poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         if not (self._trial_dir(handle) / META_DIR).is_dir():
             raise LostHandleError(f"trial {handle.trial_id}: its directory {self._trial_dir(handle)} is missing on "
                                   "the shared storage")
@@ -442,15 +452,15 @@ class SharedStorageService(TrainingService):
     def _poll_reuse(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         env = self._assign(handle)
         self._heartbeat()
+        gone = self._environment_gone(env)  # the platform call first: it may fail, the reads below do not
         trial_dir = self._trial_dir(handle)
         meta = trial_dir / META_DIR
         state = read_json(str(meta / STATE))
-        records, errors = self._metrics(handle, cursor, state is not None)
+        records, errors = self._metrics(handle, cursor, state is not None or gone is not None)
         cancelled = self._cancelled.get(handle.trial_id)
         if state is not None:
             self._finish(handle)
             return ended_update(state, records, cursor, errors, tail_text(trial_dir / STDERR_FILE), cancelled)
-        gone = self._environment_gone(env)
         if gone is not None:
             self._finish(handle)
             return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None,
@@ -468,8 +478,6 @@ class SharedStorageService(TrainingService):
             records, errors, cursor["metrics_offset"] = read_metrics_file(
                 trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
         else:
-            if self.receiver is not None:
-                records = self.receiver.drain(handle.trial_id)
             if self.channel == "logs" or final:  # logs: the channel; http: the gap filler at the end
                 offsets = dict(cursor.get("log_offsets") or {})
                 if handle.data.get("reuse"):  # the trial's own stdout file, read from where we left off
@@ -484,7 +492,9 @@ class SharedStorageService(TrainingService):
                     errors += result.errors
                     offsets[pod] = result.offset
                 cursor["log_offsets"] = offsets
-        seen = self._seen.setdefault(handle.trial_id, set())
+            if self.receiver is not None:  # last: drained records are not re-read if this poll failed
+                records = self.receiver.drain(handle.trial_id) + records
+        seen = set(self._seen.get(handle.trial_id, ()))
         fresh = []
         for record in records:
             if (record.type, record.sequence) not in seen:
@@ -498,8 +508,11 @@ class SharedStorageService(TrainingService):
                 if env.trial == handle.trial_id:
                     env.trial = None
         if not handle.data.get("reuse"):
-            self.delete_token(f"{handle.data['job']}-token")
-        self._seen.pop(handle.trial_id, None)
+            try:
+                self.delete_token(f"{handle.data['job']}-token")
+            except PlatformError as exc:  # the trial's result stands; the token only outlives it
+                log.warning("trial %s: its metrics token %s-token was not deleted (%s) and stays with the "
+                            "platform", handle.trial_id, handle.data["job"], exc)
         if self.receiver is not None:
             self.receiver.forget(handle.trial_id)
 

@@ -11,8 +11,11 @@ platforms changes.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from prefect.blocks.core import Block
 
@@ -38,11 +41,13 @@ from ..config.platforms import (
 )
 from .adaptdl import AdaptDLTrainingService
 from .base import TrainingService
-from .errors import PlatformError
+from .errors import PlatformError, TransientPlatformError
 from .frameworkcontroller import FrameworkControllerTrainingService
 from .kubeflow import KubeflowTrainingService
 from .local import LocalTrainingService
 from .remote import RemoteTrainingService
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,18 @@ class RetryPolicy:
 
     def delays(self) -> list[float]:
         return [self.delay * 2**i for i in range(self.retries)]
+
+    def call(self, fn: Callable[[], T], on_retry: Callable[[TransientPlatformError, float], None] | None = None) -> T:
+        """``fn()``, retried on transient platform errors with these delays -- for the calls made
+        outside a Prefect task (``prepare``); tasks get the same policy as Prefect retries."""
+        for delay in self.delays():
+            try:
+                return fn()
+            except TransientPlatformError as exc:
+                if on_retry is not None:
+                    on_retry(exc, delay)
+                time.sleep(delay)
+        return fn()
 
 
 @dataclass(frozen=True)

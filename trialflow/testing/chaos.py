@@ -65,6 +65,14 @@ class SshServer(Protocol):
     def drop_connections(self) -> int: ...
 
 
+class FaultyApi(Protocol):
+    """An API emulator's fault knobs (``trialflow.testing.emulators.kubernetes``)."""
+
+    def fail_next(self, count: int, status: int = 503, method: str | None = None) -> None: ...
+
+    def drop_next(self, count: int, method: str | None = None, after: bool = False) -> None: ...
+
+
 def write_chaos_trial(code_dir: Path, ledger: Path, reports: int = 3, sleep: float = 0.15) -> None:
     code_dir.mkdir(parents=True, exist_ok=True)
     (code_dir / "trial.py").write_text(CHAOS_TRIAL.format(ledger=str(ledger), reports=reports, sleep=sleep))
@@ -86,6 +94,7 @@ class ChaosPlan:
     controller_kills: int = 2
     trial_kills: int = 4
     ssh_drops: int = 0
+    api_faults: int = 0  # 5xx answers and dropped connections of the platform's API
     gap: tuple[float, float] = (1.0, 3.0)
     restart_delay: tuple[float, float] = (0.2, 1.5)
 
@@ -101,6 +110,7 @@ class ChaosDriver:
     seed: int
     env: dict[str, str]
     ssh_servers: list[SshServer] = field(default_factory=list)
+    api: FaultyApi | None = None
     actions: list[str] = field(default_factory=list)
 
     def _controller(self) -> subprocess.Popen[bytes]:
@@ -114,7 +124,8 @@ class ChaosDriver:
         """Drive the experiment to its end; returns the last controller's exit code."""
         rng = random.Random(self.seed)
         faults = (["controller"] * self.plan.controller_kills + ["trial"] * self.plan.trial_kills
-                  + ["ssh"] * (self.plan.ssh_drops if self.ssh_servers else 0))
+                  + ["ssh"] * (self.plan.ssh_drops if self.ssh_servers else 0)
+                  + ["api"] * (self.plan.api_faults if self.api is not None else 0))
         rng.shuffle(faults)
         deadline = time.monotonic() + timeout
         controller = self._controller()
@@ -137,6 +148,8 @@ class ChaosDriver:
                         pid = rng.choice(sorted(pids))
                         _kill(pid, signal.SIGKILL)
                         self.actions.append(f"killed trial process {pid}")
+                elif fault == "api":
+                    self._api_fault(rng)
                 else:
                     server = rng.choice(self.ssh_servers)
                     self.actions.append(f"dropped {server.drop_connections()} SSH connections")
@@ -145,6 +158,23 @@ class ChaosDriver:
             if controller.poll() is None:
                 os.killpg(controller.pid, signal.SIGKILL)
                 controller.wait()
+
+    def _api_fault(self, rng: random.Random) -> None:
+        """The API's faults in turn (5xx answers, dropped connections, a create whose answer is lost),
+        so a plan of three has each kind; how many requests each hits is drawn."""
+        assert self.api is not None
+        done = sum(a.startswith("API ") for a in self.actions)
+        count, kind = rng.randint(1, 3), ("5xx", "drop", "drop-after-create")[done % 3]
+        if kind == "5xx":
+            status = rng.choice([500, 502, 503])
+            self.api.fail_next(count, status)
+            self.actions.append(f"API answered {count} requests with HTTP {status}")
+        elif kind == "drop":
+            self.api.drop_next(count)
+            self.actions.append(f"API dropped {count} connections")
+        else:
+            self.api.drop_next(1, method="POST", after=True)
+            self.actions.append("API dropped a create's answer after creating")
 
     def _wait_running(self, controller: subprocess.Popen[bytes], deadline: float) -> None:
         """Until this controller runs the experiment (and at least one trial runs), or it ended."""
