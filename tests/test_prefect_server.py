@@ -28,7 +28,7 @@ x = p["x"]
 if x == 2:
     sys.stderr.write("bad x\\n"); sys.exit(3)
 if x == 3:
-    time.sleep(60)
+    time.sleep(240)
 time.sleep(0.5)
 nni.report_final_result(x)
 """
@@ -254,7 +254,7 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         flow_run = next(r for r in client.read_flow_runs() if r.parameters.get("config_path") == str(long))
         subprocess.run(["prefect", "flow-run", "cancel", str(flow_run.id)], env=server.env, check=True,
                        capture_output=True, timeout=120)
-        wait_for(lambda: _experiment(tmp_path, "long").record.status == "STOPPED", timeout=120, interval=1.0)
+        wait_for(lambda: _experiment(tmp_path, "long").record.status == "STOPPED", timeout=180, interval=1.0)
         trials = store_of().trials()
         assert [t.status for t in trials] == ["USER_CANCELED", "USER_CANCELED"]
         for trial in trials:

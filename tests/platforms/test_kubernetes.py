@@ -390,3 +390,94 @@ def test_a_poll_failing_half_way_loses_no_metric(tmp_path, k8s):
         svc.cancel(handle, TrialStatus.USER_CANCELED)
     finally:
         svc.close()
+
+
+FRAMEWORK_TEMPLATE = """
+apiVersion: frameworkcontroller.microsoft.com/v1
+kind: Framework
+metadata:
+  name: mytemplate
+  labels: {team: vision}
+spec:
+  executionType: Start
+  retryPolicy: {fancyRetryPolicy: false, maxRetryCount: 0}
+  taskRoles:
+  - name: worker
+    taskNumber: 1
+    frameworkAttemptCompletionPolicy: {minFailedTaskCount: 1, minSucceededTaskCount: 1}
+    task:
+      retryPolicy: {fancyRetryPolicy: false, maxRetryCount: 0}
+      pod:
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: trainer
+            image: my.registry/vision:1.2
+            command: [python3, "Tmpl1.py"]
+            env: [{name: FROM_TEMPLATE, value: "kept"}]
+            volumeMounts: [{name: data, mountPath: /tmp/mount}]
+          volumes:
+          - name: data
+            persistentVolumeClaim: {claimName: nni-pvc}
+"""
+
+
+def test_nnis_v1_framework_template_with_pvc_storage_runs_a_trial(tmp_path, k8s):
+    import warnings
+
+    import yaml
+
+    from trialflow.config import parse_config
+
+    (tmp_path / "template.yaml").write_text(FRAMEWORK_TEMPLATE)
+    pvc_dir = k8s.directory / "pvc" / "default" / "nni-pvc"  # the claim's volume, as this machine sees it
+    pvc_dir.mkdir(parents=True, exist_ok=True)
+    code = tmp_path / "code"
+    body = "import os, nni\nnni.get_next_parameter()\nnni.report_final_result(os.environ['FROM_TEMPLATE'])\n"
+    write_trial(code, body, "Tmpl1.py")
+    v1 = {"authorName": "nni", "experimentName": "fc-template", "trialConcurrency": 1, "maxTrialNum": 1,
+          "trainingServicePlatform": "frameworkcontroller", "searchSpacePath": "space.json",
+          "tuner": {"builtinTunerName": "Random"}, "trial": {"codeDir": str(code)},
+          "frameworkcontrollerConfig": {"storage": "pvc", "configPath": str(tmp_path / "template.yaml"),
+                                        "serviceAccountName": "frameworkcontroller", "pvc": {"path": str(pvc_dir)}}}
+    (tmp_path / "space.json").write_text('{"x": {"_type": "choice", "_value": [1]}}')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = parse_config(yaml.safe_load(yaml.safe_dump(v1)), base_dir=tmp_path)
+    section = config.services[0]
+    assert section.storage.storage_type == "pvc" and not section.reuse_mode and section.trial_command == ""
+    svc = create_service(section, tmp_path / "exp" / new_experiment_id())
+    svc.api.ensure("pvc", {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "nni-pvc"},
+                           "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    svc.prepare()
+    try:
+        code_ref = svc.upload_code(code)
+        handle = svc.submit(TrialSpec(svc.experiment_id, "Tmpl1", 0, 0, {"x": 1}, "", code, None), code_ref)
+        _, metrics, update = poll_until_terminal(svc, handle)
+        assert update.status == TrialStatus.SUCCEEDED and [m.value for m in metrics] == ["kept"]
+        [job] = [j for j in k8s.objects("frameworks") if j["metadata"]["labels"].get("expId") == svc.experiment_id]
+        assert job["metadata"]["name"].endswith("xxmytemplate") and job["metadata"]["labels"]["team"] == "vision"
+        container = job["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]
+        assert container["image"] == "my.registry/vision:1.2" and container["command"][0] == "sh"
+        assert job["spec"]["taskRoles"][0]["task"]["pod"]["spec"]["volumes"] == [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "nni-pvc"}}]  # the template's own volume
+        assert (pvc_dir / "nni" / svc.experiment_id / "trials" / "Tmpl1" / "parameter.cfg").is_file()
+    finally:
+        svc.close()
+
+
+def test_a_framework_template_is_checked_when_the_config_is_loaded(tmp_path):
+    from trialflow.config.platforms import FrameworkControllerConfig
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Framework\nspec:\n  taskRoles:\n  - name: worker\n"
+                   "    task: {pod: {spec: {containers: []}}}\n")
+    with pytest.raises(ValueError, match="exactly one container"):
+        FrameworkControllerConfig(trial_code_directory=tmp_path, config_path=bad, reuse_mode=False,
+                                  storage={"storageType": "pvc", "path": str(tmp_path)})
+    with pytest.raises(ValueError, match="claimName"):
+        FrameworkControllerConfig(trial_code_directory=tmp_path, reuse_mode=False,
+                                  storage={"storageType": "pvc", "path": str(tmp_path)},
+                                  task_roles=[{"name": "w", "taskNumber": 1, "command": "true", "gpuNumber": 0,
+                                               "cpuNumber": 1, "memorySize": "1gb", "frameworkAttemptCompletionPolicy":
+                                               {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}])

@@ -52,6 +52,8 @@ def _machine(raw: Any) -> dict[str, Any]:
 
 
 def _k8s_storage(cfg: dict[str, Any]) -> dict[str, Any]:
+    if str(cfg.get("storage") or "").lower() == "pvc":
+        return {"storageType": "pvc", "path": _ci(cfg.get("pvc")).get("path")}
     if "nfs" in cfg:
         nfs = _ci(cfg["nfs"])
         return {"storageType": "nfs", "server": nfs.get("server"), "path": nfs.get("path")}
@@ -127,7 +129,11 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
                     ts[role] = _role(trial[role])
         else:
             _put(ts, "serviceAccountName", cfg.get("serviceaccountname"))
-            ts["taskRoles"] = [_role(r) for r in trial.get("taskroles") or []]
+            if trial.get("taskroles"):
+                ts["taskRoles"] = [_role(r) for r in trial["taskroles"]]
+            if cfg.get("configpath"):  # a custom Framework template; NNI ran it without reuse
+                ts["configPath"] = cfg["configpath"]
+                ts.setdefault("reuseMode", False)
     elif platform == "adl":
         for old, new in (("image", "image"), ("namespace", "namespace"), ("imagepullsecrets", "imagePullSecrets"),
                          ("nfs", "nfs"), ("adaptive", "adaptive"), ("checkpoint", "checkpoint"),

@@ -6,8 +6,10 @@ the registry in ``trialflow.platforms`` says which ones can run.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
+import yaml
 from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
 
 from ._base import ConfigModel, ConfigPath, GpuIndices, SizeMB, canonical_key, resolve_path
@@ -222,11 +224,26 @@ class AzureStorage(ConfigModel):
     local_mount_point: ConfigPath | None = Field(default=None, description=_LOCAL_MOUNT)
 
 
+class PvcStorage(ConfigModel):
+    """A PersistentVolumeClaim (NNI's ``storage: pvc``, FrameworkController only): ``path`` is where
+    this machine sees the claim's volume; pods mount it at the container mount point, through
+    ``claimName`` or through a custom Framework template (``configPath``) that mounts it itself."""
+
+    storage_type: Literal["pvc"] = "pvc"
+    path: ConfigPath = Field(description="where this machine sees the claim's volume (NNI's pvc.path)")
+    claim_name: str | None = Field(default=None, description="the claim trialflow mounts in the pods; leave it "
+                                   "out when the configPath template mounts the volume itself")
+
+    @property
+    def local_mount_point(self) -> Any:
+        return self.path
+
+
 def _storage_tag(value: Any) -> str | None:
     if isinstance(value, dict):
         for key, tag in value.items():
             if canonical_key(str(key)) == "storagetype":
-                return {"nfs": "~nfs", "azurestorage": "~azureStorage"}.get(str(tag).lower(), str(tag))
+                return {"nfs": "~nfs", "azurestorage": "~azureStorage", "pvc": "~pvc"}.get(str(tag).lower(), str(tag))
         return "~nfs"
     kind = getattr(value, "storage_type", None)
     return f"~{kind}" if kind else None
@@ -238,6 +255,15 @@ K8sStorageConfig = Annotated[
         _storage_tag,
         custom_error_type="storage_type",
         custom_error_message='storageType must be "nfs" or "azureStorage"',
+    ),
+]
+FrameworkStorageConfig = Annotated[
+    Annotated[NfsStorage, Tag("~nfs")] | Annotated[AzureStorage, Tag("~azureStorage")]
+    | Annotated[PvcStorage, Tag("~pvc")],
+    Discriminator(
+        _storage_tag,
+        custom_error_type="storage_type",
+        custom_error_message='storageType must be "nfs", "azureStorage" or "pvc"',
     ),
 ]
 
@@ -301,13 +327,57 @@ class FrameworkControllerRoleConfig(ConfigModel):
 class FrameworkControllerConfig(TrainingServiceConfig):
     platform: Literal["frameworkcontroller"] = "frameworkcontroller"
     roles_carry_commands: ClassVar[bool] = True
-    storage: K8sStorageConfig
+    storage: FrameworkStorageConfig
     service_account_name: str | None = None
-    task_roles: list[FrameworkControllerRoleConfig] = Field(min_length=1)
+    task_roles: list[FrameworkControllerRoleConfig] = Field(default_factory=list)
+    config_path: ConfigPath | None = Field(default=None, description="a Framework YAML to use as the job's template "
+                                           "(NNI's frameworkcontrollerConfig.configPath): its task roles, images, "
+                                           "resources and volumes are kept; trialflow sets names, labels, "
+                                           "commands and its share")
     reuse_mode: bool = True
     namespace: str = "default"
     credentials: str | None = Field(default=None, description="name of a Kubernetes credentials block")
     metric_channel: MetricChannel = Field(default="http", description=_METRIC_CHANNEL)
+
+    @model_validator(mode="after")
+    def _roles_or_template(self) -> FrameworkControllerConfig:
+        if self.config_path is None:
+            if not self.task_roles:
+                raise ValueError("taskRoles needs at least one role (or give configPath: a Framework template)")
+            if self.storage.storage_type == "pvc" and not self.storage.claim_name:
+                raise ValueError("pvc storage needs claimName (the claim trialflow mounts in the pods), or a "
+                                 "configPath template that mounts it")
+            return self
+        if self.task_roles:
+            raise ValueError("give taskRoles or configPath (a Framework template), not both")
+        if self.reuse_mode:
+            raise ValueError("configPath (a custom Framework template) works with reuseMode: false, as in NNI")
+        self.template_roles()  # the template is checked when the config is loaded
+        return self
+
+    def template_roles(self) -> list[dict[str, Any]]:
+        """The task roles of the ``configPath`` template, checked: a Framework with task roles of one
+        (non-init) container each that has a command."""
+        assert self.config_path is not None
+        path = Path(self.config_path)
+        try:
+            template = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f'configPath "{path}" cannot be read as YAML: {exc}') from None
+        if not isinstance(template, dict) or template.get("kind") != "Framework":
+            raise ValueError(f'configPath "{path}" is not a Framework (kind: Framework)')
+        roles = (template.get("spec") or {}).get("taskRoles") or []
+        if not roles:
+            raise ValueError(f'configPath "{path}": spec.taskRoles has no role')
+        for i, role in enumerate(roles):
+            containers = ((((role or {}).get("task") or {}).get("pod") or {}).get("spec") or {}).get("containers")
+            if not role.get("name") or not isinstance(containers, list) or len(containers) != 1:
+                raise ValueError(f'configPath "{path}": spec.taskRoles[{i}] needs a name and exactly one container '
+                                 "in task.pod.spec.containers")
+            if not containers[0].get("command"):
+                raise ValueError(f'configPath "{path}": spec.taskRoles[{i}] ({role["name"]}): its container has no '
+                                 "command")
+        return [dict(r) for r in roles]
 
 
 class AdlNfs(ConfigModel):

@@ -19,10 +19,14 @@ Completed, completion type Failed                           FAILED (code -210, a
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..config import FrameworkControllerConfig
-from .base import TrialStatus
+from .base import PlatformError, TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import CONTAINER_MOUNT, k8s_id
 from .shared_storage import SharedStorage
@@ -63,28 +67,47 @@ class FrameworkControllerTrainingService(KubernetesJobService):
     plural = "frameworks"
 
     def __init__(self, config: FrameworkControllerConfig, experiment_dir: Any) -> None:
+        # NNI's custom template (configPath): the user's Framework is the base of every job
+        self.template: dict[str, Any] | None = None
+        if config.config_path is not None:
+            self.template = yaml.safe_load(Path(config.config_path).read_text(encoding="utf-8"))
+            config.template_roles()
         super().__init__(config, experiment_dir)
 
     def make_storage(self) -> SharedStorage:
         return SharedStorage(self.config.storage.local_mount_point, CONTAINER_MOUNT,
                              "the frameworkcontroller storage")
 
+    def _template_containers(self) -> dict[str, dict[str, Any]]:
+        assert self.template is not None
+        return {r["name"]: r["task"]["pod"]["spec"]["containers"][0] for r in self.template["spec"]["taskRoles"]}
+
     def roles(self) -> dict[str, str]:
+        if self.template is not None:
+            return {name: " ".join(map(str, c["command"])) for name, c in self._template_containers().items()}
         return {role.name: role.command for role in self.config.task_roles}
 
     def primary_gpus(self) -> int:
+        if self.template is not None:
+            container = next(iter(self._template_containers().values()))
+            return int(((container.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu") or 0)
         return self.config.task_roles[0].gpu_number
 
     def job_name(self, kind: str, ident: str) -> str:
         if kind == "env":
             return f"nniexp{self.experiment_id}env{ident}"
-        return f"nniexp{self.experiment_id}trial{k8s_id(ident)}"
+        name = f"nniexp{self.experiment_id}trial{k8s_id(ident)}"
+        if self.template is not None:  # NNI: the template's name after "xx"
+            name += f"xx{(self.template.get('metadata') or {}).get('name', 'template')}".lower()
+        return name
 
     def prepare_platform(self) -> None:
         self.create_shared_secrets([r.private_registry_auth_path for r in self.config.task_roles])
 
     def manifest(self, name: str, object_labels: dict[str, str], commands: dict[str, list[str]],
                  env: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.template is not None:
+            return self._from_template(name, object_labels, commands, env)
         ports = " ".join(f"FB_{r.name.upper().replace('-', '_')}_PORT={FIRST_PORT + i}"
                          for i, r in enumerate(self.config.task_roles))
         task_roles = []
@@ -124,6 +147,31 @@ class FrameworkControllerTrainingService(KubernetesJobService):
                 "metadata": {"name": name, "namespace": self.namespace, "labels": object_labels},
                 "spec": {"executionType": "Start", "retryPolicy": {"fancyRetryPolicy": False, "maxRetryCount": 0},
                          "taskRoles": task_roles}}
+
+    def _from_template(self, name: str, object_labels: dict[str, str], commands: dict[str, list[str]],
+                       env: list[dict[str, Any]]) -> dict[str, Any]:
+        """The user's Framework with what trialflow owns filled in: name, namespace and labels, each
+        role's command (its run script on the share), the metrics variables, and the share's volume
+        (unless the template mounts one at the container mount point already)."""
+        assert self.template is not None
+        job = copy.deepcopy(self.template)
+        meta = job.setdefault("metadata", {})
+        meta.update(name=name, namespace=self.namespace, labels={**(meta.get("labels") or {}), **object_labels})
+        for role in job["spec"]["taskRoles"]:
+            pod = role["task"]["pod"]
+            pod_meta = pod.setdefault("metadata", {})
+            pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **object_labels}
+            spec, container = pod["spec"], pod["spec"]["containers"][0]
+            container["command"] = commands.get(role["name"], container["command"])
+            container["env"] = [*(container.get("env") or []), *env]
+            mounts = container.setdefault("volumeMounts", [])
+            if not any(m.get("mountPath") == CONTAINER_MOUNT for m in mounts):
+                if self.config.storage.storage_type == "pvc" and not self.config.storage.claim_name:
+                    raise PlatformError(f"the configPath template's task role {role['name']!r} mounts nothing at "
+                                        f"{CONTAINER_MOUNT}: mount the PVC there, or set the storage's claimName")
+                mounts.append({"name": "nni-vol", "mountPath": CONTAINER_MOUNT})
+                spec.setdefault("volumes", []).append(storage_volume(self.config.storage, self.azure_secret_name()))
+        return job
 
     def job_state(self, obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
         return framework_state(obj)

@@ -166,8 +166,11 @@ def resources(cpu: float | None, memory_mb: int | str | None, gpus: int | None) 
 
 
 def storage_volume(storage: Any, secret_name: str | None) -> dict[str, Any]:
-    """The ``nni-vol`` volume of NNI's manifests: NFS, or an Azure File share with its Secret."""
+    """The ``nni-vol`` volume of NNI's manifests: NFS, a PersistentVolumeClaim, or an Azure File share
+    with its Secret."""
     if storage.storage_type == "nfs":
         return {"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
+    if storage.storage_type == "pvc":
+        return {"name": "nni-vol", "persistentVolumeClaim": {"claimName": storage.claim_name}}
     return {"name": "nni-vol", "azureFile": {"secretName": secret_name, "shareName": storage.azure_share,
                                              "readOnly": False}}

@@ -31,7 +31,10 @@ class PrefectServer:
         self.env = {**os.environ, "PREFECT_API_URL": self.url, "PREFECT_HOME": str(home),
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
                     "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "1",
-                    "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+                    "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+                    # a worker learns of a cancel over the events websocket; when that is down (a busy
+                    # machine), by polling -- every 120 s by default
+                    "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2"}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> PrefectServer:
