@@ -130,3 +130,31 @@ nni.report_final_result({"default": params["x"], "trial": nni.get_trial_id(), "s
         assert [m.value["epoch"] for m in inter] == list(range(6))
         assert [m.value["default"] for m in inter] == [t.parameters["x"] + e for e in range(6)]
         assert t.final == {"default": t.parameters["x"], "trial": t.id, "seq": t.sequence}
+
+
+KILLED_WHILE_DETACHING = """
+import os, signal, sys
+import trialflow.trial.keeper as keeper
+keeper.daemonize = lambda log: os.kill(os.getpid(), signal.SIGKILL)  # the SSH session dies right here
+keeper.main(["--submit"])
+"""
+
+
+def test_a_submission_killed_while_detaching_can_be_submitted_again(tmp_path):
+    import time
+
+    trial_dir = tmp_path / "trial"
+    payload = json.dumps({"trial_dir": str(trial_dir), "parameter": "{}",
+                          "keeper": {"command": f"{sys.executable} -c 'print(42)'", "cwd": str(tmp_path), "env": {}}})
+    env = {**os.environ, "PYTHONPATH": RUNTIME_ROOT}
+    first = subprocess.run([sys.executable, "-c", KILLED_WHILE_DETACHING], input=payload, text=True, env=env)
+    assert first.returncode == -9 and (trial_dir / ".nni" / "keeper.json").is_file()
+    again = subprocess.run([sys.executable, "-S", "-m", "trialflow.trial.keeper", "--submit"], input=payload,
+                           text=True, env=env, timeout=30)
+    assert again.returncode == 0
+    state = trial_dir / ".nni" / "state"
+    deadline = time.monotonic() + 20
+    while not state.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads(state.read_text())["exit_code"] == 0  # it ran, instead of waiting forever
+    assert (trial_dir / "trial.stdout").read_text().strip() == "42"

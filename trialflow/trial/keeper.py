@@ -186,12 +186,14 @@ def set_gpus(trial_dir: str, gpus: str) -> None:
 
 
 def detach(trial_dir: str) -> int:
-    """Fork a keeper that leads its own session; the caller returns at once. A trial whose keeper
-    was already started is left alone."""
-    if not claim(trial_dir) or daemonize(os.path.join(trial_dir, META_DIR, "keeper.log")) != 0:
+    """Fork a keeper that leads its own session; the caller returns at once. The keeper claims the
+    trial only once it is detached: a submitting process killed before that (its SSH session torn
+    down) leaves no claim behind, so the retried submission starts the trial instead of finding it
+    claimed by nobody. A trial whose keeper was already started is left alone."""
+    if daemonize(os.path.join(trial_dir, META_DIR, "keeper.log")) != 0:
         return 0
     try:
-        code = run(trial_dir)
+        code = run(trial_dir) if claim(trial_dir) else 0
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
