@@ -19,6 +19,7 @@ Parameters of the flow are ids and paths only: secrets never become flow paramet
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from contextlib import ExitStack
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import Abort, CancelledRun, TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import allow_failure
@@ -98,9 +100,10 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
 
 
 def _stopped_by_cancel(exc: BaseException) -> bool:
-    """A flow-run cancellation from the UI/API (or Ctrl-C) reaches the flow as one of these."""
-    return isinstance(exc, KeyboardInterrupt | SystemExit) or type(exc).__name__ in (
-        "TerminationSignal", "CancelledRun", "Abort", "CancelledError")
+    """A flow-run cancellation from the UI/API (SIGTERM from the worker) or Ctrl-C reaches the flow
+    as one of these."""
+    return isinstance(exc, KeyboardInterrupt | SystemExit | TerminationSignal | CancelledRun | Abort
+                      | asyncio.CancelledError)
 
 
 class _Loop:
