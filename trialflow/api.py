@@ -16,7 +16,6 @@ from .config import ExperimentConfig, load_config, parse_config
 from .context import ExperimentContext, open_context
 from .experiments import create_experiment, open_store
 from .ids import new_trial_id
-from .platforms import platform
 from .store import TrialRecord
 from .ui import best_trial, is_maximize, trial_value
 
@@ -123,7 +122,6 @@ def experiment_session(config: ConfigLike) -> Iterator[ExperimentSession]:
     status, message = "ERROR", None
     try:
         with open_context(experiment_id, exp_dir, cfg, store) as ctx:
-            platform(cfg.services[0].platform).retry.call(ctx.service.prepare)
             store.set_experiment(status="RUNNING")
             try:
                 yield ExperimentSession(ctx)

@@ -9,6 +9,7 @@ on exit, unregisters it and closes the service; the experiment flow and a user's
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from typing import Any
 
 from .assessors import Assessor, create_assessor
 from .config import ExperimentConfig
-from .platforms import CodeRef, TrainingService, TrialStatus, create_service
+from .platforms import CodeRef, TrainingService, TrialStatus, create_service, platform
 from .store import ExperimentStore
 from .tuners import Tuner, create_tuner
 
@@ -58,6 +59,7 @@ class ExperimentContext:
         self.cancel_requests.setdefault(trial_id, reason)
 
 
+log = logging.getLogger("trialflow.experiment")
 _CONTEXTS: dict[str, ExperimentContext] = {}
 _LOCK = threading.Lock()
 
@@ -78,8 +80,9 @@ def get_context(experiment_id: str) -> ExperimentContext:
 @contextmanager
 def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentConfig,
                  store: ExperimentStore) -> Iterator[ExperimentContext]:
-    """Build the experiment's service, tuner and assessor, register the context for the tasks, and
-    on exit stop its trials' followers, unregister it and close the service (trials keep running)."""
+    """Build the experiment's service, tuner and assessor, register the context for the tasks and
+    prepare the service (transient platform errors retried with its platform's policy); on exit stop
+    its trials' followers, unregister it and close the service (trials keep running)."""
     service = create_service(config.services[0], experiment_dir)
     tuner = create_tuner(config.tuner, config.space)  # type: ignore[arg-type]
     assessor = create_assessor(config.assessor) if config.assessor else None
@@ -91,6 +94,8 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
             raise RuntimeError(f"experiment {experiment_id} is already running in this process")
         _CONTEXTS[experiment_id] = ctx
     try:
+        platform(config.services[0].platform).retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
+            "preparing %s failed (%s); retrying in %.0f s", service.platform, exc, delay))
         yield ctx
     finally:
         ctx.stop.set()

@@ -79,8 +79,6 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         try:
             config = load_experiment_config(store, config_path)
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
-            platform(config.services[0].platform).retry.call(ctx.service.prepare, lambda exc, delay: logger.warning(
-                "preparing %s failed (%s); retrying in %.0f s", ctx.service.platform, exc, delay))
         except Exception as exc:
             store.set_experiment(status="ERROR", message=str(exc), end_time=time.time())
             raise

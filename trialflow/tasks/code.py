@@ -11,12 +11,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from ..context import get_context
-from ..platforms import CodeRef
-from .retries import retry_transient
+from ..platforms import CodeRef, RetryPolicy
+from .retries import retry_options
 
 
-@task(name="upload_code", cache_policy=NO_CACHE, task_run_name="upload-{experiment_id}", retries=3,
-      retry_delay_seconds=[1, 2, 4], retry_condition_fn=retry_transient)
+@task(name="upload_code", cache_policy=NO_CACHE, task_run_name="upload-{experiment_id}",
+      **retry_options(RetryPolicy(retries=3)))
 def upload_code(experiment_id: str, code_dir: str) -> CodeRef:
     """Upload ``code_dir`` for the experiment; the result is kept for its trials' submissions."""
     ctx = get_context(experiment_id)

@@ -25,18 +25,26 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, Failed, State
 
 from ..context import ExperimentContext, get_context
-from ..platforms import PlatformError, TransientPlatformError, TrialHandle, TrialSpec, TrialStatus, TrialUpdate
+from ..platforms import (
+    PlatformError,
+    RetryPolicy,
+    TransientPlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    TrialUpdate,
+)
 from ..store import Metric
 from ..tuners import scalar_or_none
-from .retries import retry_transient
+from .retries import retry_options
 from .suggest import observe
 
 log = logging.getLogger("trialflow.trials")
 TRANSIENT_POLL_LIMIT = 30
 
 
-@task(name="submit_trial", cache_policy=NO_CACHE, task_run_name="submit-{trial_id}", retries=4,
-      retry_delay_seconds=[1, 2, 4, 8], retry_condition_fn=retry_transient)
+@task(name="submit_trial", cache_policy=NO_CACHE, task_run_name="submit-{trial_id}",
+      **retry_options(RetryPolicy()))  # the flow applies its platform's policy with ``with_options``
 def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
     """Submit the stored trial ``trial_id``; returns its handle (also stored)."""
     ctx = get_context(experiment_id)
