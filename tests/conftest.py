@@ -77,14 +77,15 @@ def start_controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def run_until_running_then_sigkill(config, api_url: str, running: int = 2):
-    """Create the experiment of ``config`` (parsed), run it in its own controller process and SIGKILL
-    that process once ``running`` trials run; returns (experiment id, experiment dir, store)."""
+def run_until_running_then_sigkill(config, api_url: str, running: int = 2, config_path: str | None = None):
+    """Create the experiment of ``config`` (parsed; from ``config_path`` when given, as ``trialflow
+    create --config`` does), run it in its own controller process and SIGKILL that process once
+    ``running`` trials run; returns (experiment id, experiment dir, store)."""
     import signal
 
     from trialflow.experiments import create_experiment, open_store
 
-    exp_id, exp_dir = create_experiment(config)
+    exp_id, exp_dir = create_experiment(config, config_path)
     store = open_store(exp_dir.parent, exp_id)
     controller = start_controller(exp_id, exp_dir.parent, api_url)
     wait_for(lambda: len(store.trials(["RUNNING"])) == running, timeout=120)
@@ -213,3 +214,81 @@ def k8s_section(kind: str, nfs_dir: Path, reuse: bool = False, channel: str = "h
     return {"platform": "adl", "metricChannel": channel,
             "nfs": {"server": NFS_SERVER, "path": NFS_PATH, "containerMountPath": "/nfs",
                     "localMountPoint": str(nfs_dir)}, "checkpoint": {"storageClass": "nfs", "storageSize": "1Gi"}}
+
+
+PAI_USER, PAI_TOKEN, PAI_STORAGE = "alice", "pai-token-9d2f7c1e5b", "confignfs-data"
+
+
+@pytest.fixture(scope="session")
+def openpai_emulator(tmp_path_factory):
+    """One OpenPAI REST server emulator (behind pylon's /rest-server) for the session; its storage
+    ``confignfs-data`` is a local folder (``.storage_dir``)."""
+    from trialflow.testing.emulators.openpai import OpenPAIEmulator
+
+    root = tmp_path_factory.mktemp("openpai")
+    storage = root / "storage"
+    storage.mkdir()
+    emulator = OpenPAIEmulator(root / "cluster", {PAI_USER: PAI_TOKEN}, {PAI_STORAGE: storage}).start()
+    emulator.storage_dir = storage
+    yield emulator
+    emulator.stop()
+
+
+def openpai_section(emulator, reuse: bool = False, channel: str = "http", **extra) -> dict:
+    """The OpenPAI example of the README against ``emulator``."""
+    return {"platform": "openpai", "host": emulator.url, "username": PAI_USER, "token": PAI_TOKEN,
+            "trialCpuNumber": 1, "trialMemorySize": "1gb", "trialGpuNumber": 0, "storageConfigName": PAI_STORAGE,
+            "localStorageMountPoint": str(emulator.storage_dir),
+            "containerStorageMountPoint": f"/mnt/{PAI_STORAGE}", "dockerImage": "msranni/nni:latest",
+            "reuseMode": reuse, "metricChannel": channel, **extra}
+
+
+DLTS_EMAIL, DLTS_PASSWORD, DLTS_TEAM = "alice@example.org", "dlts-secret-4b7e2a9c", "nni-team"
+
+
+@pytest.fixture(scope="session")
+def dlts_emulator(tmp_path_factory):
+    """One DLTS dashboard emulator for the session; the work directory is a local folder
+    (``.work_dir``) that jobs see at ``/home/alice``."""
+    from trialflow.testing.emulators.dlts import DLTSEmulator
+
+    root = tmp_path_factory.mktemp("dlts")
+    work = root / "work"
+    work.mkdir()
+    emulator = DLTSEmulator(root / "cluster", {DLTS_EMAIL: DLTS_PASSWORD}, {DLTS_TEAM: {".default": ["P40"]}},
+                            ("/home/alice", work)).start()
+    emulator.work_dir = work
+    yield emulator
+    emulator.stop()
+
+
+def dlts_section(emulator, reuse: bool = False, channel: str = "http", **extra) -> dict:
+    return {"platform": "dlts", "dashboard": emulator.url + "/", "team": DLTS_TEAM, "email": DLTS_EMAIL,
+            "password": DLTS_PASSWORD, "image": "msranni/nni:latest", "trialGpuNumber": 0,
+            "localStorageMountPoint": str(emulator.work_dir), "containerStorageMountPoint": "/home/alice",
+            "reuseMode": reuse, "metricChannel": channel, **extra}
+
+
+def service_of(tmp_path: Path, section: dict, command: str = 'python3 "$NNI_TRIAL_JOB_ID.py"'):
+    """The training service of the trainingService ``section`` for a new experiment under ``tmp_path``
+    (code directory ``tmp_path/code``; by default each trial runs the script named after it)."""
+    from trialflow.config.platforms import PLATFORM_CONFIGS
+    from trialflow.ids import new_experiment_id
+    from trialflow.platforms import create_service
+
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    fields = {k: v for k, v in section.items() if k != "platform"}
+    config = PLATFORM_CONFIGS[section["platform"]](trial_command=command, trial_code_directory=code, **fields)
+    return create_service(config, tmp_path / "exp" / new_experiment_id())
+
+
+def submit_one(service, tmp_path: Path, trial_id: str, body: str):
+    """Prepare ``service`` and submit trial ``trial_id`` running ``body`` (its own script); the handle."""
+    from trialflow.platforms import TrialSpec
+
+    service.prepare()
+    write_trial(tmp_path / "code", body, f"{trial_id}.py")
+    code = service.upload_code(tmp_path / "code")
+    return service.submit(TrialSpec(service.experiment_id, trial_id, 0, 0, {"x": 1}, service.config.trial_command,
+                                    tmp_path / "code"), code)

@@ -23,7 +23,13 @@ from trialflow.platforms import (
 from trialflow.platforms.adaptdl import adaptdl_state
 from trialflow.platforms.frameworkcontroller import framework_state
 from trialflow.platforms.kubeflow import condition_state
-from trialflow.testing.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
+from trialflow.testing.contract import (
+    SLEEPING_TRIAL,
+    SharedStorageContract,
+    poll_until_terminal,
+    prepared,
+    submit_retrying,
+)
 from trialflow.testing.emulators.k8s_schemas import FRAMEWORK_SCHEMA, specs_dir, validate_custom_object
 
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
@@ -46,39 +52,15 @@ def k8s_service(tmp_path: Path, nfs: Path, kind: str, reuse: bool = False, chann
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
 def service(request, tmp_path, k8s):
-    svc = k8s_service(tmp_path, k8s.nfs_dir, *VARIANTS[request.param])
-    svc.prepare()
-    svc.code = svc.upload_code(tmp_path / "code")
+    svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, *VARIANTS[request.param]), tmp_path / "code")
     yield svc
     svc.close()
 
 
-@pytest.fixture
-def make_spec(tmp_path, service):
-    def make(trial_id, body, parameters, gpu_number=None):
-        write_trial(tmp_path / "code", body, f"{trial_id}.py")
-        service.code = service.upload_code(tmp_path / "code")
-        return TrialSpec(service.experiment_id, trial_id, 0, 0, parameters, COMMAND, tmp_path / "code", gpu_number)
-    return make
-
-
-class TestKubernetesContract(TrainingServiceContract):
-    def crash(self, service):
-        """A killed controller deletes nothing: its jobs and environments stay, its receiver is gone."""
-        if service.receiver is not None:
-            service.receiver.stop()
-            service.receiver = None
-        service.envs.clear()
-
+class TestKubernetesContract(SharedStorageContract):
     def test_metrics_arrive_on_the_configured_channel(self, service, make_spec):
-        body = "import nni\nnni.get_next_parameter()\nnni.report_final_result(7.0)\n"
-        handle = service.submit(make_spec("Chan1", body, {}), service.code)
-        accepted = service.receiver.stats.accepted if service.receiver else 0
-        _, metrics, _ = poll_until_terminal(service, handle)
-        assert [m.value for m in metrics] == [7.0]
-        if service.channel == "http":
-            assert service.receiver.stats.accepted == accepted + 1  # pushed, not only read from logs
-        else:
+        super().test_metrics_arrive_on_the_configured_channel(service, make_spec)
+        if service.channel != "http":
             assert service.receiver is None
 
 
@@ -258,15 +240,6 @@ def test_adaptdl_state_table(status, expected):
 # ---- faults -------------------------------------------------------------------------------------
 
 
-def _submit_retrying(svc, spec, code, attempts=6):
-    for _ in range(attempts):
-        try:
-            return svc.submit(spec, code)
-        except TransientPlatformError:
-            time.sleep(0.1)
-    raise AssertionError("submit never succeeded")
-
-
 @pytest.mark.parametrize("fault", ["5xx", "dropped-before", "dropped-after-create"])
 def test_submit_faults_are_retried_without_a_duplicate_job(tmp_path, k8s, fault):
     svc = k8s_service(tmp_path, k8s.nfs_dir, "tfjob")
@@ -279,7 +252,7 @@ def test_submit_faults_are_retried_without_a_duplicate_job(tmp_path, k8s, fault)
         k8s.fail_next(3, 503, method="POST")
     else:
         k8s.drop_next(1, method="POST", after=fault == "dropped-after-create")
-    handle = _submit_retrying(svc, spec, code)
+    handle = submit_retrying(svc, spec, code)
     jobs = [j for j in k8s.objects("tfjobs") if j["metadata"]["labels"]["expId"] == svc.experiment_id]
     assert len(jobs) == 1
     if fault == "dropped-after-create":

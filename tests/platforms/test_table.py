@@ -39,8 +39,8 @@ def test_every_remote_platform_has_a_credentials_block_with_secret_fields():
 
 
 def test_a_platform_without_a_service_is_refused_naming_the_available_ones(tmp_path):
-    config = PLATFORM_CONFIGS["dlts"].model_construct(platform="dlts")
-    with pytest.raises(PlatformError, match="'dlts' training service is not available") as err:
+    config = PLATFORM_CONFIGS["aml"].model_construct(platform="aml")
+    with pytest.raises(PlatformError, match="'aml' training service is not available") as err:
         create_service(config, tmp_path / "exp")
     assert all(name in str(err.value) for name in available())
 

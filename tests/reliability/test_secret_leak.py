@@ -1,10 +1,12 @@
 """Secrets never leak: experiments run with sentinel passwords, tokens and passphrases, then the store,
-every file they left (logs, trial directories, remote working directories, shared storage, pod logs),
+every file they left (logs, trial directories, remote working directories, shared storage, pod and job
+logs),
 the Python log records and output of the run, and the Prefect API's flow runs (parameters, names, state
 messages), task runs (names, inputs, states), artifacts and logs are scanned -- no sentinel may appear."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import traceback
@@ -12,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, k8s_section, machine, wait_for, write_trial
+from tests.conftest import (
+    DLTS_PASSWORD,
+    PAI_TOKEN,
+    base_config,
+    dlts_section,
+    k8s_section,
+    machine,
+    openpai_section,
+    wait_for,
+    write_trial,
+)
 from trialflow import run_experiment
 from trialflow.testing.sshd import SSH_KEYGEN
 
@@ -23,6 +35,9 @@ TRIAL = """
 import os, nni
 p = nni.get_next_parameter()
 token = os.environ.get("TRIALFLOW_METRICS_TOKEN")
+if not token and os.environ.get("TRIALFLOW_METRICS_TOKEN_FILE"):  # platforms without a secret store
+    with open(os.environ["TRIALFLOW_METRICS_TOKEN_FILE"]) as f:
+        token = f.read().strip()
 if token:  # kept out of every scanned place, to know what to look for
     with open(os.path.join({captured!r}, nni.get_trial_id() + ".token"), "w") as f:
         f.write(token)
@@ -151,3 +166,31 @@ def test_kubernetes_and_metrics_tokens_never_leak(tmp_path, prefect_server, k8s_
     pod_logs = [Path(k8s_emulator.directory)]
     _assert_nowhere([k8s_emulator.token, *metric_tokens], [tmp_path, nfs, *pod_logs], {captured},
                     _prefect_texts(result.experiment_id) + scan_logs())
+
+
+def test_openpai_token_dlts_password_and_metrics_tokens_never_leak(tmp_path, prefect_server, openpai_emulator,
+                                                                   dlts_emulator, scan_logs):
+    from trialflow.blocks import DLTSCredentials, OpenPAICredentials
+
+    OpenPAICredentials(username="alice", token=PAI_TOKEN).save("sentinel-pai", overwrite=True)
+    DLTSCredentials(email="alice@example.org", password=DLTS_PASSWORD).save("sentinel-dlts", overwrite=True)
+    captured = tmp_path / "secret"
+    captured.mkdir()
+    code = tmp_path / "code"
+    write_trial(code, TRIAL.format(captured=str(captured)), name="trial.py")
+    pai = {k: v for k, v in openpai_section(openpai_emulator, reuse=True).items() if k not in ("username", "token")}
+    dlts = {k: v for k, v in dlts_section(dlts_emulator).items() if k not in ("email", "password")}
+    texts, bodies = [], []
+    for service in ({**pai, "credentials": "sentinel-pai"}, {**dlts, "credentials": "sentinel-dlts"}):
+        result = run_experiment(base_config(code, tmp_path / "w", trialCommand="python3 trial.py", maxTrialNumber=2,
+                                            trainingService=service))
+        assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials), \
+            [(t.status, t.message) for t in result.trials]
+        texts += _prefect_texts(result.experiment_id)
+    bodies += [yaml_text for yaml_text in (j.text for j in openpai_emulator.jobs.values())]
+    bodies += [json.dumps(j.params) for j in dlts_emulator.jobs.values()]
+    metric_tokens = [p.read_text() for p in captured.glob("*.token")]
+    assert len(metric_tokens) == 4, "the trials got no metrics token"
+    roots = [tmp_path, openpai_emulator.directory, openpai_emulator.storage_dir, dlts_emulator.directory,
+             dlts_emulator.work_dir]
+    _assert_nowhere([PAI_TOKEN, DLTS_PASSWORD, *metric_tokens], roots, {captured}, texts + bodies + scan_logs())

@@ -6,6 +6,7 @@ the registry in ``trialflow.platforms`` says which ones can run.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
@@ -130,26 +131,47 @@ class RemoteConfig(TrainingServiceConfig):
         return self
 
 
+_LOCAL_MOUNT = ("where this machine sees the shared storage (mounted by you); trialflow copies the code, the "
+                "trial runtime and trial files there and reads results back")
+MetricChannel = Literal["http", "logs", "file"]
+_METRIC_CHANNEL = ("how trial metrics come back: http (pushed to this controller's receiver; pod logs are the "
+                   "fallback), logs (marker lines read from pod logs only) or file (read from the shared storage)")
+
+
+_SHARE_CHANNEL = ("how trial metrics come back: http (pushed to this controller's receiver; the trial's stdout on "
+                  "the shared storage is the fallback), logs (marker lines of the trial's stdout on the shared "
+                  "storage only) or file (a metrics file on the shared storage)")
+
+
 class OpenpaiConfig(TrainingServiceConfig):
     platform: Literal["openpai"] = "openpai"
-    host: str
-    username: str
-    token: SecretStr
+    host: str = Field(description="the cluster's address: its web portal (pylon, /rest-server/ is added) or the "
+                                  "REST server itself; https:// is added when no scheme is given")
+    username: str | None = Field(default=None, description="OpenPAI user the jobs belong to (or the block's)")
+    token: SecretStr | None = Field(default=None, description="the user's application token (or a block's)")
+    credentials: str | None = Field(default=None, description="name of a trialflow OpenPAI credentials block "
+                                                              "(username and token, instead of writing them here)")
     trial_cpu_number: int = Field(gt=0)
     trial_memory_size: SizeMB
-    storage_config_name: str
+    storage_config_name: str = Field(min_length=1)
     docker_image: str = DEFAULT_IMAGE
     virtual_cluster: str | None = None
-    local_storage_mount_point: ConfigPath
-    container_storage_mount_point: str
+    local_storage_mount_point: ConfigPath = Field(description=_LOCAL_MOUNT)
+    container_storage_mount_point: str = Field(min_length=1, description="where jobs' containers see that storage "
+                                                                         "(OpenPAI mounts it at /mnt/<name>)")
     reuse_mode: bool = True
     openpai_config: dict[str, Any] | None = None
     openpai_config_file: ConfigPath | None = None
+    verify_tls: bool = Field(default=True, description="check the server's TLS certificate (false only for a "
+                                                       "self-signed test cluster; a warning is logged)")
+    ca_bundle: ConfigPath | None = Field(default=None, description="CA bundle (PEM) of a private certificate "
+                                                                   "authority to verify the server with")
+    metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
 
     @field_validator("host")
     @classmethod
     def _scheme(cls, value: str) -> str:
-        return value if "://" in value else f"https://{value}"
+        return (value if "://" in value else f"https://{value}").rstrip("/")
 
     @model_validator(mode="after")
     def _rules(self) -> OpenpaiConfig:
@@ -161,7 +183,21 @@ class OpenpaiConfig(TrainingServiceConfig):
             raise ValueError("openpaiConfig and openpaiConfigFile can only be set one")
         if self.openpai_config_file is not None and not self.openpai_config_file.is_file():
             raise ValueError(f'openpaiConfigFile "{self.openpai_config_file}" is not a file')
+        if self.ca_bundle is not None and not self.ca_bundle.is_file():
+            raise ValueError(f'caBundle "{self.ca_bundle}" is not a file')
+        if not self.credentials and (not self.username or self.token is None):
+            raise ValueError("username and token are required (or name an OpenPAI credentials block with "
+                             "'credentials')")
         return self
+
+    def protocol_template(self) -> dict[str, Any] | None:
+        """The user's job protocol (openpaiConfig, or openpaiConfigFile read), or None."""
+        if self.openpai_config_file is not None:
+            loaded = yaml.safe_load(self.openpai_config_file.read_text())
+            if not isinstance(loaded, dict):
+                raise ValueError(f'openpaiConfigFile "{self.openpai_config_file}" is not a job protocol mapping')
+            return loaded
+        return self.openpai_config
 
 
 class AmlConfig(TrainingServiceConfig):
@@ -199,13 +235,6 @@ class DlcConfig(TrainingServiceConfig):
     @classmethod
     def _none_text(cls, value: str | None) -> str | None:
         return None if value == "None" else value
-
-
-_LOCAL_MOUNT = ("where this machine sees the shared storage (mounted by you); trialflow copies the code, the "
-                "trial runtime and trial files there and reads results back")
-MetricChannel = Literal["http", "logs", "file"]
-_METRIC_CHANNEL = ("how trial metrics come back: http (pushed to this controller's receiver; pod logs are the "
-                   "fallback), logs (marker lines read from pod logs only) or file (read from the shared storage)")
 
 
 class NfsStorage(ConfigModel):
@@ -410,13 +439,49 @@ class AdlConfig(TrainingServiceConfig):
 
 
 class DltsConfig(TrainingServiceConfig):
+    """NNI's v1 ``dltsConfig`` (dashboard, cluster, team, email, password, gpuType, image) plus where
+    the cluster's shared work directory is seen here and in jobs (NNI's manager ran inside a DLTS job,
+    where both are the same path)."""
+
     platform: Literal["dlts"] = "dlts"
-    dashboard: str
+    dashboard: str = Field(description="the cluster's dashboard URL (the API is under <dashboard>api/)")
     cluster: str = ".default"
-    team: str | None = None
-    email: str | None = None
-    password: SecretStr | None = None
+    team: str | None = Field(default=None, description="team (virtual cluster); default $DLWS_VC_NAME")
+    email: str | None = Field(default=None, description="your dashboard e-mail; default $DLWS_USER_EMAIL")
+    password: SecretStr | None = Field(default=None, description="your dashboard password or token; default "
+                                                                 "$DLTS_JOB_TOKEN")
+    credentials: str | None = Field(default=None, description="name of a trialflow DLTS credentials block")
+    gpu_type: str | None = Field(default=None, description="GPU type of the jobs; fetched from the team's cluster "
+                                                           "when not set")
     image: str = DEFAULT_IMAGE
+    local_storage_mount_point: ConfigPath = Field(default="~", validate_default=True,  # type: ignore[assignment]
+                                                  description=_LOCAL_MOUNT)
+    container_storage_mount_point: str | None = Field(default=None, description="where jobs see that work directory "
+                                                      "(default: the same path as here)")
+    verify_tls: bool = True
+    ca_bundle: ConfigPath | None = None
+    metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
+
+    @field_validator("dashboard")
+    @classmethod
+    def _slash(cls, value: str) -> str:
+        value = value if "://" in value else f"https://{value}"
+        return value if value.endswith("/") else value + "/"
+
+    @model_validator(mode="after")
+    def _defaults(self) -> DltsConfig:
+        self.team = self.team or os.environ.get("DLWS_VC_NAME") or None
+        self.email = self.email or os.environ.get("DLWS_USER_EMAIL") or None
+        if self.password is None and os.environ.get("DLTS_JOB_TOKEN"):
+            self.password = SecretStr(os.environ["DLTS_JOB_TOKEN"])
+        if not self.credentials and (not self.email or self.password is None):
+            raise ValueError("email and password are required (or $DLWS_USER_EMAIL and $DLTS_JOB_TOKEN, or a DLTS "
+                             "credentials block named with 'credentials')")
+        if not self.local_storage_mount_point.is_dir():
+            raise ValueError(f'localStorageMountPoint "{self.local_storage_mount_point}" is not a directory')
+        if self.container_storage_mount_point is None:
+            self.container_storage_mount_point = str(self.local_storage_mount_point)
+        return self
 
 
 PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {

@@ -7,13 +7,11 @@ private registry and Azure File Secrets (:meth:`KubernetesJobService.create_shar
 
 from __future__ import annotations
 
-import ipaddress
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from .base import PlatformError, TrialStatus
+from .base import TrialStatus
 from .k8s_api import LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
 from .shared_storage import SharedStorageService
 
@@ -22,6 +20,7 @@ class KubernetesJobService(SharedStorageService):
     group = ""
     version = "v1"
     plural = ""
+    other_channels = "metricChannel: logs (or file, on the shared storage)"
 
     def __init__(self, config: Any, experiment_dir: Path) -> None:
         self.namespace = config.namespace
@@ -61,21 +60,11 @@ class KubernetesJobService(SharedStorageService):
         return self._api
 
     def check_platform(self) -> None:
-        self._check_receiver_reachable()  # before any call: it needs only the configured address
+        self.check_receiver_reachable()  # before any call: it needs only the configured address
         self.api.check_namespace()
 
-    def _check_receiver_reachable(self) -> None:
-        """Pods push metrics to this machine's receiver, which binds loopback unless ``nniManagerIp``
-        is set: with an API server elsewhere, its pods could never reach it."""
-        if self.channel != "http" or self.config.nni_manager_ip:
-            return
-        host = urlsplit(self.api.host).hostname or ""
-        if host == "localhost" or _is_loopback(host):
-            return
-        raise PlatformError(
-            f"nniManagerIp is not set, so the metrics receiver binds 127.0.0.1, which pods of the cluster at "
-            f"{self.api.host} cannot reach: set nniManagerIp to an address of this machine the pods can reach, "
-            "or use metricChannel: logs (or file, on the shared storage)")
+    def platform_address(self) -> str:
+        return str(self.api.host)
 
     def keeper_env(self, spec: Any) -> dict[str, str]:
         """The device plugin decides which GPUs a pod sees; only a role asking for none gets an empty
@@ -144,13 +133,6 @@ class KubernetesJobService(SharedStorageService):
             key = azure_storage_key(storage.key_vault_name, storage.key_vault_key)
             self.api.ensure_secret(str(self.azure_secret_name()), {"azurestorageaccountname": storage.azure_account,
                                                                    "azurestorageaccountkey": key}, base)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def resources(cpu: float | None, memory_mb: int | str | None, gpus: int | None) -> dict[str, Any]:

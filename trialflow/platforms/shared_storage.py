@@ -31,10 +31,12 @@ token's home (store, read, delete) and its names and roles.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import threading
 import time
@@ -42,6 +44,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..codebundle import CodeDirError, scan_code_dir
 from ..trial.procs import read_json, write_atomic
@@ -174,6 +177,8 @@ class SharedStorageService(TrainingService):
     """A job platform whose jobs mount the share; subclasses implement the abstract methods."""
 
     reuse_supported = True
+    logs_on_share = False  # True: job logs are the trial's stdout on the share (no log API used)
+    other_channels = "metricChannel: file (metrics through the shared storage)"  # hint without the receiver
 
     def __init__(self, config: Any, experiment_dir: Path) -> None:
         self.config = config
@@ -236,6 +241,24 @@ class SharedStorageService(TrainingService):
 
     def check_platform(self) -> None:
         """Connect and check credentials once (fail fast with a hint)."""
+
+    def platform_address(self) -> str:
+        """The URL of the platform's API server (where its jobs run, for the receiver check)."""
+        return ""
+
+    def check_receiver_reachable(self) -> None:
+        """Jobs push metrics to this machine's receiver, which binds loopback unless ``nniManagerIp``
+        is set: with a platform elsewhere, its jobs could never reach it."""
+        if self.channel != "http" or self.config.nni_manager_ip:
+            return
+        address = self.platform_address()
+        host = urlsplit(address).hostname or ""
+        if host == "localhost" or _is_loopback(host):
+            return
+        raise PlatformError(
+            f"nniManagerIp is not set, so the metrics receiver binds 127.0.0.1, which jobs of the cluster at "
+            f"{address} cannot reach: set nniManagerIp to an address of this machine the jobs can reach, "
+            f"or use {self.other_channels}")
 
     def prepare_platform(self) -> None:
         """Platform objects made once per experiment (registry and storage secrets)."""
@@ -379,9 +402,9 @@ class SharedStorageService(TrainingService):
             env.trial = handle.trial_id
             return env
 
-    def _environment_gone(self, env: Environment) -> str | None:
+    def _environment_gone(self, env: Environment, force: bool = False) -> str | None:
         now = time.monotonic()
-        if env.ended is None and now - env.checked >= ENV_CHECK_SECONDS:
+        if env.ended is None and (force or now - env.checked >= ENV_CHECK_SECONDS):
             env.checked = now
             found = self.job_status(env.job)
             if found is None:
@@ -431,6 +454,8 @@ class SharedStorageService(TrainingService):
                                    else f"job {handle.data['job']} was deleted outside trialflow")
         else:
             status, message = found
+            if status == TrialStatus.SYS_CANCELED and handle.trial_id in self._cancelled:  # we stopped it
+                status, message = self._cancelled[handle.trial_id], None
         records, errors = self._metrics(handle, cursor, status.is_terminal and found is not None)
         if not status.is_terminal:
             return TrialUpdate(status, records, cursor, None, message, errors)
@@ -456,9 +481,11 @@ class SharedStorageService(TrainingService):
         trial_dir = self._trial_dir(handle)
         meta = trial_dir / META_DIR
         state = read_json(str(meta / STATE))
-        records, errors = self._metrics(handle, cursor, state is not None or gone is not None)
         cancelled = self._cancelled.get(handle.trial_id)
-        if state is not None:
+        if state is not None and state.get("exit_code") != 0 and gone is None and cancelled is None:
+            gone = self._environment_gone(env, force=True)  # killed with its environment: not the trial's failure
+        records, errors = self._metrics(handle, cursor, state is not None or gone is not None)
+        if state is not None and (gone is None or state.get("exit_code") == 0):
             self._finish(handle)
             return ended_update(state, records, cursor, errors, tail_text(trial_dir / STDERR_FILE), cancelled)
         if gone is not None:
@@ -480,7 +507,7 @@ class SharedStorageService(TrainingService):
         else:
             if self.channel == "logs" or final:  # logs: the channel; http: the gap filler at the end
                 offsets = dict(cursor.get("log_offsets") or {})
-                if handle.data.get("reuse"):  # the trial's own stdout file, read from where we left off
+                if handle.data.get("reuse") or self.logs_on_share:  # the trial's stdout file, from where we left off
                     start = int(offsets.get(STDOUT_FILE, 0))
                     logs = {STDOUT_FILE: (start, read_from(trial_dir / STDOUT_FILE, start))}
                 else:  # job logs come whole: skip what was read before
@@ -557,3 +584,64 @@ class SharedStorageService(TrainingService):
         if self.receiver is not None:
             self.receiver.stop()
             self.receiver = None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TokensOnShare:
+    """The metrics token's home for platforms without a secret store of their own (OpenPAI, DLTS): a
+    file only its owner may read, ``nni/<experiment>/tokens/<name>`` on the share. The job's keeper
+    reads it through ``TRIALFLOW_METRICS_TOKEN_FILE``, so the token is never in a job's request body,
+    command line or the platform's job records. Mixed in before :class:`SharedStorageService`."""
+
+    storage: SharedStorage
+    experiment_id: str
+
+    def _token_path(self, name: str) -> Path:
+        return self.storage.path(self.experiment_id, "tokens", name)
+
+    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
+        path = self._token_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        partial = path.with_name(f".{name}.{os.getpid()}-{time.time_ns()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        try:
+            os.link(partial, path)  # never replaces a stored token: a retried submit keeps the first
+        except FileExistsError:
+            token = path.read_text().strip()
+        finally:
+            partial.unlink()
+        return token
+
+    def read_token(self, name: str) -> str | None:
+        try:
+            return self._token_path(name).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def delete_token(self, name: str) -> None:
+        self._token_path(name).unlink(missing_ok=True)
+
+    def job_env(self, token_ref: str) -> dict[str, str]:
+        """What a job's command exports for the HTTP channel (none without it)."""
+        url = self.metrics_url()  # type: ignore[attr-defined]
+        if url is None:
+            return {}
+        return {"TRIALFLOW_METRICS_URL": url,
+                "TRIALFLOW_METRICS_TOKEN_FILE": self.storage.container_path(self.experiment_id, "tokens", token_ref)}
+
+    def shell_command(self, command: list[str], token_ref: str) -> str:
+        """``command`` as one shell line, after exporting :meth:`job_env` (every word quoted)."""
+        line = " ".join(shlex.quote(word) for word in command)
+        env = self.job_env(token_ref)
+        if not env:
+            return line
+        return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " && " + line

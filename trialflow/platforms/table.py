@@ -41,10 +41,12 @@ from ..config.platforms import (
 )
 from .adaptdl import AdaptDLTrainingService
 from .base import TrainingService
+from .dlts import DLTSTrainingService
 from .errors import PlatformError, TransientPlatformError
 from .frameworkcontroller import FrameworkControllerTrainingService
 from .kubeflow import KubeflowTrainingService
 from .local import LocalTrainingService
+from .openpai import OpenPAITrainingService
 from .remote import RemoteTrainingService
 
 T = TypeVar("T")
@@ -93,8 +95,8 @@ _ROWS = (
     Platform(KubeflowConfig, KubeflowTrainingService, KubernetesCredentials, "kubernetes"),
     Platform(FrameworkControllerConfig, FrameworkControllerTrainingService, KubernetesCredentials, "kubernetes"),
     Platform(AdlConfig, AdaptDLTrainingService, KubernetesCredentials, "kubernetes"),
-    Platform(OpenpaiConfig, None, OpenPAICredentials),
-    Platform(DltsConfig, None, DLTSCredentials),
+    Platform(OpenpaiConfig, OpenPAITrainingService, OpenPAICredentials),
+    Platform(DltsConfig, DLTSTrainingService, DLTSCredentials),
     Platform(AmlConfig, None, AzureMLCredentials, "aml"),
     Platform(DlcConfig, None, PAIDLCCredentials, "dlc"),
 )

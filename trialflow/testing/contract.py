@@ -6,11 +6,13 @@ held to it: a platform's test module subclasses :class:`TrainingServiceContract`
 from __future__ import annotations
 
 import json
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from trialflow.platforms import LostHandleError, TrialHandle, TrialStatus
+from trialflow.platforms import LostHandleError, TransientPlatformError, TrialHandle, TrialSpec, TrialStatus
 
 TERMINAL_TIMEOUT = 60.0
 
@@ -66,6 +68,36 @@ def poll_until_terminal(service, handle, cursor=None, timeout=TERMINAL_TIMEOUT):
             return statuses, metrics, update
         service.wait(handle, 0.05)
     raise AssertionError(f"trial did not end within {timeout} s; statuses {statuses}")
+
+
+SCRIPT_PER_TRIAL = 'python3 "$NNI_TRIAL_JOB_ID.py"'  # each trial runs the script named after it
+
+
+def prepared(service, code_dir: Path):
+    """``service`` prepared, with ``code_dir`` uploaded as ``service.code`` (what the fixtures yield)."""
+    service.prepare()
+    service.code = service.upload_code(code_dir)
+    return service
+
+
+def spec_maker(service, code_dir: Path, command: str = SCRIPT_PER_TRIAL):
+    """A ``make_spec(trial_id, body, parameters, gpu_number=None)`` that writes ``<trial_id>.py`` into
+    ``code_dir``, uploads the code again (so the script travels with it) and returns the trial's spec."""
+    def make(trial_id, body, parameters, gpu_number=None):
+        (code_dir / f"{trial_id}.py").write_text(textwrap.dedent(body), encoding="utf-8")
+        service.code = service.upload_code(code_dir)
+        return TrialSpec(service.experiment_id, trial_id, 0, 0, parameters, command, code_dir, gpu_number)
+    return make
+
+
+def submit_retrying(service, spec, code, attempts: int = 6):
+    """``submit`` retried on transient errors, as the Prefect task does."""
+    for _ in range(attempts):
+        try:
+            return service.submit(spec, code)
+        except TransientPlatformError:
+            time.sleep(0.1)
+    raise AssertionError("submit never succeeded")
 
 
 def wait_for_status(service, handle, status, timeout=30.0):
@@ -180,3 +212,29 @@ class TrainingServiceContract:
         lost = TrialHandle("Lost1", service.platform, {"trial_dir": "/nonexistent/trial", "job": "nope"})
         with pytest.raises(LostHandleError, match="Lost1"):
             service.poll(lost, {})
+
+
+class SharedStorageContract(TrainingServiceContract):
+    """The contract for job platforms on the shared-storage base (Kubernetes, OpenPAI, DLTS, ...):
+    a platform's module provides only the ``service`` fixture (its trial command
+    :data:`SCRIPT_PER_TRIAL`); ``make_spec`` writes each trial's script into its code directory."""
+
+    @pytest.fixture
+    def make_spec(self, service):
+        return spec_maker(service, Path(service.config.trial_code_directory))
+
+    def crash(self, service):
+        """A killed controller deletes nothing: its jobs and environments stay, its receiver is gone."""
+        if service.receiver is not None:
+            service.receiver.stop()
+            service.receiver = None
+        service.envs.clear()
+
+    def test_metrics_arrive_on_the_configured_channel(self, service, make_spec):
+        body = "import nni\nnni.get_next_parameter()\nnni.report_final_result(7.0)\n"
+        handle = service.submit(make_spec("Chan1", body, {}), service.code)
+        accepted = service.receiver.stats.accepted if service.receiver else 0
+        _, metrics, _ = poll_until_terminal(service, handle)
+        assert [m.value for m in metrics] == [7.0]
+        if service.channel == "http":
+            assert service.receiver.stats.accepted == accepted + 1  # pushed, not only read from logs

@@ -2,12 +2,13 @@
 
 Used by the trial runtime when ``TRIALFLOW_METRIC_CHANNEL=http``: ``TRIALFLOW_METRICS_URL`` is the
 receiver's base URL and ``TRIALFLOW_METRICS_TOKEN`` this trial's token (delivered as a Kubernetes
-Secret, never in a manifest). Reporting never blocks on the network: records are queued and a
-background thread sends whatever has accumulated in one request (``POST <url>/metrics/<trial id>``,
-one kept-alive connection), retrying connection errors, 5xx and 429 with backoff. At exit the queue
-is flushed for up to ``FLUSH_SECONDS``. A batch the receiver refuses (4xx) is dropped with a note on
-stderr: the same records also went out as stdout marker lines, which the controller reads from
-the pod's log, so nothing depends on this channel alone.
+Secret, or as a file on the share named by ``TRIALFLOW_METRICS_TOKEN_FILE``; never in a manifest).
+Reporting never blocks on the network: records are queued and a background thread sends whatever
+has accumulated in one request (``POST <url>/metrics/<trial id>``, one kept-alive connection),
+retrying connection errors, 5xx and 429 with backoff. At exit the queue is flushed for up to
+``FLUSH_SECONDS``. A batch the receiver refuses (4xx) is dropped with a note on stderr: the same
+records also went out as stdout marker lines, which the controller reads from the pod's log (or the
+trial's stdout on the share), so nothing depends on this channel alone.
 """
 
 from __future__ import annotations

@@ -119,9 +119,23 @@ def _pusher() -> Any:
     if _state.get("pusher") is None:
         from .push import MetricPusher
 
-        _state["pusher"] = MetricPusher(os.environ["TRIALFLOW_METRICS_URL"],
-                                        os.environ.get("TRIALFLOW_METRICS_TOKEN", ""), get_trial_id())
+        _state["pusher"] = MetricPusher(os.environ["TRIALFLOW_METRICS_URL"], _metrics_token(), get_trial_id())
     return _state["pusher"]
+
+
+def _metrics_token() -> str:
+    """The trial's token: ``TRIALFLOW_METRICS_TOKEN`` (a Kubernetes Secret's env), or the file that
+    ``TRIALFLOW_METRICS_TOKEN_FILE`` names (on the share, for platforms without a secret store)."""
+    token = os.environ.get("TRIALFLOW_METRICS_TOKEN")
+    path = os.environ.get("TRIALFLOW_METRICS_TOKEN_FILE")
+    if token or not path:
+        return token or ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        sys.stderr.write(f"trialflow: metrics token file {path} not readable ({exc}); metrics go to stdout only\n")
+        return ""
 
 
 def report_intermediate_result(metric: Any) -> None:

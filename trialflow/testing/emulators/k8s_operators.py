@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .processes import base_env, kill_tree, map_mounts
 
 TICK = 0.02
 KUBEFLOW = {"tfjobs": ("tfReplicaSpecs", "tfjob-controller"), "pytorchjobs": ("pytorchReplicaSpecs",
@@ -41,47 +40,6 @@ KUBEFLOW = {"tfjobs": ("tfReplicaSpecs", "tfjob-controller"), "pytorchjobs": ("p
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(entry))
-    return tree
-
-
-def kill_tree(pid: int, grace: float) -> None:
-    """SIGTERM a process and all its descendants (also those in other sessions), SIGKILL after ``grace``."""
-    tree = _children()
-    pids, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        pids.append(current)
-        todo.extend(tree.get(current, []))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + grace
-        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @dataclass
@@ -335,16 +293,11 @@ class Controller:
                 local = local / mount["subPath"]
                 local.mkdir(parents=True, exist_ok=True)
             mounts.append((mount["mountPath"].rstrip("/") or "/", str(local)))
-        mounts.sort(key=lambda m: -len(m[0]))
 
         def mapped(text: str) -> str:
-            for container_path, local in mounts:
-                text = re.sub(rf"(?<![\w/.]){re.escape(container_path)}(?=/|\s|$|[\"';&|)])", local, text)
-            return text
+            return map_mounts(text, mounts)
 
-        env = {"PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-               "HOSTNAME": pod.name, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
-               "KUBERNETES_POD_NAME": pod.name, **extra_env}
+        env = {**base_env(pod.name), "KUBERNETES_POD_NAME": pod.name, **extra_env}
         for item in container.get("env") or []:
             if "value" in item:
                 env[item["name"]] = mapped(str(item["value"]))

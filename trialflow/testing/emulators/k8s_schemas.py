@@ -11,39 +11,18 @@ upstream example Frameworks in ``specs/frameworkcontroller/``. Each file is pars
 from __future__ import annotations
 
 import functools
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonschema import Draft7Validator
 
-PACKAGED_SPECS = Path(__file__).parent / "specs"
+from .platform_specs import nullable as _nullable
+from .platform_specs import specs_dir
+
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _FC_NAME = {"type": "string", "pattern": "^[a-z0-9]{1,63}$"}
-
-
-def specs_dir() -> Path:
-    """The platform-specs folder in use (see the module docstring for the order)."""
-    override = os.environ.get("TRIALFLOW_PLATFORM_SPECS")
-    if override:
-        return Path(override)
-    beside = Path(__file__).resolve().parents[3].parent / "shared" / "platform-specs"
-    return beside if (beside / "crds").is_dir() else PACKAGED_SPECS
-
-
-def _nullable(schema: Any) -> Any:
-    """OpenAPI's ``nullable: true`` as JSON Schema (``type: [X, "null"]``)."""
-    if isinstance(schema, list):
-        return [_nullable(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _nullable(v) for k, v in schema.items() if k != "nullable"}
-    if schema.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    return out
 
 
 FRAMEWORK_SCHEMA: dict[str, Any] = _nullable({

@@ -10,30 +10,25 @@ webhook checks (:mod:`.k8s_schemas`); an invalid one is refused with 422 and a S
 a real API server's. A built-in controller (:mod:`.k8s_operators`) plays the operators: it runs each
 replica's container command as a local process and writes status the way each operator does.
 
-Fault knobs for tests: :meth:`fail_next` (5xx on the next calls), :meth:`drop_next` (close the
-connection without an answer, before or after acting), ``latency``. Lifecycle: ``start()`` binds a
-free loopback port; ``stop()`` (or leaving the ``with`` block) kills every pod process and the server.
-The server thread is a daemon, so it also ends with the test process.
+Fault knobs and lifecycle are :mod:`.http_server`'s; ``stop()`` also kills every pod process.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
-import json
 import re
 import secrets
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from .http_server import EmulatorServer, Request
 from .k8s_operators import Controller
 from .k8s_schemas import validate_custom_object
 
@@ -62,14 +57,6 @@ class ApiError(Exception):
     def status(self) -> dict[str, Any]:
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": self.message, "reason": self.reason, "code": self.code}
-
-
-@dataclass
-class _Fault:
-    count: int
-    status: int | None  # None: drop the connection
-    method: str | None
-    after: bool  # drop after the request took effect
 
 
 @dataclass
@@ -156,7 +143,7 @@ def _json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
     return obj
 
 
-class KubernetesEmulator:
+class KubernetesEmulator(EmulatorServer):
     """See the module docstring. ``nfs_exports`` maps ``"server:/path"`` to the local directory that
     NFS volumes of that export are mounted from; ``directory`` holds pod logs and other volumes."""
 
@@ -164,49 +151,22 @@ class KubernetesEmulator:
                  token: str | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        super().__init__()
         self.token = token or secrets.token_urlsafe(16)
         self.cluster = Cluster()
         self.controller = Controller(self.cluster, self.directory, dict(nfs_exports or {}), kill_grace)
-        self.latency = 0.0
-        self.requests: list[tuple[str, str]] = []
-        self._faults: list[_Fault] = []
-        self._fault_lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
         for ns in ("default",):
             self.cluster.put("namespaces", "", self._new("Namespace", "v1", {"metadata": {"name": ns}}, ""))
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> KubernetesEmulator:
-        emulator = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.emulator = emulator
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="k8s-emulator", daemon=True).start()
+        super().start()
         self.controller.start()
         return self
 
-    def stop(self) -> None:
+    def on_stop(self) -> None:
         self.controller.stop()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> KubernetesEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None, "start() the emulator first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         """An ordinary kubeconfig file pointing at this emulator."""
@@ -221,26 +181,22 @@ class KubernetesEmulator:
         path.write_text(yaml.safe_dump(config))
         return path
 
-    # ---- fault knobs ----------------------------------------------------------------------
+    # ---- the HTTP side --------------------------------------------------------------------
 
-    def fail_next(self, count: int, status: int = 503, method: str | None = None) -> None:
-        """Answer the next ``count`` requests (of ``method``, if given) with ``status``."""
-        with self._fault_lock:
-            self._faults.append(_Fault(count, status, method, False))
+    def fault_body(self, status: int) -> Any:
+        return ApiError(status, "ServiceUnavailable",
+                        "injected fault: the server is currently unable to handle the request").status()
 
-    def drop_next(self, count: int, method: str | None = None, after: bool = False) -> None:
-        """Close the connection of the next ``count`` requests without an answer; ``after``: only
-        once the request took effect (a create that happened although the client saw an error)."""
-        with self._fault_lock:
-            self._faults.append(_Fault(count, None, method, after))
-
-    def _take_fault(self, method: str) -> _Fault | None:
-        with self._fault_lock:
-            for fault in self._faults:
-                if fault.count > 0 and fault.method in (None, method):
-                    fault.count -= 1
-                    return fault
-            return None
+    def respond(self, request: Request) -> tuple[int, Any]:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return 401, ApiError(401, "Unauthorized", "Unauthorized").status()
+        try:
+            return self.handle(request.method, request.path, request.query, request.json(),
+                               request.headers.get("Content-Type", ""))
+        except ApiError as exc:
+            return exc.code, exc.status()
+        except ValueError as exc:
+            return 400, ApiError(400, "BadRequest", f"the request body is not JSON: {exc}").status()
 
     # ---- object access for tests ----------------------------------------------------------
 
@@ -368,65 +324,3 @@ class KubernetesEmulator:
         self.cluster.put(plural, ns, updated)
         self.controller.updated(plural, ns, updated)
         return updated
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
-    emulator: KubernetesEmulator
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- the base class's name
-        pass
-
-    def _serve(self) -> None:
-        emulator = self.emulator
-        parts = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        emulator.requests.append((self.command, self.path))
-        if emulator.latency:
-            time.sleep(emulator.latency)
-        fault = emulator._take_fault(self.command)
-        if fault is not None and fault.status is None and not fault.after:
-            self._drop()
-            return
-        if fault is not None and fault.status is not None:
-            self._reply(fault.status, ApiError(fault.status, "ServiceUnavailable",
-                                               "injected fault: the server is currently unable to handle the request"
-                                               ).status())
-            return
-        if self.headers.get("Authorization") != f"Bearer {emulator.token}":
-            self._reply(401, ApiError(401, "Unauthorized", "Unauthorized").status())
-            return
-        try:
-            body = json.loads(raw) if raw else None
-            code, payload = emulator.handle(self.command, parts.path, parse_qs(parts.query), body,
-                                            self.headers.get("Content-Type", ""))
-        except ApiError as exc:
-            code, payload = exc.code, exc.status()
-        except ValueError as exc:
-            code, payload = 400, ApiError(400, "BadRequest", f"the request body is not JSON: {exc}").status()
-        if fault is not None:  # dropped after acting
-            self._drop()
-            return
-        self._reply(code, payload)
-
-    def _drop(self) -> None:
-        self.close_connection = True
-        try:
-            self.connection.shutdown(2)
-        except OSError:
-            pass
-
-    def _reply(self, code: int, payload: Any) -> None:
-        if isinstance(payload, str):
-            data, ctype = payload.encode(), "text/plain"
-        else:
-            data, ctype = json.dumps(payload).encode(), "application/json"
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve  # noqa: N815 -- http.server's names

@@ -1,0 +1,89 @@
+"""Experiments end to end on OpenPAI and DLTS (REST emulators, Prefect test server): the README's
+OpenPAI example and a DLTS config run 6 trials at concurrency 3 to DONE, reuse on and off, every
+metric stored; SIGKILL of the controller and ``trialflow resume`` re-attach running jobs, none lost
+and none run twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, dlts_section, openpai_section, run_until_running_then_sigkill, write_trial
+from tests.test_kubernetes_experiment import _check_done
+from tests.test_remote_experiment import TRIAL, _events, _peak
+from trialflow import load_config, run_experiment
+from trialflow.experiments import open_store
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+CASES = {"openpai": ("openpai", False), "openpai-reuse": ("openpai", True), "dlts": ("dlts", False),
+         "dlts-reuse": ("dlts", True)}
+
+
+@pytest.fixture
+def emulators(request):
+    return {"openpai": request.getfixturevalue("openpai_emulator"), "dlts": request.getfixturevalue("dlts_emulator")}
+
+
+def job_experiment(tmp_path, emulator, platform, reuse, sleep=0.1, **overrides):
+    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep))
+    section = (openpai_section if platform == "openpai" else dlts_section)(emulator, reuse)
+    return base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py", trainingService=section,
+                       **overrides)
+
+
+def _jobs_of(emulator, platform, experiment_id):
+    prefix = f"nni_exp_{experiment_id}_"
+    if platform == "openpai":
+        return [p["name"] for p in emulator.submitted if p["name"].startswith(prefix)]
+    return [j.params["jobName"] for j in emulator.jobs.values() if j.params["jobName"].startswith(prefix)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_six_trials_at_concurrency_three(tmp_path, emulators, case):
+    platform, reuse = CASES[case]
+    emulator = emulators[platform]
+    result = run_experiment(job_experiment(tmp_path, emulator, platform, reuse, trialConcurrency=3,
+                                           maxTrialNumber=6))
+    assert result.status == "DONE"
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_done(tmp_path, store, result.trials, 6)
+    assert _peak(_events(tmp_path)) <= 3
+    jobs = _jobs_of(emulator, platform, result.experiment_id)
+    assert len(jobs) == len(set(jobs))  # never a second job of one name
+    if reuse:
+        assert 1 <= len(jobs) <= 3 and all("_env_" in j for j in jobs)  # never more environments than in flight
+    else:
+        assert sorted(jobs) == sorted(f"nni_exp_{result.experiment_id}_trial_{t.id}" for t in result.trials)
+
+
+@pytest.mark.parametrize("case", ["openpai", "openpai-reuse", "dlts"])
+def test_controller_sigkill_and_trialflow_resume_reattach_running_jobs(tmp_path, emulators, prefect_server, case):
+    platform, reuse = CASES[case]
+    emulator = emulators[platform]
+    config_file = tmp_path / "config.yml"  # the token and password come back from it on resume
+    config_file.write_text(yaml.safe_dump(job_experiment(tmp_path, emulator, platform, reuse, sleep=1.0,
+                                                         trialConcurrency=2, maxTrialNumber=4)))
+    exp_id, exp_dir, store = run_until_running_then_sigkill(load_config(config_file), prefect_server,
+                                                            config_path=str(config_file))
+    resumed = subprocess.run(["trialflow", "resume", exp_id, "--root", str(exp_dir.parent), "--foreground"],
+                             capture_output=True, text=True, timeout=240,
+                             env={**os.environ, "PREFECT_API_URL": prefect_server})
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert store.experiment().status == "DONE"
+    _check_done(tmp_path, store, store.trials(), 4)
+    jobs = _jobs_of(emulator, platform, exp_id)
+    assert len(jobs) == len(set(jobs))
+
+
+def test_a_resumed_experiment_without_its_token_says_where_to_keep_it(tmp_path, openpai_emulator):
+    from trialflow import parse_config
+    from trialflow.experiments import create_experiment, stored_config
+    from trialflow.platforms import PlatformError, create_service
+
+    exp_id, exp_dir = create_experiment(parse_config(job_experiment(tmp_path, openpai_emulator, "openpai", False)))
+    stored = stored_config(open_store(exp_dir.parent, exp_id))  # what a controller without the file gets
+    with pytest.raises(PlatformError, match="token is not stored with the experiment .*credentials"):
+        create_service(stored.services[0], exp_dir)
