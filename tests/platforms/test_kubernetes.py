@@ -152,7 +152,7 @@ def test_framework_schema_accepts_the_upstream_examples_and_vendored_specs_match
     shared = Path(__file__).resolve().parents[2].parent / "shared" / "platform-specs"
     packaged = Path(__file__).resolve().parents[2] / "trialflow" / "testing" / "emulators" / "specs"
     if shared.is_dir():
-        for sub in ("crds", "frameworkcontroller"):
+        for sub in ("crds", "frameworkcontroller", "openpai", "dlts"):
             for path in (shared / sub).iterdir():
                 assert (packaged / sub / path.name).read_bytes() == path.read_bytes(), path.name
 
