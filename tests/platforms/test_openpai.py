@@ -314,3 +314,20 @@ def test_tokens_stay_out_of_protocols_commands_and_logs(tmp_path, openpai_emulat
         for log_file in (openpai_emulator.directory / "jobs").rglob("*.log"):
             assert secret not in log_file.read_text()
     svc.close()
+
+
+def test_an_openpai_config_file_is_the_protocol_base_and_checked_at_load(tmp_path, openpai_emulator):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"taskRoles": {"worker": {"instances": 1, "dockerImage": "img", "commands": ["x"],
+                                                            "resourcePerInstance": {"cpu": 4, "memoryMB": 8192,
+                                                                                    "gpu": 2}}},
+                                   "prerequisites": [{"type": "dockerimage", "uri": "team/image:2", "name": "img"}]}))
+    svc = pai_service(tmp_path, openpai_emulator, openpaiConfigFile=str(job))
+    protocol = svc.protocol("n4", {"worker": ["sh", "/mnt/x/run.sh"]}, "n4-token")
+    assert openpai_protocol_errors(protocol) == []
+    assert protocol["taskRoles"]["worker"]["resourcePerInstance"]["gpu"] == 2
+    assert protocol["prerequisites"][0]["uri"] == "team/image:2"
+    with pytest.raises(ValueError, match="can only be set one"):
+        pai_service(tmp_path, openpai_emulator, openpaiConfigFile=str(job), openpaiConfig={"taskRoles": {}})
+    with pytest.raises(ValueError, match="is not a file"):
+        pai_service(tmp_path, openpai_emulator, openpaiConfigFile=str(tmp_path / "missing.yaml"))
