@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")  # the emulators are on loopback, never behind a proxy
 
 PYTHON = sys.executable
 
@@ -292,3 +293,30 @@ def submit_one(service, tmp_path: Path, trial_id: str, body: str):
     code = service.upload_code(tmp_path / "code")
     return service.submit(TrialSpec(service.experiment_id, trial_id, 0, 0, {"x": 1}, service.config.trial_command,
                                     tmp_path / "code"), code)
+
+
+DLC_KEY_ID, DLC_KEY_SECRET, DLC_NAS = "LTAI5tTestKeyId0001", "dlc-secret-6c1f8e3a9b", "nas-ds-0001"
+
+
+@pytest.fixture(scope="session")
+def dlc_emulator(tmp_path_factory):
+    """One PAI-DLC API emulator for the session; the NAS data source is a local folder (``.nas_dir``)."""
+    from trialflow.testing.emulators.dlc import DLCEmulator
+
+    root = tmp_path_factory.mktemp("dlc")
+    nas = root / "nas"
+    nas.mkdir()
+    emulator = DLCEmulator(root / "cluster", {DLC_KEY_ID: DLC_KEY_SECRET}, {DLC_NAS: nas}).start()
+    emulator.nas_dir = nas
+    yield emulator
+    emulator.stop()
+
+
+def dlc_section(emulator, reuse: bool = False, channel: str = "http", **extra) -> dict:
+    """NNI's documented DLC example, pointed at ``emulator``."""
+    return {"platform": "dlc", "type": "Worker", "image": "registry-vpc.cn-hangzhou.aliyuncs.com/pai-dlc/"
+            "tensorflow-training:1.15.0-cpu-py36-ubuntu18.04", "jobType": "TFJob", "podCount": 1,
+            "ecsSpec": "ecs.c6.large", "region": "cn-hangzhou", "workspaceId": "ws-1", "nasDataSourceId": DLC_NAS,
+            "accessKeyId": DLC_KEY_ID, "accessKeySecret": DLC_KEY_SECRET, "endpoint": emulator.url,
+            "localStorageMountPoint": str(emulator.nas_dir), "containerStorageMountPoint": "/root/data/",
+            "reuseMode": reuse, "metricChannel": channel, **extra}

@@ -148,12 +148,18 @@ def test_submit_retries_transient_errors_with_prefect_and_never_a_permanent_one(
     assert exp.record.status == "DONE"
 
 
-def test_a_platform_cap_holds_across_two_experiments(server, client, tmp_path):
+@pytest.mark.parametrize("platform,cap", [("local", 2), ("dlc", 3)])
+def test_a_platform_cap_holds_across_two_experiments(server, client, tmp_path, request, platform, cap):
+    """PAI-DLC quotas are small: its examples set platformConcurrency (3) for every experiment together."""
     space = {"x": {"_type": "choice", "_value": [1, 4, 5, 6]}}
+    service = {"platform": "local"}
+    if platform == "dlc":
+        from tests.conftest import dlc_section
+
+        service = dlc_section(request.getfixturevalue("dlc_emulator"))
+    service.update(platformConcurrency=cap, platformConcurrencyName=f"cap-test-{platform}")
     configs = [_config(tmp_path, f"cap{i}", maxTrialNumber=4, trialConcurrency=3, searchSpace=space,
-                       tuner={"name": "GridSearch"}, trainingService={"platform": "local", "platformConcurrency": 2,
-                                                                      "platformConcurrencyName": "cap-test"})
-               for i in range(2)]
+                       tuner={"name": "GridSearch"}, trainingService=service) for i in range(2)]
     procs = [server.spawn(["trialflow", "create", "--config", str(c), "--foreground"], tmp_path / f"cap{i}.log",
                           TRIALFLOW_HOME=str(tmp_path / "home")) for i, c in enumerate(configs)]
     for i, proc in enumerate(procs):
@@ -170,8 +176,9 @@ def test_a_platform_cap_holds_across_two_experiments(server, client, tmp_path):
     for _, step in edges:
         running += step
         peak = max(peak, running)
-    assert peak == 2  # never more than the cap, and the cap's slots were used
-    assert client.read_global_concurrency_limit_by_name("cap-test").limit == 2
+    assert peak <= cap  # never more than the cap (6 trials wanted at once) ...
+    assert peak >= (cap if platform == "local" else 2)  # ... and its slots were shared (jobs start more slowly)
+    assert client.read_global_concurrency_limit_by_name(f"cap-test-{platform}").limit == cap
 
 
 def test_block_register_puts_every_platform_block_in_the_catalog(server, client, tmp_path):

@@ -286,8 +286,10 @@ def test_submit_faults_leave_exactly_one_job(tmp_path, openpai_emulator, fault):
 
 def test_poll_errors_are_transient(tmp_path, openpai_emulator):
     svc, handle = _run_one(tmp_path, openpai_emulator, "Poll1")
-    openpai_emulator.fail_next(1, 502, method="GET", path="~")
-    with pytest.raises(TransientPlatformError, match="HTTP 502"):
+    openpai_emulator.fail_next(1, 503, method="GET", path="~")
+    svc.poll(handle, {})  # one 503 is retried in place
+    openpai_emulator.fail_next(4, 502, method="GET", path="~")
+    with pytest.raises(TransientPlatformError, match="HTTP 502"):  # four in a row reach the caller
         svc.poll(handle, {})
     openpai_emulator.drop_next(1, method="GET", path="~")
     with pytest.raises(TransientPlatformError, match="did not answer"):

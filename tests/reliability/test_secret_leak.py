@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    DLC_KEY_ID,
+    DLC_KEY_SECRET,
     DLTS_PASSWORD,
     PAI_TOKEN,
     base_config,
+    dlc_section,
     dlts_section,
     k8s_section,
     machine,
@@ -168,20 +171,25 @@ def test_kubernetes_and_metrics_tokens_never_leak(tmp_path, prefect_server, k8s_
                     _prefect_texts(result.experiment_id) + scan_logs())
 
 
-def test_openpai_token_dlts_password_and_metrics_tokens_never_leak(tmp_path, prefect_server, openpai_emulator,
-                                                                   dlts_emulator, scan_logs):
-    from trialflow.blocks import DLTSCredentials, OpenPAICredentials
+def test_openpai_dlts_and_dlc_secrets_and_metrics_tokens_never_leak(tmp_path, prefect_server, openpai_emulator,
+                                                                    dlts_emulator, dlc_emulator, scan_logs):
+    from trialflow.blocks import DLTSCredentials, OpenPAICredentials, PAIDLCCredentials
 
     OpenPAICredentials(username="alice", token=PAI_TOKEN).save("sentinel-pai", overwrite=True)
     DLTSCredentials(email="alice@example.org", password=DLTS_PASSWORD).save("sentinel-dlts", overwrite=True)
+    PAIDLCCredentials(access_key_id=DLC_KEY_ID, access_key_secret=DLC_KEY_SECRET).save("sentinel-dlc",
+                                                                                        overwrite=True)
     captured = tmp_path / "secret"
     captured.mkdir()
     code = tmp_path / "code"
     write_trial(code, TRIAL.format(captured=str(captured)), name="trial.py")
     pai = {k: v for k, v in openpai_section(openpai_emulator, reuse=True).items() if k not in ("username", "token")}
     dlts = {k: v for k, v in dlts_section(dlts_emulator).items() if k not in ("email", "password")}
+    dlc = {k: v for k, v in dlc_section(dlc_emulator).items() if k not in ("accessKeyId", "accessKeySecret")}
+    dlc_emulator.fail_next(2, 503, method="POST")  # errors echoing signed requests are scrubbed too
     texts, bodies = [], []
-    for service in ({**pai, "credentials": "sentinel-pai"}, {**dlts, "credentials": "sentinel-dlts"}):
+    for service in ({**pai, "credentials": "sentinel-pai"}, {**dlts, "credentials": "sentinel-dlts"},
+                    {**dlc, "credentials": "sentinel-dlc"}):
         result = run_experiment(base_config(code, tmp_path / "w", trialCommand="python3 trial.py", maxTrialNumber=2,
                                             trainingService=service))
         assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials), \
@@ -189,8 +197,10 @@ def test_openpai_token_dlts_password_and_metrics_tokens_never_leak(tmp_path, pre
         texts += _prefect_texts(result.experiment_id)
     bodies += [yaml_text for yaml_text in (j.text for j in openpai_emulator.jobs.values())]
     bodies += [json.dumps(j.params) for j in dlts_emulator.jobs.values()]
+    bodies += [json.dumps(j.body) for j in dlc_emulator.jobs.values()]
     metric_tokens = [p.read_text() for p in captured.glob("*.token")]
-    assert len(metric_tokens) == 4, "the trials got no metrics token"
+    assert len(metric_tokens) == 6, "the trials got no metrics token"
     roots = [tmp_path, openpai_emulator.directory, openpai_emulator.storage_dir, dlts_emulator.directory,
-             dlts_emulator.work_dir]
-    _assert_nowhere([PAI_TOKEN, DLTS_PASSWORD, *metric_tokens], roots, {captured}, texts + bodies + scan_logs())
+             dlts_emulator.work_dir, dlc_emulator.directory, dlc_emulator.nas_dir]
+    _assert_nowhere([PAI_TOKEN, DLTS_PASSWORD, DLC_KEY_ID, DLC_KEY_SECRET, *metric_tokens], roots, {captured},
+                    texts + bodies + scan_logs())

@@ -211,20 +211,30 @@ class AmlConfig(TrainingServiceConfig):
 
 
 class DlcConfig(TrainingServiceConfig):
+    """NNI's ``dlc`` section plus a credentials block, an endpoint override and the metric channel.
+    Jobs mount the NAS data source at ``containerStorageMountPoint``; this machine sees the same NAS
+    at ``localStorageMountPoint``."""
+
     platform: Literal["dlc"] = "dlc"
-    type: str = "Worker"
+    type: str = Field(default="Worker", description="the job spec's role (Worker, Master, Chief, ...)")
     image: str
     job_type: Literal["TFJob", "PyTorchJob"] = "TFJob"
-    pod_count: int = Field(gt=0)
+    pod_count: int = Field(default=1, gt=0)
     ecs_spec: str
-    region: str
+    region: str = Field(description="region id, e.g. cn-hangzhou ('share' is NNI's shared endpoint)")
     workspace_id: str | None = None
     nas_data_source_id: str
     oss_data_source_id: str | None = None
-    access_key_id: SecretStr
-    access_key_secret: SecretStr
-    local_storage_mount_point: str
-    container_storage_mount_point: str
+    access_key_id: SecretStr | None = None
+    access_key_secret: SecretStr | None = None
+    credentials: str | None = Field(default=None, description="name of a trialflow PAI-DLC credentials block "
+                                                              "(the AccessKey pair, instead of writing it here)")
+    endpoint: str | None = Field(default=None, description="API endpoint override (default pai-dlc.<region>."
+                                                           "aliyuncs.com; http://host:port for plain HTTP)")
+    local_storage_mount_point: ConfigPath = Field(description=_LOCAL_MOUNT)
+    container_storage_mount_point: str = Field(min_length=1, description="where jobs mount the NAS data source")
+    reuse_mode: bool = True
+    metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
 
     @field_validator("pod_count", mode="before")
     @classmethod
@@ -235,6 +245,13 @@ class DlcConfig(TrainingServiceConfig):
     @classmethod
     def _none_text(cls, value: str | None) -> str | None:
         return None if value == "None" else value
+
+    @model_validator(mode="after")
+    def _rules(self) -> DlcConfig:
+        if not self.credentials and (self.access_key_id is None or self.access_key_secret is None):
+            raise ValueError("accessKeyId and accessKeySecret are required (or name a PAI-DLC credentials block "
+                             "with 'credentials')")
+        return self  # the NAS mount is checked at start, where it must be mounted
 
 
 class NfsStorage(ConfigModel):

@@ -35,7 +35,6 @@ killing, killed                 USER_CANCELED / EARLY_STOPPED when trialflow kil
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -84,8 +83,6 @@ class DLTSTrainingService(RestJobService):
     label = "DLTS"
 
     def __init__(self, config: DltsConfig, experiment_dir: Path) -> None:
-        self._ids: dict[str, str] = {}
-        self._ids_lock = threading.Lock()
         self._gpu_type = config.gpu_type
         super().__init__(config, experiment_dir)
         self.email, self._password, self.team = self._login()
@@ -153,24 +150,15 @@ class DLTSTrainingService(RestJobService):
                 "cmd": self.shell_command(command, token_ref), "team": self.team, "vcName": self.team,
                 "userName": self.email, "gpuType": self._gpu_type or "", **FIXED_FIELDS}
 
-    def _lookup(self, name: str) -> str | None:
-        """The id of the newest job called ``name`` among the team's, if any."""
-        with self._ids_lock:
-            if name in self._ids:
-                return self._ids[name]
+    def find_jobs(self, name: str) -> list[tuple[str, str]]:
         response = self.api.call("GET", f"api/v2/clusters/{self._cluster()}/teams/{quote(self.team)}/jobs",
                                  params={"user": self.email, "limit": 1000}, absent=(404,))
         jobs = response.json() if response is not None else []
-        found = [j for j in jobs if isinstance(j, dict) and j.get("jobName") == name]
-        if not found:
-            return None
-        job_id = str(max(found, key=lambda j: str(j.get("jobTime") or ""))["jobId"])
-        with self._ids_lock:
-            self._ids[name] = job_id
-        return job_id
+        return [(str(j["jobId"]), str(j.get("jobTime") or "")) for j in jobs
+                if isinstance(j, dict) and j.get("jobName") == name]
 
     def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None:
-        if self._lookup(name) is not None:
+        if self.job_id(name) is not None:
             return  # an earlier attempt created it although its answer was lost
         response = self.api.call("POST", f"api/clusters/{self._cluster()}/jobs", ok=(200, 201),
                                  json=self.job_body(name, commands[ROLE], token_ref))
@@ -179,11 +167,10 @@ class DLTSTrainingService(RestJobService):
         if not isinstance(answer, dict) or answer.get("error") or not answer.get("jobId"):
             error = answer.get("error") if isinstance(answer, dict) else answer
             raise PlatformError(f"the DLTS dashboard at {self.config.dashboard} refused job {name}: {error}")
-        with self._ids_lock:
-            self._ids[name] = str(answer["jobId"])
+        self.remember_job_id(name, str(answer["jobId"]))
 
     def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
-        job_id = self._lookup(name)
+        job_id = self.job_id(name)
         if job_id is None:
             return None
         response = self.api.call("GET", f"api/v2/clusters/{self._cluster()}/jobs/{quote(job_id)}", absent=(404,))
@@ -199,7 +186,7 @@ class DLTSTrainingService(RestJobService):
                       absent=(404,), json={"status": "killing"})
 
     def delete_job(self, name: str) -> None:
-        job_id = self._lookup(name)
+        job_id = self.job_id(name)
         if job_id is not None:
             self._kill(job_id)
         self.forget_state(name)

@@ -2,7 +2,10 @@
 timeouts on every call, TLS verification on by default (a private CA bundle, or ``verify: false``
 with a warning), and HTTP failures turned into platform errors once:
 
-- a dropped connection, a timeout, HTTP 5xx and 429 are :class:`TransientPlatformError` (retried);
+- GET, PUT and DELETE are retried in place on 429 and 5xx (urllib3's ``Retry``, honouring
+  ``Retry-After``), up to three times;
+- a dropped connection, a timeout, HTTP 5xx and 429 are then :class:`TransientPlatformError` (retried
+  by the caller: Prefect's task retries, the poll loop);
 - any other refusal is a :class:`PlatformError` naming the call and the server's message;
 - 401/403 say the credentials were refused, with the server's address and the caller's hint.
 
@@ -21,11 +24,18 @@ from typing import Any
 
 import requests
 import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from .errors import PlatformError, TransientPlatformError
 
 log = logging.getLogger("trialflow.platforms")
 DEFAULT_TIMEOUT = (5.0, 30.0)  # connect, read
+# Idempotent calls are retried in place on 429/5xx (honouring Retry-After) before they count as a
+# transient failure; a POST never is -- its platform's lookup-by-name makes a retried submit safe.
+IN_PLACE_RETRY = Retry(total=3, connect=0, read=0, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504),
+                       allowed_methods=frozenset({"GET", "PUT", "DELETE", "HEAD"}), respect_retry_after_header=True,
+                       raise_on_status=False)
 
 
 class _ScrubSecrets(logging.Filter):
@@ -88,6 +98,9 @@ class RestApi:
         with _SCRUB.lock:
             _SCRUB.secrets.update(self.secrets)
         self.session = requests.Session()
+        adapter = HTTPAdapter(max_retries=IN_PLACE_RETRY)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
         self.session.headers.update(headers or {})
         self.session.params = dict(params or {})
         self.verify = verify  # given with each request: a session's is overridden by $REQUESTS_CA_BUNDLE

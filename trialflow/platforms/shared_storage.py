@@ -70,6 +70,7 @@ from .base import (
     LostHandleError,
     PlatformError,
     TrainingService,
+    TransientPlatformError,
     TrialHandle,
     TrialSpec,
     TrialStatus,
@@ -171,6 +172,7 @@ class Environment:
     ended: str | None = None  # why the job is gone
     token: str | None = None  # its metrics token (HTTP channel), kept to grant each new trial
     checked: float = 0.0
+    started: bool = True  # False until the platform accepted its job (a failed start is retried as is)
 
 
 class SharedStorageService(TrainingService):
@@ -376,12 +378,15 @@ class SharedStorageService(TrainingService):
     def _free_environment(self, trial_id: str) -> Environment:
         """An idle environment, now running ``trial_id``; a new one when none is idle."""
         with self._lock:
-            for env in self.envs.values():
-                if env.trial is None and env.ended is None:
-                    env.trial = trial_id
-                    return env
-            env_id = secrets.token_hex(4)
-            env = Environment(env_id, self.job_name("env", env_id), trial_id)
+            pending = next((e for e in self.envs.values() if e.trial == trial_id and not e.started), None)
+            if pending is None:  # a retried submit starts the same environment again, never a second one
+                for env in self.envs.values():
+                    if env.trial is None and env.ended is None:
+                        env.trial = trial_id
+                        return env
+            env = pending or Environment(secrets.token_hex(4), "", trial_id, started=False)
+            env_id = env.id
+            env.job = self.job_name("env", env_id)
             self.envs[env_id] = env
         env_dir = self._env_dir(env_id)
         env_dir.mkdir(parents=True, exist_ok=True)
@@ -392,6 +397,7 @@ class SharedStorageService(TrainingService):
         env.token = self._token(f"{env.job}-token", ids)
         command = ["sh", self.storage.container_path(self.experiment_id, "envs", env_id, "run.sh")]
         self.start_job(env.job, ids, {next(iter(self.roles())): command}, f"{env.job}-token")
+        env.started = True
         return env
 
     def _assign(self, handle: TrialHandle) -> Environment:
@@ -575,7 +581,7 @@ class SharedStorageService(TrainingService):
         for env in list(self.envs.values()):
             try:
                 (self._env_dir(env.id) / STOP).write_text("")
-                self.delete_job(env.job)
+                _retrying(lambda job=env.job: self.delete_job(job))
                 self.delete_token(f"{env.job}-token")
             except (PlatformError, OSError) as exc:  # the worker still leaves after its idle timeout
                 log.warning("environment %s (%s) not stopped: %s; it leaves after %.0f s without a heartbeat",
@@ -584,6 +590,16 @@ class SharedStorageService(TrainingService):
         if self.receiver is not None:
             self.receiver.stop()
             self.receiver = None
+
+
+def _retrying(call: Any, delays: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0)) -> None:
+    """``call()``, again after each delay while it fails with a transient platform error."""
+    for delay in delays:
+        try:
+            return call()
+        except TransientPlatformError:
+            time.sleep(delay)
+    call()
 
 
 def _is_loopback(host: str) -> bool:

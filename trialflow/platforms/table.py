@@ -41,6 +41,7 @@ from ..config.platforms import (
 )
 from .adaptdl import AdaptDLTrainingService
 from .base import TrainingService
+from .dlc import DLCTrainingService
 from .dlts import DLTSTrainingService
 from .errors import PlatformError, TransientPlatformError
 from .frameworkcontroller import FrameworkControllerTrainingService
@@ -98,7 +99,7 @@ _ROWS = (
     Platform(OpenpaiConfig, OpenPAITrainingService, OpenPAICredentials),
     Platform(DltsConfig, DLTSTrainingService, DLTSCredentials),
     Platform(AmlConfig, None, AzureMLCredentials, "aml"),
-    Platform(DlcConfig, None, PAIDLCCredentials, "dlc"),
+    Platform(DlcConfig, DLCTrainingService, PAIDLCCredentials, "dlc"),
 )
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import random
 import re
 import ssl
 import threading
@@ -37,6 +38,7 @@ class Fault:
     method: str | None
     after: bool  # drop only once the request took effect
     path: str | None  # a regular expression the request path must contain
+    retry_after: int | None = None  # seconds, sent as Retry-After (throttling)
 
 
 @dataclass
@@ -56,11 +58,21 @@ class FaultKnobs:
         self.latency = 0.0
         self._faults: list[Fault] = []
         self._fault_lock = threading.Lock()
+        self._storm: tuple[float, random.Random] | None = None
+        self.storm_hits = 0
 
-    def fail_next(self, count: int, status: int = 503, method: str | None = None, path: str | None = None) -> None:
-        """Answer the next ``count`` requests (of ``method`` and ``path``, if given) with ``status``."""
+    def storm(self, rate: float, seed: int = 0) -> None:
+        """From now on, fail each request with probability ``rate``: 429 with Retry-After, 503, or
+        (for a POST) a connection dropped after the request took effect; ``rate=0`` ends the storm."""
         with self._fault_lock:
-            self._faults.append(Fault(count, status, method, False, path))
+            self._storm = (rate, random.Random(seed)) if rate else None
+
+    def fail_next(self, count: int, status: int = 503, method: str | None = None, path: str | None = None,
+                  retry_after: int | None = None) -> None:
+        """Answer the next ``count`` requests (of ``method`` and ``path``, if given) with ``status``
+        (and ``Retry-After: <retry_after>``, as a throttling server does)."""
+        with self._fault_lock:
+            self._faults.append(Fault(count, status, method, False, path, retry_after))
 
     def drop_next(self, count: int, method: str | None = None, after: bool = False, path: str | None = None) -> None:
         """Close the connection of the next ``count`` requests without an answer; ``after``: only
@@ -75,6 +87,14 @@ class FaultKnobs:
                         and (fault.path is None or re.search(fault.path, path))):
                     fault.count -= 1
                     return fault
+            if self._storm is not None and self._storm[1].random() < self._storm[0]:
+                self.storm_hits += 1
+                kind = self._storm[1].choice(["throttle", "unavailable", "drop-after"])
+                if kind == "throttle":
+                    return Fault(0, 429, None, False, None, 1)
+                if kind == "drop-after" and method == "POST":
+                    return Fault(0, None, None, True, None)
+                return Fault(0, 503, None, False, None)
             return None
 
 
@@ -200,7 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._drop()
             return
         if fault is not None and fault.status is not None:
-            self._reply(fault.status, emulator.fault_body(fault.status))
+            extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+            self._reply(fault.status, emulator.fault_body(fault.status), extra)
             return
         code, payload = emulator.respond(Request(self.command, parts.path, parse_qs(parts.query), self.headers, raw))
         if fault is not None:  # dropped after acting
@@ -215,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _reply(self, code: int, payload: Any) -> None:
+    def _reply(self, code: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         if isinstance(payload, bytes):
             data, ctype = payload, "application/octet-stream"
         elif isinstance(payload, str):
@@ -225,6 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
