@@ -320,3 +320,62 @@ def dlc_section(emulator, reuse: bool = False, channel: str = "http", **extra) -
             "accessKeyId": DLC_KEY_ID, "accessKeySecret": DLC_KEY_SECRET, "endpoint": emulator.url,
             "localStorageMountPoint": str(emulator.nas_dir), "containerStorageMountPoint": "/root/data/",
             "reuseMode": reuse, "metricChannel": channel, **extra}
+
+
+@pytest.fixture(scope="session")
+def aml_emulator(tmp_path_factory):
+    """One Azure ML workspace emulator for the session; its datastore ``workspaceworkingdirectory`` is a
+    local folder (``.datastore_dir``). The SDK's endpoint override and the managed identity endpoint
+    are set in this process's environment (controllers started by tests inherit them)."""
+    from trialflow.testing.emulators.azureml import AzureMLEmulator
+
+    root = tmp_path_factory.mktemp("aml")
+    store = root / "datastore"
+    store.mkdir()
+    emulator = AzureMLEmulator(root / "workspace", {"workspaceworkingdirectory": store}).start()
+    emulator.datastore_dir = store
+    saved = {k: os.environ.get(k) for k in emulator.client_env()}
+    os.environ.update(emulator.client_env())
+    yield emulator
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    emulator.stop()
+
+
+def aml_section(emulator, reuse: bool = False, channel: str = "http", **extra) -> dict:
+    """NNI's AML example (subscription, resource group, workspace, compute, image) against ``emulator``,
+    with the datastore mounted here; the credential is azure-identity's default chain (here: the
+    emulator's managed identity endpoint)."""
+    return {"platform": "aml", "subscriptionId": emulator.subscription, "resourceGroup": emulator.resource_group,
+            "workspaceName": emulator.workspace, "computeTarget": "cpu-cluster", "dockerImage": "msranni/nni:latest",
+            "localStorageMountPoint": str(emulator.datastore_dir), "reuseMode": reuse, "metricChannel": channel,
+            **extra}
+
+
+FINAL_ONLY = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
+
+
+def job_platform(section, emulator_fixture: str, variants: dict):
+    """A job platform's test helpers: ``service_for(tmp_path, emulator, reuse, channel, **fields)``,
+    the contract's ``service`` fixture over ``variants`` (id -> (reuse, channel)), and
+    ``run_one(tmp_path, emulator, trial_id, body, **fields)`` -> (service, handle)."""
+    from trialflow.testing.contract import prepared
+
+    def service_for(tmp_path: Path, emulator, reuse: bool = False, channel: str = "http", **extra):
+        return service_of(tmp_path, section(emulator, reuse, channel, **extra))
+
+    @pytest.fixture(params=list(variants), ids=list(variants))
+    def service(request, tmp_path):
+        emulator = request.getfixturevalue(emulator_fixture)
+        svc = prepared(service_for(tmp_path, emulator, *variants[request.param]), tmp_path / "code")
+        yield svc
+        svc.close()
+
+    def run_one(tmp_path: Path, emulator, trial_id: str = "One1", body: str = FINAL_ONLY, **extra):
+        svc = service_for(tmp_path, emulator, **extra)
+        return svc, submit_one(svc, tmp_path, trial_id, body)
+
+    return service_for, service, run_one

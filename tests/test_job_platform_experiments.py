@@ -1,4 +1,4 @@
-"""Experiments end to end on OpenPAI, DLTS and PAI-DLC (emulators, Prefect test server): the
+"""Experiments end to end on OpenPAI, DLTS, PAI-DLC and Azure ML (emulators, Prefect test server): the
 documented examples run 6 trials at concurrency 3 to DONE, reuse on and off, every metric stored;
 SIGKILL of the controller and ``trialflow resume`` re-attach running jobs, none lost and none run
 twice; a storm of 429/5xx answers and dropped connections at 20% of requests loses nothing and
@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import (
+    aml_section,
     base_config,
     dlc_section,
     dlts_section,
@@ -24,11 +25,13 @@ from tests.test_kubernetes_experiment import _check_done
 from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import load_config, run_experiment
 from trialflow.experiments import open_store
+from trialflow.ids import lowercase_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 CASES = {"openpai": ("openpai", False), "openpai-reuse": ("openpai", True), "dlts": ("dlts", False),
-         "dlts-reuse": ("dlts", True), "dlc": ("dlc", False), "dlc-reuse": ("dlc", True)}
-SECTIONS = {"openpai": openpai_section, "dlts": dlts_section, "dlc": dlc_section}
+         "dlts-reuse": ("dlts", True), "dlc": ("dlc", False), "dlc-reuse": ("dlc", True), "aml": ("aml", False),
+         "aml-reuse": ("aml", True)}
+SECTIONS = {"openpai": openpai_section, "dlts": dlts_section, "dlc": dlc_section, "aml": aml_section}
 
 
 @pytest.fixture
@@ -49,8 +52,10 @@ def _jobs_of(emulator, platform, experiment_id):
         names = [p["name"] for p in emulator.submitted]
     elif platform == "dlts":
         names = [j.params["jobName"] for j in emulator.jobs.values()]
-    else:
+    elif platform == "dlc":
         names = [j.body["DisplayName"] for j in emulator.jobs.values()]
+    else:
+        names = list(emulator.jobs)
     return [n for n in names if n.startswith(prefix)]
 
 
@@ -69,10 +74,11 @@ def test_six_trials_at_concurrency_three(tmp_path, emulators, case):
     if reuse:
         assert 1 <= len(jobs) <= 3 and all("_env_" in j for j in jobs)  # never more environments than in flight
     else:
-        assert sorted(jobs) == sorted(f"nni_exp_{result.experiment_id}_trial_{t.id}" for t in result.trials)
+        ids = [lowercase_id(t.id) if platform == "aml" else t.id for t in result.trials]  # AML: lowercase names
+        assert sorted(jobs) == sorted(f"nni_exp_{result.experiment_id}_trial_{i}" for i in ids)
 
 
-@pytest.mark.parametrize("case", ["openpai", "openpai-reuse", "dlts", "dlc-reuse"])
+@pytest.mark.parametrize("case", ["openpai", "openpai-reuse", "dlts", "dlc-reuse", "aml"])
 def test_controller_sigkill_and_trialflow_resume_reattach_running_jobs(tmp_path, emulators, prefect_server, case):
     platform, reuse = CASES[case]
     emulator = emulators[platform]
@@ -91,7 +97,7 @@ def test_controller_sigkill_and_trialflow_resume_reattach_running_jobs(tmp_path,
     assert len(jobs) == len(set(jobs))
 
 
-@pytest.mark.parametrize("case", ["dlc", "dlc-reuse", "openpai"])
+@pytest.mark.parametrize("case", ["dlc", "dlc-reuse", "openpai", "aml"])
 def test_a_storm_of_429_5xx_and_dropped_connections_loses_nothing(tmp_path, emulators, case):
     platform, reuse = CASES[case]
     emulator = emulators[platform]

@@ -21,3 +21,11 @@ def new_experiment_id() -> str:
 
 def new_trial_id() -> str:
     return secrets.choice(_LETTERS) + "".join(secrets.choice(_ALNUM) for _ in range(4))
+
+
+def lowercase_id(ident: str) -> str:
+    """A trial or environment id as a lowercase name part (Kubernetes object names, Azure ML job
+    names). NNI lowercased ids, which can make two ids of one experiment collide (``aBcde``/``abcde``);
+    the case of each letter is kept in a hex suffix."""
+    mask = sum(1 << i for i, c in enumerate(ident) if c.isupper())
+    return ident.lower() + (f"{mask:02x}" if any(c.isalpha() for c in ident) else "")

@@ -6,44 +6,37 @@ connections) without duplicate jobs, and AccessKeys kept out of every message.""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import DLC_KEY_ID, DLC_KEY_SECRET, DLC_NAS, dlc_section, service_of, submit_one, wait_for
+from tests.conftest import (
+    DLC_KEY_ID,
+    DLC_KEY_SECRET,
+    DLC_NAS,
+    FINAL_ONLY,
+    dlc_section,
+    job_platform,
+    submit_one,
+    wait_for,
+)
 from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.dlc import STATES, endpoint_of
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
     SharedStorageContract,
     poll_until_terminal,
-    prepared,
     submit_retrying,
     wait_for_status,
 )
 
 VARIANTS = {"dlc": (False, "http"), "dlc-reuse": (True, "http"), "dlc-file": (False, "file")}
-FINAL_ONLY = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
 
 
-def dlc_service(tmp_path: Path, emulator, reuse: bool = False, channel: str = "http", **extra):
-    return service_of(tmp_path, dlc_section(emulator, reuse, channel, **extra))
-
-
-@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
-def service(request, tmp_path, dlc_emulator):
-    svc = prepared(dlc_service(tmp_path, dlc_emulator, *VARIANTS[request.param]), tmp_path / "code")
-    yield svc
-    svc.close()
+dlc_service, service, _run_one = job_platform(dlc_section, "dlc_emulator", VARIANTS)
 
 
 class TestDLCContract(SharedStorageContract):
     pass
-
-
-def _run_one(tmp_path, emulator, trial_id="One1", body=FINAL_ONLY, **extra):
-    svc = dlc_service(tmp_path, emulator, **extra)
-    return svc, submit_one(svc, tmp_path, trial_id, body)
 
 
 def test_create_requests_are_nnis_and_the_emulator_saw_them_signed(tmp_path, dlc_emulator):

@@ -6,7 +6,6 @@ message and log line (urllib3's request lines included)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +13,9 @@ from tests.conftest import (
     DLTS_EMAIL,
     DLTS_PASSWORD,
     DLTS_TEAM,
+    FINAL_ONLY,
     dlts_section,
-    service_of,
-    submit_one,
+    job_platform,
     wait_for,
     write_trial,
 )
@@ -27,7 +26,6 @@ from trialflow.testing.contract import (
     SLEEPING_TRIAL,
     SharedStorageContract,
     poll_until_terminal,
-    prepared,
     submit_retrying,
     wait_for_status,
 )
@@ -35,27 +33,13 @@ from trialflow.testing.emulators.platform_specs import dlts_body_errors
 
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
 VARIANTS = {"dlts": (False, "http"), "dlts-reuse": (True, "http"), "dlts-file": (False, "file")}
-FINAL_ONLY = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
 
 
-def dlts_service(tmp_path: Path, emulator, reuse: bool = False, channel: str = "http", **extra):
-    return service_of(tmp_path, dlts_section(emulator, reuse, channel, **extra))
-
-
-@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
-def service(request, tmp_path, dlts_emulator):
-    svc = prepared(dlts_service(tmp_path, dlts_emulator, *VARIANTS[request.param]), tmp_path / "code")
-    yield svc
-    svc.close()
+dlts_service, service, _run_one = job_platform(dlts_section, "dlts_emulator", VARIANTS)
 
 
 class TestDLTSContract(SharedStorageContract):
     pass
-
-
-def _run_one(tmp_path, emulator, trial_id="One1", body=FINAL_ONLY, **extra):
-    svc = dlts_service(tmp_path, emulator, **extra)
-    return svc, submit_one(svc, tmp_path, trial_id, body)
 
 
 def test_job_bodies_are_nnis_and_pass_the_dashboards_validator(tmp_path, dlts_emulator):

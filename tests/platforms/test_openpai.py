@@ -6,19 +6,18 @@ token kept out of protocols and logs."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
 from tests.conftest import (
+    FINAL_ONLY,
     PAI_STORAGE,
     PAI_TOKEN,
     PAI_USER,
+    job_platform,
     openpai_section,
-    service_of,
-    submit_one,
     wait_for,
     write_trial,
 )
@@ -29,7 +28,6 @@ from trialflow.testing.contract import (
     SLEEPING_TRIAL,
     SharedStorageContract,
     poll_until_terminal,
-    prepared,
     submit_retrying,
     wait_for_status,
 )
@@ -39,27 +37,13 @@ from trialflow.testing.emulators.platform_specs import openpai_protocol_errors, 
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
 VARIANTS = {"openpai": (False, "http"), "openpai-reuse": (True, "http"), "openpai-file": (False, "file"),
             "openpai-reuse-logs": (True, "logs")}
-FINAL_ONLY = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
 
 
-def pai_service(tmp_path: Path, emulator, reuse: bool = False, channel: str = "http", **extra):
-    return service_of(tmp_path, openpai_section(emulator, reuse, channel, **extra))
-
-
-@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
-def service(request, tmp_path, openpai_emulator):
-    svc = prepared(pai_service(tmp_path, openpai_emulator, *VARIANTS[request.param]), tmp_path / "code")
-    yield svc
-    svc.close()
+pai_service, service, _run_one = job_platform(openpai_section, "openpai_emulator", VARIANTS)
 
 
 class TestOpenPAIContract(SharedStorageContract):
     pass
-
-
-def _run_one(tmp_path, emulator, trial_id="One1", body=FINAL_ONLY, **extra):
-    svc = pai_service(tmp_path, emulator, **extra)
-    return svc, submit_one(svc, tmp_path, trial_id, body)
 
 
 # ---- the job protocol -----------------------------------------------------------------------

@@ -18,11 +18,11 @@ from trialflow.platforms import PLATFORMS, PlatformError, TrainingService, avail
 PACKAGE = Path(trialflow.tasks.__file__).resolve().parents[1]
 
 
-def test_every_platform_has_one_row_with_the_loaders_name():
-    assert sorted(PLATFORMS) == sorted(PLATFORM_CONFIGS)
+def test_every_platform_has_one_row_with_the_loaders_name_and_a_service():
+    assert sorted(PLATFORMS) == sorted(PLATFORM_CONFIGS) == sorted(available())
     for name, row in PLATFORMS.items():
         assert row.config is PLATFORM_CONFIGS[name]
-        assert row.service is None or issubclass(row.service, TrainingService)
+        assert row.service is not None and issubclass(row.service, TrainingService), name
         assert row.retry.retries >= 1 and row.retry.delays() == sorted(row.retry.delays())
 
 
@@ -38,7 +38,10 @@ def test_every_remote_platform_has_a_credentials_block_with_secret_fields():
     assert SecretStr  # the annotation checked above
 
 
-def test_a_platform_without_a_service_is_refused_naming_the_available_ones(tmp_path):
+def test_a_platform_without_a_service_is_refused_naming_the_available_ones(tmp_path, monkeypatch):
+    from trialflow.platforms.table import Platform
+
+    monkeypatch.setitem(PLATFORMS, "aml", Platform(PLATFORM_CONFIGS["aml"], None))  # a row not built yet
     config = PLATFORM_CONFIGS["aml"].model_construct(platform="aml")
     with pytest.raises(PlatformError, match="'aml' training service is not available") as err:
         create_service(config, tmp_path / "exp")

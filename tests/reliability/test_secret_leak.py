@@ -19,6 +19,7 @@ from tests.conftest import (
     DLC_KEY_SECRET,
     DLTS_PASSWORD,
     PAI_TOKEN,
+    aml_section,
     base_config,
     dlc_section,
     dlts_section,
@@ -204,3 +205,25 @@ def test_openpai_dlts_and_dlc_secrets_and_metrics_tokens_never_leak(tmp_path, pr
              dlts_emulator.work_dir, dlc_emulator.directory, dlc_emulator.nas_dir]
     _assert_nowhere([PAI_TOKEN, DLTS_PASSWORD, DLC_KEY_ID, DLC_KEY_SECRET, *metric_tokens], roots, {captured},
                     texts + bodies + scan_logs())
+
+
+def test_azure_ml_tokens_and_metrics_tokens_never_leak(tmp_path, prefect_server, aml_emulator, scan_logs):
+    from trialflow.blocks import AzureMLCredentials
+
+    AzureMLCredentials(managed_identity=True).save("sentinel-aml", overwrite=True)
+    captured = tmp_path / "secret"
+    captured.mkdir()
+    code = tmp_path / "code"
+    write_trial(code, TRIAL.format(captured=str(captured)), name="trial.py")
+    aml_emulator.fail_next(2, 503, method="PUT", path="/jobs/")  # errors of the SDK are scrubbed too
+    service = {**aml_section(aml_emulator), "credentials": "sentinel-aml"}
+    result = run_experiment(base_config(code, tmp_path / "w", trialCommand="python3 trial.py", maxTrialNumber=2,
+                                        trainingService=service))
+    assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials), \
+        [(t.status, t.message) for t in result.trials]
+    metric_tokens = [p.read_text() for p in captured.glob("*.token")]
+    assert len(metric_tokens) == 2, "the trials got no metrics token"
+    bodies = [json.dumps(j.body) for j in aml_emulator.jobs.values()]
+    _assert_nowhere([aml_emulator.token, aml_emulator.identity_header, *metric_tokens],
+                    [tmp_path, aml_emulator.directory, aml_emulator.datastore_dir], {captured},
+                    _prefect_texts(result.experiment_id) + bodies + scan_logs())

@@ -1,4 +1,5 @@
-"""Prefect block holding Azure ML credentials: a service principal, or the default credential chain.
+"""Prefect block holding Azure ML credentials: a service principal, a managed identity, or the
+default credential chain.
 
 An ``aml`` training service names it with ``credentials: <block name>``; without secrets set, the
 azure-identity ``DefaultAzureCredential`` chain (environment, managed identity, ``az login``) is used::
@@ -22,5 +23,7 @@ class AzureMLCredentials(Block):
     tenant_id: str | None = Field(default=None, description="Microsoft Entra tenant of the service principal")
     client_id: str | None = Field(default=None, description="application (client) id of the service principal")
     client_secret: SecretStr | None = Field(default=None, description="client secret of the service principal")
+    managed_identity: bool = Field(default=False, description="use the machine's managed identity (client_id names "
+                                                              "a user-assigned one)")
     use_default_credential: bool = Field(default=True, description="fall back to DefaultAzureCredential (environment, "
                                                                    "managed identity, az login) when no secret is set")

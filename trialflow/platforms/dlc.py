@@ -187,14 +187,8 @@ class DLCTrainingService(RestJobService):
             if "NotFound" in str(exc) or "HTTP 404" in str(exc):
                 return None
             raise
-        state = str(job.status or "")
-        status = self.apply_states(name, state, STATES)
-        message = None
-        if status == TrialStatus.FAILED:
-            message = f"PAI-DLC job {name} failed ({job.reason_code}: {job.reason_message})"
-        elif status == TrialStatus.SYS_CANCELED:
-            message = f"PAI-DLC job {name} was stopped outside trialflow ({state}: {job.reason_message})"
-        return status, message
+        why = ": ".join(str(p) for p in (job.reason_code, job.reason_message) if p)
+        return self.outcome(name, str(job.status or ""), STATES, why)
 
     def delete_job(self, name: str) -> None:
         job_id = self.job_id(name)

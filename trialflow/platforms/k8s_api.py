@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from ..blocks import BlockNotFoundError, KubernetesCredentials, load_block
+from ..ids import lowercase_id as k8s_id
 from .base import PlatformError, TransientPlatformError
 
 LABEL_APP = "nni-kubernetes-trial"
@@ -35,13 +36,6 @@ def kubernetes_module() -> Any:
         raise PlatformError("the Kubernetes training services need the kubernetes client: "
                             "pip install 'trialflow[kubernetes]'") from None
     return kubernetes
-
-
-def k8s_id(trial_id: str) -> str:
-    """A trial or environment id as a lowercase name part. NNI lowercased ids, which can make two
-    ids of one experiment collide (``aBcde``/``abcde``); the case of each letter is kept in a hex suffix."""
-    mask = sum(1 << i for i, c in enumerate(trial_id) if c.isupper())
-    return trial_id.lower() + (f"{mask:02x}" if any(c.isalpha() for c in trial_id) else "")
 
 
 def labels(experiment_id: str, **ids: str) -> dict[str, str]:

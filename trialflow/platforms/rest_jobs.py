@@ -79,6 +79,18 @@ class RestJobService(TokensOnShare, SharedStorageService):
         self._last[name] = status
         return status
 
+    def outcome(self, name: str, state: str, states: dict[str, TrialStatus], why: str | None = None
+                ) -> tuple[TrialStatus, str | None]:
+        """:meth:`apply_states`, with the message of a failed or stopped job (``why``: the platform's
+        reason, when it gives one)."""
+        status = self.apply_states(name, state, states)
+        reason = f": {why}" if why else ""
+        if status == TrialStatus.FAILED:
+            return status, f"{self.label} job {name} {state}{reason}"
+        if status == TrialStatus.SYS_CANCELED:
+            return status, f"{self.label} job {name} was stopped outside trialflow ({state}{reason})"
+        return status, None
+
     def forget_state(self, name: str) -> None:
         self._last.pop(name, None)
 

@@ -40,6 +40,7 @@ from ..config.platforms import (
     RemoteConfig,
 )
 from .adaptdl import AdaptDLTrainingService
+from .aml import AzureMLTrainingService
 from .base import TrainingService
 from .dlc import DLCTrainingService
 from .dlts import DLTSTrainingService
@@ -98,7 +99,7 @@ _ROWS = (
     Platform(AdlConfig, AdaptDLTrainingService, KubernetesCredentials, "kubernetes"),
     Platform(OpenpaiConfig, OpenPAITrainingService, OpenPAICredentials),
     Platform(DltsConfig, DLTSTrainingService, DLTSCredentials),
-    Platform(AmlConfig, None, AzureMLCredentials, "aml"),
+    Platform(AmlConfig, AzureMLTrainingService, AzureMLCredentials, "aml"),
     Platform(DlcConfig, DLCTrainingService, PAIDLCCredentials, "dlc"),
 )
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
