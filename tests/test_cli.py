@@ -197,3 +197,30 @@ def test_trial_ls_of_thousands_of_trials_lists_every_one_quickly(tmp_path):
     assert len(lines) == 3001 and lines[0].split()[:3] == ["trial", "#", "status"]
     assert [line.split()[0] for line in lines[1:]] == ids
     assert lines[2].split()[2] == "SUCCEEDED" and lines[1].split()[2] == "FAILED"
+
+
+def test_config_convert_prints_the_v2_equivalent_of_an_nni_v1_file(tmp_path):
+    from tests.test_config import V1
+    from trialflow import load_config
+
+    (tmp_path / "search_space.json").write_text('{"lr": {"_type": "uniform", "_value": [0.1, 1]}}')
+    v1 = tmp_path / "config.yml"
+    v1.write_text(V1.format(platform="remote") + "machineList:\n  - ip: 10.0.0.5\n    port: 2200\n"
+                  "    username: bob\n    passwd: '12345'\n")
+    proc = cli("config", "convert", str(v1))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    v2 = yaml.safe_load(proc.stdout)
+    assert v2["trainingService"]["platform"] == "remote" and v2["trialCommand"] == "python3 mnist.py"
+    assert v2["trainingService"]["machineList"][0] == {"host": "10.0.0.5", "port": 2200, "user": "bob",
+                                                       "password": "12345"}
+    assert v2["searchSpaceFile"] == "search_space.json" and v2["tuner"]["name"] == "TPE"
+    out = tmp_path / "config_v2.yml"
+    assert cli("config", "convert", str(v1), "-o", str(out)).returncode == 0
+    with pytest.warns(UserWarning, match="legacy v1"):
+        original = load_config(v1)
+    assert load_config(out).dump() == original.dump()  # the same experiment, now without the notice
+    again = cli("config", "convert", str(out))
+    assert again.returncode == 1 and "already a v2 config" in again.stdout + again.stderr
+    (tmp_path / "bad.yml").write_text(V1.format(platform="nope"))
+    bad = cli("config", "convert", str(tmp_path / "bad.yml"))
+    assert bad.returncode == 1 and "nope" in bad.stdout + bad.stderr

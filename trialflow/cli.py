@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from .config import ConfigError, load_config, parse_duration
+from .config import ConfigError, convert_config_file, load_config, parse_duration
 from .experiments import (
     ExperimentNotFound,
     create_experiment,
@@ -41,10 +41,12 @@ experiment_app = typer.Typer(help="List, show, export, import and delete experim
 trial_app = typer.Typer(help="List and kill trials.", no_args_is_help=True)
 log_app = typer.Typer(help="Show trial logs.", no_args_is_help=True)
 update_app = typer.Typer(help="Change a running experiment: concurrency, trialnum, duration.", no_args_is_help=True)
+config_app = typer.Typer(help="Work with experiment config files.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(trial_app, name="trial")
 app.add_typer(log_app, name="log")
 app.add_typer(update_app, name="update")
+app.add_typer(config_app, name="config")
 console = Console()
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
@@ -108,6 +110,33 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     experiment_id, exp_dir = create_experiment(cfg, str(config.resolve()))
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {exp_dir}")
     _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground)
+
+
+@config_app.command("convert")
+def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config file (YAML/JSON)")],
+                   output: Annotated[Path | None, typer.Option("--output", "-o", help="write it here instead of "
+                                                               "printing it")] = None) -> None:
+    """Print (or write) the NNI v2 equivalent of a v1 config file, checked by loading it. Relative
+    paths stay as written: keep the result next to the original."""
+    import warnings
+
+    import yaml
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = convert_config_file(config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if converted is None:
+        raise CliError(f"{config} is already a v2 config (no trainingServicePlatform, trial or *Config sections); "
+                       "nothing to convert")
+    text = yaml.safe_dump(converted, sort_keys=False, allow_unicode=True)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        console.print(f"wrote the v2 config to {output}")
 
 
 @app.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._base import ConfigError, parse_duration, parse_gpu_indices, parse_size_mb
-from .experiment import AlgorithmConfig, ExperimentConfig, load_config, parse_config
+from .experiment import AlgorithmConfig, ExperimentConfig, convert_config_file, load_config, parse_config
 from .platforms import (
     PLATFORM_CONFIGS,
     AdlConfig,
@@ -29,6 +29,7 @@ __all__ = [
     "RemoteConfig",
     "RemoteMachineConfig",
     "TrainingServiceConfig",
+    "convert_config_file",
     "load_config",
     "parse_config",
     "parse_duration",

@@ -190,8 +190,8 @@ def parse_config(data: Any, base_dir: str | os.PathLike[str] | None = None, sour
         raise ConfigError(format_errors(exc), source) from None
 
 
-def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Load a YAML or JSON experiment config file (NNI v2, or v1 converted with a notice)."""
+def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
+    """The raw mapping of a YAML or JSON config file and the file's resolved path."""
     file = Path(os.path.expanduser(os.fspath(path)))
     try:
         text = file.read_text(encoding="utf-8")
@@ -200,10 +200,25 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
     except OSError as exc:
         raise ConfigError([f'cannot read config file "{file}": {exc.strerror}'], str(file)) from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text), file.resolve()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"not valid YAML{where}: {problem}"], str(file)) from None
-    return parse_config(data, base_dir=file.resolve().parent, source=str(file))
+
+
+def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
+    """Load a YAML or JSON experiment config file (NNI v2, or v1 converted with a notice)."""
+    data, file = read_config_file(path)
+    return parse_config(data, base_dir=file.parent, source=str(file))
+
+
+def convert_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The v2 equivalent of an NNI v1 config file, checked by loading it (None: the file is v2)."""
+    data, file = read_config_file(path)
+    if not isinstance(data, dict) or not is_v1(data):
+        return None
+    converted = convert_v1(data)
+    parse_config(converted, base_dir=file.parent, source=f"{file} converted to v2")
+    return converted
