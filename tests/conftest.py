@@ -379,3 +379,41 @@ def job_platform(section, emulator_fixture: str, variants: dict):
         return svc, submit_one(svc, tmp_path, trial_id, body)
 
     return service_for, service, run_one
+
+
+@pytest.fixture(scope="session")
+def prefect_pool(tmp_path_factory):
+    """A real ``prefect server start`` on 127.0.0.1 with a ``process`` work pool and a real worker
+    (``prefect worker start``); ``.share_dir`` is the shared storage both see. Stopped at the end."""
+    from trialflow.testing.prefect_server import PrefectServer, stop_group
+
+    home = tmp_path_factory.mktemp("prefect-pool")
+    server = PrefectServer(home / "server").start()
+    try:
+        subprocess.run(["prefect", "work-pool", "create", "trialflow-pool", "--type", "process"], env=server.env,
+                       check=True, capture_output=True, timeout=120)
+        server.worker = server.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
+                                     home / "worker.log")
+        server.worker_log = home / "worker.log"
+        server.share_dir = home / "share"
+        server.share_dir.mkdir()
+        yield server
+    finally:
+        if getattr(server, "worker", None) is not None:
+            stop_group(server.worker)
+        server.stop()
+
+
+@pytest.fixture
+def on_pool(prefect_pool, monkeypatch):
+    """The work-pool server as this test's Prefect API (flows, the service and blocks use it)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_pool.url)
+    with temporary_settings(updates={PREFECT_API_URL: prefect_pool.url}):
+        yield prefect_pool
+
+
+def prefect_section(pool, reuse: bool = False, channel: str = "http", **extra) -> dict:
+    return {"platform": "prefect", "workPool": "trialflow-pool", "localStorageMountPoint": str(pool.share_dir),
+            "reuseMode": reuse, "metricChannel": channel, **extra}

@@ -28,7 +28,7 @@ def test_every_platform_has_one_row_with_the_loaders_name_and_a_service():
 
 def test_every_remote_platform_has_a_credentials_block_with_secret_fields():
     for name, row in PLATFORMS.items():
-        if name == "local":
+        if name in ("local", "prefect"):  # this machine; the controller's own Prefect server
             assert row.block is None
             continue
         assert row.block is not None and issubclass(row.block, Block), name
@@ -60,8 +60,9 @@ def _imports(path: Path) -> set[str]:
 
 def test_platforms_sit_below_the_prefect_layers_and_blocks_below_platforms():
     for path in (PACKAGE / "platforms").glob("*.py"):
+        speaks_prefect = path.name == "prefect_pool.py"  # the work-pool platform drives Prefect's API itself
         bad = {n for n in _imports(path) if n.lstrip(".").split(".")[0] in ("tasks", "flows", "context", "cli")
-               or n.startswith("prefect") and not n.startswith("prefect.blocks")}
+               or n.startswith("prefect") and not n.startswith("prefect.blocks") and not speaks_prefect}
         assert not bad, f"{path.name} imports {bad}"
     for path in (PACKAGE / "blocks").glob("*.py"):
         assert not {n for n in _imports(path) if "platforms" in n}, path.name

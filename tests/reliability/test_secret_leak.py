@@ -26,6 +26,7 @@ from tests.conftest import (
     k8s_section,
     machine,
     openpai_section,
+    prefect_section,
     wait_for,
     write_trial,
 )
@@ -227,3 +228,29 @@ def test_azure_ml_tokens_and_metrics_tokens_never_leak(tmp_path, prefect_server,
     _assert_nowhere([aml_emulator.token, aml_emulator.identity_header, *metric_tokens],
                     [tmp_path, aml_emulator.directory, aml_emulator.datastore_dir], {captured},
                     _prefect_texts(result.experiment_id) + bodies + scan_logs())
+
+
+def test_work_pool_metrics_tokens_stay_in_secret_blocks(tmp_path, on_pool, scan_logs):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
+
+    captured = tmp_path / "secret"
+    captured.mkdir()
+    code = tmp_path / "code"
+    write_trial(code, TRIAL.format(captured=str(captured)), name="trial.py")
+    result = run_experiment(base_config(code, tmp_path / "w", trialCommand="python3 trial.py", maxTrialNumber=2,
+                                        trainingService=prefect_section(on_pool)))
+    assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials), \
+        [(t.status, t.message) for t in result.trials]
+    metric_tokens = [p.read_text() for p in captured.glob("*.token")]
+    assert len(metric_tokens) == 2, "the trials got no metrics token"
+    texts = _prefect_texts(result.experiment_id)
+    with get_client(sync_client=True) as client:  # the trials' own flow runs on the pool, and their logs
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(like_=f"nni_exp_{result.experiment_id}_")))
+        assert len(runs) == 2
+        texts += [run.model_dump_json() for run in runs]
+        texts += [log.model_dump_json() for log in client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in runs])))]
+        texts += [doc.model_dump_json() for doc in client.read_block_documents(include_secrets=False)]
+    _assert_nowhere(metric_tokens, [tmp_path, on_pool.share_dir, on_pool.home], {captured}, texts + scan_logs())

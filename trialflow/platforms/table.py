@@ -37,6 +37,7 @@ from ..config.platforms import (
     KubeflowConfig,
     LocalConfig,
     OpenpaiConfig,
+    PrefectPoolConfig,
     RemoteConfig,
 )
 from .adaptdl import AdaptDLTrainingService
@@ -49,6 +50,7 @@ from .frameworkcontroller import FrameworkControllerTrainingService
 from .kubeflow import KubeflowTrainingService
 from .local import LocalTrainingService
 from .openpai import OpenPAITrainingService
+from .prefect_pool import PrefectWorkPoolService
 from .remote import RemoteTrainingService
 
 T = TypeVar("T")
@@ -101,6 +103,7 @@ _ROWS = (
     Platform(DltsConfig, DLTSTrainingService, DLTSCredentials),
     Platform(AmlConfig, AzureMLTrainingService, AzureMLCredentials, "aml"),
     Platform(DlcConfig, DLCTrainingService, PAIDLCCredentials, "dlc"),
+    Platform(PrefectPoolConfig, PrefectWorkPoolService),  # the controller's own Prefect API: no credentials
 )
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
 

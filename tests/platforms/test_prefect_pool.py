@@ -1,0 +1,76 @@
+"""``platform: prefect`` against a real ``prefect server start`` with a ``process`` work pool and a
+real worker: the contract (reuse on and off), trials as flow runs of the trial-runner deployment
+(no secret in their parameters), the state table, cancel through Prefect, and a retried submit that
+never makes a second run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FINAL_ONLY, job_platform, prefect_section, service_of, submit_one, wait_for
+from trialflow.platforms import PlatformError, TrialStatus
+from trialflow.platforms.prefect_pool import STATES, secret_name
+from trialflow.testing.contract import SLEEPING_TRIAL, SharedStorageContract, poll_until_terminal, wait_for_status
+
+VARIANTS = {"prefect": (False, "http"), "prefect-reuse": (True, "http")}
+pool_service, service, _run_one = job_platform(prefect_section, "on_pool", VARIANTS)
+pytestmark = pytest.mark.timeout(600)
+
+
+class TestPrefectPoolContract(SharedStorageContract):
+    pass
+
+
+def _flow_run(pool, name):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    return runs
+
+
+def test_each_trial_is_a_flow_run_on_the_pool_with_no_secret_in_its_parameters(tmp_path, on_pool):
+    svc, handle = _run_one(tmp_path, on_pool, "Run1")
+    token = svc.read_token(f"{handle.data['job']}-token")
+    assert poll_until_terminal(svc, handle, timeout=120)[0][-1] == TrialStatus.SUCCEEDED
+    (run,) = _flow_run(on_pool, handle.data["job"])
+    assert run.state.type.value == "COMPLETED" and run.work_pool_name == "trialflow-pool"
+    assert run.parameters["token_block"] == secret_name(f"{handle.data['job']}-token")
+    assert token and token not in run.model_dump_json()  # the token is in a Secret block, not a parameter
+    assert svc.read_token(f"{handle.data['job']}-token") is None  # deleted with its trial
+    svc.close()
+
+
+@pytest.mark.parametrize("state,expected", [
+    ("SCHEDULED", TrialStatus.WAITING), ("PENDING", TrialStatus.WAITING), ("PAUSED", TrialStatus.WAITING),
+    ("RUNNING", TrialStatus.RUNNING), ("CANCELLING", TrialStatus.RUNNING), ("COMPLETED", TrialStatus.SUCCEEDED),
+    ("FAILED", TrialStatus.FAILED), ("CRASHED", TrialStatus.FAILED), ("CANCELLED", TrialStatus.SYS_CANCELED),
+])
+def test_prefect_state_table(tmp_path, on_pool, state, expected):
+    assert pool_service(tmp_path, on_pool).apply_states("j", state, STATES) == expected
+
+
+def test_cancelling_a_trial_cancels_its_flow_run(tmp_path, on_pool):
+    svc, handle = _run_one(tmp_path, on_pool, "Can1", SLEEPING_TRIAL)
+    wait_for_status(svc, handle, TrialStatus.RUNNING, timeout=120)
+    svc.cancel(handle, TrialStatus.USER_CANCELED)
+    wait_for(lambda: _flow_run(on_pool, handle.data["job"])[0].state.type.value == "CANCELLED", timeout=120)
+    assert poll_until_terminal(svc, handle)[0][-1] == TrialStatus.USER_CANCELED
+    svc.close()
+
+
+def test_a_retried_submit_returns_the_same_flow_run(tmp_path, on_pool):
+    svc, handle = _run_one(tmp_path, on_pool, "Twice1")
+    svc.forget_state(handle.data["job"])
+    svc._ids.clear()  # as a fresh attempt would: no remembered run id
+    again = submit_one(svc, tmp_path, "Twice1", FINAL_ONLY)
+    assert again.data["job"] == handle.data["job"]
+    assert len(_flow_run(on_pool, handle.data["job"])) == 1  # the idempotency key kept it one run
+    assert poll_until_terminal(svc, handle, timeout=120)[0][-1] == TrialStatus.SUCCEEDED
+    svc.close()
+
+
+def test_a_missing_work_pool_is_a_clear_error(tmp_path, on_pool):
+    with pytest.raises(PlatformError, match="work pool 'nope' does not exist .*prefect work-pool create nope"):
+        service_of(tmp_path, prefect_section(on_pool, workPool="nope")).prepare()

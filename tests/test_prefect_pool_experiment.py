@@ -1,0 +1,101 @@
+"""Experiments end to end on ``platform: prefect`` -- a real ``prefect server start``, a ``process``
+work pool and a real worker: 6 trials at concurrency 3 to DONE with every metric stored; SIGKILL of
+the controller and ``trialflow resume`` re-attach the running flow runs; a worker killed mid-trial
+ends its trials as the state table says and the experiment goes on; the metrics tokens never appear
+in flow-run parameters, logs or artifacts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, prefect_section, run_until_running_then_sigkill, wait_for, write_trial
+from tests.test_kubernetes_experiment import _check_done
+from tests.test_remote_experiment import TRIAL, _events, _peak
+from trialflow import load_config, run_experiment
+from trialflow.experiments import open_store
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def pool_experiment(tmp_path, pool, reuse=False, sleep=0.1, **overrides):
+    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep))
+    return base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py",
+                       trainingService=prefect_section(pool, reuse), **overrides)
+
+
+def _runs_of(experiment_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(like_=f"nni_exp_{experiment_id}_")))
+    return runs
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["run-per-trial", "reuse"])
+def test_six_trials_at_concurrency_three(tmp_path, on_pool, reuse):
+    result = run_experiment(pool_experiment(tmp_path, on_pool, reuse, trialConcurrency=3, maxTrialNumber=6))
+    assert result.status == "DONE"
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_done(tmp_path, store, result.trials, 6)
+    assert _peak(_events(tmp_path)) <= 3
+    runs = _runs_of(result.experiment_id)
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names))
+    if reuse:
+        assert 1 <= len(runs) <= 3  # environments: never more than trials in flight
+    else:
+        assert sorted(names) == sorted(f"nni_exp_{result.experiment_id}_trial_{t.id}" for t in result.trials)
+        assert all(r.state.type.value == "COMPLETED" for r in runs)
+
+
+def test_controller_sigkill_and_trialflow_resume_reattach_running_flow_runs(tmp_path, on_pool):
+    config_file = tmp_path / "config.yml"
+    config_file.write_text(yaml.safe_dump(pool_experiment(tmp_path, on_pool, sleep=1.5, trialConcurrency=2,
+                                                          maxTrialNumber=4)))
+    exp_id, exp_dir, store = run_until_running_then_sigkill(load_config(config_file), on_pool.url,
+                                                            config_path=str(config_file))
+    resumed = subprocess.run(["trialflow", "resume", exp_id, "--root", str(exp_dir.parent), "--foreground"],
+                             capture_output=True, text=True, timeout=600, env={**os.environ, **on_pool.env})
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert store.experiment().status == "DONE"
+    _check_done(tmp_path, store, store.trials(), 4)
+    assert len(_runs_of(exp_id)) == 4  # none re-run
+
+
+def test_a_worker_killed_mid_trial_fails_its_trial_and_the_experiment_goes_on(tmp_path, on_pool):
+    from trialflow import parse_config
+    from trialflow.experiments import create_experiment
+    from trialflow.testing.prefect_server import stop_group
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni, time\np = nni.get_next_parameter()\ntime.sleep(p['x'])\n"
+                      "nni.report_final_result(p['x'])\n")
+    config = base_config(code, tmp_path / "w", trialCommand="python3 trial.py", trialConcurrency=1,
+                         maxTrialNumber=2, searchSpace={"x": {"_type": "choice", "_value": [30, 1]}},
+                         tuner={"name": "GridSearch"}, trainingService=prefect_section(on_pool))
+    exp_id, exp_dir = create_experiment(parse_config(config))
+    store = open_store(exp_dir.parent, exp_id)
+    controller = subprocess.Popen(["trialflow", "resume", exp_id, "--root", str(exp_dir.parent), "--foreground"],
+                                  env={**os.environ, **on_pool.env}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: [t.status for t in store.trials()] == ["RUNNING"], timeout=180, interval=0.5)
+        stop_group(on_pool.worker)  # the worker and the flow run it started: SIGTERM, then SIGKILL
+        on_pool.worker = on_pool.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
+                                       on_pool.worker_log.with_suffix(".2.log"))
+        assert controller.wait(timeout=300) == 0
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    trials = store.trials()
+    assert store.experiment().status == "DONE"
+    assert [t.status for t in trials] == ["FAILED", "SUCCEEDED"], [(t.status, t.message) for t in trials]
+    assert "stopped beating" in trials[0].message and trials[1].final == 1
+    crashed = next(r for r in _runs_of(exp_id) if r.name.endswith(trials[0].id))
+    assert crashed.state.type.value == "CRASHED"  # Prefect agrees

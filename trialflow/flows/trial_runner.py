@@ -1,0 +1,63 @@
+"""The trial-runner flow of the ``prefect`` platform: one flow run per trial (or reuse environment)
+on a work pool. The platform deploys it once per experiment (or uses a deployment the user names) and
+creates its runs; the worker runs them wherever the pool runs flows.
+
+Parameters carry no secret: ``command`` (the run script on the shared storage, as the worker sees
+it), ``metrics_url`` and ``token_block`` -- the *name* of the Prefect Secret block holding the trial's
+metrics token, read here and handed to the trial in ``TRIALFLOW_METRICS_TOKEN``. The flow fails when
+the command exits non-zero (the trial's own exit code and stderr are on the shared storage), and a
+cancellation by Prefect ends the command's whole process tree.
+
+While the command runs, the flow touches ``heartbeat`` (a file beside the run script) every
+:data:`HEARTBEAT_SECONDS`: a run whose worker or infrastructure died stops beating although Prefect
+still shows it Running, and the platform ends it as Crashed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+HEARTBEAT_SECONDS = 2.0
+
+
+def _beat(path: Path, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            path.touch()
+        except OSError:
+            pass  # the share is briefly unavailable: the next beat tries again
+        stop.wait(HEARTBEAT_SECONDS)
+
+
+@flow(name="trialflow-trial", log_prints=False, validate_parameters=True)
+def trial_runner(command: list[str], metrics_url: str | None = None, token_block: str | None = None,
+                 heartbeat: str | None = None) -> int:
+    env = dict(os.environ)
+    if metrics_url:
+        env["TRIALFLOW_METRICS_URL"] = metrics_url
+    if token_block:
+        from prefect.blocks.system import Secret
+
+        block: Any = Secret.load(token_block)  # sync in a sync flow: the block
+        env["TRIALFLOW_METRICS_TOKEN"] = str(block.get())
+    stop = threading.Event()
+    if heartbeat:
+        threading.Thread(target=_beat, args=(Path(heartbeat), stop), daemon=True).start()
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    try:
+        code = proc.wait()
+    except BaseException:  # cancelled or interrupted: the trial goes with the run
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
+    finally:
+        stop.set()
+    if code != 0:
+        raise RuntimeError(f"the trial's command exited with code {code}")
+    return code

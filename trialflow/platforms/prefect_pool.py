@@ -1,0 +1,251 @@
+"""Any Prefect work pool as a training platform (``platform: prefect``): each trial, or reuse
+environment, is a flow run of trialflow's trial-runner flow (``trialflow.flows.trial_runner``) on the
+pool, so every pool a team already runs -- process, Docker, Kubernetes, ECS, Cloud Run, ACI, Vertex
+AI -- runs trials without platform code of its own.
+
+This is the one platform that speaks to Prefect's API (the client of the controller's Prefect
+server); it still imports nothing of trialflow's task library or flows -- the runner is deployed by
+its entrypoint path.
+
+Lifecycle. ``prepare`` checks the work pool exists and deploys the runner once per experiment as
+``trialflow-trial/trialflow-<experiment>`` on it (from trialflow's own installed source: the pool's
+workers need trialflow installed at the same path, as a process pool on this machine has it, or an
+image with it), or uses the ``deployment`` the config names. A trial's flow run is named
+``nni_exp_<exp>_trial_<trial>`` and created with that name as its idempotency key, so a retried
+submit returns the same run, never a second one; its parameters are the run script's path, the
+metrics URL and the *name* of the Secret block holding its metrics token (``trialflow-<exp>-...``),
+never the token. ``job_variables`` go with every run. Code, the trial runtime and trial files live on
+the shared storage (``localStorageMountPoint`` here, ``containerStorageMountPoint`` on the workers).
+A restarted controller finds its runs again by name.
+
+Liveness. Prefect shows a run Running until its process reports, so a run whose worker or
+infrastructure died would stay Running for ever. The runner flow touches a heartbeat file beside its
+run script every 2 s; a Running run whose heartbeat is older than :data:`STALE_SECONDS` is set
+Crashed in Prefect and ends its trial as FAILED (the row CRASHED below).
+
+State table (the flow run's state type):
+
+=======================================  ================================================
+SCHEDULED, PENDING, PAUSED               WAITING
+RUNNING, CANCELLING                      RUNNING (a cancel in progress)
+COMPLETED                                SUCCEEDED
+FAILED, CRASHED                          FAILED (the trial's exit code and stderr tail from
+                                         the shared storage)
+CANCELLED                                USER_CANCELED / EARLY_STOPPED when trialflow cancelled
+                                         it, otherwise SYS_CANCELED
+=======================================  ================================================
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect.blocks.system import Secret
+from pydantic import SecretStr
+
+from ..config.platforms import PrefectPoolConfig
+from .base import PlatformError, TransientPlatformError, TrialStatus
+from .rest_jobs import RestJobService
+from .shared_storage import SharedStorage
+
+RUNNER_FLOW = "trialflow-trial"
+HEARTBEAT_FILE = ".runner-heartbeat"
+STALE_SECONDS = 20.0
+RUNNER_ENTRYPOINT = "trialflow/flows/trial_runner.py:trial_runner"
+STATES = {
+    "SCHEDULED": TrialStatus.WAITING, "PENDING": TrialStatus.WAITING, "PAUSED": TrialStatus.WAITING,
+    "RUNNING": TrialStatus.RUNNING, "CANCELLING": TrialStatus.RUNNING,
+    "COMPLETED": TrialStatus.SUCCEEDED,
+    "FAILED": TrialStatus.FAILED, "CRASHED": TrialStatus.FAILED,
+    "CANCELLED": TrialStatus.SYS_CANCELED,
+}
+
+
+def _client() -> Any:
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def secret_name(job: str) -> str:
+    """A Secret block name (lowercase letters, digits, dashes) for a job's metrics token."""
+    return "trialflow-" + re.sub(r"[^a-z0-9-]+", "-", job.lower().replace("_", "-")) + "-" + \
+        format(sum(1 << i for i, c in enumerate(job) if c.isupper()), "x")
+
+
+class PrefectWorkPoolService(RestJobService):
+    platform = "prefect"
+    label = "Prefect"
+
+    def __init__(self, config: PrefectPoolConfig, experiment_dir: Path) -> None:
+        self.deployment_id: UUID | None = None
+        super().__init__(config, experiment_dir)
+
+    def connect(self) -> Any:
+        return _client().__enter__()
+
+    def platform_address(self) -> str:
+        from prefect.settings import PREFECT_API_URL
+
+        return str(PREFECT_API_URL.value() or "http://127.0.0.1")
+
+    def _call(self, what: str, fn: Any) -> Any:
+        """``fn()`` with Prefect API errors as platform errors: the API unreachable or a 5xx is transient."""
+        import httpx
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            return fn()
+        except ObjectNotFound:
+            raise
+        except httpx.HTTPStatusError as exc:
+            error = TransientPlatformError if exc.response.status_code >= 500 else PlatformError
+            raise error(f"Prefect API {what}: HTTP {exc.response.status_code}") from None
+        except (httpx.TransportError, OSError) as exc:
+            raise TransientPlatformError(f"Prefect API {what} at {self.platform_address()}: {exc}") from None
+
+    # ---- prepare: the pool and the runner's deployment -------------------------------------------
+
+    def check_platform(self) -> None:
+        from prefect.exceptions import ObjectNotFound
+
+        self.check_receiver_reachable()
+        try:
+            self._call("read_work_pool", lambda: self.api.read_work_pool(self.config.work_pool))
+        except ObjectNotFound:
+            raise PlatformError(f"work pool {self.config.work_pool!r} does not exist on {self.platform_address()}: "
+                                f"create it (prefect work-pool create {self.config.work_pool} --type process) and "
+                                "start a worker for it (prefect worker start --pool ...)") from None
+
+    def prepare_platform(self) -> None:
+        from prefect.exceptions import ObjectNotFound
+
+        config: PrefectPoolConfig = self.config
+        if config.deployment:
+            try:
+                self.deployment_id = self._call("read_deployment", lambda: self.api.read_deployment_by_name(
+                    config.deployment)).id
+            except ObjectNotFound:
+                raise PlatformError(f"deployment {config.deployment!r} does not exist; deploy trialflow's trial "
+                                    f"runner ({RUNNER_ENTRYPOINT}) or leave 'deployment' out") from None
+            return
+        from prefect import Flow
+
+        import trialflow
+
+        source = Path(trialflow.__file__).resolve().parent.parent
+        runner: Any = Flow.from_source(source=str(source), entrypoint=RUNNER_ENTRYPOINT)  # sync here: a Flow
+        self.deployment_id = runner.deploy(name=f"trialflow-{self.experiment_id}", work_pool_name=config.work_pool,
+                                           job_variables=config.job_variables, build=False, push=False,
+                                           print_next_steps=False)
+
+    # ---- what the shared-storage base asks ------------------------------------------------------
+
+    def make_storage(self) -> SharedStorage:
+        config: PrefectPoolConfig = self.config
+        local = config.local_storage_mount_point or self.experiment_dir.parent / ".prefect-share"
+        local.mkdir(parents=True, exist_ok=True)
+        return SharedStorage(local, config.container_storage_mount_point or str(local), "the shared storage")
+
+    def roles(self) -> dict[str, str]:
+        return {"trial": self.config.trial_command}
+
+    def job_name(self, kind: str, ident: str) -> str:
+        return f"nni_exp_{self.experiment_id}_{kind}_{ident}"
+
+    def find_jobs(self, name: str) -> list[tuple[str, str]]:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+        runs = self._call("read_flow_runs", lambda: self.api.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))))
+        return [(str(r.id), str(r.created)) for r in runs]
+
+    def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None:
+        if self.deployment_id is None:
+            raise PlatformError("the trial runner is not deployed: prepare() the service first")
+        command = commands["trial"]
+        parameters = {"command": command, "metrics_url": self.metrics_url(),
+                      "token_block": secret_name(token_ref) if self.metrics_url() else None,
+                      "heartbeat": posixpath.join(posixpath.dirname(command[-1]), HEARTBEAT_FILE)}
+        run = self._call("create_flow_run_from_deployment", lambda: self.api.create_flow_run_from_deployment(
+            self.deployment_id, parameters=parameters, name=name, idempotency_key=name,
+            job_variables=self.config.job_variables or None, tags=["trialflow", f"experiment:{self.experiment_id}"]))
+        self.remember_job_id(name, str(run.id))
+
+    def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
+        from prefect.exceptions import ObjectNotFound
+
+        run_id = self.job_id(name)
+        if run_id is None:
+            return None
+        try:
+            run = self._call("read_flow_run", lambda: self.api.read_flow_run(UUID(run_id)))
+        except ObjectNotFound:
+            return None
+        state = run.state
+        kind = state.type.value if state is not None else "SCHEDULED"
+        if kind == "RUNNING" and self._stopped_beating(name):
+            from prefect.states import Crashed
+
+            message = (f"flow run {run.name} stopped beating for {STALE_SECONDS:.0f} s while Running: its worker "
+                       "or infrastructure is gone")
+            self._call("set_flow_run_state", lambda: self.api.set_flow_run_state(
+                run.id, Crashed(message=message), force=True))
+            return self.outcome(name, "CRASHED", STATES, message)
+        return self.outcome(name, kind, STATES, state.message if state is not None else None)
+
+    def _stopped_beating(self, name: str) -> bool:
+        kind, ident = name.removeprefix(f"nni_exp_{self.experiment_id}_").split("_", 1)
+        beat = self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident, HEARTBEAT_FILE)
+        try:
+            return time.time() - beat.stat().st_mtime > STALE_SECONDS
+        except FileNotFoundError:  # not started yet (or a runner deployed by an older trialflow)
+            return False
+
+    def delete_job(self, name: str) -> None:
+        from prefect.exceptions import ObjectNotFound
+        from prefect.states import Cancelling
+
+        run_id = self.job_id(name)
+        if run_id is not None:
+            try:
+                run = self._call("read_flow_run", lambda: self.api.read_flow_run(UUID(run_id)))
+                if run.state is None or not run.state.is_final():
+                    self._call("set_flow_run_state", lambda: self.api.set_flow_run_state(
+                        UUID(run_id), Cancelling(message="cancelled by trialflow"), force=True))
+            except ObjectNotFound:
+                pass
+        self.forget_state(name)
+
+    # ---- tokens: Prefect Secret blocks (the run reads them by name) --------------------------------
+
+    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
+        stored = self.read_token(name)
+        if stored:
+            return stored
+        self._call("save Secret", lambda: Secret(value=SecretStr(token)).save(secret_name(name), overwrite=True))
+        return token
+
+    def read_token(self, name: str) -> str | None:
+        try:
+            block: Any = Secret.load(secret_name(name))  # sync here: the block
+            return str(block.get())
+        except ValueError:  # no such block
+            return None
+
+    def delete_token(self, name: str) -> None:
+        try:
+            Secret.delete(secret_name(name))
+        except (ValueError, LookupError):
+            pass
+        except Exception as exc:  # noqa: BLE001 -- Prefect raises ObjectNotFound for a deleted block
+            if type(exc).__name__ != "ObjectNotFound":
+                raise
+
+    def close(self) -> None:
+        super().close()
