@@ -393,7 +393,7 @@ def prefect_pool(tmp_path_factory):
         subprocess.run(["prefect", "work-pool", "create", "trialflow-pool", "--type", "process"], env=server.env,
                        check=True, capture_output=True, timeout=120)
         server.worker = server.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
-                                     home / "worker.log")
+                                     home / "worker.log", PREFECT_LOGGING_LEVEL="INFO")  # runs log trial output
         server.worker_log = home / "worker.log"
         server.share_dir = home / "share"
         server.share_dir.mkdir()

@@ -88,7 +88,7 @@ def test_a_worker_killed_mid_trial_fails_its_trial_and_the_experiment_goes_on(tm
         wait_for(lambda: [t.status for t in store.trials()] == ["RUNNING"], timeout=180, interval=0.5)
         stop_group(on_pool.worker)  # the worker and the flow run it started: SIGTERM, then SIGKILL
         on_pool.worker = on_pool.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
-                                       on_pool.worker_log.with_suffix(".2.log"))
+                                       on_pool.worker_log.with_suffix(".2.log"), PREFECT_LOGGING_LEVEL="INFO")
         assert controller.wait(timeout=300) == 0
     finally:
         if controller.poll() is None:

@@ -31,12 +31,21 @@ def _flow_run(pool, name):
 
 
 def test_each_trial_is_a_flow_run_on_the_pool_with_no_secret_in_its_parameters(tmp_path, on_pool):
-    svc, handle = _run_one(tmp_path, on_pool, "Run1")
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    svc, handle = _run_one(tmp_path, on_pool, "Run1", 'print("hello from the pool")\n' + FINAL_ONLY)
     token = svc.read_token(f"{handle.data['job']}-token")
     assert poll_until_terminal(svc, handle, timeout=120)[0][-1] == TrialStatus.SUCCEEDED
     (run,) = _flow_run(on_pool, handle.data["job"])
     assert run.state.type.value == "COMPLETED" and run.work_pool_name == "trialflow-pool"
     assert run.parameters["token_block"] == secret_name(f"{handle.data['job']}-token")
+    assert run.parameters["trial"] == {"id": "Run1", "parameters": {"x": 1}}  # shown with the run
+    def logs():
+        with get_client(sync_client=True) as client:
+            return [log.message for log in client.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
+    wait_for(lambda: "hello from the pool" in logs(), timeout=30)  # the trial's output in the run's logs
     assert token and token not in run.model_dump_json()  # the token is in a Secret block, not a parameter
     assert svc.read_token(f"{handle.data['job']}-token") is None  # deleted with its trial
     svc.close()

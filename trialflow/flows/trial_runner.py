@@ -8,6 +8,10 @@ metrics token, read here and handed to the trial in ``TRIALFLOW_METRICS_TOKEN``.
 the command exits non-zero (the trial's own exit code and stderr are on the shared storage), and a
 cancellation by Prefect ends the command's whole process tree.
 
+The command's output goes to the run's Prefect logs, line by line (the trial's stdout and stderr
+also stay on the shared storage, where trialflow reads metrics and logs). ``trial`` holds the
+trial's hyper-parameters, shown with the run; nothing reads them from there.
+
 While the command runs, the flow touches ``heartbeat`` (a file beside the run script) every
 :data:`HEARTBEAT_SECONDS`: a run whose worker or infrastructure died stops beating although Prefect
 still shows it Running, and the platform ends it as Crashed.
@@ -22,9 +26,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 HEARTBEAT_SECONDS = 2.0
+MAX_LOG_LINE = 10_000  # characters of one output line sent to the run's logs
 
 
 def _beat(path: Path, stop: threading.Event) -> None:
@@ -38,7 +43,7 @@ def _beat(path: Path, stop: threading.Event) -> None:
 
 @flow(name="trialflow-trial", log_prints=False, validate_parameters=True)
 def trial_runner(command: list[str], metrics_url: str | None = None, token_block: str | None = None,
-                 heartbeat: str | None = None) -> int:
+                 heartbeat: str | None = None, trial: dict[str, Any] | None = None) -> int:
     env = dict(os.environ)
     if metrics_url:
         env["TRIALFLOW_METRICS_URL"] = metrics_url
@@ -50,8 +55,13 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
     stop = threading.Event()
     if heartbeat:
         threading.Thread(target=_beat, args=(Path(heartbeat), stop), daemon=True).start()
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    logger = get_run_logger()
+    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
         code = proc.wait()
     except BaseException:  # cancelled or interrupted: the trial goes with the run
         os.killpg(proc.pid, signal.SIGTERM)

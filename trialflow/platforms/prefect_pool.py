@@ -49,6 +49,8 @@ from prefect.blocks.system import Secret
 from pydantic import SecretStr
 
 from ..config.platforms import PrefectPoolConfig
+from ..trial.procs import read_json
+from ..trial.protocol import PARAMETER_FILE
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .rest_jobs import RestJobService
 from .shared_storage import SharedStorage
@@ -171,11 +173,19 @@ class PrefectWorkPoolService(RestJobService):
         command = commands["trial"]
         parameters = {"command": command, "metrics_url": self.metrics_url(),
                       "token_block": secret_name(token_ref) if self.metrics_url() else None,
-                      "heartbeat": posixpath.join(posixpath.dirname(command[-1]), HEARTBEAT_FILE)}
+                      "heartbeat": posixpath.join(posixpath.dirname(command[-1]), HEARTBEAT_FILE),
+                      "trial": self._hyper_parameters(ids)}
         run = self._call("create_flow_run_from_deployment", lambda: self.api.create_flow_run_from_deployment(
             self.deployment_id, parameters=parameters, name=name, idempotency_key=name,
             job_variables=self.config.job_variables or None, tags=["trialflow", f"experiment:{self.experiment_id}"]))
         self.remember_job_id(name, str(run.id))
+
+    def _hyper_parameters(self, ids: dict[str, str]) -> dict[str, Any] | None:
+        """A trial's id and hyper-parameters, shown with its run (None for an environment)."""
+        if "trialId" not in ids:
+            return None
+        record = read_json(str(self.storage.path(self.experiment_id, "trials", ids["trialId"], PARAMETER_FILE)))
+        return {"id": ids["trialId"], "parameters": (record or {}).get("parameters")}
 
     def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
         from prefect.exceptions import ObjectNotFound
