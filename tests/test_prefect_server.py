@@ -181,6 +181,24 @@ def test_a_platform_cap_holds_across_two_experiments(server, client, tmp_path, r
     assert client.read_global_concurrency_limit_by_name(f"cap-test-{platform}").limit == cap
 
 
+def test_experiments_creating_one_platform_cap_together_all_start(server):
+    """Two experiments starting at once both find no limit and both create it: neither may fail."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trialflow.limits import PlatformCap
+
+    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        for attempt in range(5):
+            caps = [PlatformCap(f"cap-race-{attempt}", 3) for _ in range(8)]
+            with ThreadPoolExecutor(8) as pool:
+                started = list(pool.map(lambda cap: cap.ensure(), caps))
+            assert len(started) == 8
+            for cap in caps:
+                cap.close()
+
+
 def test_block_register_puts_every_platform_block_in_the_catalog(server, client, tmp_path):
     run = subprocess.run(["prefect", "block", "register", "-m", "trialflow.blocks"], env=server.env,
                          capture_output=True, text=True, timeout=120)

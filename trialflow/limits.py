@@ -42,8 +42,14 @@ class PlatformCap:
         self._renewer = threading.Thread(target=self._renew, name=f"lease-renewer-{name}", daemon=True)
 
     def ensure(self) -> PlatformCap:
-        """Create the limit (or set its slots) and start renewing leases."""
-        self._client.upsert_global_concurrency_limit_by_name(self.name, self.slots)
+        """Create the limit (or set its slots) and start renewing leases. Experiments starting together
+        may both find no limit and both create it: the one that loses updates the winner's instead."""
+        from prefect.exceptions import ObjectAlreadyExists
+
+        try:
+            self._client.upsert_global_concurrency_limit_by_name(self.name, self.slots)
+        except ObjectAlreadyExists:
+            self._client.upsert_global_concurrency_limit_by_name(self.name, self.slots)
         self._renewer.start()
         return self
 
