@@ -51,8 +51,9 @@ class RestJobService(TokensOnShare, SharedStorageService):
         return self._api
 
     def find_jobs(self, name: str) -> list[tuple[str, str]]:
-        """(id, creation time) of every job called ``name`` (platforms without unique names)."""
-        raise NotImplementedError
+        """(id, creation time) of every job called ``name``. Platforms whose names are unique keys
+        (OpenPAI, Azure ML) address jobs by name and find none this way; the others look them up."""
+        return []
 
     def job_id(self, name: str) -> str | None:
         """The id of the newest job called ``name``, None when there is none."""

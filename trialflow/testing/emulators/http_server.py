@@ -24,6 +24,7 @@ import re
 import ssl
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -125,7 +126,7 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-class EmulatorServer(FaultKnobs):
+class EmulatorServer(FaultKnobs, ABC):
     """See the module docstring. ``tls_dir``: serve HTTPS with a self-signed certificate written
     there (its path is ``certificate``, for clients to trust)."""
 
@@ -141,10 +142,10 @@ class EmulatorServer(FaultKnobs):
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
 
+    @abstractmethod
     def respond(self, request: Request) -> tuple[int, Any]:
         """One request: the HTTP status and the payload (a str is sent as text, bytes as they are,
         anything else as JSON)."""
-        raise NotImplementedError
 
     def fault_body(self, status: int) -> Any:
         return {"message": "injected fault: the server is currently unable to handle the request"}
