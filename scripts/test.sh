@@ -14,11 +14,15 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   missing="$missing postgresql"
 fi
+# The dashboard test opens optuna-dashboard and the HTML report in headless Chromium (Debian's chromium).
+if ! command -v chromium >/dev/null; then
+  missing="$missing chromium"
+fi
 if [ -n "$missing" ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing \
-    >/dev/null || { echo "could not install $missing (needed by the remote and store tests)" >&2; exit 1; }
+    >/dev/null || { echo "could not install $missing (needed by the remote, store and dashboard tests)" >&2; exit 1; }
 fi
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL

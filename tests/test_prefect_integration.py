@@ -32,8 +32,26 @@ def test_progress_table_and_best_trial_artifacts(tmp_path):
     assert all(r["status"] == "SUCCEEDED" and r["param.x"] == r["metric"] for r in rows)
     best = Artifact.get(f"{key}-best")
     assert result.best.id in best.data
+    assert "metric direction: **minimize**" in best.data and "finished: 3" in best.data
     progress = Artifact.get(f"{key}-progress")
     assert float(progress.data) == 100.0
+
+
+def test_a_serving_dashboard_is_linked_from_the_experiments_artifacts(tmp_path):
+    from prefect.artifacts import Artifact
+
+    from trialflow import parse_config
+    from trialflow.experiments import create_experiment, open_store
+    from trialflow.flows.experiment import experiment_flow
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", maxTrialNumber=2)))
+    url = "http://127.0.0.1:8080/dashboard/studies/0"
+    open_store(exp_dir.parent, exp_id).set_control("dashboard_url", url)  # as a serving dashboard does
+    assert experiment_flow(None, exp_id, str(exp_dir.parent)) == "DONE"
+    link = Artifact.get(f"experiment-{exp_id}-dashboard")
+    assert link is not None and link.type == "markdown" and url in link.data
 
 
 @pytest.mark.timeout(600)
@@ -45,8 +63,9 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     serve_code = ("from trialflow.flows.experiment import experiment_flow\n"
                   f"experiment_flow.serve(name='nightly-test', parameters={{'config_path': {str(config)!r}}})\n")
+    serve_log = tmp_path / "serve.log"
     server = subprocess.Popen([sys.executable, "-c", serve_code], env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=open(serve_log, "wb"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240  # generous: the session's API server may still be busy
         while True:  # the deployment appears once serve has registered it
@@ -62,7 +81,12 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
             done = [e for e in list_experiments(tmp_path / "w") if e.record.status == "DONE"]
             found = done[0] if done else None
             time.sleep(1)
-        assert found is not None, "the deployment run did not finish an experiment"
+        if found is None:  # say why: the flow run's state, the runner's log, the experiments' states
+            runs = subprocess.run(["prefect", "flow-run", "ls"], env=env, capture_output=True, text=True,
+                                  timeout=120)
+            states = [(e.record.name, e.record.status) for e in list_experiments(tmp_path / "w")]
+            pytest.fail(f"the deployment run did not finish an experiment: experiments {states}\n"
+                        f"{runs.stdout}\nrunner log:\n{serve_log.read_text(errors='replace')[-4000:]}")
         assert found.record.name == "dep"
     finally:
         os.killpg(server.pid, signal.SIGTERM)

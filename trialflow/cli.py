@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -35,6 +35,9 @@ from .trial.procs import pid_alive
 from .tuners import TunerError
 from .views import export_rows, print_experiment, print_trials, sort_trials
 
+if TYPE_CHECKING:
+    from .dashboard import LiveDashboard
+
 app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 experiment_app = typer.Typer(help="List, show, export, import and delete experiments.", no_args_is_help=True)
@@ -50,6 +53,10 @@ app.add_typer(config_app, name="config")
 console = Console()
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
+DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a live optuna-dashboard of it "
+                                            "(until Ctrl-C)")]
+PortOpt = Annotated[int, typer.Option("--port", help="the dashboard's port (0: any free one)")]
+DEFAULT_DASHBOARD_PORT = 8080
 
 
 class CliError(Exception):
@@ -75,14 +82,53 @@ def _controller_alive(store: ExperimentStore) -> bool:
 # ---- running experiments -----------------------------------------------------------------------
 
 
-def _launch(experiment_id: str, root: Path, config_path: str | None, foreground: bool) -> None:
+def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127.0.0.1",
+                     storage: str | None = None) -> LiveDashboard:
+    from .dashboard import LiveDashboard, journal_storage, open_mirror
+
+    store = open_store(root, experiment_id)
+    try:
+        mirror = open_mirror(store, storage or journal_storage(root / experiment_id))
+        dashboard = LiveDashboard(store, mirror, host, port).start()
+    except (ImportError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"dashboard: [bold]{dashboard.url}[/]", soft_wrap=True)
+    return dashboard
+
+
+def _serve_until_interrupted(dashboard: LiveDashboard) -> None:
+    """Keep serving until Ctrl-C or SIGTERM, then stop the dashboard cleanly."""
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    console.print("serving the dashboard; Ctrl-C stops it")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dashboard.stop()
+
+
+def _launch(experiment_id: str, root: Path, config_path: str | None, foreground: bool, dashboard: bool = False,
+            port: int = DEFAULT_DASHBOARD_PORT) -> None:
+    live = _start_dashboard(experiment_id, root, port) if dashboard else None
     if foreground:
         from .live import run_with_progress
 
         try:
             status = run_with_progress(experiment_id, root, config_path, console)
-        except (PlatformError, ConfigError, TunerError) as exc:  # stored as ERROR with the message too
-            raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
+        except BaseException as exc:
+            if live is not None:
+                live.stop()
+            if isinstance(exc, PlatformError | ConfigError | TunerError):  # stored as ERROR with it too
+                raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
+            raise
+        if live is not None:
+            console.print(f"experiment {experiment_id} ended {status}")
+            _serve_until_interrupted(live)
         if status != "DONE":
             raise CliError(f"experiment {experiment_id} ended {status}")
         return
@@ -96,12 +142,14 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
     console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {proc.pid})")
     console.print(f"  progress: trialflow trial ls {experiment_id}   log: {log_path}")
     console.print(f"  stop:     trialflow stop {experiment_id}")
+    if live is not None:
+        _serve_until_interrupted(live)
 
 
 @app.command()
 def create(config: Annotated[Path, typer.Option("--config", "-c", help="experiment config (YAML/JSON)")],
-           foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False
-           ) -> None:
+           foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False,
+           dashboard: DashboardOpt = False, port: PortOpt = DEFAULT_DASHBOARD_PORT) -> None:
     """Create an experiment from an NNI-style config file and start it."""
     try:
         cfg = load_config(config)
@@ -109,7 +157,7 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
         raise CliError(str(exc)) from None
     experiment_id, exp_dir = create_experiment(cfg, str(config.resolve()))
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {exp_dir}")
-    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground)
+    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, port)
 
 
 @config_app.command("convert")
@@ -141,14 +189,15 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
 
 @app.command()
 def resume(experiment_id: str, root: RootOpt = None,
-           foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False) -> None:
+           foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False,
+           dashboard: DashboardOpt = False, port: PortOpt = DEFAULT_DASHBOARD_PORT) -> None:
     """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
     base, store = _store(experiment_id, root)
     if _controller_alive(store):
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
     store.set_control("stop", False)
     store.set_control("kill", [])
-    _launch(experiment_id, base, None, foreground)
+    _launch(experiment_id, base, None, foreground, dashboard, port)
 
 
 @app.command("_run", hidden=True)
@@ -160,10 +209,29 @@ def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root"
 
 
 @app.command()
-def view(experiment_id: str, root: RootOpt = None) -> None:
+def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = False,
+         port: PortOpt = DEFAULT_DASHBOARD_PORT) -> None:
     """Show an experiment's status, budget and best trial (read-only)."""
-    _, store = _store(experiment_id, root)
+    base, store = _store(experiment_id, root)
     print_experiment(console, store)
+    if dashboard:
+        _serve_until_interrupted(_start_dashboard(experiment_id, base, port))
+
+
+@app.command("dashboard")
+def dashboard_command(experiment_id: str, port: PortOpt = DEFAULT_DASHBOARD_PORT,
+                      host: Annotated[str, typer.Option("--host", help="address to bind; anyone who can reach "
+                                                        "it can read and edit the study")] = "127.0.0.1",
+                      storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL for "
+                                                                  "the study (default: a journal file in the "
+                                                                  "experiment's directory)")] = None,
+                      root: RootOpt = None) -> None:
+    """Serve a live optuna-dashboard of a running or finished experiment (until Ctrl-C)."""
+    base, _ = _store(experiment_id, root)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/] the dashboard listens on {host}: it has no login, anyone who "
+                      "can reach that address can read and edit the study")
+    _serve_until_interrupted(_start_dashboard(experiment_id, base, port, host, storage))
 
 
 @app.command()
@@ -339,14 +407,33 @@ def experiment_optuna(experiment_id: str,
                                                            "sqlite:///study.db")],
                       study: Annotated[str | None, typer.Option("--study", help="study name")] = None,
                       root: RootOpt = None) -> None:
-    """Copy the experiment into an Optuna study (then: optuna-dashboard <storage>)."""
-    from .optuna_export import export_to_optuna
-    from .views import is_maximize_stored
+    """Copy the experiment into an Optuna study (then: optuna-dashboard <storage>). Running it again
+    brings the same study up to date."""
+    from .dashboard import open_mirror
 
     _, store = _store(experiment_id, root)
-    result = export_to_optuna(store, storage, study, is_maximize_stored(store))
-    console.print(f"study {result.study_name!r} with {len(result.trials)} trials in {storage}; "
+    mirror = open_mirror(store, storage, study or f"trialflow-{experiment_id}")
+    mirror.sync()
+    console.print(f"study {mirror.study_name!r} with {mirror.trial_count} trials in {storage}; "
                   f"open it with: optuna-dashboard {storage}")
+
+
+@experiment_app.command("report")
+def experiment_report(experiment_id: str,
+                      output: Annotated[Path, typer.Option("--output", "-o", help="the HTML file to write")],
+                      root: RootOpt = None) -> None:
+    """Write one self-contained HTML file with the experiment's charts (opens offline)."""
+    from .report import write_report
+
+    _, store = _store(experiment_id, root)
+    try:
+        drawn = write_report(store, output)
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"wrote {output}: {sum(why is None for why in drawn.values())} of {len(drawn)} charts")
+    for title, why in drawn.items():
+        if why is not None:
+            console.print(f"  {title}: {why}", highlight=False)
 
 
 @experiment_app.command("delete")

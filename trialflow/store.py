@@ -315,10 +315,15 @@ class ExperimentStore:
     def _trial_update(self, trial_id: str) -> Any:
         return trials.update().where(trials.c.experiment_id == self.experiment_id, trials.c.id == trial_id)
 
-    def trials(self, statuses: Iterable[str] | None = None) -> list[TrialRecord]:
+    def trials(self, statuses: Iterable[str] | None = None, changed_since: float | None = None) -> list[TrialRecord]:
+        """The experiment's trials by sequence; ``changed_since``: only those still active or submitted,
+        started or ended at or after that time (the store's clock)."""
         query = sa.select(trials).where(trials.c.experiment_id == self.experiment_id).order_by(trials.c.sequence)
         if statuses is not None:
             query = query.where(trials.c.status.in_(list(statuses)))
+        if changed_since is not None:
+            query = query.where(trials.c.status.not_in(list(TERMINAL)) | (trials.c.end_time >= changed_since)
+                                | (trials.c.submit_time >= changed_since) | (trials.c.start_time >= changed_since))
         with self._tx() as conn:
             rows = conn.execute(query).all()
         return [self._trial(r._mapping) for r in rows]
@@ -381,10 +386,14 @@ class ExperimentStore:
                                               "value_text": row["value"]})
         return stored
 
-    def metrics(self, trial_id: str | None = None, type: str | None = None) -> list[Metric]:
+    def metrics(self, trial_id: str | None = None, type: str | None = None,
+                trial_ids: Iterable[str] | None = None) -> list[Metric]:
+        """Metrics ordered by trial, type and sequence: all of them, one trial's, or those of ``trial_ids``."""
         query = sa.select(metrics).where(metrics.c.experiment_id == self.experiment_id)
         if trial_id is not None:
             query = query.where(metrics.c.trial_id == trial_id)
+        if trial_ids is not None:
+            query = query.where(metrics.c.trial_id.in_(list(trial_ids)))
         if type is not None:
             query = query.where(metrics.c.type == type)
         with self._tx() as conn:

@@ -1,4 +1,6 @@
-"""Prefect UI artifacts of a running experiment: progress, trial table and best trial.
+"""Prefect UI artifacts of a running experiment: progress, trial table, best trial (with the metric's
+direction and how many trials finished, stopped early or failed) and, while ``trialflow dashboard``
+serves one, a link to its live optuna-dashboard.
 
 Updated at most every ``MIN_INTERVAL`` seconds (artifact writes are API calls; large experiments
 update less often, see :meth:`ArtifactReporter.update`) and once at the end.
@@ -16,6 +18,7 @@ from .context import ExperimentContext
 from .store import TrialRecord
 from .tuners import maximizes, scalar_or_none
 
+DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 MIN_INTERVAL = 3.0
 MAX_SHARE = 20
 MAX_TABLE_ROWS = 500
@@ -31,6 +34,14 @@ def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
     if not scored:
         return None
     return (max if maximize else min)(scored, key=lambda pair: pair[0])[1]
+
+
+def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
+    """One line: the metric's direction and how many trials finished, stopped early or failed."""
+    counts = {status: sum(t.status == status for t in trials) for status in ("SUCCEEDED", "EARLY_STOPPED")}
+    failed = sum(t.status in ("FAILED", "USER_CANCELED", "SYS_CANCELED") for t in trials)
+    return (f"metric direction: **{'maximize' if maximize else 'minimize'}** · finished: "
+            f"{counts['SUCCEEDED']} · early-stopped: {counts['EARLY_STOPPED']} · failed or canceled: {failed}")
 
 
 def is_maximize(ctx_config: Any) -> bool:
@@ -53,6 +64,7 @@ class ArtifactReporter:
         self._last = 0.0
         self._interval = MIN_INTERVAL
         self._progress_id: Any = None
+        self._dashboard_url: str | None = None
 
     def maybe_update(self) -> None:
         if time.monotonic() - self._last >= self._interval:
@@ -70,6 +82,7 @@ class ArtifactReporter:
 
     def _publish(self) -> None:
         from prefect.artifacts import (
+            create_link_artifact,
             create_markdown_artifact,
             create_progress_artifact,
             create_table_artifact,
@@ -88,8 +101,15 @@ class ArtifactReporter:
         rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status, "metric": _safe(trial_value(t)),
                  **{f"param.{k}": _safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
         create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
-        best = best_trial(trials, is_maximize(self.ctx.config))
+        maximize = is_maximize(self.ctx.config)
+        best = best_trial(trials, maximize)
         text = "No successful trial yet." if best is None else (
             f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"
             + "\n".join(f"- `{k}` = `{v}`" for k, v in best.parameters.items()))
+        text += f"\n\n{trial_counts(trials, maximize)}"
         create_markdown_artifact(key=f"{self.key}-best", markdown=text, description="best trial so far")
+        url = self.ctx.store.controls().get(DASHBOARD_URL_CONTROL)
+        if url and url != self._dashboard_url:
+            create_link_artifact(key=f"{self.key}-dashboard", link=url, link_text="live optuna-dashboard",
+                                 description="charts of this experiment, updated as trials report")
+            self._dashboard_url = url
