@@ -24,7 +24,7 @@ from typing import Any
 import optuna
 
 from .dashboard import open_mirror, plots_module
-from .store import TERMINAL, ExperimentStore
+from .store import ExperimentStore, TrialRecord
 
 MIN_FOR_IMPORTANCE = 4
 
@@ -33,13 +33,12 @@ _STATUS_COLOURS = {"SUCCEEDED": "#2e7d32", "EARLY_STOPPED": "#f9a825", "FAILED":
                    "WAITING": "#90caf9"}
 
 
-def _durations(store: ExperimentStore) -> Any:
+def _durations(started: list[TrialRecord]) -> Any:
     go = plots_module("plotly.graph_objects")
     now = time.time()
     figure = go.Figure()
-    trials = [t for t in store.trials() if t.start_time]
     for status, colour in _STATUS_COLOURS.items():
-        chosen = [t for t in trials if t.status == status]
+        chosen = [t for t in started if t.status == status]
         if chosen:
             seconds = [(t.end_time or now) - (t.start_time or now) for t in chosen]
             figure.add_bar(x=[t.sequence for t in chosen], y=seconds,
@@ -50,8 +49,9 @@ def _durations(store: ExperimentStore) -> Any:
     return figure
 
 
-def charts(store: ExperimentStore) -> list[tuple[str, Any]]:
-    """(title, plotly figure or the reason it is missing) for each chart of the report."""
+def charts(store: ExperimentStore, records: list[TrialRecord]) -> list[tuple[str, Any]]:
+    """(title, plotly figure or the reason it is missing) for each chart of the report; ``records``
+    are the store's trials."""
     plots_module("plotly")
     from optuna import visualization as vis
     from optuna.importance import PedAnovaImportanceEvaluator
@@ -60,6 +60,7 @@ def charts(store: ExperimentStore) -> list[tuple[str, Any]]:
     mirror.sync()
     study = optuna.load_study(study_name=mirror.study_name, storage=mirror.storage)
     trials = study.get_trials(deepcopy=False)
+    started = [t for t in records if t.start_time]
     complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     no_value = "no trial has finished with a value yet" if not complete else None
     makers: list[tuple[str, str | None, Callable[[], Any]]] = [
@@ -70,8 +71,7 @@ def charts(store: ExperimentStore) -> list[tuple[str, Any]]:
         ("Parameter importance", None if complete >= MIN_FOR_IMPORTANCE
          else f"needs at least {MIN_FOR_IMPORTANCE} trials finished with a value ({complete} so far)",
          lambda: vis.plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator())),
-        ("Duration per trial", None if any(t.start_time for t in store.trials(statuses=["RUNNING", *TERMINAL]))
-         else "no trial has started yet", lambda: _durations(store)),
+        ("Duration per trial", None if started else "no trial has started yet", lambda: _durations(started)),
     ]
     out: list[tuple[str, Any]] = []
     for title, missing, make in makers:
@@ -93,7 +93,8 @@ def write_report(store: ExperimentStore, path: Path) -> dict[str, str | None]:
     record = store.experiment()
     sections = []
     drawn: dict[str, str | None] = {}
-    for title, figure in charts(store):
+    records = store.trials()
+    for title, figure in charts(store, records):
         drawn[title] = figure if isinstance(figure, str) else None
         if isinstance(figure, str):
             body = f"<p class='missing'>{html.escape(figure)}</p>"
@@ -103,7 +104,7 @@ def write_report(store: ExperimentStore, path: Path) -> dict[str, str | None]:
         sections.append(f"<section><h2>{html.escape(title)}</h2>{body}</section>")
     name = html.escape(f"{record.name or 'experiment'} {record.id}")
     counts: dict[str, int] = {}
-    for trial in store.trials():
+    for trial in records:
         counts[trial.status] = counts.get(trial.status, 0) + 1
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items())) or "no trials"
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{name}</title>"
