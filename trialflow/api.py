@@ -91,7 +91,7 @@ class ExperimentSession:
     def add_trial(self, parameters: dict[str, Any]) -> str:
         """Record a trial with hand-picked ``parameters`` (they must lie in the search space); returns its
         id for ``submit_trial``."""
-        raw = self._ctx.config.space.encode(parameters)
+        raw = self._ctx.config.raw_values(parameters)
         trial_id = new_trial_id()
         sequence = self._ctx.store.take_sequence()
         hand_picked = -1 - sequence  # negative, as imported trials: never a tuner's parameter id

@@ -26,6 +26,7 @@ from .tuners.base import (
     optimize_mode_arg,
     positive_int_arg,
 )
+from .tuners.custom import describe_failure, is_custom, load_custom
 
 
 def _nonneg_int(value: Any) -> str | None:
@@ -34,6 +35,10 @@ def _nonneg_int(value: Any) -> str | None:
 
 
 class Assessor(ABC):
+    """``failure`` is set when a customized assessor raised; the experiment then ends ERROR."""
+
+    failure: str | None = None
+
     def __init__(self, optimize_mode: str = "maximize") -> None:
         self.maximize = optimize_mode == "maximize"
 
@@ -112,9 +117,45 @@ ASSESSORS = {
 }
 
 
+class NniAssessor(Assessor):
+    """A customized assessor written against NNI's ``nni.assessor.Assessor`` API: ``assess_trial``
+    answering ``AssessResult.Bad`` stops the trial. An exception of it is kept in :attr:`failure`
+    (traceback in the log), answers "go on" and ends the experiment as ERROR from its loop."""
+
+    def __init__(self, assessor: Any) -> None:
+        self.assessor = assessor
+        self.maximize = True
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self.failure is not None:
+            return None
+        try:
+            return getattr(self.assessor, method)(*args)
+        except Exception as exc:  # noqa: BLE001 -- recorded; the experiment loop ends the run
+            self.failure = describe_failure(self.assessor, method, exc)
+            return None
+
+    def assess(self, trial_id: str, history: list[float]) -> bool:
+        verdict = self._call("assess_trial", trial_id, list(history))
+        # NNI's AssessResult.Bad has the value False; a plain False means the same
+        return verdict is not None and getattr(verdict, "value", verdict) is False
+
+    def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
+        self._call("trial_end", trial_id, succeeded)
+
+
 def create_assessor(config: AlgorithmSpec) -> Assessor:
-    name = (config.name or config.class_name or "").lower()
+    """The configured assessor: a built-in name, a ``className`` or a registered name."""
+    if is_custom(config, ASSESSORS):
+        custom = load_custom(config, "assessor")
+        if issubclass(custom.cls, Assessor):
+            return custom.instantiate()  # type: ignore[no-any-return]
+        if not callable(getattr(custom.cls, "assess_trial", None)):
+            raise TunerError(f"{custom.label}: {custom.cls.__name__} is not an assessor: subclass "
+                             "nni.assessor.Assessor and implement assess_trial")
+        return NniAssessor(custom.instantiate())
+    name = (config.name or "").lower()
     if name not in ASSESSORS:
-        raise TunerError(f"unknown assessor {config.name or config.class_name!r}; built-in: Medianstop, Curvefitting")
+        raise TunerError(f"unknown assessor {config.name!r}; built-in: Medianstop, Curvefitting")
     cls, allowed = ASSESSORS[name]
     return cls(**check_args(f"assessor {config.name}", config.class_args, allowed))  # type: ignore[abstract]

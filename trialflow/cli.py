@@ -45,11 +45,14 @@ trial_app = typer.Typer(help="List and kill trials.", no_args_is_help=True)
 log_app = typer.Typer(help="Show trial logs.", no_args_is_help=True)
 update_app = typer.Typer(help="Change a running experiment: concurrency, trialnum, duration.", no_args_is_help=True)
 config_app = typer.Typer(help="Work with experiment config files.", no_args_is_help=True)
+algo_app = typer.Typer(help="Register customized tuners and assessors under a name (NNI's nnictl algo).",
+                       no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(trial_app, name="trial")
 app.add_typer(log_app, name="log")
 app.add_typer(update_app, name="update")
 app.add_typer(config_app, name="config")
+app.add_typer(algo_app, name="algo")
 console = Console()
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
@@ -185,6 +188,57 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
     else:
         output.write_text(text, encoding="utf-8")
         console.print(f"wrote the v2 config to {output}")
+
+
+@algo_app.command("register")
+def algo_register(meta: Annotated[Path, typer.Option("--meta", "-m", help="NNI meta file: algoType, builtinName, "
+                                                     "className[, classArgsValidator]")]) -> None:
+    """Register a customized tuner or assessor; configs then name it like a built-in one. The meta
+    file's folder is where its module is looked up."""
+    from .assessors import ASSESSORS
+    from .tuners import TUNERS
+    from .tuners.custom import load_class
+    from .tuners.registry import read_meta, register
+
+    try:
+        entry = read_meta(meta)
+        load_class(entry.class_name, entry.code_directory, entry.builtin_name)
+        if entry.class_args_validator:
+            load_class(entry.class_args_validator, entry.code_directory, f"{entry.builtin_name} classArgsValidator")
+        register(entry, set(TUNERS) | set(ASSESSORS))
+    except TunerError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"registered {entry.algo_type} [bold]{entry.builtin_name}[/] ({entry.class_name}); use it as "
+                  f"{entry.algo_type}: {{name: {entry.builtin_name}}}", highlight=False)
+
+
+@algo_app.command("list")
+def algo_list() -> None:
+    """The registered algorithms."""
+    from rich.table import Table
+
+    from .tuners.registry import registered_algorithms
+
+    try:
+        entries = registered_algorithms()
+    except TunerError as exc:
+        raise CliError(str(exc)) from None
+    table = Table("name", "type", "className", "classArgsValidator", "code directory")
+    for e in entries:
+        table.add_row(e.builtin_name, e.algo_type, e.class_name, e.class_args_validator or "", e.code_directory or "")
+    console.print(table)
+
+
+@algo_app.command("unregister")
+def algo_unregister(name: str) -> None:
+    """Forget a registered algorithm (its files stay where they are)."""
+    from .tuners.registry import unregister
+
+    try:
+        entry = unregister(name)
+    except TunerError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"unregistered {entry.algo_type} {entry.builtin_name}")
 
 
 @app.command()

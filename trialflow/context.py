@@ -84,7 +84,7 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
     prepare the service (transient platform errors retried with its platform's policy); on exit stop
     its trials' followers, unregister it and close the service (trials keep running)."""
     service = create_service(config.services[0], experiment_dir)
-    tuner = create_tuner(config.tuner, config.space)  # type: ignore[arg-type]
+    tuner = create_tuner(config.tuner, config.search_space)  # type: ignore[arg-type]
     assessor = create_assessor(config.assessor) if config.assessor else None
     ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
                             max_trial_duration=config.max_trial_duration)

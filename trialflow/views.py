@@ -111,11 +111,11 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
     """Add ``[{parameter, value}]`` as finished trials (replayed to the tuner on start/resume)."""
     if not isinstance(data, list):
         raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
-    space = stored_config(store).space
+    config = stored_config(store)
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
             raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
-        raw = space.encode(item["parameter"])
+        raw = config.raw_values(item["parameter"])
         value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
         trial_id = new_trial_id()
         seq = store.take_sequence()

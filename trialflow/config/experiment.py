@@ -15,6 +15,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from ..assessors import ASSESSORS
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
 from ..tuners import TUNERS
+from ..tuners.custom import is_custom
+from ..tuners.registry import registered, registered_algorithms
 from ._base import ConfigError, ConfigModel, ConfigPath, Duration, GpuIndices, canonical_key, format_errors
 from .legacy import convert_v1, is_v1
 from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
@@ -112,18 +114,16 @@ class ExperimentConfig(ConfigModel):
             raise ValueError("tuner must be set (e.g. tuner: {name: TPE, classArgs: {optimize_mode: maximize}})")
         for kind, algorithm, builtin in (("tuner", self.tuner, TUNERS), ("assessor", self.assessor, ASSESSORS)):
             if algorithm is not None and algorithm.name is not None and algorithm.name.lower() not in builtin:
-                close = difflib.get_close_matches(algorithm.name.lower(), list(builtin), n=1, cutoff=0.4)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"{kind}.name: unknown {kind} {algorithm.name!r}{hint} (built-in: "
-                                 f"{', '.join(builtin)}; or give className for your own)")
+                _check_registered_name(kind, algorithm.name, builtin)
         if (self.search_space is None) == (self.search_space_file is None):
             raise ValueError("set exactly one of searchSpace or searchSpaceFile")
         if self.search_space_file is not None:
             self.search_space = load_search_space_file(self.search_space_file)
-        try:
-            parse_search_space(self.search_space)
-        except SearchSpaceError as exc:
-            raise ValueError(f"searchSpace: {exc}") from None
+        if not self.custom_tuner:  # customized tuners define their own space formats (as NNI)
+            try:
+                parse_search_space(self.search_space)
+            except SearchSpaceError as exc:
+                raise ValueError(f"searchSpace: {exc}") from None
         if not self.search_space:
             where = f'searchSpaceFile "{self.search_space_file}"' if self.search_space_file else "searchSpace"
             raise ValueError(f"{where} is empty: give at least one parameter, e.g. "
@@ -141,6 +141,18 @@ class ExperimentConfig(ConfigModel):
         return data
 
     @property
+    def custom_tuner(self) -> bool:
+        """Whether the tuner is the user's own class (``className`` or a registered name)."""
+        return self.tuner is not None and is_custom(self.tuner, TUNERS)
+
+    def raw_values(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """What the tuner needs to be told of a trial with ``parameters`` that it did not suggest
+        (import, hand-picked): the encoded internal values, or for a customized tuner the parameters."""
+        if self.custom_tuner:
+            return {"parameters": dict(parameters)}
+        return self.space.encode(parameters)
+
+    @property
     def services(self) -> list[TrainingServiceConfig]:
         ts = self.training_service
         return list(ts) if isinstance(ts, list) else [ts]
@@ -156,6 +168,19 @@ class ExperimentConfig(ConfigModel):
     @property
     def name(self) -> str:
         return self.experiment_name or "experiment"
+
+
+def _check_registered_name(kind: str, name: str, builtin: dict[str, Any]) -> None:
+    entry = registered(name)
+    if entry is not None:
+        if entry.algo_type != kind:
+            raise ValueError(f"{kind}.name: {name!r} is registered as a {entry.algo_type}, not a {kind}")
+        return
+    names = list(builtin) + [a.builtin_name.lower() for a in registered_algorithms() if a.algo_type == kind]
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.4)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"{kind}.name: unknown {kind} {name!r}{hint} (built-in: {', '.join(builtin)}; or give "
+                     "className for your own, or register it with `trialflow algo register --meta`)")
 
 
 def load_search_space_file(path: Path) -> Any:

@@ -34,7 +34,10 @@ def _algorithm(raw: Any) -> dict[str, Any] | None:
     a = _ci(raw)
     out: dict[str, Any] = {}
     _put(out, "name", a.get("builtintunername") or a.get("builtinassessorname") or a.get("builtinadvisorname"))
-    _put(out, "className", a.get("classname"))
+    class_name, class_file = a.get("classname"), a.get("classfilename")
+    if class_name and class_file:  # v1 names the file and the class apart: my_tuner.py + MyTuner
+        class_name = f"{str(class_file).removesuffix('.py').replace('/', '.')}.{class_name}"
+    _put(out, "className", class_name)
     _put(out, "codeDirectory", a.get("codedir"))
     _put(out, "classArgs", a.get("classargs"))
     return out

@@ -39,7 +39,7 @@ from ..limits import PlatformCap
 from ..platforms import TrialHandle, TrialStatus, platform
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
-from ..tuners import scalar_or_none
+from ..tuners import TunerError, scalar_or_none
 from ..ui import ArtifactReporter
 
 TICK_SECONDS = 0.25
@@ -166,6 +166,7 @@ def _run(ctx: ExperimentContext) -> str:
             controls = ctx.store.controls()
             if controls.get("stop"):
                 return "STOPPED"
+            _raise_if_algorithm_failed(ctx)
             for trial_id in controls.get("kill", []):
                 if trial_id in loop.running:
                     ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
@@ -191,6 +192,13 @@ def _run(ctx: ExperimentContext) -> str:
         loop.close()
         ctx.store.set_control("elapsed_seconds", loop.elapsed())
         loop.reporter.update()
+
+
+def _raise_if_algorithm_failed(ctx: ExperimentContext) -> None:
+    """A customized tuner or assessor that raised ends the experiment (ERROR, the reason as message)."""
+    failure = ctx.tuner.failure or (ctx.assessor.failure if ctx.assessor is not None else None)
+    if failure:
+        raise TunerError(failure)
 
 
 def _start_one(ctx: ExperimentContext, loop: _Loop, resubmit: list[Any]) -> bool:

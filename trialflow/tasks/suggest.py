@@ -47,5 +47,5 @@ def observe(ctx: ExperimentContext, parameter_id: int, final: Any, succeeded: bo
         if raw is not None:
             ctx.tuner.replay(parameter_id, raw, value)
         else:
-            ctx.tuner.observe(parameter_id, value)
+            ctx.tuner.conclude(parameter_id, value, final, succeeded)
     return problem

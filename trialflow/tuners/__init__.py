@@ -7,12 +7,10 @@ semantics that handles nested choices).
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..search_space import SearchSpace
+from ..search_space import SearchSpace, parse_search_space
 from .anneal import AnnealTuner
 from .base import (
     InvalidMetric,
@@ -29,6 +27,7 @@ from .base import (
     scalar_or_none,
     seed_arg,
 )
+from .custom import NniTuner, is_custom, load_custom
 from .evolution import EvolutionTuner
 from .grid import BatchTuner, GridSearchTuner
 from .optuna_tuners import OptunaTuner, cmaes_sampler, gp_sampler, random_sampler, tpe_sampler
@@ -82,31 +81,33 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
 }
 
 
-def create_tuner(config: AlgorithmSpec, space: SearchSpace) -> Tuner:
-    """Build the configured tuner; unknown names and bad ``classArgs`` raise :class:`TunerError`."""
-    if config.class_name:
-        return _custom_tuner(config, space)
+def create_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
+    """Build the configured tuner over ``search_space`` (as written in the config); unknown names
+    and bad ``classArgs`` raise :class:`TunerError`."""
+    if is_custom(config, TUNERS):
+        return _custom_tuner(config, search_space)
     name = (config.name or "").lower()
     if name not in TUNERS:
         known = "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP"
         raise TunerError(f"unknown tuner {config.name!r}; built-in tuners: {known}")
     factory, allowed = TUNERS[name]
     args = check_args(f"tuner {config.name}", config.class_args, allowed)
-    return factory(space, **args)
+    return factory(_parsed(search_space), **args)
 
 
-def _custom_tuner(config: AlgorithmSpec, space: SearchSpace) -> Tuner:
-    """``className: module.Class`` from ``codeDirectory``: a trialflow Tuner subclass, called with
-    the search space and ``classArgs``."""
-    module_name, _, cls_name = (config.class_name or "").rpartition(".")
-    if not module_name:
-        raise TunerError(f"className {config.class_name!r} must be 'module.ClassName'")
-    if config.code_directory is not None and str(config.code_directory) not in sys.path:
-        sys.path.insert(0, str(config.code_directory))
-    try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
-    except (ImportError, AttributeError) as exc:
-        raise TunerError(f"cannot load tuner class {config.class_name!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Tuner)):
-        raise TunerError(f"{config.class_name} must subclass trialflow.tuners.Tuner")
-    return cls(space, **config.class_args)
+def _parsed(search_space: Any) -> SearchSpace:
+    return search_space if isinstance(search_space, SearchSpace) else parse_search_space(search_space)
+
+
+def _custom_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
+    """A customized tuner: a trialflow :class:`Tuner` subclass is called with the parsed search
+    space and ``classArgs``; any other class (NNI's ``nni.tuner.Tuner`` API) is built with
+    ``classArgs`` and gets the search space as written, unvalidated, as NNI hands it to customized
+    tuners."""
+    custom = load_custom(config, "tuner")
+    if issubclass(custom.cls, Tuner):
+        return custom.cls(_parsed(search_space), **custom.class_args)  # type: ignore[no-any-return]
+    if not any(callable(getattr(custom.cls, m, None)) for m in ("generate_parameters", "generate_multiple_parameters")):
+        raise TunerError(f"{custom.label}: {custom.cls.__name__} is not a tuner: subclass nni.tuner.Tuner and "
+                         "implement generate_parameters and receive_trial_result")
+    return NniTuner(custom.instantiate(), search_space, custom.label)

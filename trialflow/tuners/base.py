@@ -64,7 +64,12 @@ def maximizes(name: str | None, class_args: dict[str, Any] | None) -> bool:
 
 
 class Tuner(ABC):
-    """Base class: keeps ids, direction and the outcome bookkeeping common to every tuner."""
+    """Base class: keeps ids, direction and the outcome bookkeeping common to every tuner.
+
+    ``failure`` is set (and stays set) when the tuner cannot go on; the experiment then ends ERROR
+    with it as the message."""
+
+    failure: str | None = None
 
     def __init__(self, space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> None:
         self.space = space
@@ -87,6 +92,11 @@ class Tuner(ABC):
 
     @abstractmethod
     def observe(self, parameter_id: int, value: float | None) -> None: ...
+
+    def conclude(self, parameter_id: int, value: float | None, final: Any, succeeded: bool) -> None:
+        """A trial ended: ``value`` is its usable result (None when it failed or its result was
+        unusable), ``final`` the result as the trial reported it. Default: :meth:`observe`."""
+        self.observe(parameter_id, value)
 
     def reserve(self, parameter_id: int) -> None:
         """Never hand out ``parameter_id`` again (it belongs to a trial taken over on resume)."""

@@ -1,0 +1,221 @@
+"""Customized tuners and assessors written against NNI's API (nni.tuner.Tuner, nni.assessor.Assessor),
+loaded by className + codeDirectory (v2), codeDir + classFileName + className (v1), or a name
+registered with `trialflow algo register --meta`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, wait_for, write_trial
+from trialflow import parse_config, run_experiment
+from trialflow.config import AlgorithmConfig, ConfigError
+from trialflow.experiments import open_store
+from trialflow.tuners import TunerError, create_tuner
+
+ALGORITHMS = Path(__file__).parent / "algorithms"
+# The space is in the customized tuner's own format: trialflow's built-in validation would refuse it.
+SPACE = {"x": {"_type": "cycle", "_value": [1, 5, 2, 6]}}
+TRIAL = """
+import time, nni
+p = nni.get_next_parameter()
+nni.report_intermediate_result(p["x"])
+time.sleep(8 if p["x"] > 4 else 0.2)  # long enough for the assessor's verdict to land
+nni.report_intermediate_result(p["x"] + 0.5)
+nni.report_final_result({"default": p["x"] * 10, "x": p["x"]})
+"""
+
+
+@pytest.fixture
+def algo_dir(tmp_path):
+    """The user's algorithms in a folder of their own."""
+    folder = tmp_path / "my_algorithms"
+    folder.mkdir()
+    shutil.copy(ALGORITHMS / "demo_tuner.py", folder)
+    return folder
+
+
+@pytest.fixture
+def calls_log(tmp_path):
+    return tmp_path / "calls.jsonl"
+
+
+def _calls(path: Path, name: str) -> list[dict]:
+    entries = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [e for e in entries if e["call"] == name]
+
+
+def _config(tmp_path: Path, tuner: dict, assessor: dict | None = None, **overrides) -> dict:
+    write_trial(tmp_path / "code", TRIAL)
+    config = base_config(tmp_path / "code", tmp_path / "w", **{"searchSpace": SPACE, "tuner": tuner,
+                                                                "maxTrialNumber": 10, **overrides})
+    if assessor is not None:
+        config["assessor"] = assessor
+    return config
+
+
+def _check_run(result, calls_log: Path, trials: int) -> None:
+    """The tuner got the space as written and every final result with its parameters; the
+    assessor's Bad verdicts ended trials as EARLY_STOPPED."""
+    assert result.status == "DONE"
+    assert len(result.trials) == trials  # NoMoreTrialError ended suggestion before maxTrialNumber
+    assert [c["space"] for c in _calls(calls_log, "update_search_space")] == [SPACE]
+    received = {c["parameter_id"]: c for c in _calls(calls_log, "receive_trial_result")}
+    ended = {c["parameter_id"]: c["success"] for c in _calls(calls_log, "trial_end")}
+    for trial in result.trials:
+        x = trial.parameters["x"]
+        assert trial.parameters == {"x": SPACE["x"]["_value"][trial.parameter_id % 4], "id": trial.parameter_id}
+        if x > 4:
+            assert trial.status == "EARLY_STOPPED", (trial.id, trial.status, trial.message)
+            assert trial.parameter_id not in received and ended[trial.parameter_id] is False
+        else:
+            assert trial.status == "SUCCEEDED", (trial.id, trial.status, trial.message)
+            got = received[trial.parameter_id]
+            assert got["parameters"] == trial.parameters
+            assert got["value"] == {"default": x * 10, "x": x} == trial.final  # as reported, dict and all
+            assert got["reward"] == x * 10 and ended[trial.parameter_id] is True
+    assessed = _calls(calls_log, "assess_trial")
+    assert assessed and all(c["history"] for c in assessed)
+    assert {c["trial"] for c in _calls(calls_log, "assessor_trial_end")} == {t.id for t in result.trials}
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_nni_api_tuner_and_assessor_by_class_name_drive_an_experiment(tmp_path, algo_dir, calls_log):
+    tuner = {"className": "demo_tuner.CyclingTuner", "codeDirectory": str(algo_dir),
+             "classArgs": {"log_file": str(calls_log), "limit": 6}}
+    assessor = {"className": "demo_tuner.ThresholdAssessor", "codeDirectory": str(algo_dir),
+                "classArgs": {"above": 4, "log_file": str(calls_log)}}
+    result = run_experiment(_config(tmp_path, tuner, assessor, trialConcurrency=3))
+    _check_run(result, calls_log, trials=6)
+
+
+def _algo(args: list[str], config_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRIALFLOW_CONFIG_DIR": str(config_dir)}
+    return subprocess.run([sys.executable, "-m", "trialflow.cli", "algo", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def _meta(folder: Path, name: str, **fields) -> Path:
+    path = folder / f"{name}.yml"
+    path.write_text(yaml.safe_dump({"builtinName": name, **fields}))
+    return path
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_registered_algorithms_drive_an_experiment_by_name(tmp_path, algo_dir, calls_log, monkeypatch):
+    config_dir = tmp_path / "config"
+    monkeypatch.setenv("TRIALFLOW_CONFIG_DIR", str(config_dir))
+    tuner_meta = _meta(algo_dir, "CyclingTuner", algoType="tuner", className="demo_tuner.CyclingTuner",
+                       classArgsValidator="demo_tuner.CyclingValidator")
+    assessor_meta = _meta(algo_dir, "Threshold", algoType="assessor", className="demo_tuner.ThresholdAssessor")
+    for meta in (tuner_meta, assessor_meta):
+        proc = _algo(["register", "--meta", str(meta)], config_dir)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    listing = _algo(["list"], config_dir)
+    assert "CyclingTuner" in listing.stdout and "Threshold" in listing.stdout and "assessor" in listing.stdout
+
+    config = _config(tmp_path, {"name": "cyclingtuner", "classArgs": {"log_file": str(calls_log), "limit": 4}},
+                     {"name": "Threshold", "classArgs": {"above": 4, "log_file": str(calls_log)}})
+    _check_run(run_experiment(config), calls_log, trials=4)
+
+    again = _algo(["register", "--meta", str(tuner_meta)], config_dir)
+    assert again.returncode == 1 and "already registered" in again.stdout
+    gone = _algo(["unregister", "CyclingTuner"], config_dir)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    with pytest.raises(ConfigError, match=r"tuner.name: unknown tuner 'cyclingtuner'.*algo register"):
+        parse_config(config)
+
+
+def test_registration_refuses_bad_meta_files(tmp_path, algo_dir):
+    config_dir = tmp_path / "config"
+    cases = [
+        (_meta(algo_dir, "TPE", algoType="tuner", className="demo_tuner.CyclingTuner"), "name of a built-in"),
+        (_meta(algo_dir, "NoClass", algoType="tuner"), "missing className"),
+        (_meta(algo_dir, "Advisor", algoType="advisor", className="demo_tuner.CyclingTuner"),
+         "algoType must be tuner or assessor"),
+        (_meta(algo_dir, "Missing", algoType="tuner", className="demo_tuner.NoSuchTuner"),
+         "cannot load 'demo_tuner.NoSuchTuner'"),
+    ]
+    for meta, message in cases:
+        proc = _algo(["register", "--meta", str(meta)], config_dir)
+        assert proc.returncode == 1 and message in proc.stdout, (meta.name, proc.stdout + proc.stderr)
+    assert "TPE" not in _algo(["list"], config_dir).stdout
+
+
+def test_class_args_validator_of_a_registered_tuner(tmp_path, algo_dir, calls_log, monkeypatch):
+    monkeypatch.setenv("TRIALFLOW_CONFIG_DIR", str(tmp_path / "config"))
+    meta = _meta(algo_dir, "Validated", algoType="tuner", className="demo_tuner.CyclingTuner",
+                 classArgsValidator="demo_tuner.CyclingValidator")
+    assert _algo(["register", "--meta", str(meta)], tmp_path / "config").returncode == 0
+
+    def tuner(**args):
+        return create_tuner(AlgorithmConfig(name="Validated", class_args=args), SPACE)
+
+    with pytest.raises(TunerError, match="classArgs rejected by CyclingValidator: optimize_mode should be "
+                                         "maximize or minimize, not 'sideways'"):
+        tuner(log_file=str(calls_log), optimize_mode="sideways")
+    with pytest.raises(TunerError, match="log_file is required"):
+        tuner()
+    with pytest.raises(TunerError, match=r"unknown classArgs \['colour'\]"):
+        tuner(log_file=str(calls_log), colour="red")
+    ok = tuner(log_file=str(calls_log), optimize_mode="minimize", limit=2)
+    assert [ok.suggest().parameters for _ in range(2)] == [{"x": 1, "id": 0}, {"x": 5, "id": 1}]
+    assert ok.suggest() is None  # NoMoreTrialError after `limit`
+
+
+def test_a_resumed_nni_tuner_gets_finished_trials_through_import_data(algo_dir, calls_log):
+    spec = AlgorithmConfig(class_name="demo_tuner.CyclingTuner", code_directory=algo_dir,
+                           class_args={"log_file": str(calls_log)})
+    tuner = create_tuner(spec, SPACE)
+    tuner.replay(3, {"parameters": {"x": 6, "id": 3}}, 60.0)
+    tuner.replay(4, {"parameters": {"x": 1, "id": 4}}, None)  # failed: nothing to import
+    assert [c["data"] for c in _calls(calls_log, "import_data")] == [[{"parameter": {"x": 6, "id": 3}, "value": 60.0}]]
+    assert tuner.suggest().parameter_id == 5  # ids go on after the replayed ones
+
+
+def test_a_v1_custom_tuner_section_converts_to_class_name(tmp_path, algo_dir):
+    write_trial(tmp_path / "code", TRIAL)
+    (tmp_path / "space.json").write_text(json.dumps(SPACE))
+    v1 = {"authorName": "nni", "trialConcurrency": 1, "maxTrialNum": 2, "trainingServicePlatform": "local",
+          "searchSpacePath": str(tmp_path / "space.json"),
+          "tuner": {"codeDir": str(algo_dir), "classFileName": "demo_tuner.py", "className": "CyclingTuner",
+                    "classArgs": {"log_file": "x"}},
+          "trial": {"command": "python3 trial.py", "codeDir": str(tmp_path / "code")}}
+    with pytest.warns(UserWarning, match="legacy v1"):
+        config = parse_config(v1)
+    assert config.tuner.class_name == "demo_tuner.CyclingTuner" and config.tuner.code_directory == algo_dir
+    assert config.custom_tuner and config.search_space == SPACE
+
+
+@pytest.mark.parametrize("fail_on", ["receive_trial_result", "generate_parameters"])
+def test_a_tuner_that_raises_ends_the_experiment_as_error_with_its_traceback(tmp_path, algo_dir, calls_log,
+                                                                             prefect_server, fail_on):
+    tuner = {"className": "demo_tuner.CyclingTuner", "codeDirectory": str(algo_dir),
+             "classArgs": {"log_file": str(calls_log), "fail_on": fail_on}}
+    config = _config(tmp_path, tuner, maxTrialNumber=6, trialConcurrency=1,
+                     searchSpace={"x": {"_type": "cycle", "_value": [1, 2]}})
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    proc = subprocess.run([sys.executable, "-m", "trialflow.cli", "create", "--config", str(path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (exp_dir,) = [p for p in (tmp_path / "w").iterdir() if (p / "db").is_dir()]
+    store = open_store(tmp_path / "w", exp_dir.name)
+    wait_for(lambda: store.experiment().status not in ("INITIALIZED", "RUNNING"), timeout=120)
+    exploded = "ZeroDivisionError: receive exploded" if fail_on == "receive_trial_result" else \
+        "RuntimeError: generate exploded"
+    experiment = store.experiment()
+    assert experiment.status == "ERROR"
+    called = "generate_multiple_parameters" if fail_on == "generate_parameters" else fail_on  # what trialflow calls
+    assert f"customized CyclingTuner.{called} raised {exploded}" in experiment.message
+    log = wait_for(lambda: (t := (exp_dir / "log" / "experiment.log").read_text()) and "Traceback" in t and t)
+    assert f'in {fail_on}' in log and exploded in log  # the user's frame and error, for them to fix
+    assert all(t.is_terminal for t in store.trials())  # nothing left running

@@ -1,0 +1,198 @@
+"""Customized tuners and assessors: classes of the user's own, NNI's way.
+
+A config names one by ``className: module.Class`` (+ ``codeDirectory``, put on ``sys.path``), or by
+the ``builtinName`` it was registered under with ``trialflow algo register --meta meta.yml`` (see
+:mod:`trialflow.tuners.registry`). ``classArgs`` are the constructor's keyword arguments; a registered
+algorithm's ``classArgsValidator`` checks them first. A class written against NNI's API
+(``nni.tuner.Tuner`` / ``nni.assessor.Assessor``) runs through :class:`NniTuner` /
+:class:`trialflow.assessors.NniAssessor`; the bundled ``nni`` package supplies those base classes
+when NNI itself is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..trial import NNI_SHIM_DIR
+from .base import Suggestion, Tuner, TunerError
+from .registry import registered
+
+log = logging.getLogger("trialflow.tuner")
+
+
+@dataclass(frozen=True)
+class CustomAlgorithm:
+    """A loaded customized algorithm: its class and checked constructor arguments."""
+
+    label: str  # how the config named it, for messages
+    cls: type
+    class_args: dict[str, Any]
+
+    def instantiate(self) -> Any:
+        try:
+            return self.cls(**self.class_args)
+        except Exception as exc:
+            raise TunerError(f"{self.label}: creating {self.cls.__name__}(**classArgs) failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+
+def is_custom(spec: Any, builtin: dict[str, Any]) -> bool:
+    """Whether a tuner/assessor config names a customized class (``className`` or a registered name)."""
+    return bool(spec.class_name) or (spec.name is not None and spec.name.lower() not in builtin
+                                     and registered(spec.name) is not None)
+
+
+def load_custom(spec: Any, kind: str) -> CustomAlgorithm:
+    """The class a ``className`` or registered ``name`` stands for, its ``classArgs`` validated."""
+    class_name, code_dir, validator = spec.class_name, spec.code_directory, None
+    label = f"{kind} {class_name}"
+    if not class_name:
+        entry = registered(spec.name)
+        if entry is None:
+            raise TunerError(f"unknown {kind} {spec.name!r}")
+        if entry.algo_type != kind:
+            raise TunerError(f"{spec.name!r} is registered as a {entry.algo_type}, not a {kind}")
+        class_name, code_dir, validator = entry.class_name, entry.code_directory, entry.class_args_validator
+        label = f"{kind} {entry.builtin_name}"
+    cls = load_class(class_name, code_dir, label)
+    if validator:
+        _validate(load_class(validator, code_dir, f"{label} classArgsValidator"), spec.class_args, label)
+    return CustomAlgorithm(label, cls, dict(spec.class_args))
+
+
+def load_class(dotted: str, code_directory: Any, label: str) -> type:
+    """``module.Class`` importable from ``code_directory`` (first on sys.path), else the environment."""
+    module_name, _, cls_name = dotted.rpartition(".")
+    if not module_name:
+        raise TunerError(f"{label}: className {dotted!r} must be 'module.ClassName' (e.g. my_tuner.MyTuner)")
+    if NNI_SHIM_DIR not in sys.path:
+        sys.path.append(NNI_SHIM_DIR)  # `from nni.tuner import Tuner` without NNI installed
+    if code_directory is not None:
+        folder = str(Path(code_directory).resolve())
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        where = f" in codeDirectory {code_directory}" if code_directory is not None else ""
+        raise TunerError(f"{label}: cannot load {dotted!r}{where}: {exc}") from None
+    except Exception as exc:  # the user's module failed while importing
+        raise TunerError(f"{label}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(cls, type):
+        raise TunerError(f"{label}: {dotted!r} is not a class")
+    return cls
+
+
+def _validate(validator_cls: type, class_args: dict[str, Any], label: str) -> None:
+    try:
+        validator_cls().validate_class_args(**class_args)
+    except Exception as exc:  # noqa: BLE001 -- any error of the validator is a classArgs problem
+        raise TunerError(f"{label}: classArgs rejected by {validator_cls.__name__}: {exc}") from None
+
+
+def describe_failure(owner: Any, method: str, exc: BaseException) -> str:
+    """Log a customized algorithm's exception with its traceback (to the Prefect run's log when in
+    one); the one-line reason to report."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    name = type(owner).__name__
+    try:
+        logger: Any = get_run_logger()
+    except MissingContextError:
+        logger = log
+    logger.error("customized %s.%s raised:\n%s", name, method, "".join(traceback.format_exception(exc)))
+    return f"customized {name}.{method} raised {type(exc).__name__}: {exc}"
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON types (numpy scalars and arrays become numbers and lists)."""
+    def convert(obj: Any) -> Any:
+        for attr in ("tolist", "item"):
+            if hasattr(obj, attr):
+                return getattr(obj, attr)()
+        raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+    return json.loads(json.dumps(value, default=convert))
+
+
+class NniTuner(Tuner):
+    """An NNI-API tuner (``generate_parameters`` / ``receive_trial_result`` ...) behind trialflow's
+    tuner seam. Its raw values are the parameters it generated, so a resume replays them to it with
+    ``import_data``. An exception of the user's tuner is kept in :attr:`failure` (with its traceback
+    in the log) and ends the experiment as ERROR; it is never retried."""
+
+    def __init__(self, tuner: Any, search_space: Any, label: str) -> None:
+        self.tuner = tuner
+        self.label = label
+        self.maximize = False
+        self.failure = None
+        self._next_id = 0
+        self._params: dict[int, Any] = {}
+        self._call("update_search_space", search_space)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.failure is not None:
+            raise TunerError(self.failure)
+        try:
+            return getattr(self.tuner, method)(*args, **kwargs)
+        except Exception as exc:
+            if _is_no_more_trials(exc):
+                raise
+            self.failure = describe_failure(self.tuner, method, exc)
+            raise TunerError(self.failure) from None
+
+    def suggest(self) -> Suggestion | None:
+        pid = self._new_id()
+        try:
+            batch = self._call("generate_multiple_parameters", [pid])
+        except Exception as exc:
+            if _is_no_more_trials(exc):
+                return None
+            raise
+        if not batch:
+            return None
+        params = batch[0]
+        if not isinstance(params, dict):
+            self.failure = (f"{self.label}: generate_parameters must return a dict of parameters, "
+                            f"got {type(params).__name__}")
+            raise TunerError(self.failure)
+        params = jsonable(params)
+        self._params[pid] = params
+        return Suggestion(pid, params, {"parameters": params})
+
+    def observe(self, parameter_id: int, value: float | None) -> None:
+        self.conclude(parameter_id, value, value, value is not None)
+
+    def conclude(self, parameter_id: int, value: float | None, final: Any, succeeded: bool) -> None:
+        """As NNI: ``receive_trial_result`` with the final result as reported (when there is one),
+        then ``trial_end``."""
+        params = self._params.get(parameter_id)
+        if final is not None and params is not None:
+            self._tolerant("receive_trial_result", parameter_id, params, final)
+        self._tolerant("trial_end", parameter_id, succeeded)
+
+    def _tolerant(self, method: str, *args: Any) -> None:
+        """Call without raising: a failure is recorded and ends the experiment from its loop (these
+        calls happen in a trial's task, whose end is already recorded)."""
+        try:
+            self._call(method, *args)
+        except Exception:  # noqa: BLE001 -- kept in self.failure
+            return
+
+    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+        params = raw.get("parameters", raw)
+        self._params[parameter_id] = params
+        if value is not None:
+            self._tolerant("import_data", [{"parameter": params, "value": value}])
+
+
+def _is_no_more_trials(exc: BaseException) -> bool:
+    return type(exc).__name__ == "NoMoreTrialError"
