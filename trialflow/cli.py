@@ -53,6 +53,9 @@ app.add_typer(log_app, name="log")
 app.add_typer(update_app, name="update")
 app.add_typer(config_app, name="config")
 app.add_typer(algo_app, name="algo")
+tensorboard_app = typer.Typer(help="Serve trials' TensorBoard logs ($NNI_OUTPUT_DIR/tensorboard).",
+                              no_args_is_help=True)
+app.add_typer(tensorboard_app, name="tensorboard")
 console = Console()
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
@@ -239,6 +242,45 @@ def algo_unregister(name: str) -> None:
     except TunerError as exc:
         raise CliError(str(exc)) from None
     console.print(f"unregistered {entry.algo_type} {entry.builtin_name}")
+
+
+@tensorboard_app.command("start")
+def tensorboard_start(experiment_id: str, root: RootOpt = None,
+                      trials: Annotated[str | None, typer.Option("--trials", "--trial_id", help="trial ids, comma "
+                                                                 "separated (default: every trial)")] = None,
+                      port: Annotated[int, typer.Option("--port", help="0: any free port")] = 6006,
+                      host: Annotated[str, typer.Option("--host")] = "127.0.0.1") -> None:
+    """Start a TensorBoard over the trials' logs; it serves until `tensorboard stop`. Remote
+    trials' logs are copied here first (run start again to refresh them)."""
+    from . import tensorboard
+
+    base, store = _store(experiment_id, root)
+    wanted = [t.strip() for t in trials.split(",") if t.strip()] if trials else None
+    service = _open_service(store, base)
+    try:
+        runs = tensorboard.trial_folders(store, service, wanted)
+        server = tensorboard.start(base / experiment_id, runs, port, host)
+    except tensorboard.TensorBoardError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        service.close()
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/] TensorBoard listens on {host}, with no login", highlight=False)
+    console.print(f"TensorBoard of {len(runs)} trial(s) at {server.url} (pid {server.pid}); "
+                  f"stop: trialflow tensorboard stop {experiment_id}", highlight=False)
+
+
+@tensorboard_app.command("stop")
+def tensorboard_stop(experiment_id: str, root: RootOpt = None) -> None:
+    """Stop the experiment's TensorBoard."""
+    from . import tensorboard
+
+    base, _ = _store(experiment_id, root)
+    try:
+        server = tensorboard.stop(base / experiment_id)
+    except tensorboard.TensorBoardError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"stopped the TensorBoard at {server.url}", highlight=False)
 
 
 @app.command()

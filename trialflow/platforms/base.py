@@ -130,6 +130,12 @@ class TrainingService(ABC):
         ``tail`` bytes of each when given; empty when not available."""
         return {}
 
+    def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
+        """The folder ``name`` of the trial's ``NNI_OUTPUT_DIR`` (e.g. ``tensorboard``) on this
+        machine, copied here first when the trial runs elsewhere; None when the service cannot
+        reach it (default)."""
+        return None
+
     def close(self) -> None:
         """Release connections and clients; running trials are not touched."""
         return None

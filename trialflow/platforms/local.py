@@ -206,6 +206,9 @@ class LocalTrainingService(TrainingService):
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         return read_trial_logs(handle.data["trial_dir"], tail)
 
+    def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
+        return Path(handle.data["trial_dir"]) / name
+
     def close(self) -> None:
         self._forkserver.close()
         for fd in self._pidfds.values():

@@ -581,6 +581,15 @@ class RemoteTrainingService(TrainingService):
         machine.sftp("fetching logs", fetch)
         return read_trial_logs(local_dir, tail)
 
+    def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
+        """Copy the remote ``<trial dir>/<name>`` tree over SFTP into the local trial directory (a
+        snapshot: files written later need another call); symbolic links are not followed."""
+        machine = self._machine(handle)
+        target = self.experiment_dir / "trials" / handle.trial_id / name
+        machine.sftp(f"fetching {name}", lambda s: _download_tree(s, posixpath.join(handle.data["trial_dir"], name),
+                                                                  target))
+        return target
+
     def close(self) -> None:
         """Ask reuse workers to leave and close the connections; running trials are not touched."""
         for machine in self.machines:
@@ -603,6 +612,23 @@ def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def _download_tree(sftp: paramiko.SFTPClient, remote: str, local: Path) -> None:
+    """``remote`` (a folder) copied into ``local``; entries are plain names, so nothing lands outside."""
+    try:
+        entries = sftp.listdir_attr(remote)
+    except FileNotFoundError:
+        return
+    local.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        name, mode = entry.filename, entry.st_mode or 0
+        if name in (".", "..") or "/" in name:
+            continue
+        if stat.S_ISDIR(mode):
+            _download_tree(sftp, posixpath.join(remote, name), local / name)
+        elif stat.S_ISREG(mode):
+            sftp.get(posixpath.join(remote, name), str(local / name))
 
 
 def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:

@@ -576,6 +576,9 @@ class SharedStorageService(TrainingService):
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         return read_trial_logs(self._trial_dir(handle), tail)
 
+    def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
+        return self._trial_dir(handle) / name  # on the share, mounted here
+
     def close(self) -> None:
         """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""
         for env in list(self.envs.values()):

@@ -1,0 +1,101 @@
+"""`trialflow tensorboard start|stop`: TensorBoard over the trials' $NNI_OUTPUT_DIR/tensorboard logs,
+local and remote (copied over SFTP), on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import base_config, machine, wait_for, write_trial
+from trialflow import run_experiment
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+# Written with TensorBoard's own event writer: a scalar "loss" = x * step for steps 0..2.
+TRIAL = """
+import os, time, nni
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+p = nni.get_next_parameter()
+writer = EventFileWriter(os.path.join(os.environ["NNI_OUTPUT_DIR"], "tensorboard"))
+for step in range(3):
+    value = summary_pb2.Summary.Value(tag="loss", simple_value=p["x"] * step)
+    writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=[value])))
+writer.close()
+nni.report_final_result(p["x"])
+"""
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PREFECT_API_URL": os.environ.get("PREFECT_API_URL", "")}
+    return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=180)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_and_check(result, root: Path, trials: list) -> None:
+    port = _free_port()
+    chosen = ",".join(t.id for t in trials)
+    started = _cli("tensorboard", "start", result.experiment_id, "--root", str(root), "--trials", chosen,
+                   "--port", str(port))
+    assert started.returncode == 0, started.stdout + started.stderr
+    url = f"http://127.0.0.1:{port}/"
+    assert url in started.stdout
+    try:
+        assert requests.get(url, timeout=10).status_code == 200
+        # one run per trial, named by its id ("<id>/." : the root of the trial's folder)
+        runs = wait_for(lambda: (r := requests.get(url + "data/runs", timeout=10).json()) and len(r) >= len(trials)
+                        and r, timeout=60)
+        assert sorted(runs) == sorted(f"{t.id}/." for t in trials)
+        for trial in trials:
+            points = wait_for(lambda t=trial: requests.get(url + "data/plugin/scalars/scalars",
+                                                           params={"run": f"{t.id}/.", "tag": "loss"},
+                                                           timeout=10).json(), timeout=60)
+            assert [(step, value) for _, step, value in points] == [
+                (s, pytest.approx(trial.parameters["x"] * s)) for s in range(3)]
+        again = _cli("tensorboard", "start", result.experiment_id, "--root", str(root), "--port", "0")
+        assert again.returncode == 1 and "already serves" in again.stdout
+    finally:
+        stopped = _cli("tensorboard", "stop", result.experiment_id, "--root", str(root))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    with pytest.raises(requests.ConnectionError):
+        requests.get(url, timeout=5)
+    assert "no TensorBoard" in _cli("tensorboard", "stop", result.experiment_id, "--root", str(root)).stdout
+
+
+def test_tensorboard_serves_local_trials_logs_and_stops(tmp_path):
+    write_trial(tmp_path / "code", TRIAL)
+    result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=3))
+    assert result.status == "DONE"
+    _serve_and_check(result, tmp_path / "w", result.trials[:2])  # --trials picks two of the three
+
+
+def test_tensorboard_copies_remote_trials_logs(tmp_path, sshd_servers, known_hosts):
+    write_trial(tmp_path / "code", TRIAL)
+    service = {"platform": "remote", "knownHostsFile": str(known_hosts),
+               "machineList": [machine(sshd_servers[0], tmp_path / "remote0")]}
+    result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=2, trainingService=service))
+    assert result.status == "DONE"
+    _serve_and_check(result, tmp_path / "w", result.trials)
+    for trial in result.trials:  # served from the copies, not the remote folders
+        assert list((tmp_path / "w" / result.experiment_id / "trials" / trial.id / "tensorboard").glob("events.*"))
+
+
+def test_tensorboard_without_logs_or_unknown_trials_says_what_is_wrong(tmp_path):
+    write_trial(tmp_path / "code", "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n")
+    result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=1))
+    nothing = _cli("tensorboard", "start", result.experiment_id, "--root", str(tmp_path / "w"), "--port", "0")
+    assert nothing.returncode == 1 and "NNI_OUTPUT_DIR" in nothing.stdout
+    unknown = _cli("tensorboard", "start", result.experiment_id, "--root", str(tmp_path / "w"), "--trials", "nope")
+    assert unknown.returncode == 1 and "no trial nope" in unknown.stdout
