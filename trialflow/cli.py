@@ -14,13 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from .config import ConfigError, convert_config_file, load_config, parse_duration
+from .config import ConfigError, ConfigWarning, convert_config_file, load_config, parse_duration
 from .experiments import (
     ExperimentNotFound,
     create_experiment,
@@ -57,6 +58,7 @@ tensorboard_app = typer.Typer(help="Serve trials' TensorBoard logs ($NNI_OUTPUT_
                               no_args_is_help=True)
 app.add_typer(tensorboard_app, name="tensorboard")
 console = Console()
+_default_show_warning = warnings.showwarning
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
 DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a live optuna-dashboard of it "
@@ -172,8 +174,6 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
                                                                "printing it")] = None) -> None:
     """Print (or write) the NNI v2 equivalent of a v1 config file, checked by loading it. Relative
     paths stay as written: keep the result next to the original."""
-    import warnings
-
     import yaml
 
     try:
@@ -606,8 +606,18 @@ def log_trial(experiment_id: str, trial_id: str, root: RootOpt = None,
         typer.echo(text)
 
 
+def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """Config warnings as one line; others as Python prints them."""
+    if issubclass(category, ConfigWarning):
+        console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
 def main() -> None:
     """Console entry point: one-line errors, exit code 1."""
+    warnings.showwarning = _show_warning
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     try:

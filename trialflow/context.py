@@ -60,6 +60,9 @@ class ExperimentContext:
 
 
 log = logging.getLogger("trialflow.experiment")
+# NNI's logLevel names -> the level of trialflow's loggers in the controller
+LOG_LEVELS = {"fatal": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO,
+              "debug": logging.DEBUG, "trace": logging.DEBUG}
 _CONTEXTS: dict[str, ExperimentContext] = {}
 _LOCK = threading.Lock()
 
@@ -83,9 +86,10 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
     """Build the experiment's service, tuner and assessor, register the context for the tasks and
     prepare the service (transient platform errors retried with its platform's policy); on exit stop
     its trials' followers, unregister it and close the service (trials keep running)."""
-    service = create_service(config.services[0], experiment_dir)
+    logging.getLogger("trialflow").setLevel(LOG_LEVELS[config.log_level or "info"])
     tuner = create_tuner(config.tuner, config.search_space)  # type: ignore[arg-type]
     assessor = create_assessor(config.assessor) if config.assessor else None
+    service = create_service(config.services[0], experiment_dir)
     ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
                             max_trial_duration=config.max_trial_duration)
     with _LOCK:

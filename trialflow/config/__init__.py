@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._base import ConfigError, parse_duration, parse_gpu_indices, parse_size_mb
+from ._base import ConfigError, ConfigWarning, parse_duration, parse_gpu_indices, parse_size_mb
 from .experiment import AlgorithmConfig, ExperimentConfig, convert_config_file, load_config, parse_config
 from .platforms import (
     PLATFORM_CONFIGS,
@@ -17,6 +17,7 @@ from .platforms import (
 )
 
 __all__ = [
+    "ConfigWarning",
     "PLATFORM_CONFIGS",
     "AdlConfig",
     "AlgorithmConfig",

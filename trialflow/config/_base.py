@@ -42,6 +42,11 @@ class ConfigError(ValueError):
         super().__init__(f"Invalid experiment config{where}:\n{lines}")
 
 
+class ConfigWarning(UserWarning):
+    """A field that is accepted but does something else than in NNI, or nothing here; the message
+    starts with the field's path and says what to do."""
+
+
 def canonical_key(key: str) -> str:
     """NNI's key identity: lower case, underscores removed."""
     return key.lower().replace("_", "")

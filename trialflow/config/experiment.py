@@ -17,7 +17,16 @@ from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
 from ..tuners import TUNERS
 from ..tuners.custom import is_custom
 from ..tuners.registry import registered, registered_algorithms
-from ._base import ConfigError, ConfigModel, ConfigPath, Duration, GpuIndices, canonical_key, format_errors
+from ._base import (
+    ConfigError,
+    ConfigModel,
+    ConfigPath,
+    ConfigWarning,
+    Duration,
+    GpuIndices,
+    canonical_key,
+    format_errors,
+)
 from .legacy import convert_v1, is_v1
 from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
 
@@ -129,8 +138,23 @@ class ExperimentConfig(ConfigModel):
             raise ValueError(f"{where} is empty: give at least one parameter, e.g. "
                              '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
         if self.log_level is None:
-            self.log_level = "debug" if self.debug else "info"
+            debug = self.debug or any(s.debug for s in self.services)
+            self.log_level = "debug" if debug else "info"
+        self._warn_unused()
         return self
+
+    def _warn_unused(self) -> None:
+        """Fields NNI acts on that have no effect here: said, with the field's path, never ignored quietly."""
+        if self.tuner_gpu_indices is not None:
+            warnings.warn("tunerGpuIndices has no effect: the tuner runs inside the controller process, whose "
+                          "GPUs are its CUDA_VISIBLE_DEVICES; set that variable where you start trialflow instead",
+                          ConfigWarning, stacklevel=3)
+        for i, service in enumerate(self.services):
+            where = f"trainingService[{i}]" if self.is_hybrid else "trainingService"
+            if getattr(service, "log_collection", "none") == "http":
+                warnings.warn(f"{where}.logCollection: http is not needed: trialflow reads the trials' logs from "
+                              "the shared NFS folder (`trialflow log trial`); the field has no effect",
+                              ConfigWarning, stacklevel=3)
 
     def dump(self) -> dict[str, Any]:
         """As stored with an experiment: the search space's content, not the file it came from (the

@@ -75,6 +75,10 @@ class LocalConfig(TrainingServiceConfig):
     @model_validator(mode="after")
     def _gpu_rules(self) -> LocalConfig:
         self.nni_manager_ip = None
+        if self.reuse_mode:
+            raise ValueError("reuseMode: true is not available on local (NNI 3.0 fails on it too): local trials "
+                             "already start from a warm fork server, with no per-trial environment to keep; "
+                             "remove reuseMode")
         if self.trial_gpu_number and self.use_active_gpu is None:
             raise ValueError(
                 "useActiveGpu must be set when trialGpuNumber > 0: true if your system has a GUI, "
