@@ -18,15 +18,16 @@ from trialflow.experiments import open_store
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
-# Each start is appended to a file on this machine (the "remote" machines are loopback).
+# Each start is appended to a file on this machine (the "remote" machines are loopback); "via" is the
+# command's first argument (hybrid experiments name the service there).
 TRIAL = """
-import fcntl, json, os, time, nni
+import fcntl, json, os, sys, time, nni
 p = nni.get_next_parameter()
 def mark(kind):
     with open({log!r}, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.write(json.dumps({{"trial": nni.get_trial_id(), "kind": kind, "t": time.time(),
-                            "sys_dir": os.environ["NNI_SYS_DIR"]}}) + "\\n")
+                            "sys_dir": os.environ["NNI_SYS_DIR"], "via": (sys.argv[1:] or [None])[0]}}) + "\\n")
 mark("start")
 for i in range(3):
     nni.report_intermediate_result(p["x"] + i)

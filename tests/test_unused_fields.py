@@ -57,3 +57,16 @@ def test_log_level_sets_what_the_controller_logs(tmp_path, caplog, fields, shown
     assert bool(noted) is shown
     if fields.get("debug"):
         assert logging.getLogger("trialflow").level == logging.DEBUG
+
+
+def test_hybrid_only_fields_are_warned_about_with_one_service(tmp_path):
+    warned = _warnings_of(_config(tmp_path, trainingService={"platform": "local", "maxConcurrency": 2}))
+    assert any(m.startswith("trainingService: maxConcurrency and weight only place trials") for m in warned)
+    hybrid = [{"platform": "local", "maxConcurrency": 2, "weight": 3}, {"platform": "local"}]
+    assert _warnings_of(_config(tmp_path, trainingService=hybrid)) == []
+
+
+def test_platform_concurrency_in_a_hybrid_experiment_is_refused(tmp_path):
+    hybrid = [{"platform": "local"}, {"platform": "local", "platformConcurrency": 2}]
+    with pytest.raises(ConfigError, match=r"trainingService\[1\]\.platformConcurrency is not supported in a hybrid"):
+        parse_config(_config(tmp_path, trainingService=hybrid))

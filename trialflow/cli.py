@@ -30,7 +30,7 @@ from .experiments import (
     load_experiment_config,
     open_store,
 )
-from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, create_service
+from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
 from .store import ExperimentStore
 from .trial.procs import pid_alive
 from .tuners import TunerError
@@ -365,7 +365,7 @@ def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
 def _open_service(store: ExperimentStore, base: Path) -> TrainingService:
     """The experiment's training service, for work done without its controller (kill, logs)."""
     config = load_experiment_config(store)
-    return create_service(config.services[0], base / store.experiment_id)
+    return experiment_service(config, base / store.experiment_id)
 
 
 def _cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> None:

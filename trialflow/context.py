@@ -19,7 +19,7 @@ from typing import Any
 
 from .assessors import Assessor, create_assessor
 from .config import ExperimentConfig
-from .platforms import CodeRef, TrainingService, TrialStatus, create_service, platform
+from .platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
 from .store import ExperimentStore
 from .tuners import Tuner, create_tuner
 
@@ -89,7 +89,7 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
     logging.getLogger("trialflow").setLevel(LOG_LEVELS[config.log_level or "info"])
     tuner = create_tuner(config.tuner, config.search_space)  # type: ignore[arg-type]
     assessor = create_assessor(config.assessor) if config.assessor else None
-    service = create_service(config.services[0], experiment_dir)
+    service = experiment_service(config, experiment_dir)
     ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
                             max_trial_duration=config.max_trial_duration)
     with _LOCK:
@@ -98,7 +98,9 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
             raise RuntimeError(f"experiment {experiment_id} is already running in this process")
         _CONTEXTS[experiment_id] = ctx
     try:
-        platform(config.services[0].platform).retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
+        # a hybrid service retries each member with its own platform's policy
+        retry = RetryPolicy(retries=0) if config.is_hybrid else platform(config.services[0].platform).retry
+        retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
             "preparing %s failed (%s); retrying in %.0f s", service.platform, exc, delay))
         yield ctx
     finally:

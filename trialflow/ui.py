@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from .context import ExperimentContext
+from .platforms import service_name
 from .store import TrialRecord
 from .tuners import maximizes, scalar_or_none
 
@@ -98,7 +99,9 @@ class ArtifactReporter:
                                                          description="trials finished / maxTrialNumber")
         else:
             update_progress_artifact(artifact_id=self._progress_id, progress=progress)
-        rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status, "metric": _safe(trial_value(t)),
+        hybrid = self.ctx.config.is_hybrid
+        rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status,
+                 **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": _safe(trial_value(t)),
                  **{f"param.{k}": _safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
         create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
         maximize = is_maximize(self.ctx.config)

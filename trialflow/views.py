@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .experiments import stored_config
 from .ids import new_trial_id
+from .platforms import service_name
 from .store import ExperimentStore, Metric, TrialRecord
 from .tuners import maximizes
 from .ui import best_trial, trial_value
@@ -41,6 +42,15 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
                   + (f"  ({record.message})" if record.message else ""))
     console.print(f"trials: {len(trials)}" + (f" / {budget}" if budget else "") + "  "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    per_service: dict[str, dict[str, int]] = {}
+    for t in trials:
+        name = service_name(t.handle)
+        if name is not None:
+            per_service.setdefault(name, {}).setdefault(t.status, 0)
+            per_service[name][t.status] += 1
+    for name, by_status in sorted(per_service.items()):  # hybrid experiments: where the trials ran
+        console.print(f"  on {name}: {sum(by_status.values())}  "
+                      + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())), highlight=False)
     best = best_trial(trials, is_maximize_stored(store))
     if best is not None:
         console.print(f"best trial: {best.id} (#{best.sequence}) value {trial_value(best)} "
@@ -52,18 +62,22 @@ TRIAL_COLUMNS = ("trial", "#", "status", "final", "start", "end", "parameters")
 
 
 def print_trials(console: Console, trials: list[TrialRecord]) -> None:
-    """The trials as a table: a rich table up to ``RICH_TABLE_ROWS``, plain aligned columns beyond."""
-    rows = [(t.id, str(t.sequence), t.status, "" if t.final is None else json.dumps(t.final),
-             _when(t.start_time), _when(t.end_time), json.dumps(t.parameters)) for t in trials]
+    """The trials as a table: a rich table up to ``RICH_TABLE_ROWS``, plain aligned columns beyond.
+    A hybrid experiment's table names the service each trial ran on."""
+    hybrid = any(service_name(t.handle) for t in trials)
+    columns = (*TRIAL_COLUMNS[:3], "service", *TRIAL_COLUMNS[3:]) if hybrid else TRIAL_COLUMNS
+    rows = [(t.id, str(t.sequence), t.status, *([service_name(t.handle) or ""] if hybrid else []),
+             "" if t.final is None else json.dumps(t.final), _when(t.start_time), _when(t.end_time),
+             json.dumps(t.parameters)) for t in trials]
     if len(rows) <= RICH_TABLE_ROWS:
-        table = Table(*TRIAL_COLUMNS)
+        table = Table(*columns)
         for row in rows:
             table.add_row(*row)
         console.print(table)
         return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(TRIAL_COLUMNS[:-1])]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(columns[:-1])]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
-             for row in [TRIAL_COLUMNS, *rows]]
+             for row in [columns, *rows]]
     console.file.write("\n".join(lines) + "\n")
 
 
@@ -85,6 +99,8 @@ def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, An
         if t.final is None:
             continue
         row: dict[str, Any] = {"parameter": t.parameters, "value": json.dumps(t.final), "trialJobId": t.id}
+        if service_name(t.handle):
+            row["trainingService"] = service_name(t.handle)
         if intermediate:
             row["intermediate"] = per_trial.get(t.id, [])
         rows.append(row)

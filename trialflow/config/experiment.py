@@ -137,11 +137,21 @@ class ExperimentConfig(ConfigModel):
             where = f'searchSpaceFile "{self.search_space_file}"' if self.search_space_file else "searchSpace"
             raise ValueError(f"{where} is empty: give at least one parameter, e.g. "
                              '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
+        if self.is_hybrid:
+            self._hybrid_rules()
         if self.log_level is None:
             debug = self.debug or any(s.debug for s in self.services)
             self.log_level = "debug" if debug else "info"
         self._warn_unused()
         return self
+
+    def _hybrid_rules(self) -> None:
+        if not self.services:
+            raise ValueError("trainingService: the list is empty; give at least one service section")
+        for i, service in enumerate(self.services):
+            if service.platform_concurrency is not None:
+                raise ValueError(f"trainingService[{i}].platformConcurrency is not supported in a hybrid experiment; "
+                                 "cap the service's share with maxConcurrency")
 
     def _warn_unused(self) -> None:
         """Fields NNI acts on that have no effect here: said, with the field's path, never ignored quietly."""
@@ -151,6 +161,10 @@ class ExperimentConfig(ConfigModel):
                           ConfigWarning, stacklevel=3)
         for i, service in enumerate(self.services):
             where = f"trainingService[{i}]" if self.is_hybrid else "trainingService"
+            if not self.is_hybrid and (service.max_concurrency is not None or service.weight != 1.0):
+                warnings.warn(f"{where}: maxConcurrency and weight only place trials between the services of a "
+                              "hybrid experiment (a trainingService list); with one service they have no effect "
+                              "(trialConcurrency caps the experiment)", ConfigWarning, stacklevel=3)
             if getattr(service, "log_collection", "none") == "http":
                 warnings.warn(f"{where}.logCollection: http is not needed: trialflow reads the trials' logs from "
                               "the shared NFS folder (`trialflow log trial`); the field has no effect",

@@ -31,6 +31,11 @@ class TrainingServiceConfig(ConfigModel):
     platform_concurrency: int | None = Field(
         default=None, gt=0, description="at most this many trials of this platform run together across every "
         "experiment using the same Prefect server (a Prefect global concurrency limit)")
+    max_concurrency: int | None = Field(
+        default=None, gt=0, description="hybrid experiments: at most this many of the experiment's trials run on "
+        "this service (default: trialConcurrency)")
+    weight: float = Field(default=1.0, gt=0, description="hybrid experiments: this service's share of new trials "
+                          "scales with weight x free slots")
     platform_concurrency_name: str | None = Field(
         default=None, min_length=1, description="name of that limit (default: trialflow-<platform>); experiments "
         "naming the same limit share its slots")

@@ -36,7 +36,7 @@ from ..config import load_config
 from ..context import ExperimentContext, open_context
 from ..experiments import LIVE_CONFIGS, create_experiment, find_experiment, load_experiment_config, open_store
 from ..limits import PlatformCap
-from ..platforms import TrialHandle, TrialStatus, platform
+from ..platforms import TrialHandle, TrialStatus, experiment_retry
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, scalar_or_none
@@ -116,8 +116,8 @@ class _Loop:
         self.started = time.monotonic()
         self.reporter = ArtifactReporter(ctx)
         self.suggested = 0
-        row = platform(ctx.config.services[0].platform)
-        self.submit = submit_trial.with_options(**retry_options(row.retry))
+        self.submit = submit_trial.with_options(**retry_options(experiment_retry(ctx.config)))
+        self.capacity = ctx.service.capacity()
         self.cap: PlatformCap | None = None
         service_cfg = ctx.config.services[0]
         if service_cfg.platform_concurrency:
@@ -171,6 +171,8 @@ def _run(ctx: ExperimentContext) -> str:
                 if trial_id in loop.running:
                     ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
             concurrency, max_trials, max_duration = loop.limits(controls)
+            if loop.capacity is not None:
+                concurrency = min(concurrency, loop.capacity)
             budget_over = max_duration is not None and loop.elapsed() >= max_duration
             while loop.in_flight() < concurrency and not budget_over and not loop.exhausted:
                 total = ctx.store.count_trials()

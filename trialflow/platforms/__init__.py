@@ -16,8 +16,9 @@ from .base import (
     TrialUpdate,
 )
 from .errors import is_transient
+from .hybrid import experiment_retry, experiment_service, service_name
 from .table import PLATFORMS, Platform, RetryPolicy, available, create_service, platform
 
 __all__ = ["PLATFORMS", "CodeRef", "LostHandleError", "Platform", "PlatformError", "RetryPolicy", "TrainingService",
            "TransientPlatformError", "TrialHandle", "TrialSpec", "TrialStatus", "TrialUpdate", "available",
-           "create_service", "is_transient", "platform"]
+           "create_service", "experiment_retry", "experiment_service", "is_transient", "platform", "service_name"]

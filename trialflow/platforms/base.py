@@ -130,6 +130,15 @@ class TrainingService(ABC):
         ``tail`` bytes of each when given; empty when not available."""
         return {}
 
+    def abandon(self, trial_id: str) -> None:
+        """A trial whose submission failed for good: release what its attempts reserved (default:
+        nothing)."""
+        return None
+
+    def capacity(self) -> int | None:
+        """The most trials this service can run at once, when it knows (default: no limit of its own)."""
+        return None
+
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
         """The folder ``name`` of the trial's ``NNI_OUTPUT_DIR`` (e.g. ``tensorboard``) on this
         machine, copied here first when the trial runs elsewhere; None when the service cannot

@@ -1,0 +1,165 @@
+"""Hybrid experiments (a trainingService list): local + remote (real sshd) + Kubeflow (API emulator)
+in one experiment, per-service overrides, placement, SIGKILL + resume on every service, and a
+service that goes away mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from tests.conftest import base_config, k8s_section, machine, start_controller, wait_for, write_trial
+from tests.test_remote_experiment import TRIAL, _events, _peak
+from trialflow import parse_config, run_experiment
+from trialflow.experiments import create_experiment, open_store
+from trialflow.platforms import service_name
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+SERVICES = ("local", "remote", "kubeflow")
+
+
+def hybrid_config(tmp_path, servers, known_hosts, nfs_dir, sleep=0.3, **overrides) -> dict:
+    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep))
+    local = {"platform": "local", "trialCommand": "python3 trial.py local"}
+    remote = {"platform": "remote", "knownHostsFile": str(known_hosts), "trialCommand": "python3 trial.py remote",
+              "machineList": [machine(s, tmp_path / f"remote{i}") for i, s in enumerate(servers)]}
+    kube = {**k8s_section("tfjob", nfs_dir, command="python3 trial.py kubeflow"),
+            "trialCommand": "python3 trial.py kubeflow"}
+    services = overrides.pop("services", [local, remote, kube])
+    return base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py top",
+                       trainingService=services, **overrides)
+
+
+def _check_all_ran_once(tmp_path, store, trials, count):
+    assert len(trials) == count and all(t.status == "SUCCEEDED" for t in trials), \
+        [(t.id, t.status, t.message) for t in trials]
+    for trial in trials:
+        assert [m.value for m in store.metrics(trial.id, "PERIODICAL")] == [
+            pytest.approx(trial.parameters["x"] + i) for i in range(3)]
+        assert trial.final == pytest.approx(trial.parameters["x"] * 10)
+    starts = [e for e in _events(tmp_path) if e["kind"] == "start"]
+    assert sorted(e["trial"] for e in starts) == sorted(t.id for t in trials), "a trial ran twice or not at all"
+    via = {e["trial"]: e["via"] for e in starts}
+    for trial in trials:  # each ran with its own service's trialCommand, and its record says which
+        assert via[trial.id] == service_name(trial.handle), (trial.id, via[trial.id], trial.handle)
+
+
+def test_local_remote_and_kubeflow_in_one_experiment(tmp_path, sshd_servers, known_hosts, k8s, prefect_server):
+    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, trialConcurrency=6,
+                           maxTrialNumber=15)
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_all_ran_once(tmp_path, store, result.trials, 15)
+    per_service = Counter(service_name(t.handle) for t in result.trials)
+    assert set(per_service) == set(SERVICES)
+    assert max(per_service.values()) - min(per_service.values()) <= 3  # spread by free capacity
+    assert _peak(_events(tmp_path)) <= 6
+
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    cli = [sys.executable, "-m", "trialflow.cli"]
+    view = subprocess.run([*cli, "view", result.experiment_id, "--root", str(tmp_path / "w")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    for name, n in per_service.items():
+        assert f"on {name}: {n}  SUCCEEDED {n}" in view.stdout, view.stdout
+    listing = subprocess.run([*cli, "trial", "ls", result.experiment_id, "--root", str(tmp_path / "w")],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert "service" in listing.stdout and all(name in listing.stdout for name in SERVICES)
+    export = tmp_path / "export.json"
+    subprocess.run([*cli, "experiment", "export", result.experiment_id, "-t", "json", "-f", str(export), "--root",
+                    str(tmp_path / "w")], check=True, env=env, timeout=120, capture_output=True)
+    assert Counter(row["trainingService"] for row in json.loads(export.read_text())) == per_service
+    remote_trial = next(t for t in result.trials if service_name(t.handle) == "remote")
+    logs = subprocess.run([*cli, "log", "trial", result.experiment_id, remote_trial.id, "--root",
+                           str(tmp_path / "w")], capture_output=True, text=True, env=env, timeout=120)
+    assert logs.returncode == 0 and "trial.stdout" in logs.stdout, logs.stdout + logs.stderr
+
+
+def test_max_concurrency_and_weight_place_trials(tmp_path, sshd_servers, known_hosts, k8s):
+    local = {"platform": "local", "trialCommand": "python3 trial.py local", "maxConcurrency": 1}
+    remote = {"platform": "remote", "knownHostsFile": str(known_hosts), "trialCommand": "python3 trial.py remote",
+              "machineList": [machine(sshd_servers[0], tmp_path / "remote0")], "maxConcurrency": 3, "weight": 2}
+    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, trialConcurrency=8,
+                           maxTrialNumber=8, services=[local, remote])
+    result = run_experiment(config)
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_all_ran_once(tmp_path, store, result.trials, 8)
+    events = _events(tmp_path)
+    for name, cap in (("local", 1), ("remote", 3)):  # the window is the caps' sum (4), not 8
+        assert _peak([e for e in events if e["via"] == name]) <= cap
+    assert _peak(events) <= 4
+    per_service = Counter(service_name(t.handle) for t in result.trials)
+    assert per_service["remote"] > per_service["local"]
+
+
+def test_sigkill_and_resume_reattach_trials_on_every_service(tmp_path, sshd_servers, known_hosts, k8s, prefect_server):
+    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, sleep=1.5, trialConcurrency=3,
+                           maxTrialNumber=6)
+    for section in config["trainingService"]:
+        section["maxConcurrency"] = 1  # one running trial on each service at the kill
+    exp_id, exp_dir = create_experiment(parse_config(config), None)
+    store = open_store(exp_dir.parent, exp_id)
+    controller = start_controller(exp_id, exp_dir.parent, prefect_server)
+    running = wait_for(lambda: (r := store.trials(["RUNNING"])) and len(r) == 3 and r, timeout=180)
+    assert {service_name(t.handle) for t in running} == set(SERVICES)
+    os.kill(controller.pid, signal.SIGKILL)
+    controller.wait()
+    second = start_controller(exp_id, exp_dir.parent, prefect_server)
+    assert second.wait(timeout=240) == 0
+    assert store.experiment().status == "DONE"
+    _check_all_ran_once(tmp_path, store, store.trials(), 6)
+    for trial in running:  # re-attached where they ran, not started again
+        assert service_name(store.trial(trial.id).handle) == service_name(trial.handle)
+
+
+def test_a_service_going_away_mid_run_leaves_the_others_running(tmp_path, k8s):
+    from trialflow.testing.sshd import LoopbackSshd
+
+    with LoopbackSshd(tmp_path / "sshd") as server:
+        known = tmp_path / "known_hosts"
+        known.write_text(server.known_hosts.read_text())
+        local = {"platform": "local", "trialCommand": "python3 trial.py local", "maxConcurrency": 2}
+        remote = {"platform": "remote", "knownHostsFile": str(known), "trialCommand": "python3 trial.py remote",
+                  "machineList": [machine(server, tmp_path / "remote0")], "maxConcurrency": 2}
+        config = hybrid_config(tmp_path, [server], known, k8s.nfs_dir, sleep=0.4, trialConcurrency=4,
+                               maxTrialNumber=16, services=[local, remote])
+        outcome: dict = {}
+        import threading
+
+        runner = threading.Thread(target=lambda: outcome.update(result=run_experiment(config)))
+        runner.start()
+        wait_for(lambda: any(e["via"] == "remote" and e["kind"] == "start" for e in _events(tmp_path)), timeout=120)
+        server.drop_connections()
+        server.stop(remove=False)  # the machine is unreachable: connections cut, nothing listens
+        ended_before = sum(e["kind"] == "end" and e["via"] == "local" for e in _events(tmp_path))
+        wait_for(lambda: sum(e["kind"] == "end" and e["via"] == "local" for e in _events(tmp_path))
+                 >= ended_before + 4, timeout=120)  # local trials go on while remote is away
+        server.start(server.port)
+        runner.join(timeout=300)
+    result = outcome["result"]
+    assert result.status == "DONE"
+    store = open_store(tmp_path / "w", result.experiment_id)
+    _check_all_ran_once(tmp_path, store, result.trials, 16)
+
+
+def test_a_service_that_cannot_start_fails_the_experiment_naming_it(tmp_path, known_hosts, k8s):
+    from trialflow.testing.sshd import free_port
+
+    dead = {"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": "pw-123456"}
+    remote = {"platform": "remote", "knownHostsFile": str(known_hosts), "trialCommand": "python3 trial.py remote",
+              "machineList": [dead]}
+    config = hybrid_config(tmp_path, [], known_hosts, k8s.nfs_dir,
+                           services=[{"platform": "local", "trialCommand": "python3 trial.py local"}, remote])
+    with pytest.raises(Exception, match=r"training service remote \(trainingService\[1\]\) cannot start") as err:
+        run_experiment(config)
+    assert "pw-123456" not in str(err.value)
+    (exp_dir,) = [p for p in (tmp_path / "w").iterdir() if (p / "db").is_dir()]
+    store = open_store(tmp_path / "w", exp_dir.name)
+    assert store.experiment().status == "ERROR" and "trainingService[1]" in store.experiment().message
+    assert store.count_trials() == 0
