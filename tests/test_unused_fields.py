@@ -70,3 +70,16 @@ def test_platform_concurrency_in_a_hybrid_experiment_is_refused(tmp_path):
     hybrid = [{"platform": "local"}, {"platform": "local", "platformConcurrency": 2}]
     with pytest.raises(ConfigError, match=r"trainingService\[1\]\.platformConcurrency is not supported in a hybrid"):
         parse_config(_config(tmp_path, trainingService=hybrid))
+
+
+def test_v1_fields_without_a_counterpart_are_warned_about(tmp_path):
+    write_trial(tmp_path / "code", "import nni\n")
+    v1 = {"authorName": "nni", "trialConcurrency": 1, "trainingServicePlatform": "local", "multiThread": True,
+          "logCollection": "http", "versionCheck": False, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+          "tuner": {"builtinTunerName": "TPE", "gpuIndices": "0", "includeIntermediateResults": True},
+          "trial": {"command": "python3 trial.py", "codeDir": str(tmp_path / "code")}}
+    warned = _warnings_of(v1)
+    for start in ("multiThread: tuner calls are serialised", "logCollection: trial logs stay",
+                  "versionCheck: the trial runtime's version", "tuner.gpuIndices: has no effect",
+                  "tuner.includeIntermediateResults: has no effect"):
+        assert any(m.startswith(start) for m in warned), (start, warned)

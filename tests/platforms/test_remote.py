@@ -289,6 +289,33 @@ def test_a_login_refused_after_it_worked_is_retried_not_fatal(sshd_servers, know
     assert SshConnection(target, known_hosts).run("echo back")[1].strip() == "back"
 
 
+def test_a_connection_dying_while_sftp_opens_is_retried_not_taken_for_a_host_without_sftp(
+        sshd_servers, known_hosts, monkeypatch):
+    """The sshd-restart race: the server side of a connection is killed while the SFTP subsystem
+    opens, before the client's transport has noticed -- it looks like a refused subsystem on a live
+    connection once. A fresh connection must be tried before calling the host SFTP-less."""
+    import paramiko
+
+    from trialflow.platforms.ssh import SshConnection, SshTarget
+
+    server = sshd_servers[0]
+    conn = SshConnection(SshTarget("127.0.0.1", server.port, server.user, key_file=server.key_file), known_hosts)
+    real_open, failures = paramiko.SSHClient.open_sftp, []
+
+    def dying_once(client):
+        if not failures:
+            failures.append(client)
+            raise paramiko.SSHException("Channel closed.")  # what paramiko reports for both cases
+        return real_open(client)
+
+    monkeypatch.setattr(paramiko.SSHClient, "open_sftp", dying_once)
+    try:
+        assert conn.sftp_call("listing /", lambda sftp: "tmp" in sftp.listdir("/"))
+        assert failures and conn.reconnects == 1  # it went through a new connection
+    finally:
+        conn.close()
+
+
 def test_a_host_without_sftp_is_named_with_how_to_enable_it(tmp_path):
     from trialflow.testing.sshd import LoopbackSshd
 

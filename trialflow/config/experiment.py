@@ -33,6 +33,7 @@ from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingS
 # Top-level fields NNI copies into each training-service section that does not set them.
 _SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"
+K8S_SHARING = ("kubeflow", "frameworkcontroller")  # their storage may come from an NFS sharedStorage
 
 
 class AlgorithmConfig(ConfigModel):
@@ -92,7 +93,8 @@ class ExperimentConfig(ConfigModel):
         for key, value in data.items():
             if canonical_key(str(key)) != "trainingservice":
                 continue
-            sections = [cls._with_shortcuts(s, top) for s in (value if isinstance(value, list) else [value])]
+            sections = [cls._with_share_storage(cls._with_shortcuts(s, top), top.get("sharedstorage"))
+                        for s in (value if isinstance(value, list) else [value])]
             out[key] = sections if isinstance(value, list) else sections[0]
         return out
 
@@ -104,6 +106,24 @@ class ExperimentConfig(ConfigModel):
         missing = {n: top[canonical_key(n)] for n in _SHORTCUTS
                    if canonical_key(n) in top and canonical_key(n) not in present}
         return {**section, **missing}
+
+    @staticmethod
+    def _with_share_storage(section: Any, share: Any) -> Any:
+        """Kubeflow and FrameworkController sections without a ``storage`` use a top-level NFS
+        sharedStorage as theirs: pods mount it at its remoteMountPoint."""
+        if not isinstance(section, dict) or not isinstance(share, dict):
+            return section
+        keys = {canonical_key(str(k)) for k, v in section.items() if v is not None}
+        if str(section.get("platform", "")).lower() not in K8S_SHARING or "storage" in keys:
+            return section
+        s = {canonical_key(str(k)): v for k, v in share.items()}
+        if str(s.get("storagetype", "")).lower() != "nfs":
+            raise ValueError(f"sharedStorage: {s.get('storagetype')} cannot be the storage of a "
+                             f"{section.get('platform')} service; give its section a storage (azureStorage with "
+                             "keyVault fields) or use an NFS sharedStorage")
+        return {**section, "storage": {"storageType": "nfs", "server": s.get("nfsserver"),
+                                       "path": s.get("exporteddirectory"), "localMountPoint": s.get("localmountpoint"),
+                                       "containerMountPoint": s.get("remotemountpoint")}}
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -139,11 +159,33 @@ class ExperimentConfig(ConfigModel):
                              '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
         if self.is_hybrid:
             self._hybrid_rules()
+        if self.shared_storage is not None:
+            self._share_rules()
         if self.log_level is None:
             debug = self.debug or any(s.debug for s in self.services)
             self.log_level = "debug" if debug else "info"
         self._warn_unused()
         return self
+
+    def _share_rules(self) -> None:
+        if self.shared_storage.local_mounted == "nomount":  # type: ignore[union-attr]
+            raise ValueError("sharedStorage.localMounted: nomount is not supported (NNI refuses it too): mount the "
+                             "share yourself (usermount) or let trialflow mount it (nnimount)")
+        share = self.shared_storage
+        for i, service in enumerate(self.services):
+            where = f"trainingService[{i}]" if self.is_hybrid else "trainingService"
+            if service.platform in K8S_SHARING:
+                storage = getattr(service, "storage", None)
+                if (getattr(storage, "server", None), getattr(storage, "path", None)) != (
+                        share.nfs_server, share.exported_directory):  # type: ignore[union-attr]
+                    raise ValueError(f"{where}.storage and sharedStorage name different shares; remove one (without "
+                                     "its own storage, the section uses sharedStorage)")
+                continue
+            if not service.shares_storage:
+                raise ValueError(f"sharedStorage is used by the local, remote, kubeflow and frameworkcontroller "
+                                 f"services; {where} ({service.platform}) keeps code and trials on its own storage: "
+                                 "configure that in its section instead")
+            service.shared_storage = self.shared_storage
 
     def _hybrid_rules(self) -> None:
         if not self.services:

@@ -6,9 +6,10 @@ matched case- and underscore-insensitively like the rest of the config.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from ._base import canonical_key
+from ._base import ConfigWarning, canonical_key
 
 _V1_MARKERS = {"authorname", "trainingserviceplatform", "trial", "maxexecduration", "maxtrialnum",
                "searchspacepath", "localconfig", "machinelist", "paiconfig", "kubeflowconfig",
@@ -149,4 +150,31 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
             _put(ts, key, dlts.get(key))
         _put(ts, "image", trial.get("image"))
     out["trainingService"] = ts
+    _warn_dropped(v1, platform)
     return out
+
+
+# v1 fields NNI acted on that have no v2 counterpart here, and what happens instead
+_DROPPED = {  # canonical key -> why; the message uses NNI's spelling
+    "multithread": "tuner calls are serialised in the controller; multiThread has no effect",
+    "multiphase": "multi-phase trials are not supported: each trial gets one set of parameters",
+    "versioncheck": "the trial runtime's version is always checked against the controller's",
+    "logcollection": "trial logs stay in the trial directories (`trialflow log trial`); logCollection has no effect",
+}
+
+
+_NNI_NAMES = {"multithread": "multiThread", "multiphase": "multiPhase", "versioncheck": "versionCheck",
+              "logcollection": "logCollection", "gpuindices": "gpuIndices", "gpunum": "gpuNum",
+              "includeintermediateresults": "includeIntermediateResults"}
+
+
+def _warn_dropped(v1: dict[str, Any], platform: str) -> None:
+    for key, why in _DROPPED.items():
+        if key in v1 and not (key == "logcollection" and platform == "adl"):  # adl keeps logCollection
+            warnings.warn(f"{_NNI_NAMES[key]}: {why} (a v1 field)", ConfigWarning, stacklevel=4)
+    for kind in ("tuner", "assessor", "advisor"):
+        section = _ci(v1.get(kind))
+        for key in ("gpuindices", "gpunum", "includeintermediateresults"):
+            if key in section:
+                warnings.warn(f"{kind}.{_NNI_NAMES[key]}: has no effect here (the {kind} runs in the controller "
+                              "process and sees final results only) (a v1 field)", ConfigWarning, stacklevel=4)

@@ -40,6 +40,10 @@ class TrainingServiceConfig(ConfigModel):
         default=None, min_length=1, description="name of that limit (default: trialflow-<platform>); experiments "
         "naming the same limit share its slots")
 
+    # the experiment's top-level sharedStorage, set on each section when the config loads
+    shared_storage: Any = Field(default=None, exclude=True)
+    shares_storage: ClassVar[bool] = False  # whether the service uses top-level sharedStorage
+
     @property
     def cap_name(self) -> str:
         return self.platform_concurrency_name or f"trialflow-{self.platform}"
@@ -73,6 +77,7 @@ class TrainingServiceConfig(ConfigModel):
 
 class LocalConfig(TrainingServiceConfig):
     platform: Literal["local"] = "local"
+    shares_storage: ClassVar[bool] = True
     use_active_gpu: bool | None = None
     max_trial_number_per_gpu: int = Field(default=1, gt=0)
     gpu_indices: GpuIndices | None = None
@@ -128,6 +133,7 @@ class RemoteMachineConfig(ConfigModel):
 
 class RemoteConfig(TrainingServiceConfig):
     platform: Literal["remote"] = "remote"
+    shares_storage: ClassVar[bool] = True
     machine_list: list[RemoteMachineConfig] = Field(min_length=1)
     trust_unknown_hosts: bool = Field(default=False, description="trust SSH host keys on first use")
     known_hosts_file: ConfigPath = Field(default="~/.ssh/known_hosts", validate_default=True,  # type: ignore[assignment]
@@ -281,6 +287,8 @@ class NfsStorage(ConfigModel):
     server: str
     path: str
     local_mount_point: ConfigPath | None = Field(default=None, description=_LOCAL_MOUNT)
+    container_mount_point: str | None = Field(default=None, description="where pods mount it (default /tmp/mount; "
+                                              "a top-level sharedStorage's remoteMountPoint)")
 
 
 class AzureStorage(ConfigModel):

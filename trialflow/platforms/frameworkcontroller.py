@@ -28,7 +28,7 @@ import yaml
 from ..config import FrameworkControllerConfig
 from .base import PlatformError, TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
-from .k8s_api import CONTAINER_MOUNT, k8s_id
+from .k8s_api import k8s_id
 from .shared_storage import SharedStorage
 
 BARRIER_MOUNT = "/mnt/frameworkbarrier"
@@ -75,7 +75,7 @@ class FrameworkControllerTrainingService(KubernetesJobService):
         super().__init__(config, experiment_dir)
 
     def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.storage.local_mount_point, CONTAINER_MOUNT,
+        return SharedStorage(self.config.storage.local_mount_point, self.mount_path,
                              "the frameworkcontroller storage")
 
     def _template_containers(self) -> dict[str, dict[str, Any]]:
@@ -119,7 +119,7 @@ class FrameworkControllerTrainingService(KubernetesJobService):
                 "containers": [{
                     "name": "framework", "image": role.docker_image,
                     "command": ["sh", "-c", f"{ports} . {BARRIER_MOUNT}/injector.sh && {command}"], "env": env,
-                    "volumeMounts": [{"name": "nni-vol", "mountPath": CONTAINER_MOUNT},
+                    "volumeMounts": [{"name": "nni-vol", "mountPath": self.mount_path},
                                      {"name": "frameworkbarrier-volume", "mountPath": BARRIER_MOUNT}],
                     "resources": resources(role.cpu_number, role.memory_size, role.gpu_number),
                     "ports": [{"containerPort": FIRST_PORT + index}],
@@ -165,11 +165,11 @@ class FrameworkControllerTrainingService(KubernetesJobService):
             container["command"] = commands.get(role["name"], container["command"])
             container["env"] = [*(container.get("env") or []), *env]
             mounts = container.setdefault("volumeMounts", [])
-            if not any(m.get("mountPath") == CONTAINER_MOUNT for m in mounts):
+            if not any(m.get("mountPath") == self.mount_path for m in mounts):
                 if self.config.storage.storage_type == "pvc" and not self.config.storage.claim_name:
                     raise PlatformError(f"the configPath template's task role {role['name']!r} mounts nothing at "
-                                        f"{CONTAINER_MOUNT}: mount the PVC there, or set the storage's claimName")
-                mounts.append({"name": "nni-vol", "mountPath": CONTAINER_MOUNT})
+                                        f"{self.mount_path}: mount the PVC there, or set the storage's claimName")
+                mounts.append({"name": "nni-vol", "mountPath": self.mount_path})
                 spec.setdefault("volumes", []).append(storage_volume(self.config.storage, self.azure_secret_name()))
         return job
 

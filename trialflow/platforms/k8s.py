@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import TrialStatus
-from .k8s_api import LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
+from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
 from .shared_storage import SharedStorageService
 
 
@@ -26,6 +26,12 @@ class KubernetesJobService(SharedStorageService):
         self.namespace = config.namespace
         self._api: KubeApi | None = None
         super().__init__(config, experiment_dir)
+
+    @property
+    def mount_path(self) -> str:
+        """Where pods mount the storage: the NFS storage's containerMountPoint (a top-level
+        sharedStorage's remoteMountPoint), else trialflow's default."""
+        return getattr(getattr(self.config, "storage", None), "container_mount_point", None) or CONTAINER_MOUNT
 
     # ---- what a Kubernetes platform implements --------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..config import KubeflowConfig, KubeflowRoleConfig
 from .base import TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
-from .k8s_api import CONTAINER_MOUNT, k8s_id
+from .k8s_api import k8s_id
 from .shared_storage import SharedStorage
 
 CONDITION_STATES = {
@@ -57,7 +57,7 @@ class KubeflowTrainingService(KubernetesJobService):
         super().__init__(config, experiment_dir)
 
     def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.storage.local_mount_point, CONTAINER_MOUNT, "the kubeflow storage")
+        return SharedStorage(self.config.storage.local_mount_point, self.mount_path, "the kubeflow storage")
 
     def role_configs(self) -> dict[str, KubeflowRoleConfig]:
         c = self.config
@@ -88,7 +88,7 @@ class KubeflowTrainingService(KubernetesJobService):
                 "containers": [{
                     "name": "pytorch" if self.pytorch else "tensorflow", "image": config.docker_image,
                     "command": commands[role], "env": env,
-                    "volumeMounts": [{"name": "nni-vol", "mountPath": CONTAINER_MOUNT}],
+                    "volumeMounts": [{"name": "nni-vol", "mountPath": self.mount_path}],
                     "resources": resources(config.cpu_number, config.memory_size, config.gpu_number),
                 }],
                 "volumes": [storage_volume(self.config.storage, self.azure_secret_name())],

@@ -38,6 +38,7 @@ from .base import (
     TrialUpdate,
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
+from .share import OUTPUT_DIR, Share
 from .trialdir import ended_update, read_metrics_file, read_trial_logs, tail_text
 
 KEEPER_PID_WAIT = 10.0
@@ -65,7 +66,10 @@ class LocalTrainingService(TrainingService):
                  gpu_probe: GpuProbe | None = None) -> None:
         self.config = config
         self.experiment_dir = Path(experiment_dir)
-        self.trials_dir = self.experiment_dir / "trials"
+        # with a top-level sharedStorage, trial directories live on the share (NNI's layout)
+        self.share = Share(config.shared_storage, self.experiment_dir.name) if config.shared_storage else None
+        self.trials_dir = self.share.local(self.experiment_dir.name, "trials") if self.share else \
+            self.experiment_dir / "trials"
         self.kill_grace = kill_grace_seconds
         self._started: set[str] = set()  # keepers started by this controller
         self._pidfds: dict[str, int] = {}
@@ -82,6 +86,8 @@ class LocalTrainingService(TrainingService):
     # ---- lifecycle ----------------------------------------------------------------------
 
     def prepare(self) -> None:
+        if self.share is not None:
+            self.share.prepare_local()
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         if self.gpu is not None:
             try:
@@ -119,6 +125,9 @@ class LocalTrainingService(TrainingService):
                              data["command"], Path(data["code_dir"]), data.get("gpu_number"))
             env = trial_env(spec, self.platform, data["trial_dir"], data["code_dir"], gpus)
             env["PYTHONPATH"] = self._pythonpath
+            if self.share is not None:
+                env["NNI_OUTPUT_DIR"] = os.path.join(data["trial_dir"], OUTPUT_DIR)
+                os.makedirs(env["NNI_OUTPUT_DIR"], exist_ok=True)
             write_atomic(os.path.join(meta, KEEPER_SPEC),
                          {"command": data["command"], "cwd": data["code_dir"], "env": env, "gpus": gpus})
             try:
@@ -207,7 +216,8 @@ class LocalTrainingService(TrainingService):
         return read_trial_logs(handle.data["trial_dir"], tail)
 
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
-        return Path(handle.data["trial_dir"]) / name
+        output = Path(handle.data["trial_dir"])
+        return (output / OUTPUT_DIR if self.share is not None else output) / name
 
     def close(self) -> None:
         self._forkserver.close()

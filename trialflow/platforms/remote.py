@@ -78,6 +78,7 @@ from .base import (
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .local import trial_env
 from .runtime_files import runtime_files, runtime_key
+from .share import OUTPUT_DIR, Share
 from .ssh import SshConnection, SshTarget
 from .trialdir import READ_CHUNK, STDERR_TAIL_BYTES, ended_update, read_trial_logs
 
@@ -167,6 +168,7 @@ class RemoteTrainingService(TrainingService):
         self._liveness: dict[str, float] = {}
         self._waits: dict[str, int] = {}
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
+        self.share = Share(config.shared_storage, self.experiment_id) if config.shared_storage else None
         for index, machine in enumerate(config.machine_list):
             remote = RemoteMachine(index, machine, SshConnection(self._target(machine), config.known_hosts_file,
                                                                   config.trust_unknown_hosts), machine_key(machine))
@@ -184,6 +186,8 @@ class RemoteTrainingService(TrainingService):
                          None, machine.ssh_passphrase)
 
     def prepare(self) -> None:
+        if self.share is not None:
+            self.share.prepare_local()
         errors: list[PlatformError] = []
         threads = [threading.Thread(target=self._prepare_machine, args=(m, errors)) for m in self.machines]
         for t in threads:
@@ -214,6 +218,8 @@ class RemoteTrainingService(TrainingService):
             check_version(machine.run(machine.command("keeper", "--version")).strip(),
                           f"the trial keeper on {machine.key}",
                           f"remove {machine.runtime} on that machine so that this controller uploads its own")
+            if self.share is not None:
+                self._attach_share(machine)
             if self.config.trial_gpu_number:
                 machine.gpu = GpuScheduler(GpuProbe(functools.partial(self._nvidia_smi, machine)),
                                            machine.config.max_trial_number_per_gpu, machine.config.gpu_indices,
@@ -245,6 +251,55 @@ class RemoteTrainingService(TrainingService):
         elif not root.startswith("/"):
             root = posixpath.join(home, root)
         machine.root = posixpath.normpath(root)
+
+    def _attach_share(self, machine: RemoteMachine) -> None:
+        """Check that the machine sees the share (mounting it first for nnimount, as NNI did)."""
+        share = self.share
+        assert share is not None
+        marker, mount_point = share.marker_path(machine.root), share.remote_mount(machine.root)
+
+        def read(sftp: paramiko.SFTPClient) -> str | None:
+            try:
+                with sftp.open(marker) as f:
+                    return f.read().decode(errors="replace")
+            except OSError:
+                return None
+
+        seen = machine.sftp("looking for the share", read)
+        if seen != share.token and share.config.local_mounted == "nnimount":
+            self._mount_share(machine, mount_point)
+            seen = machine.sftp("looking for the share", read)
+        share.check_marker(seen, machine.key, mount_point)
+
+    def _mount_share(self, machine: RemoteMachine, mount_point: str) -> None:
+        share = self.share
+        assert share is not None
+        tool = share.tool()
+        if machine.conn.run(f"command -v {tool} || test -x /sbin/{tool} || test -x /usr/sbin/{tool}")[0] != 0:
+            raise PlatformError(f"sharedStorage: localMounted: nnimount needs {tool} on {machine.key}: "
+                                f"{share.missing_tool_hint()} there, or mount the share yourself (usermount)")
+        command, cfg = share.mount_command(mount_point)
+        cfg_path = None
+        if cfg is not None:  # the AzureBlob key: a 0600 file, removed right after the mount
+            cfg_path = posixpath.join(machine.root, f".blobfuse-{time.time_ns()}.cfg")
+
+            def put(sftp: paramiko.SFTPClient) -> None:
+                _mkdirs(sftp, machine.root)
+                with sftp.open(cfg_path, "w") as f:
+                    f.chmod(0o600)
+                    f.write(cfg.encode())
+
+            machine.sftp("writing the blobfuse config", put)
+            command = f"TRIALFLOW_BLOBFUSE_CFG={_q(cfg_path)}; export TRIALFLOW_BLOBFUSE_CFG; {command}"
+        try:
+            status, out, err = machine.conn.run(f"sh -c {_q(command)}")
+        finally:
+            if cfg_path is not None:
+                machine.sftp("removing the blobfuse config", lambda s: _remove(s, cfg_path))
+        if status != 0:
+            raise PlatformError(f"sharedStorage: mounting the {share.what} share at {mount_point} on {machine.key} "
+                                f"failed: {(err or out).strip()[-300:]}; mounting needs root or passwordless sudo "
+                                "there -- or mount it yourself (usermount)")
 
     def _install_runtime(self, machine: RemoteMachine) -> None:
         target = posixpath.join(machine.root, "runtime", runtime_key())
@@ -310,6 +365,9 @@ class RemoteTrainingService(TrainingService):
     # ---- code -------------------------------------------------------------------------------
 
     def upload_code(self, code_dir: Path) -> CodeRef:
+        if self.share is not None:  # extracted once on the share: every machine sees it, nothing is sent
+            digest = self.share.install_code(code_dir, self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
+            return CodeRef(str(code_dir), digest)
         try:
             bundle = scan_code_dir(code_dir)
         except CodeDirError as exc:
@@ -379,10 +437,17 @@ class RemoteTrainingService(TrainingService):
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         gpu_number = spec.gpu_number or 0
         machine = self._place(spec.trial_id, gpu_number)
-        trial_dir = posixpath.join(machine.root, spec.experiment_id, "trials", spec.trial_id)
-        code_dir = posixpath.join(machine.root, "code", str(code.content_hash))
+        if self.share is None:
+            trial_dir = posixpath.join(machine.root, spec.experiment_id, "trials", spec.trial_id)
+            code_dir = posixpath.join(machine.root, "code", str(code.content_hash))
+        else:
+            trial_dir = self.share.remote(machine.root, spec.experiment_id, "trials", spec.trial_id)
+            code_dir = self.share.remote(machine.root, "code", str(code.content_hash))
         gpus = machine.gpu.allocate(spec.trial_id, gpu_number) if machine.gpu is not None and gpu_number else None
         env = trial_env(spec, self.platform, trial_dir, code_dir, gpus)
+        if self.share is not None:  # NNI's layout on a share: the trial's output in nnioutput/
+            env["NNI_OUTPUT_DIR"] = posixpath.join(trial_dir, OUTPUT_DIR)
+            (self.share.trial_dir(spec.trial_id) / OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
         env["PYTHONPATH"] = f"{posixpath.join(machine.runtime, 'trialflow', 'trial', 'nni_shim')}:{machine.runtime}"
         env["PATH"] = machine.path_env
         hold = bool(gpu_number) and gpus is None
@@ -583,7 +648,10 @@ class RemoteTrainingService(TrainingService):
 
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
         """Copy the remote ``<trial dir>/<name>`` tree over SFTP into the local trial directory (a
-        snapshot: files written later need another call); symbolic links are not followed."""
+        snapshot: files written later need another call); symbolic links are not followed. With a
+        shared storage: the folder on the share, read in place."""
+        if self.share is not None:
+            return self.share.trial_dir(handle.trial_id) / OUTPUT_DIR / name
         machine = self._machine(handle)
         target = self.experiment_dir / "trials" / handle.trial_id / name
         machine.sftp(f"fetching {name}", lambda s: _download_tree(s, posixpath.join(handle.data["trial_dir"], name),

@@ -33,6 +33,11 @@ _FAST_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _CONNECTION_ERRORS = (paramiko.SSHException, EOFError, OSError)
 
 
+class SftpRefused(Exception):
+    """The server did not open the SFTP subsystem on a live connection: no SFTP on that host, or the
+    connection's server side died while it opened (told apart by a second connection)."""
+
+
 @dataclass(frozen=True)
 class SshTarget:
     """Where and as whom to log in. Exactly one of password, key_file, key_data is normally set."""
@@ -184,12 +189,19 @@ class SshConnection:
             self._client = None
 
     def _retrying(self, what: str, call: Callable[[paramiko.SSHClient], T]) -> T:
-        """Run ``call`` with a live client; after a connection error reconnect and try once more."""
+        """Run ``call`` with a live client; after a connection error reconnect and try once more.
+        An SFTP subsystem refused on both connections means the host has none (a connection dying
+        while SFTP opens looks the same once; a second, fresh connection tells them apart)."""
         last: BaseException | None = None
-        for _ in range(2):
+        for attempt in range(2):
             client = self.client()
             try:
                 return call(client)
+            except SftpRefused as exc:
+                if attempt == 1:
+                    raise PlatformError(str(exc)) from None
+                last = exc
+                self._drop()
             except PlatformError:
                 raise
             except _CONNECTION_ERRORS as exc:
@@ -250,7 +262,7 @@ class SshConnection:
         except (paramiko.SSHException, EOFError):
             transport = client.get_transport()
             if transport is not None and transport.is_active():  # logged in, but the subsystem was refused
-                raise PlatformError(
+                raise SftpRefused(
                     f"{self.target.label}: SFTP is not available on this host (sshd refused the sftp subsystem); "
                     "trialflow copies code and reads trial files over SFTP: enable it in /etc/ssh/sshd_config "
                     "with 'Subsystem sftp internal-sftp' (or the sftp-server path) and reload sshd") from None
