@@ -24,12 +24,12 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 SERVICES = ("local", "remote", "kubeflow")
 
 
-def hybrid_config(tmp_path, servers, known_hosts, nfs_dir, sleep=0.3, **overrides) -> dict:
+def hybrid_config(tmp_path, servers, known_hosts, nfs_dir, sleep=0.3, reuse=False, **overrides) -> dict:
     write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep))
     local = {"platform": "local", "trialCommand": "python3 trial.py local"}
     remote = {"platform": "remote", "knownHostsFile": str(known_hosts), "trialCommand": "python3 trial.py remote",
-              "machineList": [machine(s, tmp_path / f"remote{i}") for i, s in enumerate(servers)]}
-    kube = {**k8s_section("tfjob", nfs_dir, command="python3 trial.py kubeflow"),
+              "machineList": [machine(s, tmp_path / f"remote{i}") for i, s in enumerate(servers)], "reuseMode": reuse}
+    kube = {**k8s_section("tfjob", nfs_dir, reuse, command="python3 trial.py kubeflow"),
             "trialCommand": "python3 trial.py kubeflow"}
     services = overrides.pop("services", [local, remote, kube])
     return base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py top",
@@ -50,8 +50,10 @@ def _check_all_ran_once(tmp_path, store, trials, count):
         assert via[trial.id] == service_name(trial.handle), (trial.id, via[trial.id], trial.handle)
 
 
-def test_local_remote_and_kubeflow_in_one_experiment(tmp_path, sshd_servers, known_hosts, k8s, prefect_server):
-    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, trialConcurrency=6,
+@pytest.mark.parametrize("reuse", [False, True], ids=["per-trial", "reuse"])
+def test_local_remote_and_kubeflow_in_one_experiment(tmp_path, sshd_servers, known_hosts, k8s, prefect_server,
+                                                     reuse):
+    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, reuse=reuse, trialConcurrency=6,
                            maxTrialNumber=15)
     result = run_experiment(config)
     assert result.status == "DONE"
@@ -79,6 +81,10 @@ def test_local_remote_and_kubeflow_in_one_experiment(tmp_path, sshd_servers, kno
     logs = subprocess.run([*cli, "log", "trial", result.experiment_id, remote_trial.id, "--root",
                            str(tmp_path / "w")], capture_output=True, text=True, env=env, timeout=120)
     assert logs.returncode == 0 and "trial.stdout" in logs.stdout, logs.stdout + logs.stderr
+    if reuse:  # each service kept its own warm workers: a reuse environment per service, none per trial
+        assert (tmp_path / "remote0" / result.experiment_id / "env-0").is_dir()
+        envs = list((k8s.nfs_dir / "nni" / result.experiment_id / "envs").iterdir())
+        assert 1 <= len(envs) < per_service["kubeflow"]
 
 
 def test_max_concurrency_and_weight_place_trials(tmp_path, sshd_servers, known_hosts, k8s):
@@ -99,8 +105,8 @@ def test_max_concurrency_and_weight_place_trials(tmp_path, sshd_servers, known_h
 
 
 def test_sigkill_and_resume_reattach_trials_on_every_service(tmp_path, sshd_servers, known_hosts, k8s, prefect_server):
-    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, sleep=1.5, trialConcurrency=3,
-                           maxTrialNumber=6)
+    config = hybrid_config(tmp_path, sshd_servers[:1], known_hosts, k8s.nfs_dir, sleep=1.5, reuse=True,
+                           trialConcurrency=3, maxTrialNumber=6)
     for section in config["trainingService"]:
         section["maxConcurrency"] = 1  # one running trial on each service at the kill
     exp_id, exp_dir = create_experiment(parse_config(config), None)
