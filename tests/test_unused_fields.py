@@ -83,3 +83,10 @@ def test_v1_fields_without_a_counterpart_are_warned_about(tmp_path):
                   "versionCheck: the trial runtime's version", "tuner.gpuIndices: has no effect",
                   "tuner.includeIntermediateResults: has no effect"):
         assert any(m.startswith(start) for m in warned), (start, warned)
+
+
+def test_nni_manager_ip_on_remote_is_warned_about(tmp_path):
+    remote = {"platform": "remote", "machineList": [{"host": "127.0.0.1", "user": "u", "password": "pw-12345"}]}
+    warned = _warnings_of(_config(tmp_path, nniManagerIp="10.1.2.3", trainingService=remote))
+    assert any(m.startswith("trainingService.nniManagerIp has no effect on remote machines") for m in warned)
+    assert not any("nniManagerIp" in m for m in _warnings_of(_config(tmp_path, trainingService=remote)))

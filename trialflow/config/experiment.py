@@ -207,6 +207,9 @@ class ExperimentConfig(ConfigModel):
                 warnings.warn(f"{where}: maxConcurrency and weight only place trials between the services of a "
                               "hybrid experiment (a trainingService list); with one service they have no effect "
                               "(trialConcurrency caps the experiment)", ConfigWarning, stacklevel=3)
+            if service.platform == "remote" and service.nni_manager_ip:
+                warnings.warn(f"{where}.nniManagerIp has no effect on remote machines: trials' metrics come back "
+                              "over SSH (SFTP), nothing on them connects to this machine", ConfigWarning, stacklevel=3)
             if getattr(service, "log_collection", "none") == "http":
                 warnings.warn(f"{where}.logCollection: http is not needed: trialflow reads the trials' logs from "
                               "the shared NFS folder (`trialflow log trial`); the field has no effect",
