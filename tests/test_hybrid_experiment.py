@@ -169,3 +169,22 @@ def test_a_service_that_cannot_start_fails_the_experiment_naming_it(tmp_path, kn
     store = open_store(tmp_path / "w", exp_dir.name)
     assert store.experiment().status == "ERROR" and "trainingService[1]" in store.experiment().message
     assert store.count_trials() == 0
+
+
+def test_a_trial_lost_on_a_service_gives_its_slot_back(tmp_path, sshd_servers, known_hosts, k8s):
+    """The first trial removes its own directory: its service loses track of it (FAILED, lost
+    handle). That service's one slot must come back, or every later trial goes elsewhere."""
+    lose_first = ("import os, shutil, nni\nif nni.get_sequence_id() == 0:\n"
+                  "    shutil.rmtree(os.environ['NNI_SYS_DIR'])\n    import time; time.sleep(2)\n")
+    services = [{"platform": "local", "trialCommand": "python3 trial.py local", "maxConcurrency": 1},
+                {"platform": "local", "trialCommand": "python3 trial.py local#2", "maxConcurrency": 1}]
+    config = hybrid_config(tmp_path, [], known_hosts, k8s.nfs_dir, sleep=0.2, trialConcurrency=2, maxTrialNumber=8,
+                           services=services)
+    trial = tmp_path / "code" / "trial.py"
+    trial.write_text(lose_first + trial.read_text())
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    lost = [t for t in result.trials if t.sequence == 0]
+    assert lost[0].status == "FAILED" and service_name(lost[0].handle) == "local"
+    assert all(t.status == "SUCCEEDED" for t in result.trials if t.sequence != 0)
+    assert sum(service_name(t.handle) == "local" for t in result.trials) > 1

@@ -131,8 +131,8 @@ class TrainingService(ABC):
         return {}
 
     def abandon(self, trial_id: str) -> None:
-        """A trial whose submission failed for good: release what its attempts reserved (default:
-        nothing)."""
+        """The trial's follower is done with it (ended, or its submission or polling failed for
+        good): release what it still holds here; idempotent (default: nothing)."""
         return None
 
     def capacity(self) -> int | None:

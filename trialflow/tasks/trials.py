@@ -77,11 +77,11 @@ def poll_trial(experiment_id: str, trial_id: str) -> State:
         raw = ctx.store.trial(trial_id).handle
         if raw is None:
             error = ctx.submit_errors.pop(trial_id, "it was never submitted")
-            ctx.service.abandon(trial_id)
             status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {error}"), [])
         else:
             status = follow_trial(ctx, trial_id, TrialHandle.from_dict(raw))
     finally:
+        ctx.service.abandon(trial_id)  # whatever its end: a failed submission or poll holds no slot
         ctx.trial_ended(trial_id)
     return trial_state(ctx, trial_id, status)
 
