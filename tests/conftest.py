@@ -36,6 +36,77 @@ def isolated_home(tmp_path, monkeypatch):
     return tmp_path
 
 
+AUDITED: dict[str, int] = {}  # folders audited this session -> experiments in them (counted in the summary)
+
+
+def _experiments_under(top: Path) -> list[Path]:
+    """Folders holding experiment records under ``top``; trial folders are not searched."""
+    from trialflow.testing.audit import has_records
+
+    found = []
+    for folder, dirs, _ in os.walk(top):
+        if "db" in dirs and has_records(folder):
+            found.append(Path(folder))
+            dirs[:] = []
+    return found
+
+
+@pytest.fixture(autouse=True)
+def audited_experiments(request, isolated_home):
+    """After each test, the experiment-record audit (``trialflow.testing.audit``) over every experiment
+    the test left behind: under its tmp_path, and wherever its TRIALFLOW_HOME registry says. A broken
+    invariant fails the test that made it. A test that breaks a record on purpose (the audit's own
+    tests) says so with ``@pytest.mark.breaks_records``."""
+    yield
+    from trialflow.experiments import search_roots
+    from trialflow.testing.audit import check_folder
+
+    folders = set(_experiments_under(isolated_home))
+    for root in search_roots():
+        if root.is_dir() and not root.is_relative_to(isolated_home):
+            folders.update(_experiments_under(root))
+    if request.node.get_closest_marker("breaks_records"):
+        AUDITED.update((str(folder), 0) for folder in folders)  # not audited, and not again at the end
+        return
+    problems = []
+    for folder in sorted(folders):
+        try:
+            AUDITED[str(folder)], found = check_folder(folder)
+            problems += found
+        except Exception as exc:  # noqa: BLE001 -- an unreadable record is a broken one
+            problems.append(f"{folder}: the record cannot be read ({type(exc).__name__}: {exc})")
+    if problems:
+        pytest.fail("the experiment-record audit found broken invariants:\n" + "\n".join(problems), pytrace=False)
+
+
+LATE_PROBLEMS: list[str] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Audit what module- and session-scoped fixtures left behind (no single test owns it): a broken
+    record there fails the run."""
+    from trialflow.testing.audit import check_folder
+
+    base = session.config._tmp_path_factory.getbasetemp()
+    for folder in _experiments_under(base):
+        if str(folder) in AUDITED:
+            continue
+        try:
+            AUDITED[str(folder)], found = check_folder(folder)
+            LATE_PROBLEMS.extend(found)
+        except Exception as exc:  # noqa: BLE001
+            LATE_PROBLEMS.append(f"{folder}: the record cannot be read ({type(exc).__name__}: {exc})")
+    if LATE_PROBLEMS and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"experiment-record audit: {sum(AUDITED.values())} experiments audited in "
+                                f"{len(AUDITED)} folders")
+    for problem in LATE_PROBLEMS:
+        terminalreporter.write_line(f"broken record left by a shared fixture: {problem}", red=True)
+
+
 def write_trial(directory: Path, body: str, name: str = "trial.py") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name

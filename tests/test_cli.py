@@ -117,7 +117,7 @@ def test_export_json_and_csv_and_trial_listing(finished):
     table = list(csv.DictReader(out_csv.open()))
     assert set(table[0]) == {"x", "reward", "trialJobId"}
     head = cli("trial", "ls", exp_id, "--head", "1", env=env).stdout
-    best = min(rows, key=lambda r: r["parameter"]["x"])["trialJobId"]  # Random tuner minimises by default
+    best = max(rows, key=lambda r: r["parameter"]["x"])["trialJobId"]  # no optimize_mode: NNI's rule, maximize
     assert best in head and sum(r["trialJobId"] in head for r in rows) == 1
     bad = cli("experiment", "export", exp_id, "-f", str(out), "-t", "xml", env=env)
     assert bad.returncode == 1 and "use json or csv" in bad.stdout
@@ -185,12 +185,13 @@ def test_trial_ls_of_thousands_of_trials_lists_every_one_quickly(tmp_path):
     from trialflow import parse_config
     from trialflow.experiments import create_experiment, open_store
 
-    exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
+    exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w", maxTrialNumber=3000)))
     store = open_store(exp_dir.parent, exp_id)
     ids = [f"T{i:05d}" for i in range(3000)]
     for i, trial_id in enumerate(ids):
         store.add_trial(trial_id, None, i, {"x": i / 3000}, {"x": i / 3000})
-        store.set_status(trial_id, "SUCCEEDED" if i % 3 else "FAILED", 0)
+        store.set_status(trial_id, "RUNNING")
+        store.set_status(trial_id, "SUCCEEDED" if i % 3 else "FAILED", 0 if i % 3 else 1)
     proc = cli("trial", "ls", exp_id, "--root", str(tmp_path / "w"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

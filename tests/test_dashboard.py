@@ -105,9 +105,9 @@ def test_dashboard_follows_a_running_experiment_and_renders_in_chromium(tmp_path
     assert open_store(tmp_path / "w", exp_id).controls()["dashboard_url"] is None  # a stopped one is unlisted
 
 
-def _experiment(tmp_path: Path, space: dict, name: str = "mirror"):
+def _experiment(tmp_path: Path, space: dict, name: str = "mirror", **fields):
     exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w", searchSpace=space,
-                                                                 experimentName=name)))
+                                                                 experimentName=name, **fields)))
     return open_store(exp_dir.parent, exp_id), exp_dir
 
 
@@ -140,6 +140,7 @@ def test_mirror_maps_nested_choices_states_and_resumes_without_duplicates(tmp_pa
     store.set_status("W", "EARLY_STOPPED")
     store.add_trial("F", None, 2, {"lr": 0.03, "model": {"_name": "tree"}, "combine": 3, "layers": 9,
                                    "extra": "x"}, {})
+    store.set_status("F", "RUNNING")
     store.set_status("F", "FAILED", 1)
     assert mirror.sync() == 3
     again = open_mirror(store, url, "s")  # a restarted dashboard carries on
@@ -176,7 +177,8 @@ def test_dashboard_in_process_serves_and_clears_its_address(tmp_path):
 
 def _fifty_trials(tmp_path: Path):
     store, _ = _experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]},
-                                      "k": {"_type": "choice", "_value": [1, 2, 3]}}, name="report")
+                                      "k": {"_type": "choice", "_value": [1, 2, 3]}}, name="report",
+                           maxTrialNumber=50, tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}})
     rng = random.Random(7)
     for i in range(50):
         trial = f"T{i:02d}"
@@ -232,6 +234,7 @@ def test_report_of_fifty_trials_holds_every_chart_and_opens_offline(tmp_path):
 def test_report_of_an_experiment_without_intermediates_says_what_is_missing(tmp_path):
     store, _ = _experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}})
     store.add_trial("A", None, 0, {"x": 0.5}, {})
+    store.set_status("A", "RUNNING")
     store.add_metrics([Metric("A", "FINAL", 0, 0.5)])
     store.set_status("A", "SUCCEEDED", 0)
     proc = cli("experiment", "report", store.experiment_id, "-o", str(tmp_path / "r.html"),

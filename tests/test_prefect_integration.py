@@ -32,7 +32,7 @@ def test_progress_table_and_best_trial_artifacts(tmp_path):
     assert all(r["status"] == "SUCCEEDED" and r["param.x"] == r["metric"] for r in rows)
     best = Artifact.get(f"{key}-best")
     assert result.best.id in best.data
-    assert "metric direction: **minimize**" in best.data and "finished: 3" in best.data
+    assert "metric direction: **maximize**" in best.data and "finished: 3" in best.data  # no optimize_mode
     progress = Artifact.get(f"{key}-progress")
     assert float(progress.data) == 100.0
 

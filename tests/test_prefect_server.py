@@ -230,6 +230,17 @@ def _flow_run_of(client, deployment: str, timeout: float = 240.0):
     return found[0]
 
 
+def _run_deployment(server: PrefectServer, client, deployment: str, *params: str, timeout: float = 240.0):
+    """``prefect deployment run`` as a user types it; the flow run once it is final."""
+    args = [a for p in params for a in ("--param", p)]
+    run = subprocess.run(["prefect", "deployment", "run", deployment, *args], env=server.env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    run_id = run.stdout.split("UUID:")[1].split()[0]
+    return wait_for(lambda: (r := client.read_flow_run(run_id)).state and r.state.is_final() and r,
+                    timeout=timeout, interval=1.0)
+
+
 def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_path):
     subprocess.run(["prefect", "work-pool", "create", "local", "--type", "process"], env=server.env, check=True,
                    capture_output=True, timeout=120)
@@ -266,6 +277,17 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         assert fired.state.type.value == "COMPLETED" and fired.auto_scheduled
         assert _experiment(tmp_path, "soon").record.status == "DONE"
         client.pause_deployment(client.read_deployment_by_name("experiment/nightly-soon").id)
+
+        # a stored experiment run through a deployment whose default config_path is another experiment's
+        soon_exp = _experiment(tmp_path, "soon").record
+        refused = _run_deployment(server, client, "experiment/quickstart", f"experiment_id={soon_exp.id}")
+        assert refused.state.type.value == "FAILED"
+        assert "describes another experiment" in refused.state.message and "maxTrialNumber" in refused.state.message
+        assert [e.record.name for e in list_experiments(home)] == ["quickstart"]  # nothing was created either
+        again = _run_deployment(server, client, "experiment/quickstart", f"experiment_id={soon_exp.id}",
+                                "config_path=null")
+        assert again.state.type.value == "COMPLETED", again.state.message
+        assert open_store(tmp_path / "w", soon_exp.id).count_trials() == 2  # its own budget, nothing added
 
         # a flow run cancelled from the API stops the experiment and its trials
         long = _config(tmp_path, "long", maxTrialNumber=2, trialConcurrency=2,

@@ -55,6 +55,7 @@ def test_duplicate_metrics_are_dropped_and_dicts_kept_whole(store_url):
     store = ExperimentStore(store_url, "dupexp01")
     store.create_experiment(None, {})
     store.add_trial("abcde", 0, 0, {}, {})
+    store.set_status("abcde", "RUNNING")
     assert store.add_metrics([Metric("abcde", "PERIODICAL", 0, {"default": 1, "x": {"y": [1, 2]}})]) == 1
     assert store.add_metrics([Metric("abcde", "PERIODICAL", 0, 99), Metric("abcde", "PERIODICAL", 1, 2)]) == 1
     assert [m.value for m in store.metrics("abcde")] == [{"default": 1, "x": {"y": [1, 2]}}, 2]
@@ -93,6 +94,7 @@ def test_two_experiments_share_one_database_without_seeing_each_others_trials(st
         for i in range(n):
             tid = f"{store.experiment_id[-1]}t{i}"
             store.add_trial(tid, store.take_sequence(), i, {"x": i}, {})
+            store.set_status(tid, "RUNNING")
             store.add_metrics([Metric(tid, "FINAL", 0, float(i))])
             store.set_status(tid, "SUCCEEDED", 0)
         store.set_control("stop", n == 2)

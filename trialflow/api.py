@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ from .config import ExperimentConfig, load_config, parse_config
 from .context import ExperimentContext, open_context
 from .experiments import create_experiment, open_store
 from .ids import new_trial_id
+from .results import best_trial, end_experiment, maximizes, trial_value
 from .store import TrialRecord
-from .ui import best_trial, is_maximize, trial_value
 
 
 @dataclass
@@ -62,20 +61,21 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_experiment(cfg, path)
-    from .flows.experiment import experiment_flow
+    from .flows.experiment import experiment_flow, final_status
 
-    status = experiment_flow(path, experiment_id, str(exp_dir.parent))
-    return result_of(exp_dir.parent, experiment_id, cfg, status)
+    state = experiment_flow(path, experiment_id, str(exp_dir.parent), return_state=True)
+    return result_of(exp_dir.parent, experiment_id, cfg, final_status(state))
 
 
 def result_of(root: Path, experiment_id: str, cfg: ExperimentConfig, status: str | None = None) -> ExperimentResult:
     store = open_store(root, experiment_id)
     try:
         trials = store.trials()
-        status = status or store.experiment().status
+        record = store.experiment()
     finally:
         store.close()
-    return ExperimentResult(experiment_id, status, root / experiment_id, trials, best_trial(trials, is_maximize(cfg)))
+    return ExperimentResult(experiment_id, status or record.status, root / experiment_id, trials,
+                            best_trial(trials, maximizes(record)))
 
 
 class ExperimentSession:
@@ -130,5 +130,5 @@ def experiment_session(config: ConfigLike) -> Iterator[ExperimentSession]:
                 message = f"{type(exc).__name__}: {exc}"
                 raise
     finally:
-        store.set_experiment(status=status, message=message, end_time=time.time())
+        end_experiment(store, status, message)
         store.close()

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from .config import ConfigError, ConfigWarning, convert_config_file, load_config, parse_duration
 from .experiments import (
+    CONTROLLER_LOG,
     ExperimentNotFound,
     create_experiment,
     find_experiment,
@@ -31,6 +32,7 @@ from .experiments import (
     open_store,
 )
 from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
+from .results import end_experiment, nothing_succeeded
 from .store import ExperimentStore
 from .trial.procs import pid_alive
 from .tuners import TunerError
@@ -65,6 +67,7 @@ DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a li
                                             "(until Ctrl-C)")]
 PortOpt = Annotated[int, typer.Option("--port", help="the dashboard's port (0: any free one)")]
 DEFAULT_DASHBOARD_PORT = 8080
+CONTROLLER_OUTPUT = "controller.out"  # beside it: a background controller's raw output
 
 
 class CliError(Exception):
@@ -139,13 +142,19 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
             _serve_until_interrupted(live)
         if status != "DONE":
             raise CliError(f"experiment {experiment_id} ended {status}")
+        store = open_store(root, experiment_id)
+        failure = nothing_succeeded(store.trials())
+        store.close()
+        if failure:
+            raise CliError(f"experiment {experiment_id} ended {status}, but {failure}")
         return
-    log_path = root / experiment_id / "log" / "experiment.log"
+    log_path = root / experiment_id / CONTROLLER_LOG
     log_path.parent.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "trialflow.cli", "_run", experiment_id, "--root", str(root)]
     if config_path:
         args += ["--config", config_path]
-    with open(log_path, "ab") as log:
+    # the flow writes its log records to log_path itself; this file catches what else is printed
+    with open(log_path.parent / CONTROLLER_OUTPUT, "ab") as log:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {proc.pid})")
     console.print(f"  progress: trialflow trial ls {experiment_id}   log: {log_path}")
@@ -299,9 +308,14 @@ def resume(experiment_id: str, root: RootOpt = None,
 @app.command("_run", hidden=True)
 def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root")],
                  config: Annotated[str | None, typer.Option("--config")] = None) -> None:
-    from .flows.experiment import experiment_flow
+    from .flows.experiment import experiment_flow, final_status
 
-    experiment_flow(config, experiment_id, str(root))
+    status = final_status(experiment_flow(config, experiment_id, str(root), return_state=True))
+    store = open_store(root, experiment_id)
+    failure = nothing_succeeded(store.trials()) if status == "DONE" else None
+    store.close()
+    if failure:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -359,7 +373,7 @@ def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
         store.set_status(trial.id, "USER_CANCELED", message="cancelled by trialflow stop")
     _cancel_offline(store, base, [t.handle for t in left])
     if store.experiment().status not in ("DONE", "ERROR"):
-        store.set_experiment(status="STOPPED", end_time=time.time(), controller_pid=None)
+        end_experiment(store, "STOPPED")
 
 
 def _open_service(store: ExperimentStore, base: Path) -> TrainingService:

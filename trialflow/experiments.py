@@ -4,18 +4,25 @@ read-only commands stay fast)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from .config import ExperimentConfig, load_config, parse_config
+from .config import ConfigError, ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import new_experiment_id
+from .results import optimize_mode_of
 from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore
 
 STORE_URL_FILE = Path("db") / "store-url"  # where a shared store is: its URL, without the password
+CONFIG_FILE_NOTE = Path("db") / "config-file"  # the config file the experiment was created from
+CONTROLLER_LOG = Path("log") / "experiment.log"  # the controller's log records, as NNI's nnimanager.log
+log = logging.getLogger("trialflow.experiment")
 
 # Configs of experiments created in this process (the Python API): they keep their secrets, which
 # the stored copy masks.
@@ -26,6 +33,10 @@ class ExperimentNotFound(LookupError):
     """No experiment with that id under the working directory."""
 
 
+class ConfigMismatch(ValueError):
+    """A config file given to run a stored experiment describes another experiment."""
+
+
 def default_root() -> Path:
     return Path(os.path.expanduser(os.environ.get("TRIALFLOW_HOME", DEFAULT_WORKING_DIRECTORY)))
 
@@ -33,20 +44,24 @@ def default_root() -> Path:
 def create_experiment(config: ExperimentConfig, config_path: str | None = None) -> tuple[str, Path]:
     """A new experiment id and its directory with the store holding the config. With ``storeUrl`` the
     records go to that database and the directory keeps where (the URL without its password)."""
-    root = Path(config.experiment_working_directory)
+    root = Path(config.experiment_working_directory).resolve()
     experiment_id = new_experiment_id()
     exp_dir = root / experiment_id
     (exp_dir / "log").mkdir(parents=True, exist_ok=True)
     LIVE_CONFIGS[experiment_id] = config
+    config_path = os.path.abspath(config_path) if config_path else None
+    dumped = config.dump()
     if config.store_url is not None:
         url = config.store_url.get_secret_value()
         (exp_dir / STORE_URL_FILE).parent.mkdir(parents=True, exist_ok=True)
-        (exp_dir / STORE_URL_FILE).write_text(_without_password(url) + "\n", encoding="utf-8")
+        _write_private(exp_dir / STORE_URL_FILE, _without_password(url) + "\n")
+        if config_path:  # where a later command finds the password when no environment gives it
+            _write_private(exp_dir / CONFIG_FILE_NOTE, config_path + "\n")
         store = ExperimentStore(url, experiment_id)
     else:
         store = ExperimentStore.embedded(exp_dir, experiment_id)
     try:
-        store.create_experiment(config.experiment_name, config.dump(), config_path)
+        store.create_experiment(config.experiment_name, dumped, config_path, optimize_mode_of(dumped))
     finally:
         store.close()
     _register(experiment_id, root)
@@ -83,37 +98,97 @@ def _registered_roots() -> list[Path]:
 
 
 def _without_password(url: str) -> str:
-    return make_url(url).set(password=None).render_as_string(hide_password=False)
+    # URL.set(password=None) keeps the password: None means "unchanged" there
+    return make_url(url)._replace(password=None).render_as_string(hide_password=False)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read (0600 from the start)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
 
 
 def _has_store(exp_dir: Path) -> bool:
     return (exp_dir / DB_RELATIVE_PATH).is_file() or (exp_dir / STORE_URL_FILE).is_file()
 
 
-def open_store(working_directory: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
-    """The experiment's store: embedded in its directory, or the shared database its directory names
-    (the password from the experiment's config in this process, else PGPASSWORD or ~/.pgpass)."""
+def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
+               config: ExperimentConfig | None = None) -> ExperimentStore:
+    """The experiment's store: embedded in its directory, or the shared database its directory names.
+    The password of a shared one comes from the experiment's config in this process, else ``config``,
+    else the file the experiment was created from, when their store is the recorded one; else from
+    PGPASSWORD or ~/.pgpass."""
     exp_dir = Path(working_directory) / experiment_id
     if (exp_dir / DB_RELATIVE_PATH).is_file():
         return ExperimentStore.embedded(exp_dir, experiment_id)
     if (exp_dir / STORE_URL_FILE).is_file():
-        live = LIVE_CONFIGS.get(experiment_id)
-        if live is not None and live.store_url is not None:
-            return ExperimentStore(live.store_url.get_secret_value(), experiment_id)
-        return ExperimentStore((exp_dir / STORE_URL_FILE).read_text(encoding="utf-8").strip(), experiment_id)
+        recorded = (exp_dir / STORE_URL_FILE).read_text(encoding="utf-8").strip()
+        candidates = (c() for c in (lambda: LIVE_CONFIGS.get(experiment_id), lambda: config,
+                                     lambda: _creating_config(exp_dir)))  # the file is read only if needed
+        for candidate in candidates:
+            if candidate is not None and candidate.store_url is not None:
+                url = candidate.store_url.get_secret_value()
+                if _without_password(url) == _without_password(recorded):
+                    return ExperimentStore(url, experiment_id)
+        return ExperimentStore(recorded, experiment_id)
     raise ExperimentNotFound(f"no experiment {experiment_id!r} under {working_directory}; "
                              "`trialflow experiment list` shows the known ones")
 
 
+def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
+    """The config file a shared-store experiment was created from, when it still loads (it may hold
+    the store's password, which the experiment directory never does)."""
+    try:
+        path = (exp_dir / CONFIG_FILE_NOTE).read_text(encoding="utf-8").strip()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return load_config(path)
+    except (OSError, ConfigError):
+        return None
+
+
+def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[str]:
+    """The top-level fields in which two configs (as stored) differ, in order."""
+    keys = [*stored, *(k for k in given if k not in stored)]
+    return [k for k in keys if json.dumps(stored.get(k), sort_keys=True, default=str)
+            != json.dumps(given.get(k), sort_keys=True, default=str)]
+
+
 def load_experiment_config(store: ExperimentStore, config_path: str | None = None) -> ExperimentConfig:
-    """The experiment's config: in-process original, else the config file, else the stored copy."""
+    """The config the stored experiment runs with: always its own. The in-process original when this
+    process created it; else ``config_path`` or the file it was created from, when that file still
+    describes the same experiment (it holds secrets the stored copy masks); else the stored copy.
+
+    Raises :class:`ConfigMismatch` when ``config_path`` describes another experiment (naming the
+    fields that differ), and :class:`ConfigError` when it does not load."""
     live = LIVE_CONFIGS.get(store.experiment_id)
+    record = store.experiment()
+    if config_path:
+        given = load_config(config_path)
+        differ = config_differences(record.config, given.dump())
+        if differ:
+            raise ConfigMismatch(f"{config_path} describes another experiment than {record.id} (they differ in "
+                                 f"{', '.join(differ)}): run a stored experiment without a config path, or "
+                                 "with the file it was created from")
+        return live or given
     if live is not None:
         return live
-    record = store.experiment()
-    path = config_path or record.config_path
-    if path and Path(path).is_file():
-        return load_config(path)
+    if record.config_path and Path(record.config_path).is_file():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                given = load_config(record.config_path)
+        except ConfigError as exc:
+            log.warning("the experiment's config file %s no longer loads (%s): running the stored config",
+                        record.config_path, exc)
+        else:
+            differ = config_differences(record.config, given.dump())
+            if not differ:
+                return given
+            log.warning("the experiment's config file %s changed since it was created (%s): running the stored "
+                        "config", record.config_path, ", ".join(differ))
     return stored_config(store)
 
 
@@ -134,7 +209,8 @@ class ExperimentEntry:
 
 
 def search_roots(root: Path | None = None) -> list[Path]:
-    return [root] if root is not None else [default_root(), *_registered_roots()]
+    """Where experiments are looked for, as absolute paths (a relative ``root`` is taken from here)."""
+    return [root.resolve()] if root is not None else [default_root().resolve(), *_registered_roots()]
 
 
 def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path, ExperimentStore]:

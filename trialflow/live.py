@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from .experiments import open_store
-from .ui import best_trial, trial_value
+from .results import best_trial, maximizes, outcome_line, trial_value
 
 
 def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
@@ -33,18 +33,23 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     return table
 
 
+def _outside_runs(record: logging.LogRecord) -> bool:
+    return not record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+
+
 def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console) -> str:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from .flows.experiment import experiment_flow, final_status
+
     # The live table shows each trial's end and the CLI prints one line when the run fails: Prefect's
-    # own flow/task-run error logs (tracebacks, one per failed trial) would only bury them.
-    for name in ("prefect.flow_runs", "prefect.task_runs"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    from .experiments import load_experiment_config
-    from .flows.experiment import experiment_flow
-    from .ui import is_maximize
+    # own flow/task-run logs (tracebacks, one per failed trial) would only bury them in the terminal.
+    # They are kept from the terminal's handlers only: the experiment's log file still gets them.
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.addFilter(_outside_runs)
 
     store = open_store(root, experiment_id)
-    maximize = is_maximize(load_experiment_config(store, config_path))
+    maximize = maximizes(store.experiment())
     store.close()
     done = threading.Event()
     with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
@@ -56,13 +61,17 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
         thread = threading.Thread(target=refresh, daemon=True)
         thread.start()
         try:
-            status = experiment_flow(config_path, experiment_id, str(root))
+            status = final_status(experiment_flow(config_path, experiment_id, str(root), return_state=True))
         finally:
             done.set()
             thread.join()
             live.update(_render(root, experiment_id, maximize))
-    best = best_trial(open_store(root, experiment_id).trials(), maximize)
+    store = open_store(root, experiment_id)
+    trials = store.trials()
+    store.close()
+    best = best_trial(trials, maximize)
     console.print()
+    console.print(outcome_line(trials), highlight=False)
     if best is not None:
         console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "
                       f"parameters {best.parameters}")

@@ -30,6 +30,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
+STOPPED_BY_US = ("USER_CANCELED", "EARLY_STOPPED")  # statuses recorded before the kill they cause
+# Bounds of what a column can hold (PostgreSQL's INTEGER; SQLite's is wider): a larger sequence or
+# exit code is a rejected record, never a crashed writer.
+MAX_SEQUENCE = 2**31 - 1
 DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
 
 _meta = sa.MetaData()
@@ -45,6 +49,8 @@ experiments = sa.Table(
     sa.Column("end_time", sa.Float),
     sa.Column("controller_pid", sa.Integer),
     sa.Column("next_sequence", sa.Integer, nullable=False, default=0),
+    sa.Column("optimize_mode", sa.String(8)),  # decided once at creation (``trialflow.results``)
+    sa.Column("best_trial", sa.String(16)),  # recorded when the experiment ends
 )
 controls = sa.Table(
     "controls", _meta,
@@ -79,6 +85,14 @@ events = sa.Table(
     sa.Column("time", sa.Float, nullable=False),
     sa.Column("message", sa.Text),
 )
+imported = sa.Table(  # NNI's importData: told to the tuner, never trials of the experiment
+    "imported_data", _meta,
+    sa.Column("experiment_id", sa.String(16), primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column("parameters", sa.Text, nullable=False),
+    sa.Column("raw", sa.Text, nullable=False),
+    sa.Column("value", sa.Text, nullable=False),
+)
 metrics = sa.Table(
     "metrics", _meta,
     sa.Column("experiment_id", sa.String(16), primary_key=True),
@@ -104,6 +118,9 @@ _NOT_DONE = trials.c.status.not_in(_B("keep", expanding=True))
 _SET_RUNNING = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"), start_time=_B("now"))
 _SET_TERMINAL = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(
     status=_B("new_status"), end_time=_B("now"), exit_code=_B("code"), message=_B("msg"))
+_SETTLE = trials.update().where(_ONE_TRIAL, trials.c.status.in_(_B("stops", expanding=True))).values(
+    status=_B("new_status"), end_time=_B("now"), exit_code=_B("code"), message=_B("msg"))
+_SET_START = trials.update().where(_ONE_TRIAL, trials.c.start_time.is_(None)).values(start_time=_B("now"))
 _SET_OTHER = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"))
 _COUNT_TRIALS = sa.select(sa.func.count()).select_from(trials).where(trials.c.experiment_id == _B("e"))
 _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
@@ -160,6 +177,8 @@ class ExperimentRecord:
     controller_pid: int | None
     next_sequence: int
     controls: dict[str, Any] = field(default_factory=dict)
+    optimize_mode: str | None = None  # None only for experiments created before it was stored
+    best_trial: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +215,29 @@ def _engine(url: str) -> Engine:
         raise ImportError(f"the store URL needs a database driver ({exc}); pip install 'trialflow[postgres]'") from None
 
 
+def _add_missing_columns(engine: Engine) -> None:
+    """Stores written by an earlier version lack the newer experiment columns: add them (nullable)."""
+    present = {c["name"] for c in sa.inspect(engine).get_columns("experiments")}
+    missing = [c for c in experiments.columns if c.name not in present]
+    if missing:
+        with engine.begin() as conn:
+            for column in missing:
+                conn.exec_driver_sql(f"ALTER TABLE experiments ADD COLUMN {column.name} "
+                                     f"{column.type.compile(engine.dialect)}")
+
+
+def stored_experiment_ids(url: str) -> list[str]:
+    """The ids of the experiments a database holds (an embedded file normally holds one)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table("experiments"):
+                return []
+            return [row[0] for row in conn.execute(sa.select(experiments.c.id).order_by(experiments.c.id))]
+    finally:
+        engine.dispose()
+
+
 class ExperimentStore:
     """One experiment's records in an embedded or shared database."""
 
@@ -208,6 +250,7 @@ class ExperimentStore:
         self._insert_metric = self._insert(metrics).on_conflict_do_nothing().returning(metrics.c.sequence)
         self._lock = threading.RLock()
         _meta.create_all(self.engine)
+        _add_missing_columns(self.engine)
         # One connection per store, used under the lock: a pool checkout per statement costs more
         # than the statement itself. Every use is a short transaction, so other processes' writes
         # (the CLI's controls) are seen at once.
@@ -234,10 +277,11 @@ class ExperimentStore:
 
     # ---- experiment ---------------------------------------------------------------------
 
-    def create_experiment(self, name: str | None, config: dict[str, Any], config_path: str | None = None) -> None:
+    def create_experiment(self, name: str | None, config: dict[str, Any], config_path: str | None = None,
+                          optimize_mode: str | None = None) -> None:
         self._write(experiments.insert().values(
             id=self.experiment_id, name=name, config=dumps(config), config_path=config_path,
-            status="INITIALIZED", start_time=time.time(), next_sequence=0))
+            status="INITIALIZED", start_time=time.time(), next_sequence=0, optimize_mode=optimize_mode))
 
     def experiment(self) -> ExperimentRecord:
         with self._tx() as conn:
@@ -247,7 +291,7 @@ class ExperimentStore:
         m = row._mapping
         return ExperimentRecord(m["id"], m["name"], json.loads(m["config"]), m["config_path"], m["status"],
                                 m["message"], m["start_time"], m["end_time"], m["controller_pid"],
-                                m["next_sequence"], self.controls())
+                                m["next_sequence"], self.controls(), m["optimize_mode"], m["best_trial"])
 
     def controls(self) -> dict[str, Any]:
         """Runtime changes requested through the CLI (read every loop tick, so kept cheap)."""
@@ -257,7 +301,7 @@ class ExperimentStore:
         return {k: json.loads(v) for k, v in rows}
 
     def set_experiment(self, **values: Any) -> None:
-        """Update experiment columns (status, message, end_time, controller_pid, start_time)."""
+        """Update experiment columns (status, message, end_time, controller_pid, start_time, best_trial)."""
         self._write(experiments.update().where(experiments.c.id == self.experiment_id).values(**values))
 
     def set_control(self, key: str, value: Any) -> None:
@@ -312,6 +356,29 @@ class ExperimentStore:
             raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
         return False
 
+    def settle(self, trial_id: str, status: str, exit_code: int | None, message: str | None) -> bool:
+        """Complete a trial we stopped (recorded USER_CANCELED / EARLY_STOPPED before the kill) once the
+        kill is over: its end becomes now (metrics collected after the kill precede it), its exit code
+        is kept, and ``status`` replaces the stop when the trial had exited by itself before the kill
+        landed. False when the trial is not one we stopped."""
+        params = {"e": self.experiment_id, "t": trial_id, "stops": list(STOPPED_BY_US), "new_status": status,
+                  "now": time.time(), "code": exit_code, "msg": message}
+        with self._tx() as conn:
+            before = conn.execute(sa.select(trials.c.status).where(_ONE_TRIAL), params).scalar_one_or_none()
+            if before not in STOPPED_BY_US or not conn.execute(_SETTLE, params).rowcount:
+                return False
+            if status != before:
+                conn.execute(_INSERT_EVENT, params)
+        return True
+
+    def set_started(self, trial_id: str, when: float) -> None:
+        """Give a trial that ran, but was never seen RUNNING (it ran between two polls), its start time
+        ``when`` and a RUNNING event at that time; nothing when it has a start time already."""
+        params = {"e": self.experiment_id, "t": trial_id, "now": when, "new_status": "RUNNING", "msg": None}
+        with self._tx() as conn:
+            if conn.execute(_SET_START, params).rowcount:
+                conn.execute(_INSERT_EVENT, params)
+
     def _trial_update(self, trial_id: str) -> Any:
         return trials.update().where(trials.c.experiment_id == self.experiment_id, trials.c.id == trial_id)
 
@@ -348,12 +415,35 @@ class ExperimentStore:
                            m["end_time"], json.loads(m["final"]) if m["final"] is not None else None)
 
     def status_history(self, trial_id: str) -> list[tuple[str, float, str | None]]:
-        """The trial's recorded events in order: (status, time, message)."""
+        """The trial's recorded events in time order: (status, time, message)."""
         with self._tx() as conn:
             rows = conn.execute(sa.select(events.c.status, events.c.time, events.c.message).where(
                 events.c.experiment_id == self.experiment_id, events.c.trial_id == trial_id)
-                .order_by(events.c.id)).all()
+                .order_by(events.c.time, events.c.id)).all()
         return [(r[0], r[1], r[2]) for r in rows]
+
+    # ---- imported data (NNI's importData) --------------------------------------------------
+
+    def add_imported(self, items: list[tuple[dict[str, Any], dict[str, Any], Any]]) -> int:
+        """Store ``(parameters, raw values, value)`` items in one transaction (all or none); the tuner is
+        told them on every (re)start. They are not trials: they count toward no budget and are never
+        the best trial."""
+        with self._tx() as conn:
+            start = int(conn.execute(sa.select(sa.func.count()).select_from(imported)
+                                     .where(imported.c.experiment_id == self.experiment_id)).scalar_one())
+            if items:
+                conn.execute(imported.insert(), [
+                    {"experiment_id": self.experiment_id, "position": start + i, "parameters": dumps(p),
+                     "raw": dumps(r), "value": dumps(v)} for i, (p, r, v) in enumerate(items)])
+        return len(items)
+
+    def imported(self) -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
+        """The imported ``(parameters, raw values, value)`` items, in import order."""
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(imported.c.parameters, imported.c.raw, imported.c.value)
+                                .where(imported.c.experiment_id == self.experiment_id)
+                                .order_by(imported.c.position)).all()
+        return [(json.loads(p), json.loads(r), json.loads(v)) for p, r, v in rows]
 
     def note(self, trial_id: str, message: str) -> None:
         """Add an event to the trial's history without changing its status."""

@@ -16,8 +16,8 @@ from typing import Any
 
 from .context import ExperimentContext
 from .platforms import service_name
+from .results import best_trial, maximizes, trial_value
 from .store import TrialRecord
-from .tuners import maximizes, scalar_or_none
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 MIN_INTERVAL = 3.0
@@ -26,28 +26,12 @@ MAX_TABLE_ROWS = 500
 log = logging.getLogger("trialflow.ui")
 
 
-def trial_value(trial: TrialRecord) -> float | None:
-    return scalar_or_none(trial.final)
-
-
-def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
-    scored = [(v, t) for t in trials if t.status == "SUCCEEDED" and (v := trial_value(t)) is not None]
-    if not scored:
-        return None
-    return (max if maximize else min)(scored, key=lambda pair: pair[0])[1]
-
-
 def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
     """One line: the metric's direction and how many trials finished, stopped early or failed."""
     counts = {status: sum(t.status == status for t in trials) for status in ("SUCCEEDED", "EARLY_STOPPED")}
     failed = sum(t.status in ("FAILED", "USER_CANCELED", "SYS_CANCELED") for t in trials)
     return (f"metric direction: **{'maximize' if maximize else 'minimize'}** · finished: "
             f"{counts['SUCCEEDED']} · early-stopped: {counts['EARLY_STOPPED']} · failed or canceled: {failed}")
-
-
-def is_maximize(ctx_config: Any) -> bool:
-    tuner = ctx_config.tuner
-    return tuner is not None and maximizes(tuner.name, tuner.class_args)
 
 
 def _safe(value: Any) -> Any:
@@ -104,7 +88,7 @@ class ArtifactReporter:
                  **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": _safe(trial_value(t)),
                  **{f"param.{k}": _safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
         create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
-        maximize = is_maximize(self.ctx.config)
+        maximize = maximizes(self.ctx.store.experiment())
         best = best_trial(trials, maximize)
         text = "No successful trial yet." if best is None else (
             f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"

@@ -14,16 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from .experiments import stored_config
-from .ids import new_trial_id
 from .platforms import service_name
-from .store import ExperimentStore, Metric, TrialRecord
-from .tuners import maximizes
-from .ui import best_trial, trial_value
+from .results import best_trial, maximizes, ranked, trial_value
+from .store import ExperimentStore, TrialRecord
+from .tuners import extract_scalar
 
 
 def is_maximize_stored(store: ExperimentStore) -> bool:
-    tuner = store.experiment().config.get("tuner") or {}
-    return maximizes(tuner.get("name"), tuner.get("classArgs"))
+    return maximizes(store.experiment())
 
 
 def _when(ts: float | None) -> str:
@@ -84,8 +82,7 @@ def print_trials(console: Console, trials: list[TrialRecord]) -> None:
 def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | None, tail: int | None
                 ) -> list[TrialRecord]:
     """Trials with a usable final value, best first (--head N) or worst first (--tail N)."""
-    scored = [t for t in trials if trial_value(t) is not None]
-    scored.sort(key=lambda t: trial_value(t), reverse=is_maximize_stored(store))  # type: ignore[arg-type,return-value]
+    scored = ranked(trials, is_maximize_stored(store))
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
 
 
@@ -113,7 +110,8 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         value = json.loads(row["value"])
         metric = value if isinstance(value, dict) else {"reward": value}
         flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
-                     **metric, "trialJobId": row["trialJobId"]})
+                     **metric, "trialJobId": row["trialJobId"],
+                     **({"intermediate": json.dumps(row["intermediate"])} if "intermediate" in row else {})})
     columns: list[str] = []
     for r in flat:
         columns.extend(k for k in r if k not in columns)
@@ -124,18 +122,27 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def import_rows(store: ExperimentStore, data: Any) -> int:
-    """Add ``[{parameter, value}]`` as finished trials (replayed to the tuner on start/resume)."""
+    """Import ``[{parameter, value}]`` as NNI's importData: told to the tuner on every (re)start, never
+    trials of the experiment (no budget, not a best trial). All items or none: the first bad one is a
+    ``ValueError`` naming it and the field."""
     if not isinstance(data, list):
         raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
     config = stored_config(store)
+    items = []
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
             raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
-        raw = config.raw_values(item["parameter"])
-        value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
-        trial_id = new_trial_id()
-        seq = store.take_sequence()
-        store.add_trial(trial_id, seq, -1 - seq, item["parameter"], raw)  # negative ids: not the tuner's
-        store.add_metrics([Metric(trial_id, "FINAL", 0, value)])
-        store.set_status(trial_id, "SUCCEEDED", 0, "imported")
-    return len(data)
+        if not isinstance(item["parameter"], dict):
+            raise ValueError(f"item {i}: 'parameter' must be an object of parameter values")
+        try:
+            raw = config.raw_values(item["parameter"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"item {i}: 'parameter' does not fit the search space: {exc}") from None
+        try:
+            value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
+            extract_scalar(value)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"item {i}: 'value' must be a finite number or a dict with a numeric 'default' "
+                             f"({exc})") from None
+        items.append((item["parameter"], raw, value))
+    return store.add_imported(items)

@@ -20,23 +20,27 @@ Parameters of the flow are ids and paths only: secrets never become flow paramet
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.exceptions import Abort, CancelledRun, TerminationSignal
 from prefect.futures import PrefectFuture
+from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import allow_failure
 
 from ..config import load_config
 from ..context import ExperimentContext, open_context
-from ..experiments import LIVE_CONFIGS, create_experiment, find_experiment, load_experiment_config, open_store
+from ..experiments import CONTROLLER_LOG, create_experiment, find_experiment, load_experiment_config, open_store
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, TrialStatus, experiment_retry
+from ..results import end_experiment, nothing_succeeded, outcome_line
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, scalar_or_none
@@ -45,6 +49,9 @@ from ..ui import ArtifactReporter
 TICK_SECONDS = 0.25
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
 MAX_THREADS = 1024  # the window, not the pool, bounds concurrency (it may grow at run time)
+IMPORTED_IDS = -10**9  # parameter ids of imported data, apart from hand-picked trials' (-1 - sequence)
+# The loggers whose records go to the experiment's log: trialflow's own and the run's flow/task runs.
+LOGGED = ("trialflow", "prefect.flow_runs", "prefect.task_runs")
 
 
 def _run_name() -> str:
@@ -59,10 +66,16 @@ def _run_name() -> str:
 @flow(name="experiment", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS),  # type: ignore[arg-type]
       validate_parameters=False)
 def experiment_flow(config_path: str | None = None, experiment_id: str | None = None,
-                    working_directory: str | None = None) -> str:
-    """Run a new experiment from ``config_path``, or run/resume the stored ``experiment_id``
-    (found under ``working_directory`` or the known roots). Returns the final status."""
+                    working_directory: str | None = None) -> State:
+    """Run a new experiment from ``config_path``, or run/resume the stored ``experiment_id`` (found
+    under ``working_directory`` or the known roots) with its own stored config: a ``config_path`` given
+    with it must describe the same experiment (``ConfigMismatch`` otherwise, the experiment untouched).
+
+    The run's state carries the final status (DONE, STOPPED) as its result. It is Completed, or Failed
+    when the experiment ran trials and none succeeded (the message counts them); a run that cannot go
+    on raises, the experiment recorded ERROR (or STOPPED when the run was cancelled)."""
     logger = get_run_logger()
+    given = None
     if experiment_id is None:
         if not config_path:
             raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
@@ -70,17 +83,17 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         experiment_id, exp_dir = create_experiment(load_config(config_path), config_path)
         root = exp_dir.parent
     else:
-        if config_path:  # the file may hold what the directory does not: a shared store's password
-            LIVE_CONFIGS.setdefault(experiment_id, load_config(config_path))
-        root = Path(working_directory) if working_directory else find_experiment(experiment_id)[0]
-    store = open_store(root, experiment_id)
+        given = load_config(config_path) if config_path else None  # may hold a shared store's password
+        root = Path(working_directory).resolve() if working_directory else find_experiment(experiment_id)[0]
+    store = open_store(root, experiment_id, given)
     exp_dir = root / experiment_id
     with ExitStack() as stack:
+        stack.enter_context(_controller_log(exp_dir))
+        config = load_experiment_config(store, config_path)  # refuses another experiment's config first
         try:
-            config = load_experiment_config(store, config_path)
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
-            store.set_experiment(status="ERROR", message=str(exc), end_time=time.time())
+            end_experiment(store, "ERROR", str(exc))
             raise
         store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid())
         logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)
@@ -89,12 +102,58 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         except BaseException as exc:
             ctx.stop.set()  # poll tasks cancel their trials
             stopped = _stopped_by_cancel(exc)
-            store.set_experiment(status="STOPPED" if stopped else "ERROR", end_time=time.time(), controller_pid=None,
-                                 message="the flow run was cancelled" if stopped else f"{type(exc).__name__}: {exc}")
+            end_experiment(store, "STOPPED" if stopped else "ERROR",
+                           "the flow run was cancelled" if stopped else f"{type(exc).__name__}: {exc}")
             raise
-    store.set_experiment(status=status, end_time=time.time(), controller_pid=None)
-    logger.info("experiment %s %s", experiment_id, status)
-    return status
+        end_experiment(store, status)
+        trials = store.trials()
+        logger.info("experiment %s %s: %s", experiment_id, status, outcome_line(trials))
+        failure = nothing_succeeded(trials) if status == "DONE" else None
+        if failure:
+            logger.error("experiment %s: %s", experiment_id, failure)
+            return Failed(message=f"experiment {experiment_id} {status}: {failure}", data=status)
+    return Completed(message=f"experiment {experiment_id} {status}", data=status)
+
+
+def final_status(state: State) -> str:
+    """The experiment's final status from its run's state (``experiment_flow(..., return_state=True)``),
+    also when the run Failed because no trial succeeded; raises what ended a run that could not go on."""
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    return str(result)
+
+
+class _RunFormatter(logging.Formatter):
+    """Names a record's task run or flow run (Prefect puts them on the record) or else its logger."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.source = (getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+                         or record.name)
+        return super().format(record)
+
+
+@contextmanager
+def _controller_log(exp_dir: Path) -> Iterator[None]:
+    """Send the run's log records to the experiment's log file while it runs (the background launcher's
+    raw output goes elsewhere, so nothing is written twice)."""
+    path = exp_dir / CONTROLLER_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(_RunFormatter("[%(asctime)s] %(levelname)s (%(source)s) %(message)s"))
+    loggers = [logging.getLogger(name) for name in LOGGED]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        if logger.getEffectiveLevel() > logging.INFO:  # e.g. PREFECT_LOGGING_LEVEL=WARNING: the log keeps INFO
+            logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+        handler.close()
 
 
 def _stopped_by_cancel(exc: BaseException) -> bool:
@@ -228,7 +287,10 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, resubmit: list[Any]) -> bool
 
 
 def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
-    """Replay finished trials to the tuner and follow live ones; returns trials to submit again."""
+    """Tell the tuner the imported data and the finished trials, follow live ones; returns trials to
+    submit again."""
+    for position, (_, raw, value) in enumerate(ctx.store.imported()):
+        ctx.tuner.replay(IMPORTED_IDS - position, raw, scalar_or_none(value))
     resubmit = []
     for trial in ctx.store.trials():
         if trial.is_terminal:

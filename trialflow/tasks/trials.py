@@ -71,7 +71,8 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
 @task(name="poll_trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}")
 def poll_trial(experiment_id: str, trial_id: str) -> State:
     """Follow the trial (submitted, or re-attached from its stored handle) to its end; the task run's
-    state mirrors the trial's. A trial whose submission failed is recorded FAILED here."""
+    state mirrors the trial's. A trial whose submission failed is recorded FAILED here, and so is one
+    whose following failed in a way nobody foresaw: no trial is left WAITING or RUNNING."""
     ctx = get_context(experiment_id)
     try:
         raw = ctx.store.trial(trial_id).handle
@@ -80,10 +81,25 @@ def poll_trial(experiment_id: str, trial_id: str) -> State:
             status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {error}"), [])
         else:
             status = follow_trial(ctx, trial_id, TrialHandle.from_dict(raw))
+    except Exception as exc:
+        log.exception("trial %s: following it failed; it is stopped and recorded FAILED", trial_id)
+        _stop_quietly(ctx, trial_id)
+        status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=(
+            f"trialflow could not follow the trial ({type(exc).__name__}: {exc})")), [])
     finally:
         ctx.service.abandon(trial_id)  # whatever its end: a failed submission or poll holds no slot
         ctx.trial_ended(trial_id)
     return trial_state(ctx, trial_id, status)
+
+
+def _stop_quietly(ctx: ExperimentContext, trial_id: str) -> None:
+    """Kill a trial nobody follows any more (best effort: its record is what matters)."""
+    try:
+        raw = ctx.store.trial(trial_id).handle
+        if raw is not None:
+            ctx.service.cancel(TrialHandle.from_dict(raw), TrialStatus.SYS_CANCELED)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("trial %s: could not stop it: %s", trial_id, exc)
 
 
 def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
@@ -99,14 +115,21 @@ def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
 
 
 def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> str:
+    """Poll the trial until it ends; returns its recorded terminal status.
+
+    A poll's terminal status is looked at before the assessor: a trial that has already ended keeps its
+    own outcome (its exit code, its final result), the assessor only stops running trials. A trial
+    seen ended without ever being seen RUNNING started after the poll before."""
     record = ctx.store.trial(trial_id)
     history = [m.value for m in ctx.store.metrics(trial_id, "PERIODICAL")]
     cursor: dict[str, Any] = {}
     transient = 0
+    last_seen = record.start_time or time.time()  # the trial had not ended by then
     while True:
         reason = _cancel_reason(ctx, trial_id, record.start_time)
         if reason is not None:
-            return _cancel(ctx, trial_id, handle, reason, cursor, history)
+            return _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None)
+        polled_at = time.time()
         try:
             update = ctx.service.poll(handle, cursor)
             transient = 0
@@ -122,17 +145,26 @@ def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> 
             time.sleep(min(5.0, 0.2 * 2**min(transient, 5)))
             continue
         cursor = update.cursor
-        if _absorb(ctx, trial_id, update, history) and ctx.assessor is not None:
+        fresh = _absorb(ctx, trial_id, update, history)
+        if update.status.is_terminal:
+            if record.start_time is None and _ran(update, history):
+                ctx.store.set_started(trial_id, last_seen)
+            return _end(ctx, trial_id, update, history, absorbed=True)
+        if update.status == TrialStatus.RUNNING and record.start_time is None:
+            ctx.store.set_status(trial_id, "RUNNING", when=polled_at)
+            record.start_time = polled_at
+        last_seen = polled_at
+        if fresh and update.status == TrialStatus.RUNNING and ctx.assessor is not None:
             values = [scalar_or_none(v) for v in history]
             if all(v is not None for v in values) and ctx.assessor.assess(trial_id, values):  # type: ignore[arg-type]
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
-        if update.status == TrialStatus.RUNNING and record.start_time is None:
-            ctx.store.set_status(trial_id, "RUNNING")
-            record.start_time = time.time()
-        if update.status.is_terminal:
-            return _end(ctx, trial_id, update, history)
         ctx.service.wait(handle, ctx.poll_interval)
+
+
+def _ran(update: TrialUpdate, history: list[Any]) -> bool:
+    """Whether an ended trial had started: it exited (with any code), succeeded or reported."""
+    return update.exit_code is not None or update.status == TrialStatus.SUCCEEDED or bool(history or update.metrics)
 
 
 def _cancel_reason(ctx: ExperimentContext, trial_id: str, start_time: float | None) -> TrialStatus | None:
@@ -145,19 +177,53 @@ def _cancel_reason(ctx: ExperimentContext, trial_id: str, start_time: float | No
     return None
 
 
+def _exited_by_itself(exit_code: int | None) -> bool:
+    """An exit code of the trial's own choosing; a kill ends it by a signal (negative, or 128 + signal
+    through a shell)."""
+    return exit_code is not None and 0 <= exit_code < 128
+
+
 def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: TrialStatus,
-            cursor: dict[str, Any], history: list[Any]) -> str:
-    """Record the cancel status first, then kill, then collect metrics written before the end."""
+            cursor: dict[str, Any], history: list[Any], started: bool) -> str:
+    """Stop the trial. A started trial that has ended by itself since the last poll keeps its own
+    outcome (a trial not seen started is not polled first: a poll may start it).
+    Otherwise the stop is recorded first (so the kill's exit code never reads as the trial's own
+    failure, even if this process dies now), then the kill, then the metrics written before it are
+    collected and the record is settled: the end time after them, the exit code, and -- when the trial
+    turns out to have exited by itself before the kill landed -- its own outcome instead of the stop."""
+    polled_at = time.time()
+    try:
+        update = ctx.service.poll(handle, cursor) if started or history else None
+    except Exception:  # noqa: BLE001 -- the stop goes ahead; its final poll collects what this one missed
+        update = None
+    if update is not None:
+        cursor = update.cursor
+        _absorb(ctx, trial_id, update, history)
+        if update.status.is_terminal:
+            if _ran(update, history):
+                ctx.store.set_started(trial_id, polled_at)
+            return _end(ctx, trial_id, update, history, absorbed=True)
     message = {TrialStatus.EARLY_STOPPED: "stopped early (assessor or maxTrialDuration)",
                TrialStatus.USER_CANCELED: "cancelled by the user"}.get(reason, reason.value)
     recorded = ctx.store.set_status(trial_id, reason.value, message=message)
     ctx.service.cancel(handle, reason)
+    after: TrialUpdate | None = None
     try:
-        _absorb(ctx, trial_id, ctx.service.poll(handle, cursor), history)
+        after = ctx.service.poll(handle, cursor)
+        _absorb(ctx, trial_id, after, history)
     except PlatformError as exc:  # the status is recorded; only metrics written in the last moments are missed
         log.warning("trial %s: metrics written just before the cancel could not be read: %s", trial_id, exc)
+    status, code = reason, None
+    if after is not None and after.status.is_terminal:
+        code = after.exit_code
+        if _exited_by_itself(code):
+            status = TrialStatus.SUCCEEDED if code == 0 else TrialStatus.FAILED
+            message = after.message or message
     if recorded:
-        _finish_tuning(ctx, trial_id, history, succeeded=False)
+        if code is not None or _ran(after or TrialUpdate(reason), history):
+            ctx.store.set_started(trial_id, polled_at)  # it had not ended then, and may not have started
+        ctx.store.settle(trial_id, status.value, code, message)
+        _finish_tuning(ctx, trial_id, history, succeeded=status == TrialStatus.SUCCEEDED)
     return ctx.store.trial(trial_id).status
 
 
@@ -177,8 +243,11 @@ def _absorb(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history:
     return fresh
 
 
-def _end(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: list[Any]) -> str:
-    _absorb(ctx, trial_id, update, history)
+def _end(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: list[Any],
+         absorbed: bool = False) -> str:
+    """Record the trial's own terminal status (once) and tell the tuner and assessor."""
+    if not absorbed:
+        _absorb(ctx, trial_id, update, history)
     if ctx.store.set_status(trial_id, update.status.value, update.exit_code, update.message):
         _finish_tuning(ctx, trial_id, history, succeeded=update.status == TrialStatus.SUCCEEDED)
     return ctx.store.trial(trial_id).status

@@ -23,6 +23,8 @@ from typing import Any
 
 FORMAT_VERSION = 1
 MAX_RECORD_BYTES = 1_000_000
+MAX_SEQUENCE = 2**31 - 1  # what every store's sequence column holds
+MAX_DEPTH = 32
 METRIC_TYPES = ("PERIODICAL", "FINAL")
 STDOUT_MARKER = re.compile(rb"NNISDK_MEb'(.*?)'\s*$")
 _FRAME_HEAD = 8  # "ME" + 6 digits
@@ -87,6 +89,8 @@ def parse_record(text: str | bytes, expected_trial: str | None = None) -> Metric
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise MetricRecordError(f"metric record is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise MetricRecordError(f"metric record is nested more than {MAX_DEPTH} levels deep") from None
     if not isinstance(data, dict):
         raise MetricRecordError(f"metric record must be a JSON object, got {type(data).__name__}")
     kind, seq, trial = data.get("type"), data.get("sequence", 0), data.get("trial_job_id")
@@ -94,8 +98,9 @@ def parse_record(text: str | bytes, expected_trial: str | None = None) -> Metric
         raise MetricRecordError("REQUEST_PARAMETER records are not metrics")
     if kind not in METRIC_TYPES:
         raise MetricRecordError(f"metric type must be PERIODICAL or FINAL, got {kind!r}")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise MetricRecordError(f"metric sequence must be a non-negative integer, got {seq!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_SEQUENCE:
+        raise MetricRecordError(f"metric sequence must be a non-negative integer up to {MAX_SEQUENCE}, "
+                                f"got {_short(seq)}")
     if not isinstance(trial, str) or (expected_trial is not None and trial != expected_trial):
         raise MetricRecordError(f"metric belongs to trial {trial!r}, not {expected_trial!r}")
     raw = data.get("value")
@@ -103,15 +108,32 @@ def parse_record(text: str | bytes, expected_trial: str | None = None) -> Metric
         value = json.loads(raw) if isinstance(raw, str) else raw
     except ValueError:
         value = raw  # a plain string value is kept as it is; the tuner decides whether it is usable
+    except RecursionError:
+        raise MetricRecordError(f"metric value is nested more than {MAX_DEPTH} levels deep") from None
     pid = data.get("parameter_id")
     return MetricRecord(trial, kind, seq, _check_value(value), pid if isinstance(pid, int) else None)
 
 
+def _short(value: Any) -> str:
+    if isinstance(value, int) and abs(value) >= 10**30:  # repr() of a huge int is slow, or refused
+        return f"a {value.bit_length()}-bit integer"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _check_value(value: Any, depth: int = 0) -> Any:
-    if depth > 32:
-        raise MetricRecordError("metric value is nested more than 32 levels deep")
+    """The value as stored, or :class:`MetricRecordError` for one no reader could use: nested deeper than
+    ``MAX_DEPTH``, or an integer beyond any float (``10**400``: every consumer converts to float)."""
+    if depth > MAX_DEPTH:
+        raise MetricRecordError(f"metric value is nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, float) and not math.isfinite(value):
         return value  # kept (stored as text); the tuner marks the result invalid
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise MetricRecordError(f"metric value {_short(value)} is out of range (a float holds up to "
+                                    "1.8e308)") from None
     if isinstance(value, dict):
         return {k: _check_value(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):

@@ -20,7 +20,6 @@ from .base import (
     check_args,
     dict_arg,
     extract_scalar,
-    maximizes,
     number_arg,
     optimize_mode_arg,
     positive_int_arg,
@@ -41,7 +40,7 @@ class AlgorithmSpec(Protocol):
     class_args: dict[str, Any]
     code_directory: Any
 
-__all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar", "maximizes",
+__all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar",
            "scalar_or_none", "TUNERS"]
 
 _MODE_SEED = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}

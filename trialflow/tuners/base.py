@@ -40,9 +40,13 @@ def extract_scalar(value: Any) -> float:
         value = value["default"]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidMetric(f"metric must be a number or a dict with a numeric 'default', got {type(value).__name__}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float (10**400)
+        raise InvalidMetric("metric is out of range (a float holds up to 1.8e308)") from None
+    if not math.isfinite(number):
         raise InvalidMetric(f"metric must be finite, got {value}")
-    return float(value)
+    return number
 
 
 def scalar_or_none(value: Any) -> float | None:
@@ -53,14 +57,6 @@ def scalar_or_none(value: Any) -> float | None:
         return extract_scalar(value)
     except InvalidMetric:
         return None
-
-
-def maximizes(name: str | None, class_args: dict[str, Any] | None) -> bool:
-    """Whether a tuner maximises: its ``optimize_mode``, else its NNI default (Evolution: maximize)."""
-    mode = (class_args or {}).get("optimize_mode")
-    if mode is None:
-        return (name or "").lower() == "evolution"
-    return mode == "maximize"
 
 
 class Tuner(ABC):

@@ -1,0 +1,91 @@
+"""An experiment's results, read one way everywhere (summary, ``view``, ``trial ls``, export, report,
+artifacts, dashboard, Python API): the metric's direction, a trial's usable value, the best trial and
+the counts by outcome.
+
+The direction is decided once, when the experiment is created, by NNI's rule (its WebUI's
+``optimizeMode``): the ``optimize_mode`` of the tuner's ``classArgs``, else the advisor's, else the
+assessor's, else maximize. It is stored with the experiment; experiments stored before it was are
+read with the same rule over their stored config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from .store import ExperimentRecord, ExperimentStore, TrialRecord
+from .tuners import scalar_or_none
+
+MODES = ("maximize", "minimize")
+# The order outcomes are counted and printed in.
+OUTCOMES = ("SUCCEEDED", "FAILED", "EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED", "RUNNING", "WAITING")
+
+
+def optimize_mode_of(config: dict[str, Any]) -> str:
+    """``maximize`` or ``minimize`` for a config as stored (camelCase keys), by NNI's rule."""
+    for section in ("tuner", "advisor", "assessor"):
+        mode = ((config.get(section) or {}).get("classArgs") or {}).get("optimize_mode")
+        if mode in MODES:
+            return str(mode)
+    return "maximize"
+
+
+def maximizes(record: ExperimentRecord) -> bool:
+    """Whether the experiment's metric is maximised: its stored direction."""
+    return (record.optimize_mode or optimize_mode_of(record.config)) == "maximize"
+
+
+def trial_value(trial: TrialRecord) -> float | None:
+    """The trial's final result as a number (None when it has none, or none usable)."""
+    return scalar_or_none(trial.final)
+
+
+def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
+    """The SUCCEEDED trial with the best usable final result (the earliest on a tie); None if none."""
+    scored = [(v, t) for t in trials if t.status == "SUCCEEDED" and (v := trial_value(t)) is not None]
+    if not scored:
+        return None
+    return (max if maximize else min)(scored, key=lambda pair: pair[0])[1]
+
+
+def ranked(trials: list[TrialRecord], maximize: bool) -> list[TrialRecord]:
+    """Trials with a usable final result, best first (``best_trial`` is the first SUCCEEDED one)."""
+    scored = [t for t in trials if trial_value(t) is not None]
+    return sorted(scored, key=lambda t: trial_value(t), reverse=maximize)  # type: ignore[arg-type,return-value]
+
+
+def outcome_counts(trials: list[TrialRecord]) -> dict[str, int]:
+    """How many trials are in each status, in :data:`OUTCOMES` order (statuses with none left out)."""
+    counts = Counter(t.status for t in trials)
+    return {status: counts[status] for status in OUTCOMES if counts[status]}
+
+
+def outcome_line(trials: list[TrialRecord]) -> str:
+    """``"12 trials: 9 SUCCEEDED, 2 FAILED, 1 EARLY_STOPPED"`` (or ``"0 trials"``)."""
+    counts = outcome_counts(trials)
+    text = f"{len(trials)} trial{'s' if len(trials) != 1 else ''}"
+    return text + (": " + ", ".join(f"{n} {s}" for s, n in counts.items()) if counts else "")
+
+
+def nothing_succeeded(trials: list[TrialRecord]) -> str | None:
+    """The failure message of an experiment whose trials all ended without success (None otherwise, and
+    for an experiment without trials): ``"no trial succeeded, 3 failed, 1 early-stopped"``."""
+    if not trials or any(t.status == "SUCCEEDED" for t in trials):
+        return None
+    counts = outcome_counts(trials)
+    parts = [f"{counts[s]} {s.lower().replace('_', '-')}" for s in OUTCOMES[1:] if s in counts]
+    return "no trial succeeded, " + ", ".join(parts)
+
+
+def stored_best(store: ExperimentStore) -> str | None:
+    """The id of the experiment's best trial under its stored direction, as its record now stands."""
+    best = best_trial(store.trials(), maximizes(store.experiment()))
+    return best.id if best is not None else None
+
+
+def end_experiment(store: ExperimentStore, status: str, message: str | None = None) -> None:
+    """Record the experiment's end: its status (DONE, STOPPED, ERROR), the message, the end time, no
+    controller, and its best trial as the record then stands."""
+    store.set_experiment(status=status, message=message, end_time=time.time(), controller_pid=None,
+                         best_trial=stored_best(store))
