@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .config import ConfigError, ConfigWarning, convert_config_file, load_config, parse_duration
 from .experiments import (
@@ -33,7 +34,7 @@ from .experiments import (
 )
 from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
 from .results import end_experiment, nothing_succeeded
-from .store import ExperimentStore
+from .store import ExperimentStore, StoreUnreadable
 from .trial.procs import pid_alive
 from .tuners import TunerError
 from .views import export_rows, print_experiment, print_trials, sort_trials
@@ -67,6 +68,7 @@ DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a li
                                             "(until Ctrl-C)")]
 PortOpt = Annotated[int, typer.Option("--port", help="the dashboard's port (0: any free one)")]
 DEFAULT_DASHBOARD_PORT = 8080
+MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
 CONTROLLER_OUTPUT = "controller.out"  # beside it: a background controller's raw output
 
 
@@ -352,8 +354,10 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     """Stop an experiment: running trials are cancelled (USER_CANCELED), status STOPPED."""
     if all_ == (experiment_id is not None):
         raise CliError("give an experiment id or --all")
-    ids = [experiment_id] if experiment_id else [e.id for e in list_experiments(root)
+    unreadable: list[str] = []
+    ids = [experiment_id] if experiment_id else [e.id for e in list_experiments(root, unreadable)
                                                  if e.record.status in ("RUNNING", "INITIALIZED")]
+    _report_unreadable(unreadable)
     for exp_id in ids:
         base, store = _store(exp_id, root)
         _stop_one(store, base, wait)
@@ -451,13 +455,20 @@ def experiment_list(root: RootOpt = None) -> None:
     from rich.table import Table
 
     table = Table("id", "name", "status", "trials", "started", "directory")
-    for e in list_experiments(root):
+    unreadable: list[str] = []
+    for e in list_experiments(root, unreadable):
         store = open_store(e.root, e.id)
         count = len(store.trials())
         store.close()
         started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
         table.add_row(e.id, e.record.name or "", e.record.status, str(count), started, str(e.root / e.id))
     console.print(table)
+    _report_unreadable(unreadable)
+
+
+def _report_unreadable(unreadable: list[str]) -> None:
+    for line in unreadable:
+        console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 @experiment_app.command("show")
@@ -499,11 +510,14 @@ def experiment_import(experiment_id: str,
 
     _, store = _store(experiment_id, root)
     try:
+        size = filename.stat().st_size
+        if size > MAX_IMPORT_BYTES:
+            raise CliError(f"{filename} is {size} bytes; an import file may hold at most {MAX_IMPORT_BYTES}")
         data = json.loads(filename.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CliError(f"file {filename} does not exist") from None
-    except ValueError as exc:
-        raise CliError(f"{filename} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise CliError(f"{filename} is not valid JSON: {exc or 'nested too deeply'}") from None
     try:
         count = import_rows(store, data)
     except ValueError as exc:
@@ -636,8 +650,8 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     try:
         code = app(standalone_mode=False)
-    except CliError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    except (CliError, StoreUnreadable) as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except typer.Abort:
         sys.exit(1)

@@ -84,6 +84,30 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("dashboard: " + format, *args)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _host_name(header: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8080`` -> ``::1``)."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def only_loopback_hosts(app: Any, bound: str) -> Any:
+    """The WSGI ``app`` answering only requests whose ``Host`` is a loopback name or the bound address:
+    a web page that points some DNS name at 127.0.0.1 (DNS rebinding) is refused with 403."""
+    allowed = LOOPBACK_NAMES | {bound}
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        if _host_name(environ.get("HTTP_HOST", "")).lower() not in allowed:
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [b"this dashboard answers only http://127.0.0.1 or http://localhost\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
 class LiveDashboard:
     """optuna-dashboard over a study that follows the experiment (see the module docstring)."""
 
@@ -106,6 +130,8 @@ class LiveDashboard:
 
     def start(self) -> LiveDashboard:
         app = plots_module("optuna_dashboard").wsgi(self.mirror.storage)
+        if self.host in LOOPBACK_NAMES:  # an explicit other --host is the user's choice (the CLI warns)
+            app = only_loopback_hosts(app, self.host)
         self.mirror.sync()
         try:
             self._server = make_server(self.host, self.port, app, server_class=_ThreadingServer,

@@ -17,7 +17,7 @@ from .config import ConfigError, ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import new_experiment_id
 from .results import optimize_mode_of
-from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore
+from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore, StoreUnreadable
 
 STORE_URL_FILE = Path("db") / "store-url"  # where a shared store is: its URL, without the password
 CONFIG_FILE_NOTE = Path("db") / "config-file"  # the config file the experiment was created from
@@ -222,7 +222,9 @@ def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path,
                              "known ones (use --root for another working directory)")
 
 
-def list_experiments(root: Path | None = None) -> list[ExperimentEntry]:
+def list_experiments(root: Path | None = None, unreadable: list[str] | None = None) -> list[ExperimentEntry]:
+    """The experiments under ``root`` (or the known roots), by id; one whose store cannot be read is
+    skipped, and its one-line reason added to ``unreadable`` when given."""
     out: list[ExperimentEntry] = []
     for base in search_roots(root):
         if not base.is_dir():
@@ -231,11 +233,19 @@ def list_experiments(root: Path | None = None) -> list[ExperimentEntry]:
             exp_id = exp_dir.name
             if any(e.id == exp_id for e in out):
                 continue
-            store = open_store(base, exp_id)
+            try:
+                store = open_store(base, exp_id)
+            except StoreUnreadable as exc:
+                if unreadable is not None:
+                    unreadable.append(f"{exp_id}: {exc}")
+                continue
             try:
                 out.append(ExperimentEntry(exp_id, base, store.experiment()))
             except KeyError:
                 continue
+            except StoreUnreadable as exc:
+                if unreadable is not None:
+                    unreadable.append(f"{exp_id}: {exc}")
             finally:
                 store.close()
     return out

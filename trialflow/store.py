@@ -27,7 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
 STOPPED_BY_US = ("USER_CANCELED", "EARLY_STOPPED")  # statuses recorded before the kill they cause
@@ -226,6 +226,21 @@ def _add_missing_columns(engine: Engine) -> None:
                                      f"{column.type.compile(engine.dialect)}")
 
 
+class StoreUnreadable(RuntimeError):
+    """An experiment store that cannot be opened or read (a damaged file, an unreachable database); the
+    message is one line naming it and what to do."""
+
+
+def _unreadable(url: str, exc: BaseException) -> StoreUnreadable:
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        return StoreUnreadable(f"the experiment store {path} cannot be read ({reason}): the file is damaged; "
+                               "restore it from a backup, or remove its experiment folder")
+    return StoreUnreadable(f"the experiment store {make_url(url).render_as_string(hide_password=True)} cannot be "
+                           f"read ({reason}): check that the database runs and the URL and password are right")
+
+
 def stored_experiment_ids(url: str) -> list[str]:
     """The ids of the experiments a database holds (an embedded file normally holds one)."""
     engine = _engine(url)
@@ -249,12 +264,16 @@ class ExperimentStore:
         # RETURNING counts what was new on every backend (psycopg reports no rowcount for these inserts)
         self._insert_metric = self._insert(metrics).on_conflict_do_nothing().returning(metrics.c.sequence)
         self._lock = threading.RLock()
-        _meta.create_all(self.engine)
-        _add_missing_columns(self.engine)
-        # One connection per store, used under the lock: a pool checkout per statement costs more
-        # than the statement itself. Every use is a short transaction, so other processes' writes
-        # (the CLI's controls) are seen at once.
-        self._conn = self.engine.connect()
+        try:
+            _meta.create_all(self.engine)
+            _add_missing_columns(self.engine)
+            # One connection per store, used under the lock: a pool checkout per statement costs more
+            # than the statement itself. Every use is a short transaction, so other processes' writes
+            # (the CLI's controls) are seen at once.
+            self._conn = self.engine.connect()
+        except sa.exc.DBAPIError as exc:
+            self.engine.dispose()
+            raise _unreadable(url, exc) from None
 
     @classmethod
     def embedded(cls, experiment_dir: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
@@ -284,8 +303,11 @@ class ExperimentStore:
             status="INITIALIZED", start_time=time.time(), next_sequence=0, optimize_mode=optimize_mode))
 
     def experiment(self) -> ExperimentRecord:
-        with self._tx() as conn:
-            row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
+        try:
+            with self._tx() as conn:
+                row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
+        except sa.exc.DBAPIError as exc:
+            raise _unreadable(self.url, exc) from None
         if row is None:
             raise KeyError(f"experiment {self.experiment_id} is not in the store {self.url}")
         m = row._mapping

@@ -266,18 +266,54 @@ def _check_registered_name(kind: str, name: str, builtin: dict[str, Any]) -> Non
                      "className for your own, or register it with `trialflow algo register --meta`)")
 
 
+# What a config or search-space file may hold once YAML's anchors and aliases are expanded (a 632-byte
+# file of nested aliases expands to 80 MB): well above any real experiment's.
+MAX_CONFIG_BYTES = 10 * 1024 * 1024
+MAX_CONFIG_VALUES = 200_000
+
+
+def _expanded_size_ok(data: Any, limit: int = MAX_CONFIG_VALUES) -> bool:
+    """Whether ``data`` holds at most ``limit`` values counted as written out (shared parts counted at
+    every place they appear); stops counting at the limit, so a bomb costs no more than that."""
+    count, stack = 0, [data]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
+
+
+def _load_yaml(text: str, what: str) -> Any:
+    """``yaml.safe_load`` of a config or search-space text, refusing one too big once expanded."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{what} is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}")
+    data = yaml.safe_load(text)
+    if not _expanded_size_ok(data):
+        raise ValueError(f"{what} expands to more than {MAX_CONFIG_VALUES} values (YAML anchors and aliases "
+                         "repeat what they name at every use): write the values out, or reuse fewer")
+    return data
+
+
 def load_search_space_file(path: Path) -> Any:
     """A search space file as JSON, falling back to YAML."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f'cannot read searchSpaceFile "{path}": {exc.strerror}') from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f'searchSpaceFile "{path}" is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}')
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         pass
     try:
-        return yaml.safe_load(text)
+        return _load_yaml(text, f'searchSpaceFile "{path}"')
     except yaml.YAMLError as exc:
         raise ValueError(f'searchSpaceFile "{path}" is neither valid JSON nor YAML: {exc}') from None
 
@@ -308,7 +344,9 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
     except OSError as exc:
         raise ConfigError([f'cannot read config file "{file}": {exc.strerror}'], str(file)) from None
     try:
-        return yaml.safe_load(text), file.resolve()
+        return _load_yaml(text, f'config file "{file}"'), file.resolve()
+    except ValueError as exc:
+        raise ConfigError([str(exc)], str(file)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -10,10 +10,16 @@ One receiver per experiment controller, started by the services that need it and
   retried batch is harmless;
 * 401 without a known token; 403 when the token is not allowed to write that trial (a trial token
   allows its own trial; an environment token the trials currently assigned to its environment);
+  410 once the trial's end is recorded (:meth:`forget` revokes every grant of it and buffers nothing);
 * 411 without a Content-Length, 413 over ``max_body`` bytes, 400 for a body that is not JSON (NaN
   and Infinity literals included) or not of that shape, 422 when a record is invalid (then nothing of
   the batch is kept), 429 with ``Retry-After`` when a token goes over its request rate or its
-  trial's unread backlog is full; 404/405 for other paths and methods.
+  trial's unread backlog is full (``MAX_BACKLOG`` records or ``MAX_BACKLOG_BYTES``); 404/405 for other
+  paths and methods.
+
+Slow or idle clients are cut after ``CLIENT_TIMEOUT`` seconds; at most ``MAX_CONNECTIONS`` are served
+at once (both settable per receiver; a connection beyond is closed at once). A refused or broken
+request is logged as one line, at most one every ``LOG_EVERY`` seconds (with how many were not logged).
 
 Accepted records wait in memory until the service's ``poll()`` takes them with :meth:`drain`.
 Tokens are kept only as SHA-256 digests (looked up by digest, so no comparison leaks a prefix) and
@@ -24,7 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +45,11 @@ MAX_BODY_BYTES = 1024 * 1024
 RATE_PER_SECOND = 500.0
 BURST = 1000.0
 MAX_BACKLOG = 200_000
+MAX_BACKLOG_BYTES = 32 * 1024 * 1024  # per trial, until its follower drains them
+CLIENT_TIMEOUT = 10.0
+MAX_CONNECTIONS = 64
+LOG_EVERY = 10.0
+log = logging.getLogger("trialflow.metrics")
 
 
 @dataclass
@@ -63,16 +76,23 @@ def _no_constants(name: str) -> Any:
 
 class MetricsReceiver:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 max_body: int = MAX_BODY_BYTES, rate: float = RATE_PER_SECOND, burst: float = BURST) -> None:
+                 max_body: int = MAX_BODY_BYTES, rate: float = RATE_PER_SECOND, burst: float = BURST,
+                 client_timeout: float = CLIENT_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 max_backlog_bytes: int = MAX_BACKLOG_BYTES) -> None:
         self.bind_host, self.bind_port = host, port
         self.advertise = advertise or host
         self.max_body, self.rate, self.burst = max_body, rate, burst
+        self.client_timeout, self.max_connections = client_timeout, max_connections
+        self.max_backlog_bytes = max_backlog_bytes
         self.stats = ReceiverStats()
         self._grants: dict[bytes, _Grant] = {}
         self._pending: dict[str, list[MetricRecord]] = {}
+        self._pending_bytes: dict[str, int] = {}
         self._seen: dict[str, set[tuple[str, int]]] = {}
+        self._ended: set[str] = set()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._log_gate = _LogGate()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -83,13 +103,15 @@ class MetricsReceiver:
             pass
 
         Handler.receiver = receiver
+        Handler.timeout = self.client_timeout
         try:
-            self._server = ThreadingHTTPServer((self.bind_host, self.bind_port), Handler)
+            self._server = _CappedServer((self.bind_host, self.bind_port), Handler, self._log_gate,
+                                         self.max_connections)
         except OSError:
             if not self.bind_port:
                 raise
-            self._server = ThreadingHTTPServer((self.bind_host, 0), Handler)  # the old port is taken
-        self._server.daemon_threads = True
+            self._server = _CappedServer((self.bind_host, 0), Handler, self._log_gate,  # the old port is taken
+                                         self.max_connections)
         threading.Thread(target=self._server.serve_forever, name="metrics-receiver", daemon=True).start()
         return self
 
@@ -133,11 +155,18 @@ class MetricsReceiver:
     def drain(self, trial_id: str) -> list[MetricRecord]:
         """The records received for ``trial_id`` since the last drain, in arrival order."""
         with self._lock:
+            self._pending_bytes.pop(trial_id, None)
             return self._pending.pop(trial_id, [])
 
     def forget(self, trial_id: str) -> None:
+        """The trial's end is recorded: revoke every grant of it (its requests answer 410 from now on)
+        and drop what it still had buffered."""
         with self._lock:
+            self._ended.add(trial_id)
+            for grant in self._grants.values():
+                grant.trials.discard(trial_id)
             self._pending.pop(trial_id, None)
+            self._pending_bytes.pop(trial_id, None)
             self._seen.pop(trial_id, None)
 
     def _authorize(self, header: str | None, trial_id: str) -> int:
@@ -148,6 +177,8 @@ class MetricsReceiver:
             grant = self._grants.get(_digest(offered))
             if grant is None:
                 return 401
+            if trial_id in self._ended:
+                return 410
             if trial_id not in grant.trials:
                 return 403
             now = time.monotonic()
@@ -167,14 +198,21 @@ class MetricsReceiver:
         if not isinstance(metrics, list):
             return 400, {"error": 'the body must be {"metrics": [<metric record>, ...]}'}
         records = []
+        size = 0
         for index, item in enumerate(metrics):
             try:
                 text = item if isinstance(item, str) else json.dumps(item)
                 records.append(parse_record(text, trial_id))
-            except (MetricRecordError, TypeError, ValueError) as exc:
+                size += len(text)
+            except (MetricRecordError, TypeError, ValueError, RecursionError) as exc:
                 return 422, {"error": f"metrics[{index}]: {exc}"}
         accepted = duplicates = 0
         with self._lock:
+            if trial_id in self._ended:
+                return 410, {"error": "the trial has ended"}
+            if self._pending_bytes.get(trial_id, 0) + size > self.max_backlog_bytes:
+                return 429, {"error": "the trial's unread metrics are over their size limit; retry later"}
+            self._pending_bytes[trial_id] = self._pending_bytes.get(trial_id, 0) + size
             seen = self._seen.setdefault(trial_id, set())
             pending = self._pending.setdefault(trial_id, [])
             for record in records:
@@ -190,9 +228,63 @@ class MetricsReceiver:
         return 200, {"accepted": accepted, "duplicates": duplicates}
 
 
+class _LogGate:
+    """One log line per ``LOG_EVERY`` seconds for refused or broken requests, counting the rest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._skipped = 0
+
+    def warn(self, text: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < LOG_EVERY:
+                self._skipped += 1
+                return
+            skipped, self._skipped, self._last = self._skipped, 0, now
+        log.warning("metrics receiver: %s%s", text, f" ({skipped} more not logged)" if skipped else "")
+
+
+class _CappedServer(ThreadingHTTPServer):
+    """Serves at most ``MAX_CONNECTIONS`` connections at once (a thread each); one beyond is closed
+    unanswered. Errors of a connection are one rate-limited log line, never a traceback."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], gate: _LogGate,
+                 max_connections: int) -> None:
+        super().__init__(address, handler)
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.gate = gate
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.gate.warn(f"{self.max_connections} connections are open; refused one from {client_address[0]}")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        self.gate.warn(f"a request from {client_address[0]} broke off ({type(exc).__name__}: {exc})")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+    timeout = CLIENT_TIMEOUT  # a client that stops sending is cut off (the socket's timeout)
     receiver: MetricsReceiver
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- the base class's name
@@ -210,6 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._discard_body()
             return self._reply(code, {"error": {401: "a valid bearer token is required",
                                                 403: "this token may not write metrics of this trial",
+                                                410: "the trial has ended",
                                                 429: "too many requests; retry later"}[code]})
         length_header = self.headers.get("Content-Length")
         if length_header is None or not length_header.isdigit():

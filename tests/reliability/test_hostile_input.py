@@ -1,0 +1,169 @@
+"""Hostile and broken input, tried on 127.0.0.1 as a careless user or an attacker would: slow and
+resetting clients of the metrics receiver, tokens of ended trials, YAML alias bombs, a damaged store,
+DNS rebinding against the dashboard, an oversized or nested import."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.conftest import base_config, wait_for
+from tests.test_cli import cli
+from tests.test_metrics_receiver import post, record
+from trialflow.config import parse_config
+from trialflow.experiments import create_experiment
+from trialflow.platforms.metrics_receiver import MetricsReceiver
+
+TOKEN = "token-A" * 6
+
+
+def _receiver(**limits) -> MetricsReceiver:
+    receiver = MetricsReceiver(**limits).start()
+    receiver.grant(TOKEN, "TrA01")
+    return receiver
+
+
+def _threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name != "MainThread")
+
+
+def test_half_sent_requests_are_capped_and_cut_after_the_timeout():
+    receiver = _receiver(client_timeout=1.0, max_connections=16)
+    before = _threads()
+    sockets = []
+    try:
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", receiver.port))
+            s.sendall(b"POST /metrics/TrA01 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")  # and never more
+            sockets.append(s)
+        time.sleep(0.3)
+        assert _threads() - before <= 16  # not one thread per connection
+        # the receiver still answers a well-behaved trial once the slow ones are cut off
+        wait_for(lambda: _threads() - before <= 1, timeout=10)
+        answer = post(receiver, "TrA01", {"metrics": [record("TrA01", 0)]}, token=TOKEN)
+        assert answer.status_code == 200
+    finally:
+        for s in sockets:
+            s.close()
+        receiver.stop()
+
+
+def test_resetting_clients_are_logged_as_one_line_rate_limited(caplog):
+    receiver = _receiver()
+    caplog.set_level(logging.WARNING, logger="trialflow.metrics")
+    try:
+        for _ in range(50):
+            s = socket.create_connection(("127.0.0.1", receiver.port))
+            s.sendall(b"POST /metrics/TrA01 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()  # a reset, mid-body
+        time.sleep(0.5)
+        assert post(receiver, "TrA01", {"metrics": [record("TrA01", 0)]}, token=TOKEN).status_code == 200
+    finally:
+        receiver.stop()
+    lines = [r.getMessage() for r in caplog.records if r.name == "trialflow.metrics"]
+    assert len(lines) <= 2 and all("\n" not in line and "Traceback" not in line for line in lines)
+
+
+def test_an_ended_trials_token_is_revoked_and_nothing_is_buffered():
+    receiver = _receiver()
+    try:
+        assert post(receiver, "TrA01", {"metrics": [record("TrA01", 0)]}, token=TOKEN).status_code == 200
+        receiver.forget("TrA01")  # the trial's end is recorded
+        late = post(receiver, "TrA01", {"metrics": [record("TrA01", 1)]}, token=TOKEN)
+        assert late.status_code == 410
+        assert receiver.drain("TrA01") == []
+    finally:
+        receiver.stop()
+
+
+def test_a_trials_unread_metrics_are_bounded_in_bytes():
+    receiver = _receiver(max_backlog_bytes=20_000, rate=1e6, burst=1e6)
+    try:
+        big = "x" * 900
+        codes = [post(receiver, "TrA01", {"metrics": [record("TrA01", i, {"default": 1, "pad": big})]},
+                      token=TOKEN).status_code for i in range(40)]
+        assert codes.count(200) < 25 and codes[-1] == 429
+        assert len(receiver.drain("TrA01")) == codes.count(200)
+        assert post(receiver, "TrA01", {"metrics": [record("TrA01", 99)]}, token=TOKEN).status_code == 200
+    finally:
+        receiver.stop()
+
+
+BOMB = """
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+trialConcurrency: 1
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_with_one_clear_line(tmp_path):
+    path = tmp_path / "bomb.yml"
+    path.write_text(BOMB)
+    proc = cli("create", "--config", str(path), env={"TRIALFLOW_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1 and "expands to more than 200000 values" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "home").exists() or not list((tmp_path / "home").iterdir())  # nothing created
+    space = tmp_path / "space.yml"
+    space.write_text(BOMB.replace("trialConcurrency: 1", "x: {_type: choice, _value: *g}"))
+    config = tmp_path / "config.yml"
+    config.write_text(f"searchSpaceFile: {space}\ntrialCommand: x\ntrialConcurrency: 1\n"
+                      "tuner: {name: Random}\ntrainingService: {platform: local}\n")
+    proc = cli("create", "--config", str(config), env={"TRIALFLOW_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1 and "expands to more than" in proc.stdout
+
+
+@pytest.mark.breaks_records
+def test_a_damaged_store_is_one_line_and_listing_and_stopping_skip_it(tmp_path):
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    ids = [create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))[0] for _ in range(2)]
+    damaged = tmp_path / "w" / ids[0] / "db" / "trialflow.sqlite"
+    for extra in damaged.parent.glob("trialflow.sqlite-*"):
+        extra.unlink()
+    damaged.write_bytes(b"\x13garbage" * 512)
+    shown = cli("view", ids[0], env=env)
+    assert shown.returncode == 1 and len(shown.stdout.strip().splitlines()) == 1
+    assert str(damaged) in shown.stdout and "the file is damaged" in shown.stdout and "Traceback" not in shown.stderr
+    listing = cli("experiment", "list", env=env)
+    assert listing.returncode == 0 and ids[1] in listing.stdout and f"skipped {ids[0]}" in listing.stdout
+    stopped = cli("stop", "--all", env=env)
+    assert stopped.returncode == 0 and f"experiment {ids[1]} stopped" in stopped.stdout
+    assert f"skipped {ids[0]}" in stopped.stdout
+
+
+def test_an_import_file_nested_too_deeply_is_one_line(tmp_path):
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    exp_id, _ = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
+    data = tmp_path / "deep.json"
+    data.write_text("[" * 100_000 + "]" * 100_000)
+    proc = cli("experiment", "import", exp_id, "-f", str(data), env=env)
+    assert proc.returncode == 1 and "is not valid JSON" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_the_dashboard_answers_only_loopback_host_names(tmp_path):
+    pytest.importorskip("optuna_dashboard")
+    import optuna
+
+    from trialflow.dashboard import LiveDashboard, open_mirror
+    from trialflow.experiments import open_store
+
+    exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
+    store = open_store(exp_dir.parent, exp_id)
+    with LiveDashboard(store, open_mirror(store, optuna.storages.InMemoryStorage())) as dash:
+        port = dash.url.split(":")[2].split("/")[0]
+        base = f"http://127.0.0.1:{port}/api/studies"
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+            assert requests.get(base, headers={"Host": host}, timeout=10).status_code == 200, host
+        for host in (f"attacker.example:{port}", "rebind.attacker.example", f"10.0.0.5:{port}"):
+            refused = requests.get(base, headers={"Host": host}, timeout=10)
+            assert refused.status_code == 403 and "study" not in refused.text, host
