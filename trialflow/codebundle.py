@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pathspec
 
-MAX_FILES = 2000
-MAX_BYTES = 300 * 1024 * 1024
+from .trial.protocol import MAX_CODE_BYTES, MAX_CODE_FILES
+
+MAX_FILES = MAX_CODE_FILES
+MAX_BYTES = MAX_CODE_BYTES
 IGNORE_FILE = ".nniignore"
 CHUNK = 1 << 20
 _SCAN_CAP = 20  # keep counting up to 20x the file limit to report how far over it is

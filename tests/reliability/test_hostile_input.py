@@ -1,16 +1,25 @@
 """Hostile and broken input, tried on 127.0.0.1 as a careless user or an attacker would: slow and
 resetting clients of the metrics receiver, tokens of ended trials, YAML alias bombs, a damaged store,
-DNS rebinding against the dashboard, an oversized or nested import."""
+DNS rebinding against the dashboard, a nested import, tampered code bundles (fuzzed)."""
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import base_config, wait_for
 from tests.test_cli import cli
@@ -18,6 +27,7 @@ from tests.test_metrics_receiver import post, record
 from trialflow.config import parse_config
 from trialflow.experiments import create_experiment
 from trialflow.platforms.metrics_receiver import MetricsReceiver
+from trialflow.trial.unpack import UnsafeArchiveError, extract_stream
 
 TOKEN = "token-A" * 6
 
@@ -167,3 +177,104 @@ def test_the_dashboard_answers_only_loopback_host_names(tmp_path):
         for host in (f"attacker.example:{port}", "rebind.attacker.example", f"10.0.0.5:{port}"):
             refused = requests.get(base, headers={"Host": host}, timeout=10)
             assert refused.status_code == 403 and "study" not in refused.text, host
+
+
+# ---- tampered code bundles (the worker's unpack) -------------------------------------------------
+
+def _tar(*members: tuple[str, str, bytes | str]) -> bytes:
+    """A tar stream of (kind, name, data or link target) members; kind in file, dir, sym."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for kind, name, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "sym":
+                info.type, info.linkname = tarfile.SYMTYPE, str(data)
+                tar.addfile(info)
+            else:
+                payload = data if isinstance(data, bytes) else data.encode()
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def _pax_then_file(records: bytes, name: str = "f.txt", data: bytes = b"hello") -> bytes:
+    """A hand-made PAX header holding ``records`` (as written, however malformed), then a file."""
+    pax = tarfile.TarInfo("././@PaxHeader")
+    pax.type, pax.size = tarfile.XHDTYPE, len(records)
+    member = tarfile.TarInfo(name)
+    member.size = len(data)
+    pad = lambda n: b"\0" * (-n % tarfile.BLOCKSIZE)  # noqa: E731
+    return (pax.tobuf(tarfile.USTAR_FORMAT) + records + pad(len(records)) + member.tobuf(tarfile.USTAR_FORMAT)
+            + data + pad(len(data)) + b"\0" * 2 * tarfile.BLOCKSIZE)
+
+
+def _unpack(data: bytes, target: Path, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-S", "-m", "trialflow.trial.unpack", str(target)], input=data,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("members,refused", [
+    ([("dir", "d", ""), ("sym", "d/up", ".."), ("sym", "esc", "d/up/..")], "through the link 'd/up'"),
+    ([("sym", "a", "."), ("sym", "b", "a/a/a/../../.."), ("sym", "p", "b/etc/passwd")], "through the link"),
+    ([("sym", "esc", "d/up/.."), ("dir", "d", ""), ("sym", "d/up", "..")], "an earlier link passes through"),
+    ([("sym", "x", "y/z"), ("dir", "d", ""), ("sym", "y", "d")], "an earlier link passes through"),
+])
+def test_chains_of_links_never_lead_out_of_the_bundle(tmp_path, members, refused):
+    proc = _unpack(_tar(*members), tmp_path / "t")
+    assert proc.returncode == 3 and refused in proc.stderr.decode(), proc.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def test_links_inside_the_bundle_still_work(tmp_path):
+    proc = _unpack(_tar(("dir", "d", ""), ("file", "d/a.py", "x = 1\n"), ("sym", "b.py", "d/a.py"),
+                        ("sym", "e", "d")), tmp_path / "t")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "t" / "b.py").read_text() == "x = 1\n" and (tmp_path / "t" / "e" / "a.py").is_file()
+
+
+@pytest.mark.parametrize("records,why", [
+    (b"11 size=-5\n", "a PAX size of '-5'"),
+    (b"zz path=foo\n", "malformed PAX header record"),
+    (b"99999 path=foo\n", "malformed PAX header record"),
+    (b"9 path\n", "malformed PAX header record"),
+])
+def test_malformed_pax_headers_are_one_error_and_never_a_hang(tmp_path, records, why):
+    proc = _unpack(_pax_then_file(records), tmp_path / "t", timeout=20)
+    err = proc.stderr.decode()
+    assert proc.returncode == 3 and why in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_the_upload_limits_hold_on_unpack_too(tmp_path):
+    proc = _unpack(_tar(*[("file", f"f{i}.py", "") for i in range(2001)]), tmp_path / "t")
+    assert proc.returncode == 3 and "more than 2000 files" in proc.stderr.decode()
+    huge = tarfile.TarInfo("big.bin")
+    huge.size = 301 * 1024 * 1024  # declared only: refused before a byte of it is read
+    proc = _unpack(huge.tobuf(tarfile.GNU_FORMAT), tmp_path / "t2")
+    assert proc.returncode == 3 and "a bundle holds at most" in proc.stderr.decode()
+
+
+VALID = _tar(("dir", "pkg", ""), ("file", "pkg/m.py", "print(1)\n"), ("sym", "m.py", "pkg/m.py"),
+             ("file", "long/" + "n" * 150 + ".txt", "long name"))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.binary(min_size=1, max_size=8)), min_size=1,
+                max_size=6))
+def test_fuzzed_tar_streams_extract_inside_or_are_refused(tmp_path, edits):
+    data = bytearray(VALID)
+    for pos, chunk in edits:
+        data[pos:pos + len(chunk)] = chunk
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    target = work / "box" / "t"
+    try:
+        extract_stream(io.BytesIO(bytes(data)), str(target))
+    except (UnsafeArchiveError, tarfile.TarError):
+        assert not target.exists()
+    else:
+        for path in target.rglob("*"):
+            assert os.path.realpath(path).startswith(str(target.resolve()) + os.sep) or not path.exists()
+    assert {p.name for p in work.iterdir()} <= {"box"} and {p.name for p in (work / "box").iterdir()} <= {"t"}

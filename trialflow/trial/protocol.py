@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 
 # ---- trial directory ----
+# NNI's limits of a trial code directory: the bundle refuses more at upload, the worker at unpack.
+MAX_CODE_FILES = 2000
+MAX_CODE_BYTES = 300 * 1024 * 1024
 PARAMETER_FILE = "parameter.cfg"
 STDOUT_FILE = "trial.stdout"
 STDERR_FILE = "trial.stderr"

@@ -4,15 +4,17 @@
 extracts it into ``<target dir>`` atomically: members go to a temporary sibling directory that is
 renamed to the target only when the whole stream was valid (and, when given, its SHA-256 matches),
 so a half-sent or tampered bundle never becomes visible. Refused, with the member named: absolute
-paths, ``..`` components, links whose target leaves the bundle, hard links, devices and FIFOs.
-A target that already exists is left alone (bundles are keyed by content, so it is the same).
+paths, ``..`` components, links whose target leaves the bundle or passes through another link (so a
+chain of links can never lead outside), hard links, devices and FIFOs; malformed headers (a PAX
+record of a bad shape, a negative or oversized size); and more than the upload's limits (2000
+files, 300 MB). A target that already exists is left alone (bundles are keyed by content, so it is
+the same).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import posixpath
 import shutil
 import sys
 import tarfile
@@ -21,7 +23,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import IO
 
+from .protocol import MAX_CODE_BYTES, MAX_CODE_FILES
+
 CHUNK = 1 << 20
+MAX_MEMBERS = 10 * MAX_CODE_FILES  # files, directories and links
+MAX_HEADER_BYTES = 1 << 20  # a PAX header or a GNU long name
 READ_AHEAD = 256 * CHUNK
 _ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
 
@@ -30,8 +36,9 @@ class UnsafeArchiveError(ValueError):
     """The archive has a member that would land outside the target or is of a refused kind."""
 
 
-def check_member(member: tarfile.TarInfo) -> str:
-    """The member's normalised relative path; raises UnsafeArchiveError when it is not allowed."""
+def check_member(member: tarfile.TarInfo, links: dict[str, set[str]] | None = None) -> str:
+    """The member's normalised relative path; raises UnsafeArchiveError when it is not allowed.
+    ``links`` (each extracted link -> the paths its target passes through) gets a link member added."""
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchiveError(f"archive member {name!r} has an absolute path")
@@ -43,11 +50,38 @@ def check_member(member: tarfile.TarInfo) -> str:
                                  "symbolic links are allowed")
     rel = "/".join(parts)
     if member.issym():
+        links = {} if links is None else links
         target = member.linkname
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-        if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+        if target.startswith("/"):
             raise UnsafeArchiveError(f"archive member {name!r} links to {target!r}, outside the bundle")
+        passes = _follow(name, parts[:-1], target, links)
+        if any(rel in earlier for earlier in links.values()):
+            raise UnsafeArchiveError(f"archive member {name!r} is a link that an earlier link passes through: "
+                                     "links to links are not allowed")
+        links[rel] = passes
     return rel
+
+
+def _follow(name: str, start: list[str], target: str, links: dict[str, set[str]]) -> set[str]:
+    """The paths a link in ``start`` to ``target`` passes through, walked one component at a time: it
+    may not go above the bundle, nor through a link (whose own target would make the path mean another;
+    so every link's path means what it says, and lexical checks are exact)."""
+    where, passes = list(start), set()
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not where:
+                raise UnsafeArchiveError(f"archive member {name!r} links to {target!r}, outside the bundle")
+            where.pop()
+            continue
+        where.append(part)
+        path = "/".join(where)
+        if path in links:
+            raise UnsafeArchiveError(f"archive member {name!r} links to {target!r}, through the link {path!r}: "
+                                     "links to links are not allowed")
+        passes.add(path)
+    return passes
 
 
 def _kind(member: tarfile.TarInfo) -> str:
@@ -155,14 +189,27 @@ def _padded(size: int) -> int:
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
+    """The ``<length> <key>=<value>`` records of a PAX header; tarfile.ReadError when malformed."""
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data) and data[pos:pos + 1] not in (b"", b"\0"):
-        length = int(data[pos:data.index(b" ", pos)])
-        key, _, value = data[data.index(b" ", pos) + 1:pos + length - 1].partition(b"=")
+        space = data.find(b" ", pos, pos + 20)
+        digits = data[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else 0
+        if length <= space - pos + 1 or pos + length > len(data) or data[pos + length - 1:pos + length] != b"\n":
+            raise tarfile.ReadError(f"malformed PAX header record at byte {pos}")
+        key, eq, value = data[space + 1:pos + length - 1].partition(b"=")
+        if not eq or not key:
+            raise tarfile.ReadError(f"malformed PAX header record at byte {pos}")
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return records
+
+
+def _header_data(src: _Source, info: tarfile.TarInfo) -> bytes:
+    if not 0 <= info.size <= MAX_HEADER_BYTES:
+        raise tarfile.ReadError(f"an extended header of {info.size} bytes (the limit is {MAX_HEADER_BYTES})")
+    return src.take(_padded(info.size))[:info.size]
 
 
 def _members(src: _Source) -> Iterator[tarfile.TarInfo]:
@@ -176,12 +223,12 @@ def _members(src: _Source) -> Iterator[tarfile.TarInfo]:
             return  # the end-of-archive marker
         info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")  # checks the header checksum
         if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
-            records = _pax_records(src.take(_padded(info.size))[:info.size])
+            records = _pax_records(_header_data(src, info))
             if info.type != tarfile.XGLTYPE:
                 pax.update(records)
             continue
         if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
-            text = src.take(_padded(info.size))[:info.size].rstrip(b"\0").decode("utf-8", "surrogateescape")
+            text = _header_data(src, info).rstrip(b"\0").decode("utf-8", "surrogateescape")
             if info.type == tarfile.GNUTYPE_LONGNAME:
                 long_name = text
             else:
@@ -190,7 +237,12 @@ def _members(src: _Source) -> Iterator[tarfile.TarInfo]:
         info.name = pax.get("path") or long_name or info.name
         info.linkname = pax.get("linkpath") or long_link or info.linkname
         if "size" in pax:
+            if not pax["size"].isdigit():
+                raise tarfile.ReadError(f"member {info.name!r}: a PAX size of {pax['size'][:20]!r}")
             info.size = int(pax["size"])
+        if not 0 <= info.size <= MAX_CODE_BYTES:
+            raise UnsafeArchiveError(f"archive member {info.name!r} is {info.size} bytes; a bundle holds at most "
+                                     f"{MAX_CODE_BYTES}")
         pax, long_name, long_link = {}, None, None
         yield info
 
@@ -206,14 +258,19 @@ def extract_stream(stream: IO[bytes], target: str, expected_sha256: str | None =
     tmp = f"{target}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     src = _Source(stream)
-    files = 0
-    links: set[str] = set()
+    files = members = total = 0
+    links: dict[str, set[str]] = {}
     try:
         os.makedirs(tmp)
         for member in _members(src):
             if member.type == tarfile.GNUTYPE_SPARSE:
                 raise UnsafeArchiveError(f"archive member {member.name!r} is a sparse file; not supported")
-            rel = check_member(member)
+            members += 1
+            total += member.size if member.isfile() else 0
+            if files + member.isfile() > MAX_CODE_FILES or members > MAX_MEMBERS or total > MAX_CODE_BYTES:
+                raise UnsafeArchiveError(f"the bundle holds more than {MAX_CODE_FILES} files or {MAX_CODE_BYTES} "
+                                         f"bytes (at member {member.name!r}): the upload limits apply here too")
+            rel = check_member(member, links)
             parts = rel.split("/")
             if any("/".join(parts[:i]) in links for i in range(1, len(parts))):
                 raise UnsafeArchiveError(f"archive member {member.name!r} is inside a symbolic link")
@@ -227,7 +284,6 @@ def extract_stream(stream: IO[bytes], target: str, expected_sha256: str | None =
                 raise UnsafeArchiveError(f"archive member {member.name!r} appears twice")
             if member.issym():
                 os.symlink(member.linkname, dest)
-                links.add(rel)
                 continue
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755 if member.mode & 0o111 else 0o644)
             try:
