@@ -256,3 +256,25 @@ def test_work_pool_metrics_tokens_stay_in_secret_blocks(tmp_path, on_pool, scan_
             log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in runs])))]
         texts += [doc.model_dump_json() for doc in client.read_block_documents(include_secrets=False)]
     _assert_nowhere(metric_tokens, [tmp_path, on_pool.share_dir, on_pool.home], {captured}, texts + scan_logs())
+
+
+def test_a_store_url_password_never_leaks(tmp_path, prefect_server, postgres_server, scan_logs):
+    """A shared store's password (real PostgreSQL): not in the experiment folder (db/store-url holds the URL
+    without it, 0600), not in the stored config, not in Prefect, not in the logs or output."""
+    import yaml
+
+    from trialflow.experiments import open_store
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    url = postgres_server.url.replace("@", f":{PASSWORD}@", 1)
+    config = tmp_path / "config.yml"  # the user's own file, which holds it
+    config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2, storeUrl=url)))
+    result = run_experiment(config)
+    assert result.status == "DONE" and len(result.trials) == 2
+    store_url = result.directory / "db" / "store-url"
+    assert store_url.stat().st_mode & 0o777 == 0o600
+    store = open_store(result.directory.parent, result.experiment_id)
+    stored = json.dumps(store.experiment().config) + json.dumps([t.__dict__ for t in store.trials()], default=str)
+    _assert_nowhere([PASSWORD], [tmp_path / "w", code], set(),
+                    [stored, *_prefect_texts(result.experiment_id), *scan_logs()])
