@@ -278,3 +278,52 @@ def test_fuzzed_tar_streams_extract_inside_or_are_refused(tmp_path, edits):
         for path in target.rglob("*"):
             assert os.path.realpath(path).startswith(str(target.resolve()) + os.sep) or not path.exists()
     assert {p.name for p in work.iterdir()} <= {"box"} and {p.name for p in (work / "box").iterdir()} <= {"t"}
+
+
+# ---- a SIGKILLed controller leaves no temporary Prefect server behind ----------------------------
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_sigkilled_controller_leaves_no_temporary_prefect_server(tmp_path):
+    from trialflow.experiments import open_store
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text("import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
+    exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", maxTrialNumber=1)))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect's temporary server
+    controller = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from trialflow.flows.experiment import experiment_flow; "
+         "experiment_flow(None, sys.argv[1], sys.argv[2])", exp_id, str(exp_dir.parent)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        store = open_store(exp_dir.parent, exp_id)
+        wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+        servers = [p for p in _children(controller.pid) if "prefect.server.api.server:create_app" in _cmdline(p)]
+        assert len(servers) == 1
+        controller.kill()
+        controller.wait()
+        wait_for(lambda: not _cmdline(servers[0]), timeout=15)  # gone, by the watchdog
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    # the trial the dead controller left runs on (as a killed controller's trials do); stop it
+    cli("stop", exp_id, "--root", str(exp_dir.parent), env={"TRIALFLOW_HOME": str(tmp_path / "w")})

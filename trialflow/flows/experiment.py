@@ -45,6 +45,7 @@ from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, scalar_or_none
 from ..ui import ArtifactReporter
+from .server_watchdog import guard_temporary_servers
 
 TICK_SECONDS = 0.25
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
@@ -75,6 +76,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     when the experiment ran trials and none succeeded (the message counts them); a run that cannot go
     on raises, the experiment recorded ERROR (or STOPPED when the run was cancelled)."""
     logger = get_run_logger()
+    guard_temporary_servers()  # a SIGKILLed controller must not leave its temporary server running
     given = None
     if experiment_id is None:
         if not config_path:
