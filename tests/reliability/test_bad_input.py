@@ -31,7 +31,8 @@ from trialflow.trial.records import (
 )
 from trialflow.tuners import InvalidMetric, create_tuner, extract_scalar
 
-FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=2000, derandomize=True,  # seeded: CI sees the same cases every run
+                suppress_health_check=[HealthCheck.too_slow])
 
 scalars = (st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=True, allow_infinity=True)
            | st.text(max_size=12) | st.sampled_from(["", " ", "ü 名前", "1h", "-5m", "0", "x" * 300, "../..", "~"]))

@@ -327,3 +327,67 @@ def test_a_sigkilled_controller_leaves_no_temporary_prefect_server(tmp_path):
             controller.kill()
     # the trial the dead controller left runs on (as a killed controller's trials do); stop it
     cli("stop", exp_id, "--root", str(exp_dir.parent), env={"TRIALFLOW_HOME": str(tmp_path / "w")})
+
+
+# ---- fuzzing: YAML anchors and aliases, raw requests to the receiver -----------------------------
+
+@settings(max_examples=60, deadline=5000, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fanout=st.integers(1, 12), depth=st.integers(1, 9), where=st.sampled_from(["top", "space", "service"]))
+def test_fuzzed_alias_chains_load_or_are_refused_quickly(tmp_path, fanout, depth, where):
+    from trialflow import ConfigError, load_config
+
+    lines = [f"l0: &l0 [{', '.join(['1'] * fanout)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * fanout)}]" for i in range(1, depth)]
+    last = f"*l{depth - 1}"
+    body = {"top": f"extra: {last}\n", "space": f"searchSpace: {{x: {{_type: choice, _value: {last}}}}}\n",
+            "service": f"trainingService: {{platform: local, gpuIndices: {last}}}\n"}[where]
+    path = tmp_path / f"c{fanout}-{depth}-{where}.yml"
+    path.write_text("\n".join(lines) + "\ntrialCommand: x\ntrialConcurrency: 1\n" + body)
+    started = time.monotonic()
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        if fanout ** depth > 200_000:
+            assert "expands to more than" in str(exc)
+    assert time.monotonic() - started < 5
+
+
+REQUEST_PARTS = st.lists(st.sampled_from([
+    b"POST /metrics/TrA01 HTTP/1.1\r\n", b"GET / HTTP/1.0\r\n", b"POST /metrics/../etc HTTP/1.1\r\n",
+    b"Host: 127.0.0.1\r\n", f"Authorization: Bearer {TOKEN}\r\n".encode(), b"Authorization: Bearer x\r\n",
+    b"Content-Length: 5\r\n", b"Content-Length: -1\r\n", b"Content-Length: 99999999999\r\n",
+    b"Transfer-Encoding: chunked\r\n", b"\r\n", b'{"metrics": []}', b"\x00\xff" * 8, b"X" * 70000]) | st.binary(
+    max_size=40), max_size=8)
+
+
+@pytest.fixture(scope="module")
+def fuzzed_receiver():
+    receiver = MetricsReceiver(client_timeout=0.5).start()
+    receiver.grant(TOKEN, "TrA01")
+    yield receiver
+    receiver.stop()
+
+
+@settings(max_examples=80, deadline=5000, derandomize=True)
+@given(parts=REQUEST_PARTS)
+def test_fuzzed_raw_requests_never_break_the_receiver(fuzzed_receiver, parts):
+    with socket.create_connection(("127.0.0.1", fuzzed_receiver.port), timeout=5) as s:
+        try:
+            s.sendall(b"".join(parts))
+            s.shutdown(socket.SHUT_WR)
+            s.recv(65536)  # an answer or a close, within the receiver's client timeout
+        except OSError:
+            pass  # reset by the receiver: fine
+    answer = post(fuzzed_receiver, "TrA01", {"metrics": [record("TrA01", 10**6)]}, token=TOKEN)
+    assert answer.status_code == 200
+
+
+def test_an_oversized_import_file_is_refused_before_it_is_read(tmp_path):
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    exp_id, _ = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
+    data = tmp_path / "huge.json"
+    with open(data, "wb") as f:
+        f.truncate(65 * 1024 * 1024)  # sparse: its size, not its bytes
+    proc = cli("experiment", "import", exp_id, "-f", str(data), env=env)
+    assert proc.returncode == 1 and "an import file may hold at most" in proc.stdout
