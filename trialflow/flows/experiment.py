@@ -9,7 +9,8 @@ limit. Per trial it runs ``suggest_parameters`` (in the loop), then ``submit_tri
 not). ``upload_code`` runs once. It ends DONE when the budget (``maxTrialNumber``,
 ``maxExperimentDuration``, or a finished grid) is spent and every trial has ended, STOPPED on
 ``trialflow stop`` or a cancelled flow run (running trials are cancelled as USER_CANCELED), ERROR
-when the service or tuner cannot go on. A failed trial never fails the flow run.
+when the service or tuner cannot go on. A failed trial never fails the flow run; a run in which
+trials ran and none succeeded ends Failed (the experiment stays DONE, as in NNI).
 
 Resume (the same flow on an existing experiment id): finished trials are replayed to the tuner,
 running trials are re-attached through their stored handles, trials that were never submitted are
