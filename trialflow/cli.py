@@ -505,7 +505,8 @@ def experiment_import(experiment_id: str,
                       filename: Annotated[Path, typer.Option("--filename", "-f", help="JSON list of "
                                                              "{parameter, value}")],
                       root: RootOpt = None) -> None:
-    """Import finished trials ([{parameter, value}]) so the tuner learns from them on (re)start."""
+    """Import results ([{parameter, value}]) for the tuner, as NNI's importData: told to it on every (re)start;
+    they are not trials (no budget, never the best trial). All items or none."""
     from .views import import_rows
 
     _, store = _store(experiment_id, root)
@@ -522,7 +523,7 @@ def experiment_import(experiment_id: str,
         count = import_rows(store, data)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    console.print(f"imported {count} trials into {experiment_id}")
+    console.print(f"imported {count} results for the tuner of {experiment_id}")
 
 
 @experiment_app.command("optuna")
