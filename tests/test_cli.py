@@ -142,7 +142,7 @@ def test_import_bad_file(finished):
     assert proc.returncode == 1 and "is not valid JSON" in proc.stdout
     (tmp_path / "imp.json").write_text(json.dumps([{"parameter": {"x": 0.5}, "value": "0.25"}]))
     proc = cli("experiment", "import", exp_id, "-f", str(tmp_path / "imp.json"), env=env)
-    assert proc.returncode == 0 and "imported 1 trials" in proc.stdout
+    assert proc.returncode == 0 and "imported 1 result for the tuner" in proc.stdout
 
 
 def test_background_create_then_stop(tmp_path, prefect_server):

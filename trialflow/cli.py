@@ -523,7 +523,8 @@ def experiment_import(experiment_id: str,
         count = import_rows(store, data)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    console.print(f"imported {count} results for the tuner of {experiment_id}")
+    console.print(f"imported {count} result{'s' if count != 1 else ''} for the tuner of {experiment_id} "
+                  "(not trials: they count toward no budget)")
 
 
 @experiment_app.command("optuna")
