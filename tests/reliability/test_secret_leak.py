@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import traceback
 from pathlib import Path
@@ -278,3 +279,26 @@ def test_a_store_url_password_never_leaks(tmp_path, prefect_server, postgres_ser
     stored = json.dumps(store.experiment().config) + json.dumps([t.__dict__ for t in store.trials()], default=str)
     _assert_nowhere([PASSWORD], [tmp_path / "w", code], set(),
                     [stored, *_prefect_texts(result.experiment_id), *scan_logs()])
+
+
+def test_a_shared_storage_account_key_never_leaks(tmp_path, prefect_server, scan_logs, monkeypatch):
+    """sharedStorage's AzureBlob key with nnimount: only in blobfuse's own 0600 config file, deleted after
+    the mount; nowhere in the experiment, the share, Prefect, the logs or output."""
+    from tests.test_shared_storage import _fake_tool
+
+    bin_dir, kept = tmp_path / "bin", tmp_path / "blobfuse-config"
+    # blobfuse here keeps a copy of its config file outside every scanned place, to know it was given the key
+    _fake_tool(bin_dir, "blobfuse", f'cfg="${{3#--config-file=}}"; cp "$cfg" {kept}\n')
+    _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    (tmp_path / "blob").mkdir()
+    share = {"storageType": "AzureBlob", "storageAccountName": "acct", "containerName": "box",
+             "storageAccountKey": PASSWORD, "localMountPoint": str(tmp_path / "blob"),
+             "remoteMountPoint": "/mnt/blob", "localMounted": "nnimount"}
+    result = run_experiment(base_config(code, tmp_path / "w", sharedStorage=share, maxTrialNumber=2))
+    assert result.status == "DONE"
+    assert f"accountKey {PASSWORD}" in kept.read_text()  # blobfuse got it
+    _assert_nowhere([PASSWORD], [tmp_path / "w", tmp_path / "blob", code], set(),
+                    [*_prefect_texts(result.experiment_id), *scan_logs()])
