@@ -64,10 +64,10 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     from .flows.experiment import experiment_flow, final_status
 
     state = experiment_flow(path, experiment_id, str(exp_dir.parent), return_state=True)
-    return result_of(exp_dir.parent, experiment_id, cfg, final_status(state))
+    return result_of(exp_dir.parent, experiment_id, final_status(state))
 
 
-def result_of(root: Path, experiment_id: str, cfg: ExperimentConfig, status: str | None = None) -> ExperimentResult:
+def result_of(root: Path, experiment_id: str, status: str | None = None) -> ExperimentResult:
     store = open_store(root, experiment_id)
     try:
         trials = store.trials()

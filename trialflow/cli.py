@@ -33,7 +33,7 @@ from .experiments import (
     open_store,
 )
 from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
-from .results import end_experiment, nothing_succeeded
+from .results import end_experiment
 from .store import ExperimentStore, StoreUnreadable
 from .trial.procs import pid_alive
 from .tuners import TunerError
@@ -132,7 +132,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         from .live import run_with_progress
 
         try:
-            status = run_with_progress(experiment_id, root, config_path, console)
+            status, failure = run_with_progress(experiment_id, root, config_path, console)
         except BaseException as exc:
             if live is not None:
                 live.stop()
@@ -142,13 +142,8 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         if live is not None:
             console.print(f"experiment {experiment_id} ended {status}")
             _serve_until_interrupted(live)
-        if status != "DONE":
-            raise CliError(f"experiment {experiment_id} ended {status}")
-        store = open_store(root, experiment_id)
-        failure = nothing_succeeded(store.trials())
-        store.close()
-        if failure:
-            raise CliError(f"experiment {experiment_id} ended {status}, but {failure}")
+        if status != "DONE" or failure:
+            raise CliError(failure or f"experiment {experiment_id} ended {status}")
         return
     log_path = root / experiment_id / CONTROLLER_LOG
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -312,11 +307,9 @@ def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root"
                  config: Annotated[str | None, typer.Option("--config")] = None) -> None:
     from .flows.experiment import experiment_flow, final_status
 
-    status = final_status(experiment_flow(config, experiment_id, str(root), return_state=True))
-    store = open_store(root, experiment_id)
-    failure = nothing_succeeded(store.trials()) if status == "DONE" else None
-    store.close()
-    if failure:
+    state = experiment_flow(config, experiment_id, str(root), return_state=True)
+    final_status(state)  # raises what ended a run that could not go on
+    if state.is_failed():  # no trial succeeded: cron and automations see a non-zero exit
         raise typer.Exit(1)
 
 

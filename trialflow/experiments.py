@@ -141,12 +141,16 @@ def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
     """The config file a shared-store experiment was created from, when it still loads (it may hold
     the store's password, which the experiment directory never does)."""
     try:
-        path = (exp_dir / CONFIG_FILE_NOTE).read_text(encoding="utf-8").strip()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return load_config(path)
+        return _load_quietly((exp_dir / CONFIG_FILE_NOTE).read_text(encoding="utf-8").strip())
     except (OSError, ConfigError):
         return None
+
+
+def _load_quietly(path: str) -> ExperimentConfig:
+    """``load_config`` without its warnings (they were shown when the experiment was created)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_config(path)
 
 
 def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[str]:
@@ -156,17 +160,19 @@ def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[st
             != json.dumps(given.get(k), sort_keys=True, default=str)]
 
 
-def load_experiment_config(store: ExperimentStore, config_path: str | None = None) -> ExperimentConfig:
+def load_experiment_config(store: ExperimentStore, config_path: str | None = None,
+                           given: ExperimentConfig | None = None) -> ExperimentConfig:
     """The config the stored experiment runs with: always its own. The in-process original when this
-    process created it; else ``config_path`` or the file it was created from, when that file still
-    describes the same experiment (it holds secrets the stored copy masks); else the stored copy.
+    process created it; else the config of ``config_path`` (``given``, when the caller loaded it
+    already) or of the file it was created from, when it still describes the same experiment (it holds
+    secrets the stored copy masks); else the stored copy.
 
     Raises :class:`ConfigMismatch` when ``config_path`` describes another experiment (naming the
     fields that differ), and :class:`ConfigError` when it does not load."""
     live = LIVE_CONFIGS.get(store.experiment_id)
     record = store.experiment()
     if config_path:
-        given = load_config(config_path)
+        given = given or load_config(config_path)
         differ = config_differences(record.config, given.dump())
         if differ:
             raise ConfigMismatch(f"{config_path} describes another experiment than {record.id} (they differ in "
@@ -177,9 +183,7 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
         return live
     if record.config_path and Path(record.config_path).is_file():
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                given = load_config(record.config_path)
+            given = _load_quietly(record.config_path)
         except ConfigError as exc:
             log.warning("the experiment's config file %s no longer loads (%s): running the stored config",
                         record.config_path, exc)

@@ -37,7 +37,10 @@ def _outside_runs(record: logging.LogRecord) -> bool:
     return not record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
 
 
-def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console) -> str:
+def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console
+                      ) -> tuple[str, str | None]:
+    """Run the experiment here with its live table; (final status, the run's failure message when no
+    trial succeeded, else None)."""
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from .flows.experiment import experiment_flow, final_status
 
@@ -61,7 +64,8 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
         thread = threading.Thread(target=refresh, daemon=True)
         thread.start()
         try:
-            status = final_status(experiment_flow(config_path, experiment_id, str(root), return_state=True))
+            state = experiment_flow(config_path, experiment_id, str(root), return_state=True)
+            status = final_status(state)
         finally:
             done.set()
             thread.join()
@@ -75,4 +79,4 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     if best is not None:
         console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "
                       f"parameters {best.parameters}")
-    return status
+    return status, state.message if state.is_failed() else None

@@ -31,6 +31,12 @@ def optimize_mode_of(config: dict[str, Any]) -> str:
     return "maximize"
 
 
+def exited_by_itself(exit_code: int | None) -> bool:
+    """An exit code of the trial's own choosing; a kill ends it by a signal (negative, or 128 + signal
+    through a shell)."""
+    return exit_code is not None and 0 <= exit_code < 128
+
+
 def maximizes(record: ExperimentRecord) -> bool:
     """Whether the experiment's metric is maximised: its stored direction."""
     return (record.optimize_mode or optimize_mode_of(record.config)) == "maximize"

@@ -31,9 +31,6 @@ from sqlalchemy.engine import Engine, make_url
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
 STOPPED_BY_US = ("USER_CANCELED", "EARLY_STOPPED")  # statuses recorded before the kill they cause
-# Bounds of what a column can hold (PostgreSQL's INTEGER; SQLite's is wider): a larger sequence or
-# exit code is a rejected record, never a crashed writer.
-MAX_SEQUENCE = 2**31 - 1
 DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
 
 _meta = sa.MetaData()

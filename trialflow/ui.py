@@ -16,7 +16,7 @@ from typing import Any
 
 from .context import ExperimentContext
 from .platforms import service_name
-from .results import best_trial, maximizes, trial_value
+from .results import best_trial, maximizes, outcome_counts, trial_value
 from .store import TrialRecord
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
@@ -28,10 +28,11 @@ log = logging.getLogger("trialflow.ui")
 
 def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
     """One line: the metric's direction and how many trials finished, stopped early or failed."""
-    counts = {status: sum(t.status == status for t in trials) for status in ("SUCCEEDED", "EARLY_STOPPED")}
-    failed = sum(t.status in ("FAILED", "USER_CANCELED", "SYS_CANCELED") for t in trials)
+    counts = outcome_counts(trials)
+    failed = sum(counts.get(s, 0) for s in ("FAILED", "USER_CANCELED", "SYS_CANCELED"))
     return (f"metric direction: **{'maximize' if maximize else 'minimize'}** · finished: "
-            f"{counts['SUCCEEDED']} · early-stopped: {counts['EARLY_STOPPED']} · failed or canceled: {failed}")
+            f"{counts.get('SUCCEEDED', 0)} · early-stopped: {counts.get('EARLY_STOPPED', 0)} · "
+            f"failed or canceled: {failed}")
 
 
 def _safe(value: Any) -> Any:

@@ -92,7 +92,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     exp_dir = root / experiment_id
     with ExitStack() as stack:
         stack.enter_context(_controller_log(exp_dir))
-        config = load_experiment_config(store, config_path)  # refuses another experiment's config first
+        config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
@@ -120,7 +120,8 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
 
 def final_status(state: State) -> str:
     """The experiment's final status from its run's state (``experiment_flow(..., return_state=True)``),
-    also when the run Failed because no trial succeeded; raises what ended a run that could not go on."""
+    also when the run Failed because no trial succeeded (then ``state.is_failed()`` and its message says
+    so); raises what ended a run that could not go on."""
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):
         raise result

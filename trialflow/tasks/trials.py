@@ -34,6 +34,7 @@ from ..platforms import (
     TrialStatus,
     TrialUpdate,
 )
+from ..results import exited_by_itself
 from ..store import Metric
 from ..tuners import scalar_or_none
 from .retries import retry_options
@@ -177,12 +178,6 @@ def _cancel_reason(ctx: ExperimentContext, trial_id: str, start_time: float | No
     return None
 
 
-def _exited_by_itself(exit_code: int | None) -> bool:
-    """An exit code of the trial's own choosing; a kill ends it by a signal (negative, or 128 + signal
-    through a shell)."""
-    return exit_code is not None and 0 <= exit_code < 128
-
-
 def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: TrialStatus,
             cursor: dict[str, Any], history: list[Any], started: bool) -> str:
     """Stop the trial. A started trial that has ended by itself since the last poll keeps its own
@@ -216,7 +211,7 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
     status, code = reason, None
     if after is not None and after.status.is_terminal:
         code = after.exit_code
-        if _exited_by_itself(code):
+        if exited_by_itself(code):
             status = TrialStatus.SUCCEEDED if code == 0 else TrialStatus.FAILED
             message = after.message or message
     if recorded:

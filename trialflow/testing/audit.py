@@ -22,9 +22,10 @@ import os
 from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
-from ..results import best_trial, maximizes
+from ..results import best_trial, exited_by_itself, maximizes
 from ..store import (
     DB_RELATIVE_PATH,
+    STOPPED_BY_US,
     TERMINAL,
     ExperimentRecord,
     ExperimentStore,
@@ -35,7 +36,6 @@ from ..store import (
 )
 
 ENDED = ("DONE", "STOPPED", "ERROR")
-STOPPED_BY_US = ("EARLY_STOPPED", "USER_CANCELED")
 CLOCK_SLACK = 0.001  # store times are floats written by one clock; allow rounding only
 
 
@@ -98,7 +98,7 @@ def _trial_problems(record: ExperimentRecord, trial: TrialRecord, metrics: list[
         out.append(f"ran ({_why_ran(trial, own)}) but has no start time")
     if trial.start_time is not None and trial.end_time is not None and trial.start_time > trial.end_time + CLOCK_SLACK:
         out.append("starts after it ends")
-    if trial.status in STOPPED_BY_US and trial.exit_code is not None and 0 <= trial.exit_code < 128:
+    if trial.status in STOPPED_BY_US and exited_by_itself(trial.exit_code):
         out.append(f"{trial.status} though it exited by itself with code {trial.exit_code}")
     if trial.status == "SUCCEEDED" and trial.exit_code not in (0, None):
         out.append(f"SUCCEEDED with exit code {trial.exit_code}")
