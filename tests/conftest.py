@@ -143,9 +143,7 @@ def wait_for(predicate, timeout=90.0, interval=0.1):
 def start_controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
     """The experiment flow of ``exp_id`` in its own process (to be SIGKILLed and resumed)."""
     env = {**os.environ, "PREFECT_API_URL": api_url}
-    code = ("import sys; from trialflow.flows.experiment import experiment_flow; "
-            "experiment_flow(None, sys.argv[1], sys.argv[2])")
-    return subprocess.Popen([sys.executable, "-c", code, exp_id, str(root)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "trialflow.cli", "_run", exp_id, "--root", str(root)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

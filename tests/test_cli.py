@@ -73,7 +73,7 @@ def finished(tmp_path_factory, prefect_server):
 def test_create_foreground_runs_to_done_and_prints_best(finished):
     _, env, exp_id, out = finished
     assert "DONE" in out and "best trial" in out
-    listing = cli("experiment", "list", env=env)
+    listing = cli("experiment", "list", "--all", env=env)
     assert exp_id in listing.stdout and "DONE" in listing.stdout
 
 

@@ -219,3 +219,23 @@ def test_a_tuner_that_raises_ends_the_experiment_as_error_with_its_traceback(tmp
     log = wait_for(lambda: (t := (exp_dir / "log" / "experiment.log").read_text()) and "Traceback" in t and t)
     assert f'in {fail_on}' in log and exploded in log  # the user's frame and error, for them to fix
     assert all(t.is_terminal for t in store.trials())  # nothing left running
+
+
+@pytest.mark.parametrize("foreground", [False, True])
+def test_classargs_refused_by_the_validator_stop_create_with_one_line(tmp_path, algo_dir, calls_log, foreground):
+    """As ``nnictl create``: a registered tuner's classArgsValidator runs before anything starts."""
+    config_dir = tmp_path / "config"
+    meta = _meta(algo_dir, "CyclingTuner", algoType="tuner", className="demo_tuner.CyclingTuner",
+                 classArgsValidator="demo_tuner.CyclingValidator")
+    assert _algo(["register", "--meta", str(meta)], config_dir).returncode == 0
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(_config(tmp_path, {"name": "CyclingTuner", "classArgs": {"limit": 2}})))
+    env = {**os.environ, "TRIALFLOW_CONFIG_DIR": str(config_dir), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "trialflow.cli", "create", "--config", str(path),
+                           *(["--foreground"] if foreground else [])], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert out.strip().splitlines() == ["error: tuner CyclingTuner: classArgs rejected by CyclingValidator: "
+                                        "log_file is required"]
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())  # no experiment left behind

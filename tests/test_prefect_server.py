@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -307,5 +308,81 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         for trial in trials:
             pid = json.loads((Path(trial.log_dir) / ".nni" / "keeper.pid").read_text())["pid"]
             assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        long_id = _experiment(tmp_path, "long").record.id
+        cancelled = wait_for(lambda: (r := client.read_flow_run(flow_run.id)).state.is_final() and r, timeout=60)
+        assert cancelled.state.type.value == "CANCELLED" and cancelled.name == long_id
+        assert {"trialflow", long_id, "local"} <= set(cancelled.tags)
+
+        # the UI's Retry of the cancelled run (what its button sends) resumes that experiment: nothing new
+        from prefect.states import Scheduled
+
+        client.set_flow_run_state(flow_run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"),
+                                  force=True)
+        retried = wait_for(lambda: (r := client.read_flow_run(flow_run.id)).run_count > 1 and r.state.is_final()
+                           and r, timeout=240, interval=1.0)
+        assert [e.record.id for e in list_experiments(tmp_path / "w") if e.record.name == "long"] == [long_id]
+        assert [t.status for t in store_of().trials()] == ["USER_CANCELED", "USER_CANCELED"]  # nothing re-run
+        assert retried.name == long_id
     finally:
         stop_group(worker)
+
+
+LAUNCH = {
+    "background": ["-m", "trialflow.cli", "create", "--config", "{config}"],
+    "foreground": ["-m", "trialflow.cli", "create", "--config", "{config}", "--foreground"],
+    "notebook": ["-c", "import sys, trialflow; trialflow.run_experiment(sys.argv[1])", "{config}"],
+}
+
+
+@pytest.mark.parametrize("launch,stop_with", [("background", "cancel"), ("foreground", "cancel"),
+                                              ("notebook", "cancel"), ("background", "trialflow stop")])
+def test_cancelling_the_flow_run_stops_the_experiment_in_every_launch_mode(server, client, tmp_path, launch,
+                                                                          stop_with):
+    """No worker watches these runs: the experiment itself notices its run Cancelling. Every way of
+    stopping leaves the run final, named by the experiment id and tagged for the UI's filters."""
+    config = _config(tmp_path, "held", maxTrialNumber=4, trialConcurrency=2,
+                     searchSpace={"x": {"_type": "choice", "_value": [3]}})
+    args = [sys.executable, *[a.format(config=config) for a in LAUNCH[launch]]]
+    proc = server.spawn(args, tmp_path / "launch.log", TRIALFLOW_HOME=str(tmp_path / "home"))
+    try:
+        wait_for(lambda: any(e.record.name == "held" for e in list_experiments(tmp_path / "w")), timeout=120)
+        record = _experiment(tmp_path, "held").record
+        store = open_store(tmp_path / "w", record.id)
+        wait_for(lambda: len(store.trials(["RUNNING"])) == 2 and store.experiment().flow_run_id, timeout=120)
+        run_id = store.experiment().flow_run_id
+        run = client.read_flow_run(run_id)
+        assert run.name == record.id
+        assert {"trialflow", record.id, "local", "Random"} <= set(run.tags)
+        asked = time.monotonic()
+        if stop_with == "cancel":
+            subprocess.run(["prefect", "flow-run", "cancel", run_id], env=server.env, check=True,
+                           capture_output=True, timeout=120)
+        else:
+            subprocess.run([sys.executable, "-m", "trialflow.cli", "stop", record.id, "--root", str(tmp_path / "w")],
+                           env=server.env, check=True, capture_output=True, timeout=120)
+        wait_for(lambda: store.experiment().status == "STOPPED", timeout=30, interval=0.2)
+        assert time.monotonic() - asked < 10
+        assert [t.status for t in store.trials()] == ["USER_CANCELED", "USER_CANCELED"]  # none started after
+        final = wait_for(lambda: (r := client.read_flow_run(run_id)).state.is_final() and r, timeout=30)
+        assert final.state.type.value == "CANCELLED", final.state
+        assert final.end_time is not None
+        proc.wait(timeout=60)
+    finally:
+        stop_group(proc)
+
+
+def test_stop_after_a_killed_controller_leaves_its_flow_run_cancelled(server, client, tmp_path):
+    from tests.conftest import run_until_running_then_sigkill
+    from trialflow.config import load_config
+
+    path = _config(tmp_path, "k", maxTrialNumber=2, trialConcurrency=2,
+                   searchSpace={"x": {"_type": "choice", "_value": [3]}})
+    exp_id, _, store = run_until_running_then_sigkill(load_config(path), server.url, config_path=str(path))
+    run_id = store.experiment().flow_run_id
+    assert client.read_flow_run(run_id).state.type.value == "RUNNING"  # nobody left to end it
+    stop = subprocess.run([sys.executable, "-m", "trialflow.cli", "stop", exp_id, "--root", str(tmp_path / "w")],
+                          env=server.env, capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert store.experiment().status == "STOPPED"
+    final = client.read_flow_run(run_id)
+    assert final.state.type.value == "CANCELLED" and final.end_time is not None

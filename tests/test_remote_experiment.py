@@ -168,6 +168,17 @@ def test_log_trial_fetches_remote_logs(tmp_path, sshd_servers, known_hosts, pref
     assert "remote-stdout-marker" in proc.stdout and "trial.stdout" in proc.stdout
     assert (tmp_path / "w" / result.experiment_id / "trials" / trial.id / "trial.stdout").is_file()
 
+    # nnictl platform clean: what trialflow left on the machine goes, the experiment here stays
+    remote_root = tmp_path / "remote0"
+    assert (remote_root / "code").is_dir() and (remote_root / result.experiment_id / "trials").is_dir()
+    (remote_root / "users-file").write_text("not trialflow's")
+    clean = subprocess.run([sys.executable, "-m", "trialflow.cli", "platform", "clean", "--config", str(path), "--yes"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert str(remote_root) in clean.stdout
+    assert sorted(p.name for p in remote_root.iterdir()) == ["users-file"]
+    assert (tmp_path / "w" / result.experiment_id / "trials" / trial.id / "trial.stdout").is_file()
+
 
 def test_stop_without_a_controller_kills_remote_trials(tmp_path, sshd_servers, known_hosts, prefect_server):
     exp_id, exp_dir, store = _two_running_then_sigkill(tmp_path, sshd_servers, known_hosts, prefect_server,

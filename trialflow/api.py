@@ -61,9 +61,9 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_experiment(cfg, path)
-    from .flows.experiment import experiment_flow, final_status
+    from .flows.experiment import final_status, run_experiment_flow
 
-    state = experiment_flow(path, experiment_id, str(exp_dir.parent), return_state=True)
+    state = run_experiment_flow(path, experiment_id, str(exp_dir.parent))
     return result_of(exp_dir.parent, experiment_id, final_status(state))
 
 

@@ -26,7 +26,7 @@ from .tuners.base import (
     optimize_mode_arg,
     positive_int_arg,
 )
-from .tuners.custom import describe_failure, is_custom, load_custom
+from .tuners.custom import check_algorithm, describe_failure, is_custom, load_custom
 
 
 def _nonneg_int(value: Any) -> str | None:
@@ -142,6 +142,13 @@ class NniAssessor(Assessor):
 
     def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
         self._call("trial_end", trial_id, succeeded)
+
+
+def check_assessor(config: AlgorithmSpec) -> None:
+    """The assessor's name and ``classArgs``, checked as NNI checks them at ``nnictl create`` (a
+    customized one's class is loaded and its ``classArgsValidator`` run); nothing is built. Raises
+    :class:`TunerError`."""
+    check_algorithm(config, "assessor", ASSESSORS, "Medianstop, Curvefitting")
 
 
 def create_assessor(config: AlgorithmSpec) -> Assessor:

@@ -32,6 +32,8 @@ from .experiments import (
     load_experiment_config,
     open_store,
 )
+from .flows.run_control import cancel_flow_run, interrupted
+from .ids import looks_like_experiment_id
 from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
 from .results import end_experiment
 from .store import ExperimentStore, StoreUnreadable
@@ -60,13 +62,19 @@ app.add_typer(algo_app, name="algo")
 tensorboard_app = typer.Typer(help="Serve trials' TensorBoard logs ($NNI_OUTPUT_DIR/tensorboard).",
                               no_args_is_help=True)
 app.add_typer(tensorboard_app, name="tensorboard")
-console = Console()
+console = Console(markup=False)  # printed values are never read as markup; styled lines say markup=True
 _default_show_warning = warnings.showwarning
+_WARNED: set[str] = set()
 
 RootOpt = Annotated[Path | None, typer.Option("--root", help="experiment working directory to search")]
+ExpIdArg = Annotated[str | None, typer.Argument(metavar="[ID]", help="experiment id (default: the only running one)",
+                                                show_default=False)]
+TrialIdOpt = Annotated[str | None, typer.Option("--trial_id", "-T", help="the trial's id (or give it after the "
+                                                "experiment id)")]
 DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a live optuna-dashboard of it "
                                             "(until Ctrl-C)")]
-PortOpt = Annotated[int, typer.Option("--port", help="the dashboard's port (0: any free one)")]
+PortOpt = Annotated[int | None, typer.Option("--port", "-p", help="the dashboard's port (default 8080; 0: any "
+                                             "free one; with --dashboard)")]
 DEFAULT_DASHBOARD_PORT = 8080
 MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
 CONTROLLER_OUTPUT = "controller.out"  # beside it: a background controller's raw output
@@ -80,7 +88,16 @@ def _fail(message: str) -> None:
     raise CliError(message)
 
 
-def _store(experiment_id: str, root: Path | None) -> tuple[Path, ExperimentStore]:
+def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, ExperimentStore]:
+    """The experiment's working directory and store; without an id, the only running experiment (as
+    nnictl)."""
+    if experiment_id is None:
+        running = [e.id for e in list_experiments(root) if e.record.status in ("RUNNING", "INITIALIZED")]
+        if len(running) != 1:
+            raise CliError("no experiment is running: give an experiment id (trialflow experiment list --all)"
+                           if not running else f"{len(running)} experiments are running ({', '.join(running)}): "
+                           "give the id of one")
+        experiment_id = running[0]
     try:
         return find_experiment(experiment_id, root)
     except ExperimentNotFound as exc:
@@ -95,6 +112,13 @@ def _controller_alive(store: ExperimentStore) -> bool:
 # ---- running experiments -----------------------------------------------------------------------
 
 
+def _dashboard_port(dashboard: bool, port: int | None) -> int:
+    """The port of the dashboard ``--dashboard`` asks for; ``--port`` alone is a mistake."""
+    if port is not None and not dashboard:
+        raise CliError("--port is the dashboard's port: add --dashboard, or leave --port out")
+    return DEFAULT_DASHBOARD_PORT if port is None else port
+
+
 def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127.0.0.1",
                      storage: str | None = None) -> LiveDashboard:
     from .dashboard import LiveDashboard, journal_storage, open_mirror
@@ -105,7 +129,7 @@ def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127
         dashboard = LiveDashboard(store, mirror, host, port).start()
     except (ImportError, OSError) as exc:
         raise CliError(str(exc)) from None
-    console.print(f"dashboard: [bold]{dashboard.url}[/]", soft_wrap=True)
+    console.print(f"dashboard: [bold]{escape(dashboard.url)}[/]", markup=True, soft_wrap=True)
     return dashboard
 
 
@@ -139,6 +163,12 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
             if isinstance(exc, PlatformError | ConfigError | TunerError):  # stored as ERROR with it too
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
             raise
+        if interrupted():
+            if live is not None:
+                live.stop()
+            console.print(f"experiment {experiment_id} stopped (Ctrl-C): its running trials were cancelled; "
+                          f"resume it: trialflow resume {experiment_id}", highlight=False)
+            raise typer.Exit(130)
         if live is not None:
             console.print(f"experiment {experiment_id} ended {status}")
             _serve_until_interrupted(live)
@@ -153,8 +183,8 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
     # the flow writes its log records to log_path itself; this file catches what else is printed
     with open(log_path.parent / CONTROLLER_OUTPUT, "ab") as log:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {proc.pid})")
-    console.print(f"  progress: trialflow trial ls {experiment_id}   log: {log_path}")
+    console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {proc.pid})", markup=True)
+    console.print(f"  progress: trialflow trial ls {experiment_id}   log: {log_path}", soft_wrap=True)
     console.print(f"  stop:     trialflow stop {experiment_id}")
     if live is not None:
         _serve_until_interrupted(live)
@@ -163,14 +193,15 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
 @app.command()
 def create(config: Annotated[Path, typer.Option("--config", "-c", help="experiment config (YAML/JSON)")],
            foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False,
-           dashboard: DashboardOpt = False, port: PortOpt = DEFAULT_DASHBOARD_PORT) -> None:
+           dashboard: DashboardOpt = False, port: PortOpt = None) -> None:
     """Create an experiment from an NNI-style config file and start it."""
+    port = _dashboard_port(dashboard, port)
     try:
         cfg = load_config(config)
-    except ConfigError as exc:
+        experiment_id, exp_dir = create_experiment(cfg, str(config.resolve()))  # checks the tuner first
+    except (ConfigError, TunerError) as exc:
         raise CliError(str(exc)) from None
-    experiment_id, exp_dir = create_experiment(cfg, str(config.resolve()))
-    console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {exp_dir}")
+    console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {escape(str(exp_dir))}", markup=True)
     _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, port)
 
 
@@ -200,8 +231,8 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
 
 
 @algo_app.command("register")
-def algo_register(meta: Annotated[Path, typer.Option("--meta", "-m", help="NNI meta file: algoType, builtinName, "
-                                                     "className[, classArgsValidator]")]) -> None:
+def algo_register(meta: Annotated[Path, typer.Option("--meta", "--meta_path", "-m", help="NNI meta file: algoType, "
+                                                     "builtinName, className[, classArgsValidator]")]) -> None:
     """Register a customized tuner or assessor; configs then name it like a built-in one. The meta
     file's folder is where its module is looked up."""
     from .assessors import ASSESSORS
@@ -217,8 +248,9 @@ def algo_register(meta: Annotated[Path, typer.Option("--meta", "-m", help="NNI m
         register(entry, set(TUNERS) | set(ASSESSORS))
     except TunerError as exc:
         raise CliError(str(exc)) from None
-    console.print(f"registered {entry.algo_type} [bold]{entry.builtin_name}[/] ({entry.class_name}); use it as "
-                  f"{entry.algo_type}: {{name: {entry.builtin_name}}}", highlight=False)
+    name = escape(entry.builtin_name)
+    console.print(f"registered {entry.algo_type} [bold]{name}[/] ({escape(entry.class_name)}); use it as "
+                  f"{entry.algo_type}: {{name: {name}}}", markup=True, highlight=False)
 
 
 @algo_app.command("list")
@@ -271,7 +303,8 @@ def tensorboard_start(experiment_id: str, root: RootOpt = None,
     finally:
         service.close()
     if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]warning:[/] TensorBoard listens on {host}, with no login", highlight=False)
+        console.print(f"[yellow]warning:[/] TensorBoard listens on {escape(host)}, with no login", markup=True,
+                      highlight=False)
     console.print(f"TensorBoard of {len(runs)} trial(s) at {server.url} (pid {server.pid}); "
                   f"stop: trialflow tensorboard stop {experiment_id}", highlight=False)
 
@@ -292,8 +325,9 @@ def tensorboard_stop(experiment_id: str, root: RootOpt = None) -> None:
 @app.command()
 def resume(experiment_id: str, root: RootOpt = None,
            foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False,
-           dashboard: DashboardOpt = False, port: PortOpt = DEFAULT_DASHBOARD_PORT) -> None:
+           dashboard: DashboardOpt = False, port: PortOpt = None) -> None:
     """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
+    port = _dashboard_port(dashboard, port)
     base, store = _store(experiment_id, root)
     if _controller_alive(store):
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
@@ -305,9 +339,9 @@ def resume(experiment_id: str, root: RootOpt = None,
 @app.command("_run", hidden=True)
 def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root")],
                  config: Annotated[str | None, typer.Option("--config")] = None) -> None:
-    from .flows.experiment import experiment_flow, final_status
+    from .flows.experiment import final_status, run_experiment_flow
 
-    state = experiment_flow(config, experiment_id, str(root), return_state=True)
+    state = run_experiment_flow(config, experiment_id, str(root))
     final_status(state)  # raises what ended a run that could not go on
     if state.is_failed():  # no trial succeeded: cron and automations see a non-zero exit
         raise typer.Exit(1)
@@ -315,8 +349,9 @@ def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root"
 
 @app.command()
 def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = False,
-         port: PortOpt = DEFAULT_DASHBOARD_PORT) -> None:
+         port: PortOpt = None) -> None:
     """Show an experiment's status, budget and best trial (read-only)."""
+    port = _dashboard_port(dashboard, port)
     base, store = _store(experiment_id, root)
     print_experiment(console, store)
     if dashboard:
@@ -324,7 +359,7 @@ def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = Fal
 
 
 @app.command("dashboard")
-def dashboard_command(experiment_id: str, port: PortOpt = DEFAULT_DASHBOARD_PORT,
+def dashboard_command(experiment_id: str, port: PortOpt = None,
                       host: Annotated[str, typer.Option("--host", help="address to bind; anyone who can reach "
                                                         "it can read and edit the study")] = "127.0.0.1",
                       storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL for "
@@ -334,22 +369,26 @@ def dashboard_command(experiment_id: str, port: PortOpt = DEFAULT_DASHBOARD_PORT
     """Serve a live optuna-dashboard of a running or finished experiment (until Ctrl-C)."""
     base, _ = _store(experiment_id, root)
     if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]warning:[/] the dashboard listens on {host}: it has no login, anyone who "
-                      "can reach that address can read and edit the study")
-    _serve_until_interrupted(_start_dashboard(experiment_id, base, port, host, storage))
+        console.print(f"[yellow]warning:[/] the dashboard listens on {escape(host)}: it has no login, anyone who "
+                      "can reach that address can read and edit the study", markup=True)
+    _serve_until_interrupted(_start_dashboard(experiment_id, base, _dashboard_port(True, port), host, storage))
 
 
 @app.command()
 def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
-         all_: Annotated[bool, typer.Option("--all", help="stop every running experiment")] = False,
+         all_: Annotated[bool, typer.Option("--all", "-a", help="stop every running experiment")] = False,
          root: RootOpt = None,
          wait: Annotated[float, typer.Option(help="seconds to wait for the controller")] = 60.0) -> None:
-    """Stop an experiment: running trials are cancelled (USER_CANCELED), status STOPPED."""
-    if all_ == (experiment_id is not None):
-        raise CliError("give an experiment id or --all")
+    """Stop an experiment (default: the only running one; `all` or --all: every running one): running
+    trials are cancelled (USER_CANCELED), status STOPPED."""
+    all_ = all_ or experiment_id == "all"  # nnictl stop all
+    if all_ and experiment_id not in (None, "all"):
+        raise CliError("give an experiment id or --all, not both")
     unreadable: list[str] = []
-    ids = [experiment_id] if experiment_id else [e.id for e in list_experiments(root, unreadable)
-                                                 if e.record.status in ("RUNNING", "INITIALIZED")]
+    if all_:
+        ids = [e.id for e in list_experiments(root, unreadable) if e.record.status in ("RUNNING", "INITIALIZED")]
+    else:
+        ids = [_store(experiment_id, root)[1].experiment_id]
     _report_unreadable(unreadable)
     for exp_id in ids:
         base, store = _store(exp_id, root)
@@ -358,11 +397,16 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
 
 
 def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
+    """Ask the controller to stop (it cancels its trials and ends its flow run Cancelled); SIGTERM it
+    after ``wait`` seconds; without a controller, cancel what it left behind and its flow run here."""
     store.set_control("stop", True)
+    controller_gone = not _controller_alive(store)
+    was_running = store.experiment().status in ("RUNNING", "INITIALIZED")
     deadline = time.monotonic() + wait
     while _controller_alive(store) and time.monotonic() < deadline:
         time.sleep(0.2)
     if _controller_alive(store):
+        controller_gone = True
         os.kill(int(store.experiment().controller_pid), signal.SIGTERM)  # type: ignore[arg-type]
     # No controller (crashed or never resumed): cancel what it left behind ourselves.
     left = store.trials(["WAITING", "RUNNING"])
@@ -371,6 +415,9 @@ def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
     _cancel_offline(store, base, [t.handle for t in left])
     if store.experiment().status not in ("DONE", "ERROR"):
         end_experiment(store, "STOPPED")
+    record = store.experiment()
+    if controller_gone and was_running and record.flow_run_id:
+        cancel_flow_run(record.flow_run_id, record.prefect_api, f"experiment {record.id} stopped by trialflow stop")
 
 
 def _open_service(store: ExperimentStore, base: Path) -> TrainingService:
@@ -390,7 +437,8 @@ def _cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, 
             try:
                 service.cancel(handle, TrialStatus.USER_CANCELED)
             except PlatformError as exc:
-                console.print(f"[yellow]warning:[/] trial {handle.trial_id} may still run: {exc}", highlight=False)
+                console.print(f"[yellow]warning:[/] trial {handle.trial_id} may still run: {escape(str(exc))}",
+                              markup=True, highlight=False)
     finally:
         service.close()
 
@@ -398,8 +446,9 @@ def _cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, 
 _UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
 
 
-def _update(experiment_id: str, what: str, value: str, root: Path | None) -> None:
+def _update(experiment_id: str | None, what: str, value: str, root: Path | None) -> None:
     _, store = _store(experiment_id, root)
+    experiment_id = store.experiment_id
     if what == "duration":
         try:
             seconds = parse_duration(value)
@@ -421,35 +470,76 @@ def _update(experiment_id: str, what: str, value: str, root: Path | None) -> Non
     console.print(f"{what} of {experiment_id} set to {number}")
 
 
+ValueArg = Annotated[str | None, typer.Argument(metavar="[VALUE]", help="the new value (or --value)",
+                                               show_default=False)]
+ValueOpt = Annotated[str | None, typer.Option("--value", "-v", help="the new value")]
+
+
+def _value_of(positional: str | None, option: str | None) -> str:
+    if (positional is None) == (option is None):
+        raise CliError("give the new value once: --value VALUE (or after the experiment id)")
+    return str(positional if positional is not None else option)
+
+
 @update_app.command("concurrency")
-def update_concurrency(experiment_id: str, value: str, root: RootOpt = None) -> None:
+def update_concurrency(experiment_id: ExpIdArg = None, value: ValueArg = None, value_opt: ValueOpt = None,
+                       root: RootOpt = None) -> None:
     """Set trialConcurrency (1-1000)."""
-    _update(experiment_id, "concurrency", value, root)
+    _update(experiment_id, "concurrency", _value_of(value, value_opt), root)
 
 
 @update_app.command("trialnum")
-def update_trialnum(experiment_id: str, value: str, root: RootOpt = None) -> None:
+def update_trialnum(experiment_id: ExpIdArg = None, value: ValueArg = None, value_opt: ValueOpt = None,
+                    root: RootOpt = None) -> None:
     """Set maxTrialNumber."""
-    _update(experiment_id, "trialnum", value, root)
+    _update(experiment_id, "trialnum", _value_of(value, value_opt), root)
 
 
 @update_app.command("duration")
-def update_duration(experiment_id: str, value: str, root: RootOpt = None) -> None:
+def update_duration(experiment_id: ExpIdArg = None, value: ValueArg = None, value_opt: ValueOpt = None,
+                    root: RootOpt = None) -> None:
     """Set maxExperimentDuration ('30m', '2h', seconds)."""
-    _update(experiment_id, "duration", value, root)
+    _update(experiment_id, "duration", _value_of(value, value_opt), root)
+
+
+@update_app.command("searchspace")
+def update_searchspace(experiment_id: ExpIdArg = None,
+                       filename: Annotated[Path, typer.Option("--filename", "-f", help="the new search space "
+                                                              "(JSON)")] = Path("search_space.json"),
+                       root: RootOpt = None) -> None:
+    """Replace the search space of a running experiment: later trials take their parameters from it
+    (the tuner is rebuilt and told the results so far that fit it); running trials keep theirs."""
+    from .search_space import SearchSpaceError, parse_search_space
+
+    _, store = _store(experiment_id, root)
+    try:
+        space = json.loads(filename.read_text(encoding="utf-8"))
+        if not store.experiment().config.get("tuner", {}).get("className"):
+            parse_search_space(space)
+    except FileNotFoundError:
+        raise CliError(f"file {filename} does not exist") from None
+    except (ValueError, SearchSpaceError) as exc:
+        raise CliError(f"{filename} is not a valid search space: {exc}") from None
+    store.set_control("search_space", space)
+    console.print(f"search space of {store.experiment_id} updated from {filename}; later trials use it",
+                  highlight=False)
 
 
 # ---- experiments ----------------------------------------------------------------------------
 
 
 @experiment_app.command("list")
-def experiment_list(root: RootOpt = None) -> None:
-    """Known experiments with their status."""
+def experiment_list(root: RootOpt = None,
+                    all_: Annotated[bool, typer.Option("--all", help="every experiment, not only running "
+                                                       "ones")] = False) -> None:
+    """Running experiments with their status (as nnictl); --all: every known experiment."""
     from rich.table import Table
 
     table = Table("id", "name", "status", "trials", "started", "directory")
     unreadable: list[str] = []
     for e in list_experiments(root, unreadable):
+        if not all_ and e.record.status not in ("RUNNING", "INITIALIZED"):
+            continue
         store = open_store(e.root, e.id)
         count = len(store.trials())
         store.close()
@@ -461,11 +551,11 @@ def experiment_list(root: RootOpt = None) -> None:
 
 def _report_unreadable(unreadable: list[str]) -> None:
     for line in unreadable:
-        console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]skipped[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
 
 
 @experiment_app.command("show")
-def experiment_show(experiment_id: str, root: RootOpt = None) -> None:
+def experiment_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's stored config and status as JSON."""
     _, store = _store(experiment_id, root)
     record = store.experiment()
@@ -474,11 +564,11 @@ def experiment_show(experiment_id: str, root: RootOpt = None) -> None:
 
 
 @experiment_app.command("export")
-def experiment_export(experiment_id: str,
+def experiment_export(
                       filename: Annotated[Path, typer.Option("--filename", "-f", help="output file")],
                       kind: Annotated[str, typer.Option("--type", "-t", help="json or csv")] = "json",
                       intermediate: Annotated[bool, typer.Option("--intermediate", "-i")] = False,
-                      root: RootOpt = None) -> None:
+                      experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Export trials (parameters, final value, optionally intermediates) as JSON or CSV."""
     if kind not in ("json", "csv"):
         raise CliError(f"bad --type {kind!r}: use json or csv")
@@ -494,15 +584,16 @@ def experiment_export(experiment_id: str,
 
 
 @experiment_app.command("import")
-def experiment_import(experiment_id: str,
+def experiment_import(
                       filename: Annotated[Path, typer.Option("--filename", "-f", help="JSON list of "
                                                              "{parameter, value}")],
-                      root: RootOpt = None) -> None:
+                      experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Import results ([{parameter, value}]) for the tuner, as NNI's importData: told to it on every (re)start;
     they are not trials (no budget, never the best trial). All items or none."""
     from .views import import_rows
 
     _, store = _store(experiment_id, root)
+    experiment_id = store.experiment_id
     try:
         size = filename.stat().st_size
         if size > MAX_IMPORT_BYTES:
@@ -521,26 +612,26 @@ def experiment_import(experiment_id: str,
 
 
 @experiment_app.command("optuna")
-def experiment_optuna(experiment_id: str,
+def experiment_optuna(
                       storage: Annotated[str, typer.Option("--storage", help="Optuna storage URL, e.g. "
                                                            "sqlite:///study.db")],
                       study: Annotated[str | None, typer.Option("--study", help="study name")] = None,
-                      root: RootOpt = None) -> None:
+                      experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Copy the experiment into an Optuna study (then: optuna-dashboard <storage>). Running it again
     brings the same study up to date."""
     from .dashboard import open_mirror
 
     _, store = _store(experiment_id, root)
-    mirror = open_mirror(store, storage, study or f"trialflow-{experiment_id}")
+    mirror = open_mirror(store, storage, study or f"trialflow-{store.experiment_id}")
     mirror.sync()
     console.print(f"study {mirror.study_name!r} with {mirror.trial_count} trials in {storage}; "
                   f"open it with: optuna-dashboard {storage}")
 
 
 @experiment_app.command("report")
-def experiment_report(experiment_id: str,
+def experiment_report(
                       output: Annotated[Path, typer.Option("--output", "-o", help="the HTML file to write")],
-                      root: RootOpt = None) -> None:
+                      experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Write one self-contained HTML file with the experiment's charts (opens offline)."""
     from .report import write_report
 
@@ -556,24 +647,91 @@ def experiment_report(experiment_id: str,
 
 
 @experiment_app.command("delete")
-def experiment_delete(experiment_id: str, root: RootOpt = None,
+def experiment_delete(experiment_id: ExpIdArg = None, root: RootOpt = None,
+                      all_: Annotated[bool, typer.Option("--all", help="delete every experiment that is not "
+                                                         "running")] = False,
                       yes: Annotated[bool, typer.Option("--yes", "-y")] = False) -> None:
-    """Delete a finished experiment's directory (trials, logs, store)."""
+    """Delete a finished experiment's directory (trials, logs, store); --all: every one not running."""
+    if all_ and experiment_id:
+        raise CliError("give an experiment id or --all, not both")
+    if all_:
+        targets = [(e.root, open_store(e.root, e.id)) for e in list_experiments(root)]
+        targets = [(base, store) for base, store in targets if not _controller_alive(store)]
+    else:
+        base, store = _store(experiment_id, root)
+        if _controller_alive(store):
+            raise CliError(f"experiment {store.experiment_id} is running; stop it first")
+        targets = [(base, store)]
+    folders = [base / store.experiment_id for base, store in targets]
+    for _, store in targets:
+        store.close()
+    if not folders:
+        console.print("no experiment to delete")
+        return
+    if not yes and not typer.confirm(f"delete {', '.join(map(str, folders))}?"):
+        raise typer.Exit(1)
+    for folder in folders:
+        shutil.rmtree(folder)
+        console.print(f"deleted {folder.name}")
+
+
+@experiment_app.command("status")
+def experiment_status(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
+    """The experiment's status as JSON ({"status", "errors"}), as nnictl prints it."""
+    _, store = _store(experiment_id, root)
+    record = store.experiment()
+    errors = [record.message] if record.status == "ERROR" and record.message else []
+    typer.echo(json.dumps({"status": record.status, "errors": errors}, indent=4, sort_keys=True))
+
+
+@experiment_app.command("save")
+def experiment_save(experiment_id: ExpIdArg = None,
+                    path: Annotated[Path, typer.Option("--path", "-p", help="the folder to write the package to")]
+                    = Path("."),
+                    save_code: Annotated[bool, typer.Option("--saveCodeDir", "-s", help="also pack the trial "
+                                                            "code folder")] = False,
+                    root: RootOpt = None) -> None:
+    """Pack a stopped or finished experiment (store, trial folders, logs; --saveCodeDir: its code) into
+    one file that `experiment load` unpacks elsewhere."""
+    from .experiment_archive import ArchiveError, save_experiment
+
     base, store = _store(experiment_id, root)
     if _controller_alive(store):
-        raise CliError(f"experiment {experiment_id} is running; stop it first")
-    store.close()
-    if not yes and not typer.confirm(f"delete {base / experiment_id}?"):
-        raise typer.Exit(1)
-    shutil.rmtree(base / experiment_id)
-    console.print(f"deleted {experiment_id}")
+        raise CliError(f"experiment {store.experiment_id} is running; stop it first (its store is being written)")
+    try:
+        written = save_experiment(store, base / store.experiment_id, path, save_code)
+    except ArchiveError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"saved experiment {store.experiment_id} to {written}", highlight=False, soft_wrap=True)
+
+
+@experiment_app.command("load")
+def experiment_load(path: Annotated[Path, typer.Option("--path", "-p", help="the package `experiment save` "
+                                                       "wrote")],
+                    code_dir: Annotated[Path, typer.Option("--codeDir", "-c", help="where the trial code is (or "
+                                                           "goes, from a package saved with --saveCodeDir)")],
+                    log_dir: Annotated[Path | None, typer.Option("--logDir", "-l", help="the working directory "
+                                                                 "to load it into (default: the default "
+                                                                 "one)")] = None,
+                    search_space: Annotated[Path | None, typer.Option("--searchSpacePath", "-s", help="a search "
+                                                                      "space file to use from now on")] = None
+                    ) -> None:
+    """Unpack an experiment package; it can then be viewed, exported and resumed here."""
+    from .experiment_archive import ArchiveError, load_experiment
+    from .experiments import default_root
+
+    try:
+        experiment_id = load_experiment(path, code_dir, log_dir or default_root(), search_space)
+    except (ArchiveError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"loaded experiment {experiment_id}; view it: trialflow view {experiment_id}", highlight=False)
 
 
 # ---- trials ---------------------------------------------------------------------------------
 
 
 @trial_app.command("ls")
-def trial_ls(experiment_id: str, head: Annotated[int | None, typer.Option("--head")] = None,
+def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.Option("--head")] = None,
              tail: Annotated[int | None, typer.Option("--tail")] = None, root: RootOpt = None) -> None:
     """Trials with status and final metric; --head/--tail N sort by metric (best/worst first)."""
     if head is not None and tail is not None:
@@ -585,9 +743,22 @@ def trial_ls(experiment_id: str, head: Annotated[int | None, typer.Option("--hea
     print_trials(console, trials)
 
 
+def _ids(experiment_id: str | None, trial: str | None, trial_id: str | None) -> tuple[str | None, str]:
+    """(experiment id, trial id) from nnictl's ``[ID] --trial_id T`` or trialflow's ``ID TRIAL``; a lone
+    positional that is a trial id names the trial of the only running experiment."""
+    if trial_id is None and trial is None and experiment_id is not None and not looks_like_experiment_id(experiment_id):
+        experiment_id, trial = None, experiment_id
+    if (trial is None) == (trial_id is None):
+        raise CliError("give the trial once: --trial_id TRIAL (or after the experiment id)")
+    return experiment_id, str(trial or trial_id)
+
+
 @trial_app.command("kill")
-def trial_kill(experiment_id: str, trial_id: str, root: RootOpt = None) -> None:
+def trial_kill(experiment_id: ExpIdArg = None,
+               trial_arg: Annotated[str | None, typer.Argument(metavar="[TRIAL]", show_default=False)] = None,
+               trial_id: TrialIdOpt = None, root: RootOpt = None) -> None:
     """Cancel one trial (USER_CANCELED)."""
+    experiment_id, trial_id = _ids(experiment_id, trial_arg, trial_id)
     base, store = _store(experiment_id, root)
     try:
         trial = store.trial(trial_id)
@@ -606,9 +777,12 @@ def trial_kill(experiment_id: str, trial_id: str, root: RootOpt = None) -> None:
 
 
 @log_app.command("trial")
-def log_trial(experiment_id: str, trial_id: str, root: RootOpt = None,
+def log_trial(experiment_id: ExpIdArg = None,
+              trial_arg: Annotated[str | None, typer.Argument(metavar="[TRIAL]", show_default=False)] = None,
+              trial_id: TrialIdOpt = None, root: RootOpt = None,
               tail: Annotated[int | None, typer.Option("--tail", help="last N bytes of each log")] = None) -> None:
     """Print a trial's stdout, stderr and trial.log (fetched from the worker for remote trials)."""
+    experiment_id, trial_id = _ids(experiment_id, trial_arg, trial_id)
     base, store = _store(experiment_id, root)
     try:
         trial = store.trial(trial_id)
@@ -629,11 +803,229 @@ def log_trial(experiment_id: str, trial_id: str, root: RootOpt = None,
         typer.echo(text)
 
 
+# ---- the rest of nnictl ------------------------------------------------------------------------
+
+platform_app = typer.Typer(help="Clean up what trialflow left on training platforms.", no_args_is_help=True)
+webui_app = typer.Typer(help="Where to watch an experiment: its Prefect UI page and live dashboard.",
+                        no_args_is_help=True)
+package_app = typer.Typer(help="Install what a built-in algorithm needs (NNI's nnictl package).", no_args_is_help=True)
+app.add_typer(platform_app, name="platform")
+app.add_typer(webui_app, name="webui")
+app.add_typer(package_app, name="package")
+algo_app.command("reg", hidden=True)(algo_register)  # nnictl's aliases
+algo_app.command("unreg", hidden=True)(algo_unregister)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", "-v", callback=_version, is_eager=True,
+                                                   help="print trialflow's version")] = False) -> None:
+    """Hyperparameter-tuning experiments on Prefect (NNI-compatible)."""
+
+
+@app.command()
+def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds between refreshes")] = 3,
+        root: RootOpt = None) -> None:
+    """Watch the running experiments and their trials, refreshed every --time seconds (Ctrl-C quits)."""
+    from rich.live import Live
+
+    from .views import running_table
+
+    if interval < 1:
+        raise CliError(f"bad --time {interval}: give at least 1 second")
+    try:
+        with Live(running_table(root), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(running_table(root), refresh=True)
+    except KeyboardInterrupt:
+        console.print()
+
+
+@config_app.command("show")
+def config_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
+    """The experiment's stored config, as YAML (the password of a shared store left out)."""
+    import yaml
+
+    _, store = _store(experiment_id, root)
+    typer.echo(yaml.safe_dump(store.experiment().config, sort_keys=False, allow_unicode=True), nl=False)
+
+
+def _log_file(experiment_id: str | None, root: Path | None, name: str) -> Path:
+    base, store = _store(experiment_id, root)
+    return base / store.experiment_id / "log" / name
+
+
+def _print_log(path: Path, head: int | None, tail: int | None, path_only: bool) -> None:
+    if path_only:
+        typer.echo(str(path))
+        return
+    if not path.is_file():
+        raise CliError(f"{path} does not exist (yet)")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = lines[:head] if head is not None else lines[-tail:] if tail is not None else lines
+    typer.echo("\n".join(lines))
+
+
+HeadOpt = Annotated[int | None, typer.Option("--head", "-H", help="the first N lines")]
+TailOpt = Annotated[int | None, typer.Option("--tail", "-T", help="the last N lines")]
+PathOpt = Annotated[bool, typer.Option("--path", help="print the file's path only")]
+
+
+@log_app.command("stdout")
+def log_stdout(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailOpt = None, path: PathOpt = False,
+               root: RootOpt = None) -> None:
+    """The experiment controller's log (log/experiment.log: the run's and its trials' records)."""
+    _print_log(_log_file(experiment_id, root, Path(CONTROLLER_LOG).name), head, tail, path)
+
+
+@log_app.command("stderr")
+def log_stderr(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailOpt = None, path: PathOpt = False,
+               root: RootOpt = None) -> None:
+    """What a background controller printed besides its log (log/controller.out: tracebacks, warnings)."""
+    _print_log(_log_file(experiment_id, root, CONTROLLER_OUTPUT), head, tail, path)
+
+
+@webui_app.command("url")
+def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
+    """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
+    (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
+    from .ui import DASHBOARD_URL_CONTROL, flow_run_page
+
+    _, store = _store(experiment_id, root)
+    record = store.experiment()
+    page = flow_run_page(record.prefect_api, record.flow_run_id)
+    console.print(f"Prefect UI: {page}" if page else "Prefect UI: none (the run used Prefect's temporary server, "
+                  "which has no UI; set PREFECT_API_URL to a `prefect server start` to get one)", soft_wrap=True)
+    dashboard = record.controls.get(DASHBOARD_URL_CONTROL)
+    console.print(f"dashboard: {dashboard}" if dashboard else
+                  f"dashboard: none serving (trialflow dashboard {record.id})", soft_wrap=True)
+
+
+@platform_app.command("clean")
+def platform_clean(config: Annotated[Path, typer.Option("--config", "-c", help="the experiment config naming the "
+                                                        "platform (its machines, cluster storage)")],
+                   yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False) -> None:
+    """Remove what trialflow left on the config's platform for every experiment: on remote machines the
+    code bundles, runtimes and trial folders under remoteWorkingDirectory. Trials still running there
+    lose their folders: stop them first."""
+    import tempfile
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    names = ", ".join(s.platform for s in cfg.services)
+    if not yes and not typer.confirm(f"remove every experiment's files trialflow left on {names}?"):
+        raise typer.Exit(1)
+    with tempfile.TemporaryDirectory() as scratch:
+        service = experiment_service(cfg, Path(scratch) / "platform-clean")
+        try:
+            removed = service.clean()
+        except PlatformError as exc:
+            raise CliError(str(exc)) from None
+        finally:
+            service.close()
+    for where in removed:
+        console.print(f"removed trialflow's files at {where}", soft_wrap=True)
+    if not removed:
+        console.print(f"{names}: trialflow keeps nothing there outside the experiment folders", highlight=False)
+
+
+@algo_app.command("show")
+def algo_show(name: str) -> None:
+    """One algorithm: a registered one's meta (as `algo register` took it), or a built-in's classArgs."""
+    import yaml
+
+    from .assessors import ASSESSORS
+    from .tuners import TUNERS
+    from .tuners.registry import registered
+
+    entry = registered(name)
+    if entry is not None:
+        meta = {"builtinName": entry.builtin_name, "algoType": entry.algo_type, "className": entry.class_name,
+                "classArgsValidator": entry.class_args_validator, "codeDirectory": entry.code_directory}
+        typer.echo(yaml.safe_dump({k: v for k, v in meta.items() if v is not None}, sort_keys=False), nl=False)
+        return
+    for kind, table in (("tuner", TUNERS), ("assessor", ASSESSORS)):
+        if name.lower() in table:
+            allowed = sorted(table[name.lower()][1])
+            typer.echo(yaml.safe_dump({"builtinName": name, "algoType": kind, "source": "trialflow",
+                                       "classArgs": allowed, "extra": _extra_of(name)}, sort_keys=False), nl=False)
+            return
+    raise CliError(f"no algorithm {name!r}: `trialflow algo list` shows the registered ones; built-in tuners: "
+                   "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP; assessors: Medianstop, "
+                   "Curvefitting")
+
+
+def _extra_of(name: str) -> str | None:
+    from .tuners import NEEDS
+
+    need = NEEDS.get(name.lower())
+    return f"trialflow[{need[2]}]" if need else None
+
+
+@package_app.command("show")
+def package_show() -> None:
+    """Built-in algorithms that need an optional package, and whether it is installed."""
+    import importlib.util
+
+    from .tuners import NEEDS
+
+    for name, (module, what, extra) in sorted(NEEDS.items()):
+        state = "installed" if importlib.util.find_spec(module) is not None else "not installed"
+        console.print(f"{name}: needs {what} (pip install 'trialflow[{extra}]'): {state}", highlight=False)
+
+
+@package_app.command("install")
+def package_install(name: str) -> None:
+    """Install the pip extra the built-in algorithm NAME needs (e.g. GP: PyTorch)."""
+    from .tuners import NEEDS, NNI_ONLY_TUNERS, TUNERS
+
+    key = name.lower()
+    if key in {n.lower() for n in NNI_ONLY_TUNERS}:
+        raise CliError(f"{name} is an NNI built-in tuner that trialflow does not have; nothing to install")
+    if key not in TUNERS:
+        raise CliError(f"no built-in algorithm {name!r}; `trialflow package show` lists those that need a package")
+    if key not in NEEDS:
+        console.print(f"{name} needs no extra package: it is ready to use", highlight=False)
+        return
+    extra = f"trialflow[{NEEDS[key][2]}]"
+    console.print(f"pip install '{extra}'", highlight=False)
+    result = subprocess.run([sys.executable, "-m", "pip", "install", extra], check=False)
+    if result.returncode:
+        raise CliError(f"pip install '{extra}' failed (exit {result.returncode})")
+
+
+@app.command("ss_gen")
+def ss_gen(trial_command: Annotated[str | None, typer.Option("--trial_command", "-t")] = None,
+           trial_dir: Annotated[str | None, typer.Option("--trial_dir", "-d")] = None,
+           file: Annotated[str | None, typer.Option("--file", "-f")] = None) -> None:
+    """NNI's search-space generation from annotated trial code: annotations were removed in NNI 3.0 and
+    trialflow has none, so there is nothing to generate. Write the space as JSON (searchSpace or
+    searchSpaceFile) and read parameters with nni.get_next_parameter()."""
+    raise CliError("ss_gen generated search spaces from NNI annotations, which NNI 3.0 removed and trialflow does "
+                   "not have: write the search space as JSON (searchSpaceFile) and read it with "
+                   "nni.get_next_parameter()")
+
+
+
 def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
                   line: str | None = None) -> None:
-    """Config warnings as one line; others as Python prints them."""
+    """Config warnings as one line, each once (the config may be read twice: by the command and its run);
+    others as Python prints them."""
     if issubclass(category, ConfigWarning):
-        console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        if str(message) in _WARNED:
+            return
+        _WARNED.add(str(message))
+        console.print(f"[yellow]warning:[/] {escape(str(message))}", markup=True, highlight=False, soft_wrap=True)
     else:
         _default_show_warning(message, category, filename, lineno, file, line)
 
@@ -646,7 +1038,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except (CliError, StoreUnreadable) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(1)
     except typer.Abort:
         sys.exit(1)

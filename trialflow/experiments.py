@@ -13,11 +13,13 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from .assessors import check_assessor
 from .config import ConfigError, ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import new_experiment_id
 from .results import optimize_mode_of
 from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore, StoreUnreadable
+from .tuners import check_tuner
 
 STORE_URL_FILE = Path("db") / "store-url"  # where a shared store is: its URL, without the password
 CONFIG_FILE_NOTE = Path("db") / "config-file"  # the config file the experiment was created from
@@ -43,7 +45,12 @@ def default_root() -> Path:
 
 def create_experiment(config: ExperimentConfig, config_path: str | None = None) -> tuple[str, Path]:
     """A new experiment id and its directory with the store holding the config. With ``storeUrl`` the
-    records go to that database and the directory keeps where (the URL without its password)."""
+    records go to that database and the directory keeps where (the URL without its password).
+    The tuner and assessor are checked first (:class:`TunerError`): a refused one leaves nothing."""
+    if config.tuner is not None:
+        check_tuner(config.tuner)
+    if config.assessor is not None:
+        check_assessor(config.assessor)
     root = Path(config.experiment_working_directory).resolve()
     experiment_id = new_experiment_id()
     exp_dir = root / experiment_id
@@ -64,7 +71,7 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None) 
         store.create_experiment(config.experiment_name, dumped, config_path, optimize_mode_of(dumped))
     finally:
         store.close()
-    _register(experiment_id, root)
+    register_root(experiment_id, root)
     return experiment_id, exp_dir
 
 
@@ -72,7 +79,7 @@ def _registry() -> Path:
     return default_root() / ".registry.jsonl"
 
 
-def _register(experiment_id: str, root: Path) -> None:
+def register_root(experiment_id: str, root: Path) -> None:
     """Remember where an experiment outside the default root lives (like nnictl's .experiment)."""
     if root.resolve() == default_root().resolve():
         return

@@ -19,6 +19,10 @@ def new_experiment_id() -> str:
     return "".join(out)
 
 
+def looks_like_experiment_id(text: str) -> bool:
+    return len(text) == 8 and all(c in _LOWER_DIGITS for c in text)
+
+
 def new_trial_id() -> str:
     return secrets.choice(_LETTERS) + "".join(secrets.choice(_ALNUM) for _ in range(4))
 

@@ -1,18 +1,27 @@
 """Foreground runs of the CLI: the experiment flow in this process with a live progress display
-(trials done / budget, best so far, running trials), refreshed from the store once a second."""
+(trials done / budget, best so far, running trials), refreshed from the store once a second.
+
+Ctrl-C: the first asks the experiment to stop (its running trials are cancelled, USER_CANCELED, and
+the run ends STOPPED within a loop tick plus the trials' kill grace); a second one quits at once with
+exit code 130, leaving the experiment to ``trialflow resume`` (its trials are re-attached)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from .experiments import open_store
+from .flows.run_control import clear_interrupt, interrupt, interrupted
 from .results import best_trial, maximizes, outcome_line, trial_value
 
 
@@ -25,7 +34,9 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     budget = record.controls.get("max_trial_number", record.config.get("maxTrialNumber"))
     done = sum(t.is_terminal for t in trials)
     best = best_trial(trials, maximize)
-    table = Table(title=f"experiment {experiment_id} - {record.status}", show_header=False)
+    status = "STOPPING (Ctrl-C again quits at once)" if interrupted() and not record.end_time else record.status
+    title = f"experiment {experiment_id} - {status}"
+    table = Table(title=title, show_header=False, min_width=len(title) + 2)
     table.add_row("trials done", f"{done}" + (f" / {budget}" if budget else ""))
     table.add_row("best so far", "-" if best is None else f"{trial_value(best)} ({best.id}) {best.parameters}")
     running = [t for t in trials if t.status in ("RUNNING", "WAITING")]
@@ -33,28 +44,46 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     return table
 
 
-def _outside_runs(record: logging.LogRecord) -> bool:
-    return not record.name.startswith(("prefect.flow_runs", "prefect.task_runs"))
+def _for_the_terminal(record: logging.LogRecord) -> bool:
+    """trialflow's own warnings and errors, and anything critical."""
+    return record.levelno >= logging.CRITICAL or (record.levelno >= logging.WARNING
+                                                  and record.name.startswith("trialflow"))
+
+
+def _first_interrupt(experiment_id: str) -> Callable[[int, FrameType | None], None]:
+    """The SIGINT handler while the experiment runs: stop it; a second Ctrl-C quits at once."""
+    def second(_signum: int, _frame: FrameType | None) -> None:
+        os.write(sys.stderr.fileno(), f"\nquit; experiment {experiment_id} was left as it was: "
+                 f"trialflow resume {experiment_id}\n".encode())
+        os._exit(130)
+
+    def first(_signum: int, _frame: FrameType | None) -> None:
+        interrupt()
+        signal.signal(signal.SIGINT, second)
+
+    return first
 
 
 def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console
                       ) -> tuple[str, str | None]:
     """Run the experiment here with its live table; (final status, the run's failure message when no
     trial succeeded, else None)."""
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from .flows.experiment import experiment_flow, final_status
+    from .flows.experiment import final_status, run_experiment_flow
 
     # The live table shows each trial's end and the CLI prints one line when the run fails: Prefect's
-    # own flow/task-run logs (tracebacks, one per failed trial) would only bury them in the terminal.
-    # They are kept from the terminal's handlers only: the experiment's log file still gets them.
+    # flow/task-run logs (tracebacks, one per failed trial) and its own chatter (the temporary server's
+    # start and stop, retries of a stopping API) would only bury them. They are kept from the terminal's
+    # handlers only (until this process ends): the experiment's log file still gets the run's records.
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.addFilter(_outside_runs)
+            handler.addFilter(_for_the_terminal)
 
     store = open_store(root, experiment_id)
     maximize = maximizes(store.experiment())
     store.close()
     done = threading.Event()
+    clear_interrupt()
+    previous = signal.signal(signal.SIGINT, _first_interrupt(experiment_id))
     with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
               transient=False) as live:
         def refresh() -> None:
@@ -64,17 +93,19 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
         thread = threading.Thread(target=refresh, daemon=True)
         thread.start()
         try:
-            state = experiment_flow(config_path, experiment_id, str(root), return_state=True)
+            state = run_experiment_flow(config_path, experiment_id, str(root))
             status = final_status(state)
         finally:
+            signal.signal(signal.SIGINT, previous)
             done.set()
             thread.join()
             live.update(_render(root, experiment_id, maximize))
+            live.stop()
+            console.print()  # what follows (the outcome, or the CLI's error line) starts a line of its own
     store = open_store(root, experiment_id)
     trials = store.trials()
     store.close()
     best = best_trial(trials, maximize)
-    console.print()
     console.print(outcome_line(trials), highlight=False)
     if best is not None:
         console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "

@@ -48,6 +48,8 @@ experiments = sa.Table(
     sa.Column("next_sequence", sa.Integer, nullable=False, default=0),
     sa.Column("optimize_mode", sa.String(8)),  # decided once at creation (``trialflow.results``)
     sa.Column("best_trial", sa.String(16)),  # recorded when the experiment ends
+    sa.Column("flow_run_id", sa.String(64)),  # the Prefect flow run of its latest run
+    sa.Column("prefect_api", sa.Text),  # that run's API (None: Prefect's temporary server)
 )
 controls = sa.Table(
     "controls", _meta,
@@ -176,6 +178,8 @@ class ExperimentRecord:
     controls: dict[str, Any] = field(default_factory=dict)
     optimize_mode: str | None = None  # None only for experiments created before it was stored
     best_trial: str | None = None
+    flow_run_id: str | None = None
+    prefect_api: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,7 +314,8 @@ class ExperimentStore:
         m = row._mapping
         return ExperimentRecord(m["id"], m["name"], json.loads(m["config"]), m["config_path"], m["status"],
                                 m["message"], m["start_time"], m["end_time"], m["controller_pid"],
-                                m["next_sequence"], self.controls(), m["optimize_mode"], m["best_trial"])
+                                m["next_sequence"], self.controls(), m["optimize_mode"], m["best_trial"],
+                                m["flow_run_id"], m["prefect_api"])
 
     def controls(self) -> dict[str, Any]:
         """Runtime changes requested through the CLI (read every loop tick, so kept cheap)."""
@@ -320,8 +325,16 @@ class ExperimentStore:
         return {k: json.loads(v) for k, v in rows}
 
     def set_experiment(self, **values: Any) -> None:
-        """Update experiment columns (status, message, end_time, controller_pid, start_time, best_trial)."""
+        """Update experiment columns (status, message, end_time, controller_pid, start_time, best_trial,
+        flow_run_id, prefect_api; config as JSON text)."""
         self._write(experiments.update().where(experiments.c.id == self.experiment_id).values(**values))
+
+    def relocate(self, old_dir: str, new_dir: str) -> None:
+        """The experiment folder moved from ``old_dir`` to ``new_dir``: rewrite the trials' stored paths
+        (their folders and handles) to match."""
+        self._write(trials.update().where(trials.c.experiment_id == self.experiment_id).values(
+            log_dir=sa.func.replace(trials.c.log_dir, old_dir, new_dir),
+            handle=sa.func.replace(trials.c.handle, old_dir, new_dir)))
 
     def set_control(self, key: str, value: Any) -> None:
         """A runtime change requested by the CLI (concurrency, max trials, duration, stop)."""

@@ -26,6 +26,18 @@ MAX_TABLE_ROWS = 500
 log = logging.getLogger("trialflow.ui")
 
 
+def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
+    """The Prefect UI page of a flow run on the configured API ``api`` (None for Prefect's temporary
+    server, which serves no UI)."""
+    if not api or not flow_run_id:
+        return None
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        ui = PREFECT_UI_URL.value()
+    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else None
+
+
 def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
     """One line: the metric's direction and how many trials finished, stopped early or failed."""
     counts = outcome_counts(trials)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from .experiments import stored_config
+from .experiments import list_experiments, open_store, stored_config
 from .platforms import service_name
 from .results import best_trial, maximizes, ranked, trial_value
 from .store import ExperimentStore, TrialRecord
@@ -36,8 +38,8 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
         counts[t.status] = counts.get(t.status, 0) + 1
     cfg = record.config
     budget = record.controls.get("max_trial_number", cfg.get("maxTrialNumber"))
-    console.print(f"[bold]{record.id}[/] {record.name or ''}  status: [bold]{record.status}[/]"
-                  + (f"  ({record.message})" if record.message else ""))
+    console.print(f"[bold]{record.id}[/] {escape(record.name or '')}  status: [bold]{record.status}[/]"
+                  + (f"  ({escape(record.message)})" if record.message else ""), markup=True)
     console.print(f"trials: {len(trials)}" + (f" / {budget}" if budget else "") + "  "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     per_service: dict[str, dict[str, int]] = {}
@@ -146,3 +148,23 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
                              f"({exc})") from None
         items.append((item["parameter"], raw, value))
     return store.add_imported(items)
+
+
+def running_table(root: Path | None = None) -> Table:
+    """The running experiments with their trial counts by status (``trialflow top``)."""
+    table = Table("id", "name", "status", "trials", "running", "succeeded", "failed", "best",
+                  title=time.strftime("running experiments at %H:%M:%S"))
+    for entry in list_experiments(root):
+        if entry.record.status not in ("RUNNING", "INITIALIZED"):
+            continue
+        store = open_store(entry.root, entry.id)
+        try:
+            trials = store.trials()
+            best = best_trial(trials, maximizes(store.experiment()))
+        finally:
+            store.close()
+        count = Counter(t.status for t in trials)
+        table.add_row(entry.id, entry.record.name or "", entry.record.status, str(len(trials)),
+                      str(count["RUNNING"] + count["WAITING"]), str(count["SUCCEEDED"]), str(count["FAILED"]),
+                      "-" if best is None else f"{trial_value(best)} ({best.id})")
+    return table

@@ -144,7 +144,7 @@ def test_a_damaged_store_is_one_line_and_listing_and_stopping_skip_it(tmp_path):
     shown = cli("view", ids[0], env=env)
     assert shown.returncode == 1 and len(shown.stdout.strip().splitlines()) == 1
     assert str(damaged) in shown.stdout and "the file is damaged" in shown.stdout and "Traceback" not in shown.stderr
-    listing = cli("experiment", "list", env=env)
+    listing = cli("experiment", "list", "--all", env=env)
     assert listing.returncode == 0 and ids[1] in listing.stdout and f"skipped {ids[0]}" in listing.stdout
     stopped = cli("stop", "--all", env=env)
     assert stopped.returncode == 0 and f"experiment {ids[1]} stopped" in stopped.stdout

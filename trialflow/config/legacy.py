@@ -168,13 +168,20 @@ _NNI_NAMES = {"multithread": "multiThread", "multiphase": "multiPhase", "version
               "includeintermediateresults": "includeIntermediateResults"}
 
 
+# the values of those fields that ask for nothing NNI would have done differently: no warning
+_HARMLESS: dict[str, tuple[Any, ...]] = {"multithread": (False, None), "multiphase": (False, None),
+                                         "versioncheck": (True, None), "logcollection": ("none", None),
+                                         "gpuindices": (None, "", []), "gpunum": (0, None),
+                                         "includeintermediateresults": (False, None)}
+
+
 def _warn_dropped(v1: dict[str, Any], platform: str) -> None:
     for key, why in _DROPPED.items():
-        if key in v1 and not (key == "logcollection" and platform == "adl"):  # adl keeps logCollection
+        if key in v1 and v1[key] not in _HARMLESS[key] and not (key == "logcollection" and platform == "adl"):
             warnings.warn(f"{_NNI_NAMES[key]}: {why} (a v1 field)", ConfigWarning, stacklevel=4)
     for kind in ("tuner", "assessor", "advisor"):
         section = _ci(v1.get(kind))
         for key in ("gpuindices", "gpunum", "includeintermediateresults"):
-            if key in section:
+            if key in section and section[key] not in _HARMLESS[key]:
                 warnings.warn(f"{kind}.{_NNI_NAMES[key]}: has no effect here (the {kind} runs in the controller "
                               "process and sees final results only) (a v1 field)", ConfigWarning, stacklevel=4)

@@ -21,6 +21,7 @@ Parameters of the flow are ids and paths only: secrets never become flow paramet
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -32,7 +33,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.exceptions import Abort, CancelledRun, TerminationSignal
 from prefect.futures import PrefectFuture
-from prefect.states import Completed, Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import allow_failure
 
@@ -44,9 +45,10 @@ from ..platforms import TrialHandle, TrialStatus, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
-from ..tuners import TunerError, scalar_or_none
+from ..tuners import TunerError, create_tuner, scalar_or_none
 from ..ui import ArtifactReporter
-from .server_watchdog import guard_temporary_servers
+from .run_control import StopWatch, label_run, retried_experiment, run_tags
+from .temporary_server import guard_temporary_servers, start_temporary_server
 
 TICK_SECONDS = 0.25
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
@@ -80,6 +82,10 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     guard_temporary_servers()  # a SIGKILLed controller must not leave its temporary server running
     given = None
     if experiment_id is None:
+        experiment_id = retried_experiment()  # Prefect's Retry of a run that created one resumes it
+        if experiment_id is not None:
+            logger.info("this run is a retry: it resumes experiment %s", experiment_id)
+    if experiment_id is None:
         if not config_path:
             raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
         config_path = os.path.abspath(config_path)
@@ -93,29 +99,50 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     with ExitStack() as stack:
         stack.enter_context(_controller_log(exp_dir))
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
+        tuner = config.tuner.name or config.tuner.class_name if config.tuner else None
+        flow_run_id = label_run(experiment_id, run_tags(experiment_id, [s.platform for s in config.services],
+                                                        tuner))
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
             end_experiment(store, "ERROR", str(exc))
             raise
-        store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid())
+        store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid(),
+                             flow_run_id=flow_run_id, prefect_api=_configured_api())
         logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)
         try:
-            status = _run(ctx)
+            status, why = _run(ctx)
         except BaseException as exc:
             ctx.stop.set()  # poll tasks cancel their trials
             stopped = _stopped_by_cancel(exc)
             end_experiment(store, "STOPPED" if stopped else "ERROR",
                            "the flow run was cancelled" if stopped else f"{type(exc).__name__}: {exc}")
             raise
-        end_experiment(store, status)
+        end_experiment(store, status, why)
         trials = store.trials()
         logger.info("experiment %s %s: %s", experiment_id, status, outcome_line(trials))
+        if status == "STOPPED":  # stopped before its end: the run says so (Prefect's Cancelled)
+            return Cancelled(message=f"experiment {experiment_id} STOPPED: {why}", data=status)
         failure = nothing_succeeded(trials) if status == "DONE" else None
         if failure:
             logger.error("experiment %s: %s", experiment_id, failure)
             return Failed(message=f"experiment {experiment_id} {status}: {failure}", data=status)
     return Completed(message=f"experiment {experiment_id} {status}", data=status)
+
+
+def run_experiment_flow(config_path: str | None, experiment_id: str | None, root: str | None) -> State:
+    """Run :func:`experiment_flow` in this process and return its final state. Prefect's temporary server,
+    when one is used, is started first in a session of its own: a Ctrl-C in this terminal stops the
+    experiment, never its API."""
+    start_temporary_server()
+    return experiment_flow(config_path, experiment_id, root, return_state=True)
+
+
+def _configured_api() -> str | None:
+    """The configured Prefect API this run reports to; None for Prefect's temporary server."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
 
 
 def final_status(state: State) -> str:
@@ -219,17 +246,21 @@ class _Loop:
             self.cap.close()
 
 
-def _run(ctx: ExperimentContext) -> str:
+def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
+    """The experiment loop: (DONE, None), or (STOPPED, why) when asked to stop."""
     loop = _Loop(ctx)
+    watch = StopWatch()
     upload_code(ctx.experiment_id, str(ctx.config.services[0].trial_code_directory))
     resubmit = _reattach(ctx, loop)
     try:
         while True:
             ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
             controls = ctx.store.controls()
-            if controls.get("stop"):
-                return "STOPPED"
+            why = "stopped by trialflow stop" if controls.get("stop") else watch.reason()
+            if why:
+                return "STOPPED", why
             _raise_if_algorithm_failed(ctx)
+            _apply_search_space(ctx, controls.get("search_space"))
             for trial_id in controls.get("kill", []):
                 if trial_id in loop.running:
                     ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
@@ -248,7 +279,7 @@ def _run(ctx: ExperimentContext) -> str:
             total = ctx.store.count_trials()
             no_more = loop.exhausted or budget_over or (max_trials is not None and total >= max_trials)
             if not loop.running and no_more and not resubmit:
-                return "DONE"
+                return "DONE", None
             ctx.slot_freed.wait(TICK_SECONDS)
     finally:
         ctx.stop.set()
@@ -290,18 +321,51 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, resubmit: list[Any]) -> bool
     return True
 
 
+def _tell_tuner(ctx: ExperimentContext, skip_misfits: bool = False) -> None:
+    """Tell the tuner the imported data and the finished trials, and reserve the live trials' ids.
+    With ``skip_misfits`` (a changed search space), results whose values the tuner refuses are left out."""
+    history = [(IMPORTED_IDS - i, raw, scalar_or_none(value)) for i, (_, raw, value) in enumerate(ctx.store.imported())]
+    for trial in ctx.store.trials():
+        if not trial.is_terminal:
+            ctx.tuner.reserve(trial.parameter_id)
+            continue
+        history.append((trial.parameter_id, trial.raw,
+                        scalar_or_none(trial.final) if trial.status == "SUCCEEDED" else None))
+    for parameter_id, raw, value in history:
+        try:
+            ctx.tuner.replay(parameter_id, raw, value)
+        except Exception as exc:  # noqa: BLE001 -- only when skipping misfits: else it is raised
+            if not skip_misfits:
+                raise
+            get_run_logger().info("result of parameter id %s left out: it does not fit the new search space (%s)",
+                                  parameter_id, exc)
+
+
+def _apply_search_space(ctx: ExperimentContext, space: Any) -> None:
+    """``trialflow update searchspace``: later trials take their parameters from ``space`` (the tuner is
+    rebuilt over it and told the results so far, as at a resume); running trials keep theirs. The stored
+    config gets the new space, so a resume uses it too."""
+    if space is None or space == ctx.config.search_space:
+        return
+    with ctx.tuner_lock:
+        ctx.config = ctx.config.model_copy(update={"search_space": space})
+        ctx.tuner = create_tuner(ctx.config.tuner, space)  # type: ignore[arg-type]
+        _tell_tuner(ctx, skip_misfits=True)
+    stored = ctx.store.experiment().config
+    stored["searchSpace"] = space
+    stored.pop("searchSpaceFile", None)
+    ctx.store.set_experiment(config=json.dumps(stored))
+    get_run_logger().info("experiment %s: search space updated; later trials use it", ctx.experiment_id)
+
+
 def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
     """Tell the tuner the imported data and the finished trials, follow live ones; returns trials to
     submit again."""
-    for position, (_, raw, value) in enumerate(ctx.store.imported()):
-        ctx.tuner.replay(IMPORTED_IDS - position, raw, scalar_or_none(value))
+    _tell_tuner(ctx)
     resubmit = []
     for trial in ctx.store.trials():
         if trial.is_terminal:
-            value = scalar_or_none(trial.final) if trial.status == "SUCCEEDED" else None
-            ctx.tuner.replay(trial.parameter_id, trial.raw, value)
             continue
-        ctx.tuner.reserve(trial.parameter_id)
         ctx.adopted[trial.parameter_id] = trial.raw
         if trial.handle is None:
             resubmit.append(trial)

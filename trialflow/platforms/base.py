@@ -145,6 +145,13 @@ class TrainingService(ABC):
         reach it (default)."""
         return None
 
+    def clean(self) -> list[str]:
+        """Remove what trialflow left on the platform for every experiment (``trialflow platform clean``):
+        code bundles, runtimes, trial folders; returns what was removed. Running trials there lose their
+        folders: the caller makes sure none run. Default: nothing is kept outside the experiment folder.
+        Raises :class:`PlatformError` when the platform cannot be reached."""
+        return []
+
     def close(self) -> None:
         """Release connections and clients; running trials are not touched."""
         return None

@@ -658,6 +658,21 @@ class RemoteTrainingService(TrainingService):
                                                                   target))
         return target
 
+    def clean(self) -> list[str]:
+        """On each machine, trialflow's folders under its ``remoteWorkingDirectory``: the code bundles,
+        the runtimes and every experiment's folder (nothing else there is touched; the folder itself
+        goes when that leaves it empty)."""
+        self.prepare()
+        script = ('cd "$1" 2>/dev/null || exit 0; rm -rf code runtime; '
+                  'for d in */; do if [ -d "$d/trials" ] || ls -d "$d"env-* >/dev/null 2>&1; then rm -rf "$d"; fi; '
+                  'done; '
+                  'rm -f .blobfuse-*.cfg; cd / && rmdir "$1" 2>/dev/null; true')
+        removed = []
+        for machine in self.machines:
+            machine.run(f"sh -c {_q(script)} trialflow-clean {_q(machine.root)}")
+            removed.append(f"{machine.key}:{machine.root}")
+        return removed
+
     def close(self) -> None:
         """Ask reuse workers to leave and close the connections; running trials are not touched."""
         for machine in self.machines:

@@ -7,6 +7,7 @@ semantics that handles nested choices).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ from .base import (
     scalar_or_none,
     seed_arg,
 )
-from .custom import NniTuner, is_custom, load_custom
+from .custom import NniTuner, check_algorithm, is_custom, load_custom
 from .evolution import EvolutionTuner
 from .grid import BatchTuner, GridSearchTuner
 from .optuna_tuners import OptunaTuner, cmaes_sampler, gp_sampler, random_sampler, tpe_sampler
@@ -41,8 +42,12 @@ class AlgorithmSpec(Protocol):
     code_directory: Any
 
 __all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar",
-           "scalar_or_none", "TUNERS"]
+           "scalar_or_none", "TUNERS", "check_tuner", "NNI_ONLY_TUNERS"]
 
+KNOWN_TUNERS = "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP"
+# NNI's built-in tuners and advisors (its registered_algorithms.yml) that trialflow does not have
+NNI_ONLY_TUNERS = ("SMAC", "MetisTuner", "PBTTuner", "PPOTuner", "NetworkMorphism", "RegularizedEvolutionTuner",
+                   "DNGOTuner", "Hyperband", "BOHB")
 _MODE_SEED = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}
 
 
@@ -80,6 +85,23 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
 }
 
 
+# built-in tuners that need an optional package: name -> (module, what it is, the extra that installs it)
+NEEDS = {"gp": ("torch", "PyTorch", "gp"), "gptuner": ("torch", "PyTorch", "gp")}
+
+
+def check_tuner(config: AlgorithmSpec) -> None:
+    """What NNI checks at ``nnictl create``, before anything is written: the tuner's name, its
+    ``classArgs`` (a customized one's through its ``classArgsValidator``; its class is loaded) and, for
+    a built-in, the optional package it needs. Nothing is built. Raises :class:`TunerError`."""
+    name = check_algorithm(config, "tuner", TUNERS, KNOWN_TUNERS)
+    if name in NEEDS:
+        module, what, extra = NEEDS[name]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise TunerError(f"the {config.name} tuner needs {what}: pip install 'trialflow[{extra}]'") from None
+
+
 def create_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
     """Build the configured tuner over ``search_space`` (as written in the config); unknown names
     and bad ``classArgs`` raise :class:`TunerError`."""
@@ -87,8 +109,7 @@ def create_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
         return _custom_tuner(config, search_space)
     name = (config.name or "").lower()
     if name not in TUNERS:
-        known = "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP"
-        raise TunerError(f"unknown tuner {config.name!r}; built-in tuners: {known}")
+        raise TunerError(f"unknown tuner {config.name!r}; built-in: {KNOWN_TUNERS}")
     factory, allowed = TUNERS[name]
     args = check_args(f"tuner {config.name}", config.class_args, allowed)
     return factory(_parsed(search_space), **args)

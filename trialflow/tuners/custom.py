@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..trial import NNI_SHIM_DIR
-from .base import Suggestion, Tuner, TunerError
+from .base import Suggestion, Tuner, TunerError, check_args
 from .registry import registered
 
 log = logging.getLogger("trialflow.tuner")
@@ -47,6 +47,21 @@ def is_custom(spec: Any, builtin: dict[str, Any]) -> bool:
     """Whether a tuner/assessor config names a customized class (``className`` or a registered name)."""
     return bool(spec.class_name) or (spec.name is not None and spec.name.lower() not in builtin
                                      and registered(spec.name) is not None)
+
+
+def check_algorithm(spec: Any, kind: str, builtin: dict[str, Any], known: str) -> str | None:
+    """NNI's check of a tuner or assessor at ``nnictl create``: a customized one's class is loaded and
+    its ``classArgsValidator`` run (returns None); a built-in's name and ``classArgs`` are checked
+    against ``builtin`` ({name: (factory, allowed args)}; returns its lowercase name). Nothing is built.
+    Raises :class:`TunerError`."""
+    if is_custom(spec, builtin):
+        load_custom(spec, kind)
+        return None
+    name = (spec.name or "").lower()
+    if name not in builtin:
+        raise TunerError(f"unknown {kind} {spec.name!r}; built-in: {known}")
+    check_args(f"{kind} {spec.name}", spec.class_args, builtin[name][1])
+    return name
 
 
 def load_custom(spec: Any, kind: str) -> CustomAlgorithm:

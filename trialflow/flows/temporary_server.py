@@ -1,12 +1,17 @@
-"""A controller's temporary Prefect server ends with the controller, however the controller ends.
+"""A controller's temporary Prefect server: out of reach of the terminal's Ctrl-C, and gone with the
+controller, however the controller ends.
 
 Without ``PREFECT_API_URL`` Prefect starts a temporary API server as a child process and stops it at
-exit; a controller killed with SIGKILL never gets there, and the server (~200 MB) stays. So each
-temporary server this process started gets a watchdog: a small process in a session of its own
-(a Ctrl-C in the terminal never reaches it) that waits for the controller's death and then stops
-the server -- the same server, checked by its start time, never a process that took its pid later.
-Lifecycle: :func:`guard_temporary_servers` is called once the flow runs (the server is up by then);
-it is idempotent, and a watchdog ends by itself once its server is gone.
+exit. Started by Prefect it shares the terminal's process group, so a Ctrl-C meant for the experiment
+also kills the server and leaves the controller retrying a dead API. :func:`start_temporary_server`
+therefore starts it first, in a session of its own (Prefect then reuses it: one per process).
+
+A controller killed with SIGKILL never reaches Prefect's exit hook, and the server (~200 MB) would
+stay. So each temporary server of this process gets a watchdog: a small process in a session of its
+own that waits for the controller's death and then stops the server -- the same server, checked by
+its start time, never a process that took its pid later. Lifecycle: :func:`guard_temporary_servers`
+is called once the flow runs (the server is up by then); it is idempotent, and a watchdog ends by
+itself once its server is gone.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+from types import SimpleNamespace
 
 log = logging.getLogger("trialflow.experiment")
 _GUARDED: set[int] = set()
@@ -52,6 +59,38 @@ def _start_time(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[19]
     except OSError:
         return None
+
+
+_START_LOCK = threading.Lock()
+
+
+def start_temporary_server() -> str | None:
+    """Start Prefect's temporary server in a session of its own when this process would use one (no
+    ``PREFECT_API_URL``); returns its API URL, or None when a configured server is used. Idempotent.
+    Raises what Prefect raises when the server cannot start."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    import prefect.server.api.server as server_module
+
+    server = server_module.SubprocessASGIServer()
+    with _START_LOCK:
+        if not server.running:
+            # Prefect's own start (port choice, health wait, exit hook), with its Popen in a new session:
+            # the server's command line stays Prefect's. Only this module's name is swapped, briefly.
+            real = server_module.subprocess
+            server_module.subprocess = SimpleNamespace(  # type: ignore[assignment]
+                **{**vars(subprocess), "Popen": _popen_in_new_session})
+            try:
+                server.start()
+            finally:
+                server_module.subprocess = real
+    return server.api_url
+
+
+def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(*args, start_new_session=True, **kwargs)  # type: ignore[call-overload,no-any-return]
 
 
 def guard_temporary_servers() -> None:

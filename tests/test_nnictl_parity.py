@@ -1,0 +1,136 @@
+"""nnictl's commands and flags, spelled as NNI spells them, on a real experiment: the ones a script or
+an NNI user's fingers reach for (README's CLI table maps each one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+from tests.conftest import base_config, wait_for, write_trial
+from trialflow.experiments import list_experiments, open_store
+
+HELD = ("import os, time, nni\np = nni.get_next_parameter()\nwhile os.path.exists({hold!r}):\n    time.sleep(0.2)\n"
+        "nni.report_intermediate_result(p['x'])\nnni.report_final_result(p['x'])\n")
+
+
+def nnictl(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True,
+                          env={**env, "COLUMNS": "200"}, timeout=timeout)
+
+
+def ok(*args: str, env: dict) -> str:
+    proc = nnictl(*args, env=env)
+    assert proc.returncode == 0, f"{args}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_server):
+    hold = tmp_path / "hold"
+    hold.touch()
+    write_trial(tmp_path / "code", HELD.format(hold=str(hold)))
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(base_config(tmp_path / "code", tmp_path / "w", trialConcurrency=1,
+                                                 maxTrialNumber=3, searchSpace={"x": {"_type": "choice",
+                                                                                      "_value": [1]}})))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "w")}
+    ok("create", "--config", str(config), env=env)
+    exp_id = wait_for(lambda: next((e.id for e in list_experiments(tmp_path / "w")), None), timeout=60)
+    store = open_store(tmp_path / "w", exp_id)
+    first = wait_for(lambda: store.trials(["RUNNING"]), timeout=90)[0]
+
+    # the experiment id left out: nnictl's "the only running experiment"
+    assert exp_id in ok("experiment", "list", env=env)
+    assert json.loads(ok("experiment", "status", env=env)) == {"errors": [], "status": "RUNNING"}
+    assert yaml.safe_load(ok("config", "show", env=env))["maxTrialNumber"] == 3
+    assert first.id in ok("trial", "ls", env=env)
+    (tmp_path / "new_space.json").write_text('{"x": {"_type": "choice", "_value": [7]}}')
+    ok("update", "searchspace", "-f", str(tmp_path / "new_space.json"), env=env)
+    wait_for(lambda: store.experiment().config["searchSpace"]["x"]["_value"] == [7], timeout=30)  # applied
+    ok("update", "concurrency", "--value", "2", env=env)
+    ok("update", "trialnum", "-v", "4", env=env)
+    ok("update", "duration", "-v", "1h", env=env)
+    assert store.experiment().controls["trial_concurrency"] == 2
+    assert store.experiment().controls["max_trial_number"] == 4
+    assert store.experiment().controls["max_experiment_duration"] == 3600
+    assert "log/experiment.log" in ok("log", "stdout", "--path", env=env)
+    assert "running on local" in ok("log", "stdout", "-H", "5", env=env)
+    url = ok("webui", "url", env=env)
+    assert f"/runs/flow-run/{store.experiment().flow_run_id}" in url
+    ok("trial", "kill", "-T", first.id, env=env)
+    wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30)
+    ok("log", "trial", "--trial_id", first.id, env=env)
+
+    top = subprocess.Popen([sys.executable, "-m", "trialflow.cli", "top", "--time", "1"], stdout=subprocess.PIPE,
+                           text=True, env={**env, "COLUMNS": "200"})
+    time.sleep(4)
+    top.send_signal(signal.SIGINT)
+    assert top.wait(timeout=30) == 0 and exp_id in top.communicate()[0]
+
+    hold.unlink()  # trials finish from here on; the later ones come from the new search space
+    wait_for(lambda: store.experiment().status == "DONE", timeout=120)
+    later = [t for t in store.trials() if t.sequence > first.sequence]
+    assert later and {t.parameters["x"] for t in later} == {7}
+    running_only = nnictl("experiment", "status", env=env)
+    assert running_only.returncode == 1 and "no experiment is running" in running_only.stdout
+    assert exp_id not in ok("experiment", "list", env=env) and exp_id in ok("experiment", "list", "--all", env=env)
+
+    # save and load into another working directory, code included
+    ok("experiment", "save", exp_id, "--path", str(tmp_path / "pkg"), "--saveCodeDir", env=env)
+    package = tmp_path / "pkg" / f"trialflow_experiment_{exp_id}.tar.gz"
+    ok("experiment", "load", "-p", str(package), "-c", str(tmp_path / "code2"), "-l", str(tmp_path / "w2"), env=env)
+    assert (tmp_path / "code2" / "trial.py").is_file()
+    loaded = open_store(tmp_path / "w2", exp_id)
+    assert [t.status for t in loaded.trials()] == [t.status for t in store.trials()]
+    assert all(t.log_dir.startswith(str(tmp_path / "w2")) for t in loaded.trials())
+    assert loaded.experiment().config["trialCodeDirectory"] == str(tmp_path / "code2")
+    assert "trial.stdout" in ok("log", "trial", exp_id, "-T", first.id, "--root", str(tmp_path / "w2"), env=env)
+    ok("experiment", "delete", "--all", "--yes", "--root", str(tmp_path / "w2"), env=env)
+    assert not (tmp_path / "w2" / exp_id).exists() and (tmp_path / "w" / exp_id).exists()
+
+
+def test_stop_without_an_id_stops_the_only_running_experiment(tmp_path, prefect_server):
+    hold = tmp_path / "hold"
+    hold.touch()
+    write_trial(tmp_path / "code", HELD.format(hold=str(hold)))
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=1)))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "w")}
+    ok("create", "--config", str(config), env=env)
+    exp_id = wait_for(lambda: next((e.id for e in list_experiments(tmp_path / "w")), None), timeout=60)
+    store = open_store(tmp_path / "w", exp_id)
+    wait_for(lambda: store.trials(["RUNNING"]), timeout=90)
+    ok("stop", env=env)
+    assert store.experiment().status == "STOPPED"
+    assert "no experiment is running" in nnictl("stop", env=env).stdout
+
+
+def test_version_algo_package_and_ss_gen(tmp_path):
+    env = {**os.environ, "TRIALFLOW_CONFIG_DIR": str(tmp_path / "config")}
+    from trialflow import __version__
+
+    assert ok("--version", env=env).strip() == __version__ == ok("-v", env=env).strip()
+    algo = tmp_path / "algo"
+    algo.mkdir()
+    (algo / "my_tuner.py").write_text("from nni.tuner import Tuner\nclass MyTuner(Tuner):\n"
+                                      "    def generate_parameters(self, *a, **k): return {}\n"
+                                      "    def receive_trial_result(self, *a, **k): pass\n"
+                                      "    def update_search_space(self, *a, **k): pass\n")
+    meta = algo / "meta.yml"
+    meta.write_text(yaml.safe_dump({"algoType": "tuner", "builtinName": "MyTuner", "className": "my_tuner.MyTuner"}))
+    ok("algo", "reg", "--meta_path", str(meta), env=env)
+    shown = yaml.safe_load(ok("algo", "show", "MyTuner", env=env))
+    assert shown["className"] == "my_tuner.MyTuner" and shown["algoType"] == "tuner"
+    assert yaml.safe_load(ok("algo", "show", "GP", env=env))["extra"] == "trialflow[gp]"
+    ok("algo", "unreg", "MyTuner", env=env)
+    assert "gp: needs PyTorch (pip install 'trialflow[gp]')" in ok("package", "show", env=env)
+    assert "TPE needs no extra package" in ok("package", "install", "TPE", env=env)
+    smac = nnictl("package", "install", "SMAC", env=env)
+    assert smac.returncode == 1 and "NNI built-in tuner that trialflow does not have" in smac.stdout
+    gen = nnictl("ss_gen", "-t", "python3 trial.py", env=env)
+    assert gen.returncode == 1 and "annotations, which NNI 3.0 removed" in gen.stdout

@@ -1,0 +1,146 @@
+"""How an experiment's flow run talks to Prefect about itself: its name and tags, a retry of it, a
+cancel of it, and a Ctrl-C in the terminal that runs it.
+
+Lifecycle: inside the experiment flow, :func:`label_run` names the run by its experiment id and tags it
+once the id is known; :func:`retried_experiment` tells a retried run (the UI's Retry) which experiment
+it created, so it resumes that one; a :class:`StopWatch` is asked every loop tick whether the run must
+stop (a Ctrl-C noted by :func:`interrupt`, or the run Cancelling in Prefect: there is no worker to
+kill a run started from the CLI or a notebook). Outside the flow, :func:`cancel_flow_run` gives a run
+whose controller is gone a final state. Every Prefect call here is best effort: an unreachable API
+never stops the experiment, it is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from ..experiments import ExperimentNotFound, find_experiment
+from ..ids import looks_like_experiment_id
+
+log = logging.getLogger("trialflow.experiment")
+
+CANCEL_CHECK_SECONDS = 2.0  # how often a running experiment asks Prefect whether its run is being cancelled
+TAG = "trialflow"
+_interrupted = threading.Event()
+
+
+def interrupt() -> None:
+    """Ask the experiment running in this process to stop (safe in a signal handler)."""
+    _interrupted.set()
+
+
+def clear_interrupt() -> None:
+    _interrupted.clear()
+
+
+def interrupted() -> bool:
+    """Whether :func:`interrupt` was called since :func:`clear_interrupt`."""
+    return _interrupted.is_set()
+
+
+def _this_run() -> Any:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return ctx.flow_run if ctx is not None else None
+
+
+def run_tags(experiment_id: str, platforms: list[str], tuner: str | None) -> list[str]:
+    """The tags of an experiment's run: ``trialflow``, its id, its platforms and its tuner."""
+    return [TAG, experiment_id, *platforms, *([tuner] if tuner else [])]
+
+
+def label_run(experiment_id: str, tags: list[str]) -> str | None:
+    """Name this flow run by ``experiment_id`` and add ``tags``; returns the run's id (None outside a
+    flow run)."""
+    from prefect import get_client
+
+    run = _this_run()
+    if run is None:
+        return None
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run.id, name=experiment_id, tags=list(dict.fromkeys([*run.tags, *tags])))
+    except Exception as exc:  # noqa: BLE001 -- a label is not worth stopping an experiment for
+        log.warning("could not name the flow run %s after experiment %s: %s", run.id, experiment_id, exc)
+    return str(run.id)
+
+
+def retried_experiment() -> str | None:
+    """The experiment this flow run created on an earlier attempt, when it is being retried (Prefect's
+    Retry: the same run, run again with the same parameters, renamed from them); else None. Found by
+    its tags and confirmed by the experiment's own record of its flow run."""
+    run = _this_run()
+    if run is None or run.run_count <= 1 or TAG not in run.tags:
+        return None
+    for tag in filter(looks_like_experiment_id, run.tags):
+        try:
+            _, store = find_experiment(tag)
+        except ExperimentNotFound:
+            continue
+        try:
+            if store.experiment().flow_run_id == str(run.id):
+                return str(tag)
+        finally:
+            store.close()
+    return None
+
+
+def _state_type(client: Any, flow_run_id: str) -> str | None:
+    state = client.read_flow_run(flow_run_id).state
+    return state.type.value if state is not None else None
+
+
+class StopWatch:
+    """Answers "must the experiment stop, and why" from what is not in the store: Ctrl-C in this
+    process, and this flow run Cancelling (asked of Prefect at most every ``CANCEL_CHECK_SECONDS``)."""
+
+    def __init__(self) -> None:
+        run = _this_run()
+        self.flow_run_id = str(run.id) if run is not None else None
+        self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
+
+    def reason(self) -> str | None:
+        if _interrupted.is_set():
+            return "stopped by Ctrl-C"
+        if self.flow_run_id is None or time.monotonic() < self.next_check:
+            return None
+        self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
+        from prefect import get_client
+
+        try:
+            with get_client(sync_client=True) as client:
+                state = _state_type(client, self.flow_run_id)
+        except Exception as exc:  # noqa: BLE001 -- asked again next time
+            log.debug("could not read the state of flow run %s: %s", self.flow_run_id, exc)
+            return None
+        return "the flow run was cancelled" if state in ("CANCELLING", "CANCELLED") else None
+
+
+def cancel_flow_run(flow_run_id: str, api: str | None, message: str) -> bool:
+    """Put a flow run left Running or Cancelling by a controller that is gone into Cancelled, on the API
+    ``api`` it ran against (None: Prefect's temporary server, whose database is this Prefect home's);
+    True when it was changed. Raises nothing: an unreachable API is logged."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelled
+
+    from .temporary_server import start_temporary_server
+
+    settings = (temporary_settings(updates={PREFECT_API_URL: api}) if api
+                else temporary_settings(restore_defaults={PREFECT_API_URL}))
+    try:
+        with settings:
+            if not api:
+                start_temporary_server()
+            with get_client(sync_client=True) as client:
+                if _state_type(client, flow_run_id) not in ("RUNNING", "CANCELLING", "PENDING", "SCHEDULED"):
+                    return False
+                client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
+    except Exception as exc:  # noqa: BLE001 -- the experiment is stopped either way
+        log.warning("could not mark flow run %s cancelled: %s", flow_run_id, exc)
+        return False
+    return True
