@@ -68,9 +68,11 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
 
     top = subprocess.Popen([sys.executable, "-m", "trialflow.cli", "top", "--time", "1"], stdout=subprocess.PIPE,
                            text=True, env={**env, "COLUMNS": "200"})
-    time.sleep(4)
+    assert "Ctrl-C quits" in top.stdout.readline()  # it is watching
+    time.sleep(2)
     top.send_signal(signal.SIGINT)
-    assert top.wait(timeout=30) == 0 and exp_id in top.communicate()[0]
+    out = top.communicate(timeout=60)[0]
+    assert top.returncode == 0 and exp_id in out
 
     hold.unlink()  # trials finish from here on; the later ones come from the new search space
     wait_for(lambda: store.experiment().status == "DONE", timeout=120)

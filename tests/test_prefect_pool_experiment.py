@@ -96,6 +96,9 @@ def test_a_worker_killed_mid_trial_fails_its_trial_and_the_experiment_goes_on(tm
     trials = store.trials()
     assert store.experiment().status == "DONE"
     assert [t.status for t in trials] == ["FAILED", "SUCCEEDED"], [(t.status, t.message) for t in trials]
-    assert "stopped beating" in trials[0].message and trials[1].final == 1
+    # SIGTERMed with its worker, the trial's flow run may still report itself CRASHED (exit 143) before
+    # its heartbeat is missed: either way the trial is FAILED with why, and the next one runs
+    message = trials[0].message or ""
+    assert ("stopped beating" in message or "CRASHED" in message) and trials[1].final == 1
     crashed = next(r for r in _runs_of(exp_id) if r.name.endswith(trials[0].id))
     assert crashed.state.type.value == "CRASHED"  # Prefect agrees

@@ -117,7 +117,8 @@ def test_ctrl_c_stops_a_foreground_experiment_within_seconds(tmp_path):
     took = time.monotonic() - pressed
     assert took < 8, f"Ctrl-C took {took:.1f} s"
     out = term.read(0)
-    assert f"resume it: trialflow resume {exp_id}" in out
+    assert f"experiment {exp_id} stopped by Ctrl-C: its running trials were cancelled; resume it: " \
+           f"trialflow resume {exp_id}" in out
     assert "Traceback" not in out and "Connect call failed" not in out
     assert store.experiment().status == "STOPPED"
     assert [t.status for t in store.trials()] == ["USER_CANCELED", "USER_CANCELED"]
@@ -140,3 +141,15 @@ def test_a_second_ctrl_c_quits_at_once_and_resume_finishes_the_experiment(tmp_pa
     record = store.experiment()
     assert record.status == "DONE" and store.count_trials() == 3
     assert [e.record.status for e in list_experiments(tmp_path / "w")] == ["DONE"]
+
+
+def test_sigterm_stops_a_foreground_experiment_like_ctrl_c(tmp_path):
+    """`kill PID` (systemd, a job scheduler) asks for the same clean stop, exit code 143."""
+    term, exp_id, store, _, _ = _two_trials_running(tmp_path)
+    os.kill(term.pid, signal.SIGTERM)
+    assert term.exit_code(timeout=15) == 143
+    assert f"experiment {exp_id} stopped by SIGTERM: its running trials were cancelled" in term.read(0)
+    assert "Traceback" not in term.read(0)
+    record = store.experiment()
+    assert record.status == "STOPPED" and record.message == "stopped by SIGTERM"
+    assert [t.status for t in store.trials()] == ["USER_CANCELED", "USER_CANCELED"]

@@ -32,7 +32,7 @@ from .experiments import (
     load_experiment_config,
     open_store,
 )
-from .flows.run_control import cancel_flow_run, interrupted
+from .flows.run_control import cancel_flow_run, interrupted, signal_of, stop_reason
 from .ids import looks_like_experiment_id
 from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
 from .results import end_experiment
@@ -149,6 +149,12 @@ def _serve_until_interrupted(dashboard: LiveDashboard) -> None:
         dashboard.stop()
 
 
+def _stopped_by_signal(experiment_id: str, signum: int) -> None:
+    console.print(f"experiment {experiment_id} {stop_reason(signum)}: its running trials were cancelled; "
+                  f"resume it: trialflow resume {experiment_id}", highlight=False)
+    raise typer.Exit(128 + signum)
+
+
 def _launch(experiment_id: str, root: Path, config_path: str | None, foreground: bool, dashboard: bool = False,
             port: int = DEFAULT_DASHBOARD_PORT) -> None:
     live = _start_dashboard(experiment_id, root, port) if dashboard else None
@@ -162,13 +168,14 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
                 live.stop()
             if isinstance(exc, PlatformError | ConfigError | TunerError):  # stored as ERROR with it too
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
-            raise
-        if interrupted():
+            signum = signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
+            if signum is None:
+                raise
+            _stopped_by_signal(experiment_id, signum)
+        if (signum := interrupted()) is not None:
             if live is not None:
                 live.stop()
-            console.print(f"experiment {experiment_id} stopped (Ctrl-C): its running trials were cancelled; "
-                          f"resume it: trialflow resume {experiment_id}", highlight=False)
-            raise typer.Exit(130)
+            _stopped_by_signal(experiment_id, signum)
         if live is not None:
             console.print(f"experiment {experiment_id} ended {status}")
             _serve_until_interrupted(live)
@@ -841,6 +848,7 @@ def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds betw
     if interval < 1:
         raise CliError(f"bad --time {interval}: give at least 1 second")
     try:
+        console.print(f"running experiments, every {interval} s; Ctrl-C quits", highlight=False)
         with Live(running_table(root), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)

@@ -1,9 +1,10 @@
 """Foreground runs of the CLI: the experiment flow in this process with a live progress display
 (trials done / budget, best so far, running trials), refreshed from the store once a second.
 
-Ctrl-C: the first asks the experiment to stop (its running trials are cancelled, USER_CANCELED, and
-the run ends STOPPED within a loop tick plus the trials' kill grace); a second one quits at once with
-exit code 130, leaving the experiment to ``trialflow resume`` (its trials are re-attached)."""
+Ctrl-C (or SIGTERM): the first asks the experiment to stop (its running trials are cancelled,
+USER_CANCELED, and the run ends STOPPED within a loop tick plus the trials' kill grace); a second one
+quits at once with exit code 128 + the signal (130 for Ctrl-C), leaving the experiment to
+``trialflow resume`` (its trials are re-attached)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     budget = record.controls.get("max_trial_number", record.config.get("maxTrialNumber"))
     done = sum(t.is_terminal for t in trials)
     best = best_trial(trials, maximize)
-    status = "STOPPING (Ctrl-C again quits at once)" if interrupted() and not record.end_time else record.status
+    stopping = interrupted() is not None and not record.end_time
+    status = "STOPPING (Ctrl-C again quits at once)" if stopping else record.status
     title = f"experiment {experiment_id} - {status}"
     table = Table(title=title, show_header=False, min_width=len(title) + 2)
     table.add_row("trials done", f"{done}" + (f" / {budget}" if budget else ""))
@@ -44,6 +46,9 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     return table
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a terminal's Ctrl-C, a `kill`
+
+
 def _for_the_terminal(record: logging.LogRecord) -> bool:
     """trialflow's own warnings and errors, and anything critical."""
     return record.levelno >= logging.CRITICAL or (record.levelno >= logging.WARNING
@@ -51,15 +56,16 @@ def _for_the_terminal(record: logging.LogRecord) -> bool:
 
 
 def _first_interrupt(experiment_id: str) -> Callable[[int, FrameType | None], None]:
-    """The SIGINT handler while the experiment runs: stop it; a second Ctrl-C quits at once."""
-    def second(_signum: int, _frame: FrameType | None) -> None:
+    """The SIGINT/SIGTERM handler while the experiment runs: stop it; a second signal quits at once."""
+    def second(signum: int, _frame: FrameType | None) -> None:
         os.write(sys.stderr.fileno(), f"\nquit; experiment {experiment_id} was left as it was: "
                  f"trialflow resume {experiment_id}\n".encode())
-        os._exit(130)
+        os._exit(128 + signum)
 
-    def first(_signum: int, _frame: FrameType | None) -> None:
-        interrupt()
-        signal.signal(signal.SIGINT, second)
+    def first(signum: int, _frame: FrameType | None) -> None:
+        interrupt(signum)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, second)
 
     return first
 
@@ -83,7 +89,8 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     store.close()
     done = threading.Event()
     clear_interrupt()
-    previous = signal.signal(signal.SIGINT, _first_interrupt(experiment_id))
+    on_signal = _first_interrupt(experiment_id)
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
               transient=False) as live:
         def refresh() -> None:
@@ -96,7 +103,8 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
             state = run_experiment_flow(config_path, experiment_id, str(root))
             status = final_status(state)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, old_handler in previous.items():
+                signal.signal(sig, old_handler)
             done.set()
             thread.join()
             live.update(_render(root, experiment_id, maximize))

@@ -8,9 +8,12 @@ limit. Per trial it runs ``suggest_parameters`` (in the loop), then ``submit_tri
 ``poll_trial`` (task runs of their own; the poll run starts when the submit run has ended, failed or
 not). ``upload_code`` runs once. It ends DONE when the budget (``maxTrialNumber``,
 ``maxExperimentDuration``, or a finished grid) is spent and every trial has ended, STOPPED on
-``trialflow stop`` or a cancelled flow run (running trials are cancelled as USER_CANCELED), ERROR
-when the service or tuner cannot go on. A failed trial never fails the flow run; a run in which
-trials ran and none succeeded ends Failed (the experiment stays DONE, as in NNI).
+``trialflow stop``, a cancelled flow run (asked of Prefect every few seconds: no worker may be there
+to kill it) or Ctrl-C in a foreground terminal (running trials are cancelled as USER_CANCELED; the
+run ends Cancelled), ERROR when the service or tuner cannot go on. The run is named by the experiment
+id and tagged once the id is known; a retried run resumes the experiment it created. A failed trial
+never fails the flow run; a run in which trials ran and none succeeded ends Failed (the experiment
+stays DONE, as in NNI).
 
 Resume (the same flow on an existing experiment id): finished trials are replayed to the tuner,
 running trials are re-attached through their stored handles, trials that were never submitted are
@@ -47,7 +50,7 @@ from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
 from ..ui import ArtifactReporter
-from .run_control import StopWatch, label_run, retried_experiment, run_tags
+from .run_control import StopWatch, label_run, retried_experiment, run_tags, signal_of, stop_reason
 from .temporary_server import guard_temporary_servers, start_temporary_server
 
 TICK_SECONDS = 0.25
@@ -115,8 +118,9 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         except BaseException as exc:
             ctx.stop.set()  # poll tasks cancel their trials
             stopped = _stopped_by_cancel(exc)
-            end_experiment(store, "STOPPED" if stopped else "ERROR",
-                           "the flow run was cancelled" if stopped else f"{type(exc).__name__}: {exc}")
+            signum = signal_of(exc)
+            why = stop_reason(signum) if signum is not None else "the flow run was cancelled"
+            end_experiment(store, "STOPPED" if stopped else "ERROR", why if stopped else f"{type(exc).__name__}: {exc}")
             raise
         end_experiment(store, status, why)
         trials = store.trials()

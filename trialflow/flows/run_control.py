@@ -13,6 +13,7 @@ never stops the experiment, it is logged.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from typing import Any
@@ -25,20 +26,37 @@ log = logging.getLogger("trialflow.experiment")
 CANCEL_CHECK_SECONDS = 2.0  # how often a running experiment asks Prefect whether its run is being cancelled
 TAG = "trialflow"
 _interrupted = threading.Event()
+_signal: list[int] = []  # the signal that asked (SIGINT: Ctrl-C)
 
 
-def interrupt() -> None:
+def interrupt(signum: int = signal.SIGINT) -> None:
     """Ask the experiment running in this process to stop (safe in a signal handler)."""
+    _signal[:] = [signum]
     _interrupted.set()
 
 
 def clear_interrupt() -> None:
     _interrupted.clear()
+    _signal.clear()
 
 
-def interrupted() -> bool:
-    """Whether :func:`interrupt` was called since :func:`clear_interrupt`."""
-    return _interrupted.is_set()
+def interrupted() -> int | None:
+    """The signal that called :func:`interrupt` since :func:`clear_interrupt` (None: none did)."""
+    return _signal[0] if _interrupted.is_set() and _signal else None
+
+
+def signal_of(exc: BaseException) -> int | None:
+    """The signal behind an exception that ended a run: Ctrl-C's KeyboardInterrupt, Prefect's
+    TerminationSignal (a SIGTERM during the run); None for anything else."""
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    from prefect.exceptions import TerminationSignal
+
+    return exc.signal if isinstance(exc, TerminationSignal) else None
+
+
+def stop_reason(signum: int) -> str:
+    return "stopped by Ctrl-C" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
 
 
 def _this_run() -> Any:
@@ -104,8 +122,8 @@ class StopWatch:
         self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
 
     def reason(self) -> str | None:
-        if _interrupted.is_set():
-            return "stopped by Ctrl-C"
+        if (signum := interrupted()) is not None:
+            return stop_reason(signum)
         if self.flow_run_id is None or time.monotonic() < self.next_check:
             return None
         self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
