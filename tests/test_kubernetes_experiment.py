@@ -5,6 +5,7 @@ and only through pod logs; controller SIGKILL and resume re-attach running jobs.
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests.conftest import base_config, k8s_section, run_until_running_then_sigkill, start_controller
 from tests.test_remote_experiment import TRIAL, _events, _peak
@@ -86,3 +87,17 @@ def test_file_metric_channel_end_to_end_and_log_trial_of_a_kubernetes_trial(tmp_
                            env={**os.environ, "KUBECONFIG": str(k8s.kubeconfig)})
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"hello from the pod, x = {trial.parameters['x']}" in shown.stdout
+
+    # nnictl platform clean on cluster storage: trialflow's folders on the share go (they come back when
+    # needed), anything else there and the experiment here stay
+    share = k8s.nfs_dir / "nni"
+    assert (share / result.experiment_id / "trials").is_dir() and (share / "code").is_dir()
+    (share / "someone-elses").mkdir(exist_ok=True)
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    clean = subprocess.run(["trialflow", "platform", "clean", "-c", str(path), "-y"], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "KUBECONFIG": str(k8s.kubeconfig)})
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert not (share / result.experiment_id).exists() and not (share / "code").exists()
+    assert not (share / "runtime").exists() and (share / "someone-elses").is_dir()
+    assert (tmp_path / "w" / result.experiment_id / "db").is_dir()

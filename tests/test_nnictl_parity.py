@@ -60,6 +60,8 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
     assert store.experiment().controls["max_experiment_duration"] == 3600
     assert "log/experiment.log" in ok("log", "stdout", "--path", env=env)
     assert "running on local" in ok("log", "stdout", "-H", "5", env=env)
+    assert ok("log", "stderr", "--path", env=env).strip() == str(tmp_path / "w" / exp_id / "log" / "controller.out")
+    assert nnictl("log", "stderr", "-T", "5", env=env).returncode == 0
     url = ok("webui", "url", env=env)
     assert f"/runs/flow-run/{store.experiment().flow_run_id}" in url
     ok("trial", "kill", "-T", first.id, env=env)

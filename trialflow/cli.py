@@ -133,12 +133,19 @@ def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127
     return dashboard
 
 
-def _serve_until_interrupted(dashboard: LiveDashboard) -> None:
-    """Keep serving until Ctrl-C or SIGTERM, then stop the dashboard cleanly."""
+def _interrupt_on_signals() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt here, also when this process was started with SIGINT
+    ignored (a background job of a shell without job control passes that on)."""
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+
+
+def _serve_until_interrupted(dashboard: LiveDashboard) -> None:
+    """Keep serving until Ctrl-C or SIGTERM, then stop the dashboard cleanly."""
+    _interrupt_on_signals()
     console.print("serving the dashboard; Ctrl-C stops it")
     try:
         while True:
@@ -847,6 +854,7 @@ def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds betw
 
     if interval < 1:
         raise CliError(f"bad --time {interval}: give at least 1 second")
+    _interrupt_on_signals()
     try:
         console.print(f"running experiments, every {interval} s; Ctrl-C quits", highlight=False)
         with Live(running_table(root), console=console, auto_refresh=False) as live:

@@ -186,6 +186,9 @@ class HybridService(TrainingService):
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
         return self._member(handle).service.output_folder(handle, name)
 
+    def clean(self) -> list[str]:
+        return [where for member in self.members.values() for where in member.service.clean()]
+
     def close(self) -> None:
         for member in self.members.values():
             try:

@@ -122,6 +122,20 @@ class SharedStorage:
     def container_path(self, *parts: str) -> str:
         return "/".join([self.container, "nni", *parts])
 
+    def clean(self) -> list[str]:
+        """Remove trialflow's folders from the share: the runtimes, the code bundles and every
+        experiment's folder (one holding ``trials`` or ``envs``); nothing else under ``nni/``. Returns
+        what was removed."""
+        self.check()
+        root = self.path()
+        removed = []
+        for child in sorted(root.iterdir()) if root.is_dir() else []:
+            if child.is_dir() and (child.name in ("code", "runtime") or (child / "trials").is_dir()
+                                   or (child / "envs").is_dir()):
+                shutil.rmtree(child)
+                removed.append(f"{self.what}: {child}")
+        return removed
+
     def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:
         target = self.path("runtime", key)
         if target.is_dir():
@@ -196,6 +210,10 @@ class SharedStorageService(TrainingService):
         self._cancelled: dict[str, TrialStatus] = {}
         self.envs: dict[str, Environment] = {}
         self._last_heartbeat = 0.0
+
+    def clean(self) -> list[str]:
+        """trialflow's folders on the share (runtimes, code bundles, experiments' trial folders)."""
+        return self.storage.clean()
 
     # ---- what a platform implements -----------------------------------------------------------
 
