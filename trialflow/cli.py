@@ -400,14 +400,14 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
         raise CliError("give an experiment id or --all, not both")
     unreadable: list[str] = []
     if all_:
-        ids = [e.id for e in list_experiments(root, unreadable) if e.record.status in ("RUNNING", "INITIALIZED")]
+        targets = [(e.root, open_store(e.root, e.id)) for e in list_experiments(root, unreadable)
+                   if e.record.status in ("RUNNING", "INITIALIZED")]
     else:
-        ids = [_store(experiment_id, root)[1].experiment_id]
+        targets = [_store(experiment_id, root)]
     _report_unreadable(unreadable)
-    for exp_id in ids:
-        base, store = _store(exp_id, root)
+    for base, store in targets:
         _stop_one(store, base, wait)
-        console.print(f"experiment {exp_id} stopped")
+        console.print(f"experiment {store.experiment_id} stopped")
 
 
 def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:

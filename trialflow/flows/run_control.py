@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from typing import Any
 
@@ -25,24 +24,21 @@ log = logging.getLogger("trialflow.experiment")
 
 CANCEL_CHECK_SECONDS = 2.0  # how often a running experiment asks Prefect whether its run is being cancelled
 TAG = "trialflow"
-_interrupted = threading.Event()
-_signal: list[int] = []  # the signal that asked (SIGINT: Ctrl-C)
+_signal: list[int] = []  # the signal that asked this process's experiment to stop (SIGINT: Ctrl-C)
 
 
 def interrupt(signum: int = signal.SIGINT) -> None:
     """Ask the experiment running in this process to stop (safe in a signal handler)."""
     _signal[:] = [signum]
-    _interrupted.set()
 
 
 def clear_interrupt() -> None:
-    _interrupted.clear()
     _signal.clear()
 
 
 def interrupted() -> int | None:
     """The signal that called :func:`interrupt` since :func:`clear_interrupt` (None: none did)."""
-    return _signal[0] if _interrupted.is_set() and _signal else None
+    return _signal[0] if _signal else None
 
 
 def signal_of(exc: BaseException) -> int | None:
