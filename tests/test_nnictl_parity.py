@@ -134,7 +134,8 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     ok("algo", "unreg", "MyTuner", env=env)
     assert "gp: needs PyTorch (pip install 'trialflow[gp]')" in ok("package", "show", env=env)
     assert "TPE needs no extra package" in ok("package", "install", "TPE", env=env)
-    smac = nnictl("package", "install", "SMAC", env=env)
-    assert smac.returncode == 1 and "NNI built-in tuner that trialflow does not have" in smac.stdout
+    ppo = nnictl("package", "install", "PPOTuner", env=env)
+    assert ppo.returncode == 1 and "neural architecture search tuners, out of trialflow's scope" in ppo.stdout
+    assert "bohb: needs statsmodels (pip install 'trialflow[bohb]')" in ok("package", "show", env=env)
     gen = nnictl("ss_gen", "-t", "python3 trial.py", env=env)
     assert gen.returncode == 1 and "annotations, which NNI 3.0 removed" in gen.stdout

@@ -103,12 +103,12 @@ def test_a_start_error_is_one_line_without_a_traceback(tmp_path, command, prefec
     assert open_store(tmp_path / "w", exp_id).experiment().status == "ERROR"
 
 
-@pytest.mark.parametrize("name", ["SMAC", "MetisTuner", "BOHB", "Hyperband", "PBTTuner", "DNGOTuner"])
-def test_nni_built_ins_trialflow_lacks_are_named_so(tmp_path, name):
+@pytest.mark.parametrize("name", ["PPOTuner", "NetworkMorphism", "RegularizedEvolutionTuner"])
+def test_nnis_nas_tuners_are_named_out_of_scope(tmp_path, name):
     proc = cli("create", "--config", str(_config(tmp_path, tuner={"name": name})))
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
-    assert f"tuner.name: '{name}' is an NNI built-in tuner that trialflow does not have" in out
+    assert f"tuner.name: '{name}' is one of NNI's neural architecture search tuners; NAS is out of" in out
     assert "did you mean" not in out
 
 

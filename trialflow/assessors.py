@@ -5,6 +5,11 @@ median of the completed trials' running averages at the same step is stopped.
 ``Curvefitting``: from ``start_step`` on (every ``gap`` steps) the learning curve is extrapolated
 to ``epoch_num``; a trial whose predicted final value is worse than ``threshold`` times the best
 final value so far is stopped.
+``ASHA`` and ``Hyperband`` (beyond NNI; Optuna's ``SuccessiveHalvingPruner`` and ``HyperbandPruner``):
+asynchronous successive halving over the intermediate results of any tuner's trials. A trial that
+reaches a rung (``min_resource * reduction_factor**k`` results) goes on only when it is among the
+best ``1/reduction_factor`` of the trials seen at that rung; Hyperband runs several such schedules
+(brackets) side by side and assigns each trial to one.
 
 Lifecycle: ``assess(trial_id, history)`` after each new intermediate result returns True to stop;
 ``trial_end(trial_id, history, succeeded)`` once when the trial ends.
@@ -13,6 +18,7 @@ Lifecycle: ``assess(trial_id, history)`` after each new intermediate result retu
 from __future__ import annotations
 
 import statistics
+import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -109,12 +115,89 @@ class CurvefittingAssessor(Assessor):
         return predicted > self._best_final / self.threshold
 
 
+class PrunerAssessor(Assessor):
+    """An Optuna pruner over an in-memory study: one study trial per experiment trial, its
+    intermediate results reported at steps 1, 2, ... Called from many trial threads: a lock keeps
+    the bookkeeping consistent (Optuna's in-memory storage is thread-safe itself)."""
+
+    def __init__(self, pruner: Any, optimize_mode: str) -> None:
+        import optuna
+
+        super().__init__(optimize_mode)
+        self.study = optuna.create_study(direction="maximize" if self.maximize else "minimize", pruner=pruner,
+                                         sampler=optuna.samplers.RandomSampler(seed=0))
+        self._trials: dict[str, Any] = {}
+        self._reported: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _report(self, trial_id: str, history: list[float]) -> tuple[Any, bool]:
+        """Report the results not reported yet, each followed by the pruner's verdict (which records
+        the trial's value at every rung it passes); returns the trial and the last verdict."""
+        trial = self._trials.get(trial_id)
+        if trial is None:
+            trial = self._trials[trial_id] = self.study.ask()
+        prune = False
+        for step in range(self._reported.get(trial_id, 0), len(history)):
+            trial.report(history[step], step + 1)
+            prune = trial.should_prune()
+        self._reported[trial_id] = len(history)
+        return trial, prune
+
+    def assess(self, trial_id: str, history: list[float]) -> bool:
+        with self._lock:
+            return bool(self._report(trial_id, history)[1])
+
+    def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
+        from optuna.trial import TrialState
+
+        with self._lock:
+            trial, _ = self._report(trial_id, history)
+            self._trials.pop(trial_id, None)
+            self._reported.pop(trial_id, None)
+            if succeeded and history:
+                self.study.tell(trial, history[-1])
+            else:
+                self.study.tell(trial, state=TrialState.PRUNED if history else TrialState.FAIL)
+
+
+def _min_resource(value: Any) -> str | None:
+    ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+    return None if ok else "must be a positive integer or 'auto'"
+
+
+def _reduction_factor(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 2
+    return None if ok else "must be an integer of at least 2"
+
+
+class AshaAssessor(PrunerAssessor):
+    def __init__(self, optimize_mode: str = "maximize", min_resource: int | str = 1, reduction_factor: int = 3,
+                 min_early_stopping_rate: int = 0) -> None:
+        import optuna
+
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource, reduction_factor, min_early_stopping_rate)
+        super().__init__(pruner, optimize_mode)
+
+
+class HyperbandAssessor(PrunerAssessor):
+    def __init__(self, optimize_mode: str = "maximize", min_resource: int = 1, max_resource: int | str = "auto",
+                 reduction_factor: int = 3) -> None:
+        import optuna
+
+        super().__init__(optuna.pruners.HyperbandPruner(min_resource, max_resource, reduction_factor), optimize_mode)
+
+
 ASSESSORS = {
     "medianstop": (MedianstopAssessor, {"optimize_mode": optimize_mode_arg, "start_step": _nonneg_int}),
     "curvefitting": (CurvefittingAssessor, {"optimize_mode": optimize_mode_arg, "epoch_num": positive_int_arg,
                                             "start_step": _nonneg_int, "threshold": number_arg,
                                             "gap": positive_int_arg}),
+    "asha": (AshaAssessor, {"optimize_mode": optimize_mode_arg, "min_resource": _min_resource,
+                            "reduction_factor": _reduction_factor, "min_early_stopping_rate": _nonneg_int}),
+    "hyperband": (HyperbandAssessor, {"optimize_mode": optimize_mode_arg, "min_resource": positive_int_arg,
+                                      "max_resource": _min_resource, "reduction_factor": _reduction_factor}),
 }
+KNOWN_ASSESSORS = "Medianstop, Curvefitting, ASHA, Hyperband"
 
 
 class NniAssessor(Assessor):
@@ -148,7 +231,7 @@ def check_assessor(config: AlgorithmSpec) -> None:
     """The assessor's name and ``classArgs``, checked as NNI checks them at ``nnictl create`` (a
     customized one's class is loaded and its ``classArgsValidator`` run); nothing is built. Raises
     :class:`TunerError`."""
-    check_algorithm(config, "assessor", ASSESSORS, "Medianstop, Curvefitting")
+    check_algorithm(config, "assessor", ASSESSORS, KNOWN_ASSESSORS)
 
 
 def create_assessor(config: AlgorithmSpec) -> Assessor:
@@ -163,6 +246,6 @@ def create_assessor(config: AlgorithmSpec) -> Assessor:
         return NniAssessor(custom.instantiate())
     name = (config.name or "").lower()
     if name not in ASSESSORS:
-        raise TunerError(f"unknown assessor {config.name!r}; built-in: Medianstop, Curvefitting")
+        raise TunerError(f"unknown assessor {config.name!r}; built-in: {KNOWN_ASSESSORS}")
     cls, allowed = ASSESSORS[name]
     return cls(**check_args(f"assessor {config.name}", config.class_args, allowed))  # type: ignore[abstract]

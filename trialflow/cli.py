@@ -1003,11 +1003,12 @@ def package_show() -> None:
 @package_app.command("install")
 def package_install(name: str) -> None:
     """Install the pip extra the built-in algorithm NAME needs (e.g. GP: PyTorch)."""
-    from .tuners import NEEDS, NNI_ONLY_TUNERS, TUNERS
+    from .tuners import NAS_TUNERS, NEEDS, TUNERS
 
     key = name.lower()
-    if key in {n.lower() for n in NNI_ONLY_TUNERS}:
-        raise CliError(f"{name} is an NNI built-in tuner that trialflow does not have; nothing to install")
+    if key in {n.lower() for n in NAS_TUNERS}:
+        raise CliError(f"{name} is one of NNI's neural architecture search tuners, out of trialflow's scope; "
+                       "nothing to install")
     if key not in TUNERS:
         raise CliError(f"no built-in algorithm {name!r}; `trialflow package show` lists those that need a package")
     if key not in NEEDS:

@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 
 from ..assessors import ASSESSORS
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
-from ..tuners import KNOWN_TUNERS, NNI_ONLY_TUNERS, TUNERS
+from ..tuners import NAS_TUNERS, TUNERS
 from ..tuners.custom import is_custom
 from ..tuners.registry import registered, registered_algorithms
 from ._base import (
@@ -259,9 +259,9 @@ def _check_registered_name(kind: str, name: str, builtin: dict[str, Any]) -> Non
         if entry.algo_type != kind:
             raise ValueError(f"{kind}.name: {name!r} is registered as a {entry.algo_type}, not a {kind}")
         return
-    if kind == "tuner" and name.lower() in {n.lower() for n in NNI_ONLY_TUNERS}:
-        raise ValueError(f"{kind}.name: {name!r} is an NNI built-in tuner that trialflow does not have; "
-                         f"built-in here: {KNOWN_TUNERS} (or give className for your own)")
+    if kind == "tuner" and name.lower() in {n.lower() for n in NAS_TUNERS}:
+        raise ValueError(f"{kind}.name: {name!r} is one of NNI's neural architecture search tuners; NAS is out "
+                         "of trialflow's scope (it tunes hyperparameters: use TPE, BOHB, SMAC, ...)")
     names = list(builtin) + [a.builtin_name.lower() for a in registered_algorithms() if a.algo_type == kind]
     close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.4)
     hint = f"; did you mean {close[0]!r}?" if close else ""

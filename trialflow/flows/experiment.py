@@ -311,10 +311,8 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, resubmit: list[Any]) -> bool
         trial_id = resubmit.pop(0).id
         ctx.store.note(trial_id, RESUBMITTED)
     else:
-        loop.suggested += 1
-        suggestion = suggest_parameters(ctx.experiment_id, ctx.store.count_trials() + 1)
+        suggestion = _suggest(ctx, loop)
         if suggestion is None:
-            loop.exhausted = True
             if loop.cap is not None:
                 loop.cap.release(pending)
             return False
@@ -323,6 +321,23 @@ def _start_one(ctx: ExperimentContext, loop: _Loop, resubmit: list[Any]) -> bool
         loop.cap.rename(pending, trial_id)
     loop.start(trial_id, submit=True)
     return True
+
+
+def _suggest(ctx: ExperimentContext, loop: _Loop) -> dict[str, Any] | None:
+    """The next trial from the tuner, or None: then either it has nothing more (``loop.exhausted``)
+    or it waits for running trials to end (a Hyperband round, a PBT generation)."""
+    with ctx.tuner_lock:
+        ready = ctx.tuner.can_suggest()
+    if not ready:
+        if loop.in_flight() == 0:  # nothing it waits for is running: it would wait forever
+            get_run_logger().warning("the tuner waits for trials but none is running; the experiment ends")
+            loop.exhausted = True
+        return None
+    loop.suggested += 1
+    suggestion = suggest_parameters(ctx.experiment_id, ctx.store.count_trials() + 1)
+    if suggestion is None:
+        loop.exhausted = True
+    return suggestion
 
 
 def _tell_tuner(ctx: ExperimentContext, skip_misfits: bool = False) -> None:

@@ -30,8 +30,10 @@ def suggest_parameters(experiment_id: str, number: int) -> dict[str, Any] | None
     return {"trial_id": trial_id, "sequence": record.sequence, "parameter_id": suggestion.parameter_id}
 
 
-def observe(ctx: ExperimentContext, parameter_id: int, final: Any, succeeded: bool) -> str | None:
-    """Tell the tuner how a trial ended; returns why its result was invalid, if it was."""
+def observe(ctx: ExperimentContext, parameter_id: int, final: Any, succeeded: bool,
+            intermediate: list[float] | None = None) -> str | None:
+    """Tell the tuner how a trial ended (its usable ``intermediate`` results first); returns why its
+    result was invalid, if it was."""
     value: float | None = None
     problem = None
     if succeeded:
@@ -47,5 +49,7 @@ def observe(ctx: ExperimentContext, parameter_id: int, final: Any, succeeded: bo
         if raw is not None:
             ctx.tuner.replay(parameter_id, raw, value)
         else:
+            if intermediate:
+                ctx.tuner.intermediate_results(parameter_id, intermediate)
             ctx.tuner.conclude(parameter_id, value, final, succeeded)
     return problem

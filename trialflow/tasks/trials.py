@@ -250,9 +250,9 @@ def _end(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: li
 
 def _finish_tuning(ctx: ExperimentContext, trial_id: str, history: list[Any], succeeded: bool) -> None:
     trial = ctx.store.trial(trial_id)
-    problem = observe(ctx, trial.parameter_id, trial.final, succeeded)
+    values = [v for v in (scalar_or_none(x) for x in history) if v is not None]
+    problem = observe(ctx, trial.parameter_id, trial.final, succeeded, values)
     if problem and succeeded:
         log.warning("trial %s: %s; the tuner treats it as failed, the experiment goes on", trial_id, problem)
     if ctx.assessor is not None:
-        values = [v for v in (scalar_or_none(x) for x in history) if v is not None]
         ctx.assessor.trial_end(trial_id, values, succeeded)

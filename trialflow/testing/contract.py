@@ -55,6 +55,17 @@ print("hello from stdout " + "x" * 200)
 sys.stderr.write("hello from stderr\\n")
 """
 
+CHECKPOINT_TRIAL = """
+import nni, os
+p = nni.get_next_parameter()
+before = os.path.join(p["load_checkpoint_dir"], "model.txt")
+loaded = open(before).read() if os.path.isfile(before) else ""
+with open(os.path.join(p["save_checkpoint_dir"], "model.txt"), "w") as f:
+    f.write(loaded + nni.get_trial_id() + ";")
+nni.report_final_result({"default": float(p["TRIAL_BUDGET"]), "loaded": loaded,
+                         "save": p["save_checkpoint_dir"]})
+"""
+
 
 def patience(service, seconds: float) -> float:
     """``seconds`` plus the platform's known start stall."""
@@ -218,6 +229,24 @@ class TrainingServiceContract:
         statuses, _, _ = poll_until_terminal(service, handle, timeout=30)
         assert statuses[-1].is_terminal and statuses[-1] != TrialStatus.SUCCEEDED
         service.cancel(handle, TrialStatus.USER_CANCELED)  # after the end: no error
+
+    def test_budgets_and_checkpoint_folders_reach_the_trials(self, service, make_spec):
+        """Multi-fidelity on every platform: a trial gets its ``TRIAL_BUDGET``, and PBT's relative
+        checkpoint folders resolve to one place per experiment, so a later step loads what an earlier
+        trial saved."""
+        def run(trial_id, step, budget):
+            params = {"x": 1, "TRIAL_BUDGET": budget, "load_checkpoint_dir": f"checkpoint/0/{max(step - 1, 0)}",
+                      "save_checkpoint_dir": f"checkpoint/0/{step}"}
+            handle = service.submit(make_spec(trial_id, CHECKPOINT_TRIAL, params), service.code)
+            statuses, metrics, _ = poll_until_terminal(service, handle)
+            assert statuses[-1] == TrialStatus.SUCCEEDED
+            [final] = [m.value for m in metrics if m.type == "FINAL"]
+            return final
+
+        first, second = run("Ckpt0", 0, 3), run("Ckpt1", 1, 9)
+        assert (first["default"], second["default"]) == (3.0, 9.0)
+        assert first["loaded"] == "" and second["loaded"] == "Ckpt0;"
+        assert second["save"].endswith("checkpoint/0/1") and second["save"].startswith("/")
 
     def test_lost_handle_raises_a_clear_error(self, service, make_spec):
         lost = TrialHandle("Lost1", service.platform, {"trial_dir": "/nonexistent/trial", "job": "nope"})

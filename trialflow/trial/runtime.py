@@ -58,9 +58,37 @@ def get_next_parameter() -> dict[str, Any] | None:
             _state["params"] = {}
             return {}
         record = _read_parameter_file()
-        _state["params"] = record["parameters"]
+        _state["params"] = params = _with_checkpoint_dirs(record["parameters"])
         _state["parameter_id"] = record.get("parameter_id")
-        return record["parameters"]
+        return params
+
+
+CHECKPOINT_KEYS = ("load_checkpoint_dir", "save_checkpoint_dir")  # PBT's, as NNI names them
+
+
+def _with_checkpoint_dirs(params: Any) -> Any:
+    """PBT's checkpoint folders: relative ones are placed in the experiment's folder on this machine
+    (the parent of ``trials/`` above ``$NNI_SYS_DIR``); the save folder is created."""
+    if not isinstance(params, dict) or not all(isinstance(params.get(k), str) for k in CHECKPOINT_KEYS):
+        return params
+    out = dict(params)
+    for key in CHECKPOINT_KEYS:
+        if not os.path.isabs(out[key]):
+            out[key] = os.path.join(_experiment_dir(), out[key])
+    os.makedirs(out["save_checkpoint_dir"], exist_ok=True)
+    return out
+
+
+def _experiment_dir() -> str:
+    """``<experiment>`` of ``<experiment>/trials/<trial>[/replicas/<pod>]`` (every platform's layout)."""
+    here = os.path.abspath(os.environ.get("NNI_SYS_DIR", "."))
+    path = here
+    while os.path.dirname(path) != path:
+        parent = os.path.dirname(path)
+        if os.path.basename(parent) == "trials":
+            return os.path.dirname(parent)
+        path = parent
+    return os.path.dirname(here)
 
 
 def get_current_parameter(tag: str | None = None) -> Any:

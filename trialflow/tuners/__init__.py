@@ -2,7 +2,9 @@
 
 Names are case-insensitive. Optuna samplers back TPE, Random, CMA-ES and GP; GridSearch, Batch,
 Anneal and Evolution walk the same internal space themselves (Optuna has no sampler with their
-semantics that handles nested choices).
+semantics that handles nested choices). Hyperband, BOHB (statsmodels' KDE) and PBT pass budgets and
+checkpoint folders to trials as NNI's do; SMAC runs on SMAC3, Metis and DNGO on scikit-learn. NNI's
+NAS-only tuners are refused.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .base import (
     Suggestion,
     Tuner,
     TunerError,
+    bool_arg,
     check_args,
     dict_arg,
     extract_scalar,
@@ -27,10 +30,15 @@ from .base import (
     scalar_or_none,
     seed_arg,
 )
+from .bohb import BohbTuner
 from .custom import NniTuner, check_algorithm, is_custom, load_custom
 from .evolution import EvolutionTuner
 from .grid import BatchTuner, GridSearchTuner
+from .hyperband import HyperbandTuner
+from .model_based import DngoTuner, MetisTuner
 from .optuna_tuners import OptunaTuner, cmaes_sampler, gp_sampler, random_sampler, tpe_sampler
+from .pbt import PbtTuner
+from .smac import SmacTuner
 
 
 class AlgorithmSpec(Protocol):
@@ -42,13 +50,12 @@ class AlgorithmSpec(Protocol):
     code_directory: Any
 
 __all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar",
-           "scalar_or_none", "TUNERS", "check_tuner", "NNI_ONLY_TUNERS"]
+           "scalar_or_none", "TUNERS", "check_tuner", "NAS_TUNERS"]
 
-KNOWN_TUNERS = "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP"
-# NNI's built-in tuners and advisors (its registered_algorithms.yml) that trialflow does not have
-NNI_ONLY_TUNERS = ("SMAC", "MetisTuner", "PBTTuner", "PPOTuner", "NetworkMorphism", "RegularizedEvolutionTuner",
-                   "DNGOTuner", "Hyperband", "BOHB")
-_MODE_SEED = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}
+KNOWN_TUNERS = "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP, Hyperband, BOHB, PBT, SMAC, Metis, DNGO"
+# NNI's built-in tuners for neural architecture search: out of scope
+NAS_TUNERS = ("PPOTuner", "PPO", "NetworkMorphism", "RegularizedEvolutionTuner")
+_MODE_SEED: dict[str, Callable[[Any], str | None]] = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}
 
 
 def _tpe(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
@@ -68,6 +75,42 @@ def _gp(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = 
     return OptunaTuner(space, gp_sampler(seed), optimize_mode, seed)
 
 
+def _eta_arg(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 2
+    return None if ok else "must be an integer of at least 2"
+
+
+def _exec_mode_arg(value: Any) -> str | None:
+    return None if value in ("serial", "parallelism") else "must be 'serial' or 'parallelism'"
+
+
+def _percent_arg(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 99
+    return None if ok else "must be an integer from 1 to 99"
+
+
+def _fraction_arg(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+    return None if ok else "must be a number from 0 to 1"
+
+
+def _pcs_arg(value: Any) -> str | None:
+    return "(a ConfigSpace .pcs file) is not supported: write the search space in NNI's format instead"
+
+
+def _text_arg(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else "must be a folder path"
+
+
+ArgChecks = dict[str, Callable[[Any], str | None]]  # classArgs name -> check (an error, or None)
+_PBT_ARGS: ArgChecks = {**_MODE_SEED, "all_checkpoint_dir": _text_arg, "population_size": positive_int_arg,
+             "factor": _fraction_arg, "resample_probability": _fraction_arg, "fraction": _fraction_arg}
+_METIS_ARGS: ArgChecks = {**_MODE_SEED, "no_resampling": bool_arg, "no_candidates": bool_arg,
+               "selection_num_starting_points": positive_int_arg, "cold_start_num": positive_int_arg,
+               "exploration_probability": _fraction_arg}
+_DNGO_ARGS: ArgChecks = {**_MODE_SEED, "sample_size": positive_int_arg, "trials_per_update": positive_int_arg,
+              "num_epochs_per_training": positive_int_arg}
+
 # name -> (factory, allowed classArgs)
 TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | None]]]] = {
     "tpe": (_tpe, {**_MODE_SEED, "tpe_args": dict_arg}),
@@ -82,11 +125,27 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
     "cma-es": (_cmaes, dict(_MODE_SEED)),
     "gp": (_gp, dict(_MODE_SEED)),
     "gptuner": (_gp, dict(_MODE_SEED)),
+    "hyperband": (HyperbandTuner, {**_MODE_SEED, "R": positive_int_arg, "eta": _eta_arg, "exec_mode": _exec_mode_arg}),
+    "bohb": (BohbTuner, {**_MODE_SEED, "min_budget": positive_int_arg, "max_budget": positive_int_arg,
+                         "eta": _eta_arg, "min_points_in_model": positive_int_arg,
+                         "top_n_percent": _percent_arg, "num_samples": positive_int_arg,
+                         "random_fraction": _fraction_arg, "bandwidth_factor": number_arg,
+                         "min_bandwidth": number_arg, "config_space": _pcs_arg}),
+    "pbt": (PbtTuner, _PBT_ARGS),
+    "pbttuner": (PbtTuner, _PBT_ARGS),
+    "smac": (SmacTuner, {**_MODE_SEED, "config_dedup": bool_arg}),
+    "metis": (MetisTuner, _METIS_ARGS),
+    "metistuner": (MetisTuner, _METIS_ARGS),
+    "dngo": (DngoTuner, _DNGO_ARGS),
+    "dngotuner": (DngoTuner, _DNGO_ARGS),
 }
 
 
 # built-in tuners that need an optional package: name -> (module, what it is, the extra that installs it)
-NEEDS = {"gp": ("torch", "PyTorch", "gp"), "gptuner": ("torch", "PyTorch", "gp")}
+NEEDS = {"gp": ("torch", "PyTorch", "gp"), "gptuner": ("torch", "PyTorch", "gp"),
+         "bohb": ("statsmodels", "statsmodels", "bohb"), "smac": ("smac", "SMAC3", "smac"),
+         "metis": ("sklearn", "scikit-learn", "sklearn"), "metistuner": ("sklearn", "scikit-learn", "sklearn"),
+         "dngo": ("sklearn", "scikit-learn", "sklearn"), "dngotuner": ("sklearn", "scikit-learn", "sklearn")}
 
 
 def check_tuner(config: AlgorithmSpec) -> None:

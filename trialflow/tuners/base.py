@@ -86,6 +86,15 @@ class Tuner(ABC):
     @abstractmethod
     def suggest(self) -> Suggestion | None: ...
 
+    def can_suggest(self) -> bool:
+        """False while the tuner waits for running trials to end before it can suggest more (a
+        Hyperband round, a PBT generation); the loop then asks again when a trial ends. Default: True
+        (a tuner that has nothing more returns None from :meth:`suggest`)."""
+        return True
+
+    def intermediate_results(self, parameter_id: int, values: list[float]) -> None:  # noqa: B027 -- optional hook
+        """The intermediate results a trial reported, told once before its end (default: unused)."""
+
     @abstractmethod
     def observe(self, parameter_id: int, value: float | None) -> None: ...
 
@@ -170,6 +179,24 @@ class RandomChooser(RecordingChooser):
         return self.rng.random()
 
 
+class PreferringChooser(RandomChooser):
+    """The raw values of ``preferred`` where it has the key, uniform draws elsewhere (a model's pick
+    completed for the nested options it chose)."""
+
+    def __init__(self, rng: random.Random, preferred: dict[str, Any]) -> None:
+        super().__init__(rng)
+        self.preferred = preferred
+
+    def draw_categorical(self, key: str, n: int) -> int:
+        return int(self.preferred[key]) if key in self.preferred else super().draw_categorical(key, n)
+
+    def draw_integer(self, key: str, low: int, high: int) -> int:
+        return int(self.preferred[key]) if key in self.preferred else super().draw_integer(key, low, high)
+
+    def draw_unit(self, key: str) -> float:
+        return float(self.preferred[key]) if key in self.preferred else super().draw_unit(key)
+
+
 def check_args(algorithm: str, given: dict[str, Any], allowed: dict[str, Any]) -> dict[str, Any]:
     """Validate ``classArgs`` against ``allowed`` ({name: validator(value) -> error or None})."""
     out = {}
@@ -204,3 +231,7 @@ def number_arg(value: Any) -> str | None:
 
 def dict_arg(value: Any) -> str | None:
     return None if isinstance(value, dict) else "must be a mapping"
+
+
+def bool_arg(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"

@@ -1,0 +1,305 @@
+"""NNI's remaining built-in tuners (Hyperband, BOHB, PBT, SMAC, Metis, DNGO) and the ASHA/Hyperband
+assessors: NNI's arithmetic and contracts, model use, quality against Random, and end-to-end runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+
+import pytest
+
+from tests.conftest import base_config, write_trial
+from trialflow import run_experiment
+from trialflow.assessors import create_assessor
+from trialflow.config import AlgorithmConfig
+from trialflow.experiments import open_store
+from trialflow.search_space import parse_search_space
+from trialflow.tuners import TunerError, create_tuner
+from trialflow.tuners.hyperband import Bracket
+
+SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}, "c": {"_type": "choice", "_value": ["a", "b", "c"]}}
+
+
+def tuner(name, space=SPACE, **args):
+    return create_tuner(AlgorithmConfig(name=name, class_args=args), parse_search_space(space))
+
+
+def hand_out(t, limit=10_000):
+    """Every suggestion the tuner has now (until it waits)."""
+    out = []
+    while t.can_suggest() and len(out) < limit:
+        out.append(t.suggest())
+    return out
+
+
+# -- Hyperband ------------------------------------------------------------------------------------
+
+def test_hyperband_brackets_are_nnis_for_r_81_eta_3():
+    # NNI's Bracket: n = ceil((s_max+1) * eta**s / (s+1) - eps), round i: floor(n/eta**i), floor(R/eta**s * eta**i)
+    table = {s: [Bracket(s, 4, 3, 81).size_and_budget(i) for i in range(s + 1)] for s in range(5)}
+    assert table == {4: [(81, 1), (27, 3), (9, 9), (3, 27), (1, 81)],
+                     3: [(34, 3), (11, 9), (3, 27), (1, 81)],
+                     2: [(15, 9), (5, 27), (1, 81)],
+                     1: [(8, 27), (2, 81)],
+                     0: [(5, 81)]}
+
+
+def test_hyperband_promotes_the_best_with_nnis_budgets_and_cycles_its_brackets():
+    t = tuner("Hyperband", R=9, eta=3, optimize_mode="maximize", seed=3)  # s_max = 2
+    first = hand_out(t, limit=9)
+    assert [s.parameters["TRIAL_BUDGET"] for s in first] == [1] * 9
+    for s in first:
+        t.observe(s.parameter_id, s.parameters["x"])
+    promoted = hand_out(t, limit=3)
+    assert [s.parameters["TRIAL_BUDGET"] for s in promoted] == [3, 3, 3]
+    best3 = sorted((s.parameters["x"] for s in first), reverse=True)[:3]
+    assert sorted((s.parameters["x"] for s in promoted), reverse=True) == best3
+    assert all(set(s.parameters) == {"x", "c", "TRIAL_BUDGET"} for s in promoted)
+    for s in promoted:
+        t.observe(s.parameter_id, s.parameters["x"])
+    [last] = hand_out(t, limit=1)
+    assert last.parameters == {**max(promoted, key=lambda s: s.parameters["x"]).parameters, "TRIAL_BUDGET": 9}
+    # parallelism: the next brackets (s = 1, then 0, then 2 again) open while the last one runs
+    nxt = hand_out(t, limit=5 + 3 + 9)
+    assert [s.parameters["TRIAL_BUDGET"] for s in nxt] == [3] * 5 + [9] * 3 + [1] * 9
+
+
+def test_hyperband_serial_waits_for_a_bracket_and_ranks_by_intermediate_results():
+    t = tuner("Hyperband", R=3, eta=3, exec_mode="serial", optimize_mode="minimize", seed=1)  # s_max = 1
+    first = hand_out(t)
+    assert len(first) == 3 and not t.can_suggest()  # waits: round 0 must end first
+    for i, s in enumerate(first):  # no final results: the latest intermediate one ranks them
+        t.intermediate_results(s.parameter_id, [5.0, float(i)])
+        t.observe(s.parameter_id, None)
+    [promoted] = hand_out(t, limit=1)
+    assert promoted.parameters == {**first[0].parameters, "TRIAL_BUDGET": 3}
+    # serial, as NNI's: the next bracket (s = 0) opens once this one has handed out its last round
+    assert [s.parameters["TRIAL_BUDGET"] for s in hand_out(t, limit=2)] == [3, 3]
+
+
+def test_hyperband_never_promotes_a_trial_without_any_result():
+    t = tuner("Hyperband", R=3, eta=3, exec_mode="serial", seed=1)
+    for s in hand_out(t):
+        t.observe(s.parameter_id, None)
+    nxt = hand_out(t, limit=2)  # nobody to promote: the next bracket (s = 0, 2 configurations at budget 3)
+    assert [s.parameters["TRIAL_BUDGET"] for s in nxt] == [3, 3]
+
+
+# -- BOHB -----------------------------------------------------------------------------------------
+
+def _bohb_run(seed, trials=60):
+    t = tuner("BOHB", space={"x": {"_type": "uniform", "_value": [0, 1]}, "y": {"_type": "uniform", "_value": [0, 1]}},
+              min_budget=1, max_budget=9, eta=3, optimize_mode="minimize", min_points_in_model=4, seed=seed)
+    rng = random.Random(seed)
+    done = 0
+    while done < trials:
+        batch = hand_out(t)
+        assert batch, "BOHB waited with nothing running"
+        for s in batch:
+            p = s.parameters
+            noise = rng.gauss(0, 0.01) / p["TRIAL_BUDGET"]
+            t.observe(s.parameter_id, (p["x"] - 0.8) ** 2 + (p["y"] - 0.2) ** 2 + noise)
+            done += 1
+    return t
+
+
+def test_bohb_uses_hyperband_budgets_serially_and_its_model_after_min_points():
+    t = tuner("BOHB", min_budget=1, max_budget=27, eta=3, min_points_in_model=5, seed=0)
+    first = hand_out(t)  # s_max = 3: 27 configurations at budget 1, then it waits (serial)
+    assert len(first) == 27 and {s.parameters["TRIAL_BUDGET"] for s in first} == {1}
+    assert not t.can_suggest() and t.models == {} and t.model_picks == 0
+    for s in first:
+        t.observe(s.parameter_id, s.parameters["x"])
+    assert 1 in t.models  # 27 results at budget 1 >= min_points_in_model: a model for budget 1
+    assert [s.parameters["TRIAL_BUDGET"] for s in hand_out(t)] == [3] * 9
+
+
+def test_bohb_model_picks_concentrate_near_the_optimum():
+    picks = []
+    for seed in range(3):
+        t = _bohb_run(seed)
+        assert t.model_picks > 0
+        picks.append(t)
+    # configurations drawn by the model lie closer to the optimum than random ones would (mean 0.4)
+    distances = []
+    for t in picks:
+        for bracket in t.brackets[1:]:
+            for config in bracket.rounds[0].values():
+                x, y = config.raw["x"], config.raw["y"]
+                distances.append(math.hypot(x - 0.8, y - 0.2))
+    assert statistics.mean(distances) < 0.33, statistics.mean(distances)
+
+
+# -- PBT ------------------------------------------------------------------------------------------
+
+def test_pbt_generations_exchange_checkpoints_and_perturb_the_best():
+    t = tuner("PBT", population_size=5, fraction=0.2, factor=0.2, resample_probability=0.0,
+              optimize_mode="maximize", seed=2)
+    gen0 = hand_out(t)
+    assert len(gen0) == 5 and not t.can_suggest()
+    assert [(s.parameters["load_checkpoint_dir"], s.parameters["save_checkpoint_dir"]) for s in gen0] == \
+        [(f"checkpoint/{i}/0", f"checkpoint/{i}/0") for i in range(5)]
+    for s in gen0:
+        t.observe(s.parameter_id, s.parameters["x"])
+    gen1 = hand_out(t)
+    best = max(gen0, key=lambda s: s.parameters["x"])
+    worst = min(gen0, key=lambda s: s.parameters["x"])
+    by_member = {int(s.parameters["save_checkpoint_dir"].split("/")[1]): s for s in gen1}
+    assert sorted(by_member) == [0, 1, 2, 3, 4]
+    w = gen0.index(worst)
+    assert by_member[w].parameters["load_checkpoint_dir"] == best.parameters["save_checkpoint_dir"]
+    assert by_member[w].parameters["save_checkpoint_dir"] == f"checkpoint/{w}/1"
+    assert abs(by_member[w].parameters["x"] - best.parameters["x"]) == pytest.approx(0.2, abs=1e-6) or \
+        by_member[w].parameters["x"] in (pytest.approx(1e-12, abs=1e-9), pytest.approx(1.0, abs=1e-9))
+    for i, s in by_member.items():
+        if i != w:
+            assert s.parameters["load_checkpoint_dir"] == f"checkpoint/{i}/0"
+            assert s.parameters["x"] == gen0[i].parameters["x"]
+
+
+def test_pbt_failed_trials_rank_last_and_an_absolute_folder_is_kept(tmp_path):
+    t = tuner("PBT", population_size=2, fraction=0.5, all_checkpoint_dir=str(tmp_path), seed=0)
+    a, b = hand_out(t)
+    t.observe(a.parameter_id, None)
+    t.observe(b.parameter_id, 0.1)
+    gen1 = {s.parameters["save_checkpoint_dir"]: s for s in hand_out(t)}
+    assert gen1[f"{tmp_path}/0/1"].parameters["load_checkpoint_dir"] == f"{tmp_path}/1/0"
+
+
+# -- SMAC, Metis, DNGO ----------------------------------------------------------------------------
+
+QUAD2 = {"x": {"_type": "uniform", "_value": [-5, 5]}, "y": {"_type": "uniform", "_value": [-5, 5]}}
+
+
+def _best(name, seed, trials, **args):
+    t = tuner(name, space=QUAD2, optimize_mode="minimize", seed=seed, **args)
+    best = math.inf
+    for _ in range(trials):
+        s = t.suggest()
+        value = (s.parameters["x"] - 1.2) ** 2 + (s.parameters["y"] + 0.7) ** 2
+        best = min(best, value)
+        t.observe(s.parameter_id, value)
+    return best
+
+
+@pytest.mark.parametrize("name, args", [("SMAC", {}), ("Metis", {}), ("DNGO", {"trials_per_update": 10,
+                                                                             "sample_size": 300})])
+def test_model_based_tuners_improve_on_random(name, args):
+    seeds, trials = range(3), 25
+    model = statistics.median(_best(name, seed, trials, **args) for seed in seeds)
+    rnd = statistics.median(_best("Random", seed, trials) for seed in seeds)
+    assert model < rnd / 3, (model, rnd)
+
+
+def test_metis_refuses_what_nnis_metis_refuses():
+    with pytest.raises(TunerError, match="Metis tuner takes only numeric choice.*'lr' is loguniform"):
+        tuner("MetisTuner", space={"lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]}})
+    with pytest.raises(TunerError, match="'c' is choice of non-numbers"):
+        tuner("Metis")
+
+
+def test_nni_classargs_are_checked_with_a_clear_message():
+    with pytest.raises(TunerError, match="exec_mode must be 'serial' or 'parallelism'"):
+        tuner("Hyperband", exec_mode="fast")
+    with pytest.raises(TunerError, match="top_n_percent must be an integer from 1 to 99"):
+        tuner("BOHB", top_n_percent=150)
+    with pytest.raises(TunerError, match="config_space .* not supported"):
+        tuner("BOHB", config_space="/x.pcs")
+
+
+# -- ASHA / Hyperband assessors -------------------------------------------------------------------
+
+def test_asha_stops_trials_at_the_rungs():
+    assessor = create_assessor(AlgorithmConfig(name="ASHA", class_args={"min_resource": 1, "reduction_factor": 3,
+                                                                        "optimize_mode": "maximize"}))
+    for i in range(6):  # six trials that ran to the end, with results 0.5 ... 1.0 at every step
+        history = [0.5 + i / 10] * 9
+        assert not any(assessor.assess(f"good{i}", history[:k]) for k in range(1, 10)) or i < 5
+        assessor.trial_end(f"good{i}", history, True)
+    verdicts = [assessor.assess("bad", [0.1] * k) for k in range(1, 4)]
+    assert verdicts[0] is True  # at the first rung (1 result) it is not in the top third
+    late = [assessor.assess("late", [0.99] * k) for k in range(1, 10)]
+    assert not any(late)  # the best at every rung goes on
+
+
+def test_hyperband_assessor_is_built_with_its_arguments():
+    assessor = create_assessor(AlgorithmConfig(name="Hyperband", class_args={"min_resource": 1, "max_resource": 9,
+                                                                             "reduction_factor": 3}))
+    for i in range(30):
+        assessor.trial_end(f"t{i}", [i / 30] * 9, True)
+    stopped_at = [next((k for k in range(1, 10) if assessor.assess(f"bad{j}", [0.0] * k)), None) for j in range(10)]
+    # brackets stop at their rungs (1, 3, 9 | 3, 9 | 9); the most patient one stops nobody early
+    assert {step for step in stopped_at if step is not None} <= {1, 3, 9} and min(filter(None, stopped_at)) == 1
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+BUDGET_TRIAL = """
+import nni, time
+p = nni.get_next_parameter()
+for step in range(p["TRIAL_BUDGET"]):
+    nni.report_intermediate_result(p["x"] * (step + 1) / p["TRIAL_BUDGET"])
+    time.sleep(0.02)
+nni.report_final_result(p["x"])
+"""
+
+
+def test_hyperband_runs_to_done_on_the_local_platform_with_nnis_contract(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, BUDGET_TRIAL)
+    config = base_config(code, tmp_path / "w", trialConcurrency=3, maxTrialNumber=13,
+                         advisor={"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "optimize_mode": "maximize",
+                                                                    "exec_mode": "serial"}})
+    del config["tuner"]
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    trials = sorted(open_store(tmp_path / "w", result.experiment_id).trials(), key=lambda t: t.sequence)
+    assert [t.parameters["TRIAL_BUDGET"] for t in trials] == [1] * 9 + [3] * 3 + [9]
+    assert all(t.status == "SUCCEEDED" for t in trials)
+    top3 = sorted((t.parameters["x"] for t in trials[:9]), reverse=True)[:3]
+    assert sorted((t.parameters["x"] for t in trials[9:12]), reverse=True) == top3
+    assert trials[12].parameters["x"] == top3[0]
+    # the promoted trials started only after every trial of the round had ended
+    assert min(t.start_time for t in trials[9:12]) >= max(t.end_time for t in trials[:9])
+
+
+PBT_TRIAL = """
+import nni, os
+p = nni.get_next_parameter()
+before = os.path.join(p["load_checkpoint_dir"], "model.json")
+state = __import__("json").load(open(before)) if os.path.isfile(before) else {"steps": 0, "lineage": []}
+state["steps"] += 1
+state["lineage"].append(nni.get_trial_id())
+with open(os.path.join(p["save_checkpoint_dir"], "model.json"), "w") as f:
+    __import__("json").dump(state, f)
+nni.report_final_result(p["x"] + state["steps"])
+"""
+
+
+def test_pbt_runs_generations_that_load_each_others_checkpoints(tmp_path):
+    code = tmp_path / "code"
+    write_trial(code, PBT_TRIAL)
+    config = base_config(code, tmp_path / "w", trialConcurrency=4, maxTrialNumber=12,
+                         tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "optimize_mode": "maximize",
+                                                                 "seed": 5}})
+    result = run_experiment(config)
+    assert result.status == "DONE"
+    exp_dir = tmp_path / "w" / result.experiment_id
+    trials = sorted(open_store(tmp_path / "w", result.experiment_id).trials(), key=lambda t: t.sequence)
+    assert [t.parameters["save_checkpoint_dir"].rsplit("/", 1)[1] for t in trials] == ["0"] * 4 + ["1"] * 4 + ["2"] * 4
+    for step in (1, 2):
+        for member in range(4):
+            saved = json.loads((exp_dir / "checkpoint" / str(member) / str(step) / "model.json").read_text())
+            assert saved["steps"] == step + 1  # it went on from a checkpoint of the step before
+    assert all(t.final == pytest.approx(t.parameters["x"] + int(t.parameters["save_checkpoint_dir"][-1]) + 1)
+               for t in trials)
+
+
+@pytest.mark.parametrize("name", ["PPOTuner", "NetworkMorphism", "RegularizedEvolutionTuner"])
+def test_nas_tuners_are_refused_as_out_of_scope(tmp_path, name):
+    from trialflow import parse_config
+
+    with pytest.raises(ValueError, match=f"'{name}' is one of NNI's neural architecture search tuners; NAS is out"):
+        parse_config(base_config(tmp_path, tmp_path / "w", tuner={"name": name}))
