@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -324,6 +325,47 @@ def test_kubeflow_and_frameworkcontroller_need_no_trial_command_unless_reuse(tmp
     local = minimal(tmp_path)
     del local["trialCommand"]
     assert any("trialCommand is required" in p for p in problems(local))
+
+
+def test_nnis_role_only_kubernetes_configs_run_without_reuse(tmp_path):
+    """NNI's documented FrameworkController example (v2: task roles, no trialCommand, no reuseMode) and its
+    v1 examples/trials/mnist-pytorch/config_kubeflow.yml load, each trial running the roles' commands."""
+    from tests.conftest import k8s_section
+
+    section = k8s_section("framework", tmp_path)
+    del section["reuseMode"]
+    data = minimal(tmp_path, trainingService=section)
+    del data["trialCommand"]
+    with pytest.warns(UserWarning, match="no trialCommand: each trial runs the roles' commands in a job of its own"):
+        service = parse_config(data).services[0]
+    assert service.reuse_mode is False and service.task_roles[0].command == 'python3 "$NNI_TRIAL_JOB_ID.py"'
+    (tmp_path / "search_space.json").write_text(json.dumps(SPACE))
+    v1 = {"authorName": "default", "experimentName": "example_dist_pytorch", "trialConcurrency": 1,
+          "maxExecDuration": "1h", "maxTrialNum": 1, "trainingServicePlatform": "kubeflow",
+          "searchSpacePath": "search_space.json", "useAnnotation": False,
+          "tuner": {"builtinTunerName": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+          "trial": {"codeDir": ".", "worker": {"replicas": 1, "command": "python3 mnist.py", "gpuNum": 0,
+                                               "cpuNum": 1, "memoryMB": 8192, "image": "msranni/nni:latest"}},
+          "kubeflowConfig": {"operator": "tf-operator", "apiVersion": "v1alpha2", "storage": "nfs",
+                             "nfs": {"server": "10.10.10.10", "path": "/var/nfs/general"}}}
+    (tmp_path / "config_kubeflow.yml").write_text(yaml.safe_dump(v1))
+    with pytest.warns(UserWarning, match="legacy v1"):
+        kubeflow = load_config(tmp_path / "config_kubeflow.yml").services[0]
+    assert (kubeflow.reuse_mode, kubeflow.trial_command, kubeflow.worker.command) == (False, "", "python3 mnist.py")
+
+
+def test_v1_aml_config_converts_as_nnis_converter_does(tmp_path):
+    """NNI's examples/trials/mnist-tfv1/config_aml.yml shape: amlConfig and trial.image move to the section."""
+    v1 = {"authorName": "default", "experimentName": "example_mnist", "trialConcurrency": 1, "maxTrialNum": 10,
+          "trainingServicePlatform": "aml", "searchSpace": SPACE, "useAnnotation": False,
+          "tuner": {"builtinTunerName": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+          "trial": {"command": "python3 mnist.py", "codeDir": str(tmp_path), "image": "msranni/nni"},
+          "amlConfig": {"subscriptionId": "${replace_to_your_subscriptionId}", "resourceGroup": "rg",
+                        "workspaceName": "ws", "computeTarget": "gpu-cluster"}}
+    with pytest.warns(UserWarning, match="legacy v1"):
+        aml = parse_config(v1).services[0]
+    assert (aml.platform, aml.subscription_id, aml.resource_group, aml.workspace_name, aml.compute_target,
+            aml.docker_image) == ("aml", "${replace_to_your_subscriptionId}", "rg", "ws", "gpu-cluster", "msranni/nni")
 
 
 def test_numbers_in_string_fields_as_in_nnis_examples(tmp_path):

@@ -101,3 +101,17 @@ def test_file_metric_channel_end_to_end_and_log_trial_of_a_kubernetes_trial(tmp_
     assert not (share / result.experiment_id).exists() and not (share / "code").exists()
     assert not (share / "runtime").exists() and (share / "someone-elses").is_dir()
     assert (tmp_path / "w" / result.experiment_id / "db").is_dir()
+
+
+def test_nnis_role_only_framework_config_runs_each_trial_in_its_own_job(tmp_path, k8s):
+    """NNI's documented FrameworkController example: task roles with their command, no trialCommand and
+    no reuseMode. It runs as NNI ran it: one Framework per trial, the role's command in it."""
+    config = k8s_experiment(tmp_path, k8s, "framework", trialConcurrency=2, maxTrialNumber=3)
+    del config["trialCommand"], config["trainingService"]["reuseMode"]
+    config["trainingService"]["taskRoles"][0]["command"] = "python3 trial.py"
+    with pytest.warns(UserWarning, match="no trialCommand"):
+        result = run_experiment(config)
+    assert result.status == "DONE"
+    _check_done(tmp_path, open_store(tmp_path / "w", result.experiment_id), result.trials, 3)
+    mine = [j for j in k8s.objects("frameworks") if j["metadata"]["labels"].get("expId") == result.experiment_id]
+    assert len(mine) == 3 and not (k8s.nfs_dir / "nni" / result.experiment_id / "envs").exists()

@@ -168,6 +168,25 @@ def test_pbt_failed_trials_rank_last_and_an_absolute_folder_is_kept(tmp_path):
     assert gen1[f"{tmp_path}/0/1"].parameters["load_checkpoint_dir"] == f"{tmp_path}/1/0"
 
 
+def test_pbt_resumes_after_its_last_complete_generation():
+    first = tuner("PBT", population_size=3, fraction=0.34, seed=4)
+    gen0 = hand_out(first)
+    for s in gen0:
+        first.observe(s.parameter_id, s.parameters["x"])
+    expected = {s.parameters["save_checkpoint_dir"]: s.parameters["load_checkpoint_dir"] for s in hand_out(first)}
+    resumed = tuner("PBT", population_size=3, fraction=0.34, seed=4)
+    for s in gen0:  # what a resume tells the tuner: the finished trials of the earlier run
+        resumed.replay(s.parameter_id, s.raw, s.parameters["x"])
+    gen1 = hand_out(resumed)
+    saved = {s.parameters["save_checkpoint_dir"] for s in gen1}
+    assert saved == set(expected) == {f"checkpoint/{i}/1" for i in range(3)}
+    assert min(s.parameter_id for s in gen1) > max(s.parameter_id for s in gen0)
+    worst = min(gen0, key=lambda s: s.parameters["x"])
+    best = max(gen0, key=lambda s: s.parameters["x"])
+    reloaded = {s.parameters["save_checkpoint_dir"]: s.parameters["load_checkpoint_dir"] for s in gen1}
+    assert reloaded[worst.parameters["save_checkpoint_dir"][:-1] + "1"] == best.parameters["save_checkpoint_dir"]
+
+
 # -- SMAC, Metis, DNGO ----------------------------------------------------------------------------
 
 QUAD2 = {"x": {"_type": "uniform", "_value": [-5, 5]}, "y": {"_type": "uniform", "_value": [-5, 5]}}
@@ -303,3 +322,38 @@ def test_nas_tuners_are_refused_as_out_of_scope(tmp_path, name):
 
     with pytest.raises(ValueError, match=f"'{name}' is one of NNI's neural architecture search tuners; NAS is out"):
         parse_config(base_config(tmp_path, tmp_path / "w", tuner={"name": name}))
+
+
+# the shapes of NNI's test/training_service/config/tuners/{hyperband,bohb,metis}.yml and multi_phase/metis.yml
+NNI_V1 = {
+    "hyperband": ("advisor", {"builtinAdvisorName": "Hyperband", "classArgs": {
+        "optimize_mode": "maximize", "R": 60, "eta": 3, "exec_mode": "parallelism"}}),
+    "bohb": ("advisor", {"builtinAdvisorName": "BOHB",
+                         "classArgs": {"max_budget": 27, "min_budget": 1, "eta": 3, "optimize_mode": "maximize"}}),
+    "metis": ("tuner", {"builtinTunerName": "MetisTuner", "classArgs": {"optimize_mode": "maximize"}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NNI_V1))
+def test_nnis_own_v1_tuner_configs_load_and_build_their_tuner(tmp_path, name):
+    import yaml
+
+    from trialflow.config import load_config
+    from trialflow.tuners import check_tuner
+
+    kind, section = NNI_V1[name]
+    (tmp_path / "search_space.json").write_text(json.dumps({
+        "dropout_rate": {"_type": "uniform", "_value": [0.5, 0.9]},
+        "conv_size": {"_type": "choice", "_value": [2, 3, 5, 7]},
+        "batch_size": {"_type": "choice", "_value": [8, 16, 32, 64]}}))
+    v1 = {"authorName": "nni", "experimentName": "default_test", "maxExecDuration": "5m", "maxTrialNum": 2,
+          "trialConcurrency": 1, "searchSpacePath": "search_space.json", kind: section,
+          "trial": {"codeDir": ".", "command": "python3 mnist.py", "gpuNum": 0}, "useAnnotation": False,
+          "multiPhase": False, "multiThread": False, "trainingServicePlatform": "local"}
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(v1))
+    with pytest.warns(UserWarning):
+        config = load_config(tmp_path / "config.yml")
+    assert config.tuner.class_args == section["classArgs"]
+    check_tuner(config.tuner)
+    built = create_tuner(config.tuner, config.search_space)
+    assert built.suggest() is not None

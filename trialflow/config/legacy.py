@@ -123,7 +123,7 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
     elif platform in ("kubeflow", "frameworkcontroller"):
         cfg = _ci(v1.get(f"{platform}config"))
         ts["storage"] = _k8s_storage(cfg)
-        _put(ts, "reuseMode", cfg.get("reuse"))
+        ts["reuseMode"] = bool(cfg.get("reuse", False))  # NNI's legacy launcher ran v1 configs without reuse
         _put(ts, "namespace", cfg.get("namespace"))
         if platform == "kubeflow":
             _put(ts, "operator", cfg.get("operator"))
@@ -137,7 +137,13 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
                 ts["taskRoles"] = [_role(r) for r in trial["taskroles"]]
             if cfg.get("configpath"):  # a custom Framework template; NNI ran it without reuse
                 ts["configPath"] = cfg["configpath"]
-                ts.setdefault("reuseMode", False)
+    elif platform == "aml":
+        aml = _ci(v1.get("amlconfig"))
+        for old, new in (("subscriptionid", "subscriptionId"), ("resourcegroup", "resourceGroup"),
+                         ("workspacename", "workspaceName"), ("computetarget", "computeTarget"),
+                         ("maxtrialnumpergpu", "maxTrialNumberPerGpu")):
+            _put(ts, new, aml.get(old))
+        _put(ts, "dockerImage", trial.get("image"))
     elif platform == "adl":
         for old, new in (("image", "image"), ("namespace", "namespace"), ("imagepullsecrets", "imagePullSecrets"),
                          ("nfs", "nfs"), ("adaptive", "adaptive"), ("checkpoint", "checkpoint"),

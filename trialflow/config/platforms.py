@@ -7,6 +7,7 @@ the registry in ``trialflow.platforms`` says which ones can run.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
@@ -57,9 +58,13 @@ class TrainingServiceConfig(ConfigModel):
             return self
         if not self.roles_carry_commands:
             raise ValueError("trialCommand is required: the command that runs one trial, e.g. python3 mnist.py")
-        if self.reuse_mode:
+        if self.reuse_mode and "reuse_mode" in self.model_fields_set:
             raise ValueError("trialCommand is required with reuseMode: true (each environment runs it for every "
                              "trial; the roles' commands are used only with reuseMode: false)")
+        if self.reuse_mode:  # NNI's own role-only configs: run them as NNI does, one job per trial
+            warnings.warn("no trialCommand: each trial runs the roles' commands in a job of its own (reuseMode: "
+                          "false); set trialCommand to reuse environments between trials", stacklevel=2)
+            self.reuse_mode = False
         return self
 
     @field_validator("trial_code_directory", mode="before")

@@ -1,0 +1,403 @@
+"""Search efficiency at equal budget: trialflow's Random, TPE, Hyperband, BOHB, TPE + ASHA and PBT beside
+Ray Tune's ASHA, HyperBand and BOHB (``--ray-venv``) and NNI 3.0's Hyperband and BOHB (``--nni-venv``).
+
+The workload is synthetic and seeded: a configuration (learning rate, momentum, batch size) has a
+quality ceiling and a learning speed, and its value after ``t`` training steps is
+``ceiling * (1 - exp(-speed * t))`` plus small seeded noise; each step sleeps ``--step-seconds``. Every
+method draws from one budget of ``--budget`` steps in total (a locked counter file the trials share,
+whatever runs them) at ``--concurrency`` trials at once; once the budget is spent the method is
+stopped. Trials continue from a checkpoint where the method hands one over (PBT, Ray's paused
+trials); NNI's Hyperband and BOHB restart a promoted configuration at its larger budget, as their
+trial contract says.
+
+Per method, medians over ``--seeds`` seeds: the best value any step reached, the wall time until the
+budget was spent (from the method's own start command: ``trialflow create``, ``nnictl create``,
+``ray.init``), and the time until a step first reached ``--target``; each beside trialflow's
+counterpart (Ray's and NNI's ASHA / Hyperband / BOHB against trialflow's TPE + ASHA / Hyperband /
+BOHB; trialflow's own rows against its Random) as a ratio.
+
+    python benchmarks/multifidelity.py [--seeds 5] [--budget 240] [--concurrency 4]
+        [--ray-venv DIR [--install-ray]] [--nni-venv DIR [--install-nni]] [--only hyperband,bohb,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._stats import print_table  # noqa: E402
+from benchmarks.overhead import _free_port, install_nni  # noqa: E402
+
+MAX_STEPS = 27  # R / max_budget / max_t: the longest a trial trains
+PBT_STEPS = 3  # steps per PBT generation
+SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1.0]},
+         "momentum": {"_type": "uniform", "_value": [0.0, 1.0]},
+         "batch": {"_type": "choice", "_value": [16, 32, 64, 128]}}
+
+# Standard library only: trialflow's and NNI's trials import it, and Ray's driver in its own venv.
+WORKLOAD = '''
+import fcntl, json, math, os, random, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN = json.load(open(os.path.join(HERE, "mf_run.json")))
+MAX_STEPS = RUN["max_steps"]
+
+
+def quality(p):
+    """The ceiling: 1.0 at lr 0.01, momentum 0.9, batch 64."""
+    penalty = {16: 0.06, 32: 0.02, 64: 0.0, 128: 0.03}[int(p["batch"])]
+    return max(0.0, 1.0 - (math.log10(p["lr"]) + 2) ** 2 / 1.5 - 2 * (p["momentum"] - 0.9) ** 2 - penalty)
+
+
+def value(p, t):
+    speed = 0.06 + 0.3 * min(1.0, p["lr"] * 20)
+    noise = random.Random(hash((RUN["seed"], round(p["lr"], 9), round(p["momentum"], 9), int(p["batch"]), t)))
+    return quality(p) * (1 - math.exp(-speed * t)) + noise.gauss(0, 0.003)
+
+
+def step(p, t):
+    """Train step t (1-based) of p: None once the shared budget is spent, else the value."""
+    with open(os.path.join(RUN["run_dir"], "budget.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        counter = os.path.join(RUN["run_dir"], "steps")
+        used = int(open(counter).read() or 0) if os.path.exists(counter) else 0
+        if used >= RUN["budget"]:
+            return None
+        with open(counter, "w") as f:
+            f.write(str(used + 1))
+    time.sleep(RUN["step_seconds"])
+    v = value(p, t)
+    with open(os.path.join(RUN["run_dir"], "log.jsonl"), "a") as f:
+        f.write(json.dumps({"time": time.time(), "value": v, "used": used + 1}) + "\\n")
+    return v
+'''
+
+NNI_TRIAL = '''
+import json, os, nni
+from workload import MAX_STEPS, step
+p = nni.get_next_parameter()
+steps = int(p.get("TRIAL_BUDGET", MAX_STEPS))
+t, last = 0, None
+load = p.get("load_checkpoint_dir")
+if load and os.path.isfile(os.path.join(load, "state.json")):
+    t = json.load(open(os.path.join(load, "state.json")))["t"]
+for _ in range(int(p.get("PBT_STEPS", 0)) or steps):
+    v = step(p, t + 1)
+    if v is None:
+        break
+    t, last = t + 1, v
+    nni.report_intermediate_result(v)
+if "save_checkpoint_dir" in p:
+    os.makedirs(p["save_checkpoint_dir"], exist_ok=True)
+    json.dump({"t": t}, open(os.path.join(p["save_checkpoint_dir"], "state.json"), "w"))
+nni.report_final_result(last if last is not None else 0.0)
+'''
+
+RAY_DRIVER = '''
+import json, os, sys, tempfile, time
+start = time.time()
+import ray
+from ray import tune
+from ray.tune import Checkpoint
+sys.path.insert(0, sys.argv[1])
+from workload import MAX_STEPS, RUN, step
+
+method, concurrency = sys.argv[2], int(sys.argv[3])
+
+
+def trainable(config):
+    t = 0
+    ckpt = tune.get_checkpoint()
+    if ckpt:
+        with ckpt.as_directory() as d:
+            t = json.load(open(os.path.join(d, "state.json")))["t"]
+    while t < MAX_STEPS:
+        v = step(config, t + 1)
+        if v is None:
+            return
+        t += 1
+        with tempfile.TemporaryDirectory() as d:
+            json.dump({"t": t}, open(os.path.join(d, "state.json"), "w"))
+            tune.report({"v": v}, checkpoint=Checkpoint.from_directory(d))
+
+
+class Budget(tune.Stopper):
+    def __call__(self, trial_id, result):
+        return False
+
+    def stop_all(self):
+        path = os.path.join(RUN["run_dir"], "steps")
+        return os.path.exists(path) and int(open(path).read() or 0) >= RUN["budget"]
+
+
+space = {"lr": tune.loguniform(1e-4, 1.0), "momentum": tune.uniform(0.0, 1.0), "batch": tune.choice([16, 32, 64, 128])}
+search = None
+if method == "asha":
+    scheduler = tune.schedulers.ASHAScheduler(max_t=MAX_STEPS, grace_period=1, reduction_factor=3)
+elif method == "hyperband":
+    scheduler = tune.schedulers.HyperBandScheduler(max_t=MAX_STEPS, reduction_factor=3)
+else:
+    from ray.tune.search.bohb import TuneBOHB
+    scheduler = tune.schedulers.HyperBandForBOHB(max_t=MAX_STEPS, reduction_factor=3)
+    search = TuneBOHB(seed=RUN["seed"])
+ray.init(num_cpus=concurrency, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+         runtime_env={"env_vars": {"PYTHONPATH": sys.argv[1]}})
+tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space=space,
+                   tune_config=tune.TuneConfig(metric="v", mode="max", scheduler=scheduler, search_alg=search,
+                                               num_samples=100000, max_concurrent_trials=concurrency),
+                   run_config=tune.RunConfig(stop=Budget(), storage_path=os.path.join(RUN["run_dir"], "ray"),
+                                             verbose=0, failure_config=tune.FailureConfig(fail_fast=True)))
+tuner.fit()
+print(json.dumps({"start": start}))
+'''
+
+
+def _prepare(root: Path, name: str, seed: int, args: argparse.Namespace) -> tuple[Path, Path]:
+    run_dir, code = root / name / f"seed{seed}", root / name / f"seed{seed}" / "code"
+    code.mkdir(parents=True)
+    (code / "workload.py").write_text(WORKLOAD)
+    (code / "trial.py").write_text(NNI_TRIAL)
+    (code / "mf_run.json").write_text(json.dumps({"run_dir": str(run_dir), "budget": args.budget, "seed": seed,
+                                                  "step_seconds": args.step_seconds, "max_steps": MAX_STEPS}))
+    return run_dir, code
+
+
+def _spent(run_dir: Path, budget: int) -> bool:
+    return _steps(run_dir) >= budget
+
+
+def _outcome(run_dir: Path, start: float, target: float) -> dict[str, float]:
+    entries = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    reached = [e["time"] for e in entries if e["value"] >= target]
+    return {"best": max(e["value"] for e in entries), "wall": max(e["time"] for e in entries) - start,
+            "to_target": (min(reached) - start) if reached else float("nan")}
+
+
+# -- trialflow ----------------------------------------------------------------------------------
+
+TRIALFLOW_METHODS: dict[str, dict] = {
+    "random": {"tuner": {"name": "Random"}},
+    "tpe": {"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}},
+    "hyperband": {"advisor": {"name": "Hyperband", "classArgs": {"R": MAX_STEPS, "eta": 3,
+                                                                 "optimize_mode": "maximize"}}},
+    "bohb": {"advisor": {"name": "BOHB", "classArgs": {"min_budget": 1, "max_budget": MAX_STEPS, "eta": 3,
+                                                       "optimize_mode": "maximize"}}},
+    "tpe+asha": {"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+                 "assessor": {"name": "ASHA", "classArgs": {"optimize_mode": "maximize", "min_resource": 1,
+                                                            "reduction_factor": 3}}},
+    "pbt": {"tuner": {"name": "PBTTuner", "classArgs": {"optimize_mode": "maximize", "population_size": 8}}},
+}
+
+
+def trialflow_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dict[str, float]:
+    run_dir, code = _prepare(root, f"trialflow-{method}", seed, args)
+    algo = json.loads(json.dumps(TRIALFLOW_METHODS[method]))
+    for section in algo.values():
+        if section["name"] != "ASHA":
+            section.setdefault("classArgs", {})["seed"] = seed
+    space = SPACE if method != "pbt" else {**SPACE, "PBT_STEPS": {"_type": "choice", "_value": [PBT_STEPS]}}
+    config = {"searchSpace": space, "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+              "trialConcurrency": args.concurrency, "maxTrialNumber": 100000,
+              "experimentWorkingDirectory": str(run_dir / "w"), "trainingService": {"platform": "local"}, **algo}
+    path = run_dir / "config.yml"
+    path.write_text(json.dumps(config))
+    start = time.time()
+    created = subprocess.run(["trialflow", "create", "--config", str(path)], capture_output=True, text=True,
+                             timeout=300, check=True)
+    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    _wait_spent(run_dir, args.budget, lambda: _trialflow_over(exp_id, run_dir))
+    subprocess.run(["trialflow", "stop", exp_id], capture_output=True, timeout=300)
+    return _outcome(run_dir, start, args.target)
+
+
+def _trialflow_over(exp_id: str, run_dir: Path) -> bool:
+    from trialflow.experiments import open_store
+
+    return open_store(run_dir / "w", exp_id).experiment().status not in ("RUNNING", "CREATED", "INITIALIZED")
+
+
+STALL_SECONDS = 90.0  # no training step for this long: the method is stuck
+
+
+class Stalled(RuntimeError):
+    """The method stopped training before the budget was spent (its reason in the message)."""
+
+
+def _steps(run_dir: Path) -> int:
+    path = run_dir / "steps"
+    return int(path.read_text() or 0) if path.exists() else 0
+
+
+def _wait_spent(run_dir: Path, budget: int, over: Callable[[], bool], why: Callable[[], str] = lambda: "") -> None:
+    last, since = -1, time.monotonic()
+    while not _spent(run_dir, budget):
+        if over():
+            raise Stalled(f"it ended after {_steps(run_dir)} of {budget} steps {why()}".strip())
+        if _steps(run_dir) != last:
+            last, since = _steps(run_dir), time.monotonic()
+        elif time.monotonic() - since > STALL_SECONDS:
+            raise Stalled(f"no step for {STALL_SECONDS:.0f} s after {last} of {budget} steps {why()}".strip())
+        time.sleep(0.2)
+
+
+# -- NNI 3.0 ------------------------------------------------------------------------------------
+
+def nni_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dict[str, float]:
+    run_dir, code = _prepare(root, f"nni-{method}", seed, args)
+    venv = args.nni_venv
+    advisor = {k: v for k, v in TRIALFLOW_METHODS[method]["advisor"].items()}
+    config = {"searchSpace": SPACE, "trialCommand": f"{venv / 'bin' / 'python'} trial.py",
+              "trialCodeDirectory": str(code), "trialConcurrency": args.concurrency, "maxTrialNumber": 100000,
+              "experimentWorkingDirectory": str(run_dir / "w"), "advisor": advisor,
+              "trainingService": {"platform": "local"}}
+    path = run_dir / "config.json"
+    path.write_text(json.dumps(config))
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api/v1/nni"
+    start = time.time()
+    subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],
+                   check=True, capture_output=True, timeout=300)
+
+    def over() -> bool:
+        if any("Dispatcher exiting" in log.read_text() for log in (run_dir / "w").glob("*/log/dispatcher.log")):
+            return True  # its tuner process is gone: NNI waits forever then
+        with urllib.request.urlopen(f"{api}/check-status", timeout=20) as resp:
+            return json.load(resp)["status"] in ("DONE", "ERROR", "STOPPED")
+
+    def why() -> str:
+        logs = sorted((run_dir / "w").glob("*/log/dispatcher.log"))
+        errors = [line for log in logs for line in log.read_text().splitlines() if "Error" in line]
+        return f"(its dispatcher: {errors[-1].strip()})" if errors else ""
+
+    try:
+        _wait_spent(run_dir, args.budget, over, why)
+    finally:
+        subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=300)
+    return _outcome(run_dir, start, args.target)
+
+
+# -- Ray Tune -----------------------------------------------------------------------------------
+
+def ray_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dict[str, float]:
+    run_dir, code = _prepare(root, f"ray-{method}", seed, args)
+    driver = run_dir / "driver.py"
+    driver.write_text(RAY_DRIVER)
+    start = time.time()
+    done = subprocess.run([str(args.ray_venv / "bin" / "python"), str(driver), str(code), method,
+                           str(args.concurrency)], capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"})
+    if done.returncode:
+        raise RuntimeError(f"Ray Tune {method} failed:\n{done.stderr[-3000:]}")
+    return _outcome(run_dir, start, args.target)
+
+
+def install_ray(venv: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "ray[tune]", "hpbandster", "ConfigSpace"], check=True)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+COUNTERPART = {"trialflow-random": None, "trialflow-tpe": "trialflow-random", "trialflow-hyperband": "trialflow-random",
+               "trialflow-bohb": "trialflow-random", "trialflow-tpe+asha": "trialflow-random",
+               "trialflow-pbt": "trialflow-random", "ray-asha": "trialflow-tpe+asha",
+               "ray-hyperband": "trialflow-hyperband", "ray-bohb": "trialflow-bohb",
+               "nni-hyperband": "trialflow-hyperband", "nni-bohb": "trialflow-bohb"}
+
+
+def _median(results: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in results if r[key] == r[key]]  # NaN: target never reached
+    return statistics.median(values) if values else float("nan")
+
+
+def table(results: dict[str, list[dict[str, float]]]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for name, runs in results.items():
+        if not runs:
+            continue
+        base = COUNTERPART.get(name)
+        row: list[object] = [name, len(runs)]
+        for key in ("best", "wall", "to_target"):
+            value = _median(runs, key)
+            reached = sum(1 for r in runs if r[key] == r[key])
+            shown = f"{value:.4f}" if key == "best" else f"{value:.1f} s"
+            if key == "to_target":
+                shown += f" ({reached}/{len(runs)})"
+            ratio = ""
+            if base and base in results:
+                other = _median(results[base], key)
+                ratio = f"{value / other:.2f}x" if other == other and other else ""
+            row += [shown, ratio]
+        row.append(base or "")
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--budget", type=int, default=240, help="training steps in total per method and seed")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--step-seconds", type=float, default=0.05)
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--only", help="comma-separated method names (e.g. trialflow-bohb,ray-bohb)")
+    parser.add_argument("--ray-venv", type=Path)
+    parser.add_argument("--install-ray", action="store_true")
+    parser.add_argument("--nni-venv", type=Path)
+    parser.add_argument("--install-nni", action="store_true")
+    args = parser.parse_args()
+    for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")):
+        os.environ.setdefault(name, value)
+    if args.install_ray and args.ray_venv and not (args.ray_venv / "bin" / "python").exists():
+        install_ray(args.ray_venv)
+    if args.install_nni and args.nni_venv and not (args.nni_venv / "bin" / "nnictl").exists():
+        install_nni(args.nni_venv)
+    runners: dict[str, Callable[[Path, int, argparse.Namespace], dict[str, float]]] = {
+        f"trialflow-{m}": (lambda root, seed, a, m=m: trialflow_run(m, root, seed, a)) for m in TRIALFLOW_METHODS}
+    if args.ray_venv:
+        runners.update({f"ray-{m}": (lambda root, seed, a, m=m: ray_run(m, root, seed, a))
+                        for m in ("asha", "hyperband", "bohb")})
+    if args.nni_venv:
+        runners.update({f"nni-{m}": (lambda root, seed, a, m=m: nni_run(m, root, seed, a))
+                        for m in ("hyperband", "bohb")})
+    if args.only:
+        runners = {k: v for k, v in runners.items() if k in args.only.split(",")}
+    root = Path(tempfile.mkdtemp(prefix="trialflow-mf-"))
+    results: dict[str, list[dict[str, float]]] = {}
+    failures: dict[str, list[str]] = {}
+    try:
+        for seed in range(args.seeds):  # seeds outermost: a slow drift of the machine hits every method alike
+            for name, run in runners.items():
+                print(f"{name} seed {seed} ...", file=sys.stderr, flush=True)
+                try:
+                    results.setdefault(name, []).append(run(root, seed, args))
+                except Stalled as exc:
+                    failures.setdefault(name, []).append(str(exc))
+                    print(f"  {name} seed {seed} failed: {exc}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(textwrap.dedent(f"""
+        budget {args.budget} steps of {args.step_seconds} s, concurrency {args.concurrency}, target {args.target},
+        medians over {args.seeds} seeds (ratios: against the row named in the last column)"""))
+    for name, reasons in failures.items():
+        print(f"{name}: {len(reasons)} of {args.seeds} seeds failed; first: {reasons[0]}")
+    print_table("multi-fidelity search at equal budget",
+                ["method", "seeds", "best", "ratio", "wall", "ratio", "to target (reached)", "ratio", "against"],
+                table(results))
+
+
+if __name__ == "__main__":
+    main()
