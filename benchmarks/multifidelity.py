@@ -94,7 +94,7 @@ t, last = 0, None
 load = p.get("load_checkpoint_dir")
 if load and os.path.isfile(os.path.join(load, "state.json")):
     t = json.load(open(os.path.join(load, "state.json")))["t"]
-for _ in range(int(p.get("PBT_STEPS", 0)) or steps):
+for _ in range(int(p.get("PBT_STEPS", 0)) or max(steps - t, 0)):  # a promoted configuration trains the rest
     v = step(p, t + 1)
     if v is None:
         break
@@ -195,6 +195,12 @@ TRIALFLOW_METHODS: dict[str, dict] = {
                                                                  "optimize_mode": "maximize"}}},
     "bohb": {"advisor": {"name": "BOHB", "classArgs": {"min_budget": 1, "max_budget": MAX_STEPS, "eta": 3,
                                                        "optimize_mode": "maximize"}}},
+    # beyond NNI: a promoted configuration goes on from its previous round's checkpoint, as Ray's do
+    "hyperband+ckpt": {"advisor": {"name": "Hyperband", "classArgs": {
+        "R": MAX_STEPS, "eta": 3, "optimize_mode": "maximize", "all_checkpoint_dir": "checkpoint"}}},
+    "bohb+ckpt": {"advisor": {"name": "BOHB", "classArgs": {
+        "min_budget": 1, "max_budget": MAX_STEPS, "eta": 3, "optimize_mode": "maximize",
+        "all_checkpoint_dir": "checkpoint"}}},
     "tpe+asha": {"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
                  "assessor": {"name": "ASHA", "classArgs": {"optimize_mode": "maximize", "min_resource": 1,
                                                             "reduction_factor": 3}}},
@@ -313,8 +319,9 @@ def install_ray(venv: Path) -> None:
 
 COUNTERPART = {"trialflow-random": None, "trialflow-tpe": "trialflow-random", "trialflow-hyperband": "trialflow-random",
                "trialflow-bohb": "trialflow-random", "trialflow-tpe+asha": "trialflow-random",
+               "trialflow-hyperband+ckpt": "trialflow-random", "trialflow-bohb+ckpt": "trialflow-random",
                "trialflow-pbt": "trialflow-random", "ray-asha": "trialflow-tpe+asha",
-               "ray-hyperband": "trialflow-hyperband", "ray-bohb": "trialflow-bohb",
+               "ray-hyperband": "trialflow-hyperband+ckpt", "ray-bohb": "trialflow-bohb+ckpt",
                "nni-hyperband": "trialflow-hyperband", "nni-bohb": "trialflow-bohb"}
 
 

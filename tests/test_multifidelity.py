@@ -66,6 +66,33 @@ def test_hyperband_promotes_the_best_with_nnis_budgets_and_cycles_its_brackets()
     assert [s.parameters["TRIAL_BUDGET"] for s in nxt] == [3] * 5 + [9] * 3 + [1] * 9
 
 
+def test_hyperband_with_a_checkpoint_folder_lets_a_promoted_configuration_go_on():
+    t = tuner("Hyperband", R=9, eta=3, all_checkpoint_dir="ckpt", seed=3)
+    first = hand_out(t, limit=9)
+    assert {(s.parameters["load_checkpoint_dir"], s.parameters["save_checkpoint_dir"]) for s in first} == \
+        {(f"ckpt/{k}/0", f"ckpt/{k}/0") for k in range(9)}
+    for s in first:
+        t.observe(s.parameter_id, s.parameters["x"])
+    for s in hand_out(t, limit=3):
+        [parent] = [p for p in first if p.parameters["x"] == s.parameters["x"]]
+        assert s.parameters["load_checkpoint_dir"] == parent.parameters["save_checkpoint_dir"]
+        assert s.parameters["save_checkpoint_dir"] == parent.parameters["save_checkpoint_dir"][:-1] + "1"
+    assert "load_checkpoint_dir" not in tuner("Hyperband", R=9).suggest().parameters  # NNI's parameters only
+
+
+def test_hyperband_promotes_only_after_every_configuration_of_the_round_ended():
+    t = tuner("Hyperband", R=9, eta=3, exec_mode="serial", seed=7)
+    ended = []
+    while len(ended) < 9:  # as the experiment loop runs it at concurrency 3: three out, three back
+        batch = [t.suggest() for _ in range(3)]
+        assert all(s.parameters["TRIAL_BUDGET"] == 1 for s in batch)
+        for s in batch:
+            t.observe(s.parameter_id, s.parameters["x"])
+        ended += batch
+    promoted = hand_out(t, limit=3)
+    assert sorted(s.parameters["x"] for s in promoted) == sorted(s.parameters["x"] for s in ended)[-3:]
+
+
 def test_hyperband_serial_waits_for_a_bracket_and_ranks_by_intermediate_results():
     t = tuner("Hyperband", R=3, eta=3, exec_mode="serial", optimize_mode="minimize", seed=1)  # s_max = 1
     first = hand_out(t)

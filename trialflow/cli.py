@@ -269,16 +269,23 @@ def algo_register(meta: Annotated[Path, typer.Option("--meta", "--meta_path", "-
 
 @algo_app.command("list")
 def algo_list() -> None:
-    """The registered algorithms."""
+    """The built-in and the registered algorithms, as NNI's ``nnictl algo list``."""
     from rich.table import Table
 
+    from .assessors import ASSESSORS
+    from .tuners import TUNERS
     from .tuners.registry import registered_algorithms
 
     try:
         entries = registered_algorithms()
     except TunerError as exc:
         raise CliError(str(exc)) from None
-    table = Table("name", "type", "className", "classArgsValidator", "code directory")
+    builtins = Table("name", "type", "className", title="built-in")
+    for kind, known in (("tuner", TUNERS), ("assessor", ASSESSORS)):
+        for name, (factory, _) in known.items():
+            builtins.add_row(name, kind, f"{factory.__module__}.{factory.__qualname__}")
+    console.print(builtins)
+    table = Table("name", "type", "className", "classArgsValidator", "code directory", title="registered")
     for e in entries:
         table.add_row(e.builtin_name, e.algo_type, e.class_name, e.class_args_validator or "", e.code_directory or "")
     console.print(table)

@@ -16,6 +16,9 @@ from typing import Any
 
 from ..search_space import SearchSpace
 
+# the checkpoint folders PBT (and, when asked, Hyperband and BOHB) pass in a trial's parameters, NNI's names
+LOAD_KEY, SAVE_KEY = "load_checkpoint_dir", "save_checkpoint_dir"
+
 
 class TunerError(ValueError):
     """Bad tuner/assessor name or classArgs; the message names the argument and what is allowed."""

@@ -41,11 +41,13 @@ class BohbTuner(HyperbandTuner):
     def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", min_budget: int = 1,
                  max_budget: int = 3, eta: int = 3, min_points_in_model: int | None = None,
                  top_n_percent: int = 15, num_samples: int = 64, random_fraction: float = 1 / 3,
-                 bandwidth_factor: float = 3, min_bandwidth: float = 1e-3, seed: int | None = None) -> None:
+                 bandwidth_factor: float = 3, min_bandwidth: float = 1e-3, all_checkpoint_dir: str | None = None,
+                 seed: int | None = None) -> None:
         if max_budget < min_budget:
             raise TunerError(f"BOHB: max_budget ({max_budget}) must be at least min_budget ({min_budget})")
         self._kde = _statsmodels()
-        super().__init__(space, optimize_mode, R=max_budget, eta=eta, exec_mode="serial", seed=seed)
+        super().__init__(space, optimize_mode, R=max_budget, eta=eta, exec_mode="serial",
+                         all_checkpoint_dir=all_checkpoint_dir, seed=seed)
         self.s_max = int(np.floor(np.log(max_budget / min_budget) / np.log(eta) + 1e-6))
         self.next_s = self.s_max
         self.vectors = UnitVectors(space)

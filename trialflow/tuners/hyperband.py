@@ -11,6 +11,11 @@ A trial that failed without any result is never promoted.
 ``exec_mode: parallelism`` (default) opens the next bracket whenever nothing is queued, so no slot
 idles; ``serial`` opens it only once the current bracket has handed out its last round.
 
+Beyond NNI, with ``all_checkpoint_dir`` (as PBT's) each trial also gets ``load_checkpoint_dir`` and
+``save_checkpoint_dir`` (``<all_checkpoint_dir>/<configuration>/<round>``): a promoted
+configuration's trial can load what its previous round saved and train only the rest of its budget,
+as Ray Tune's schedulers resume paused trials. Without it trials get NNI's parameters only.
+
 Lifecycle: the experiment loop asks :meth:`Tuner.can_suggest` first; while a round waits for its
 trials nothing is suggested (the tuner is *waiting*, not exhausted). Brackets never run out: the
 experiment ends at ``maxTrialNumber`` or ``maxExperimentDuration``. A resumed experiment starts with
@@ -20,11 +25,12 @@ a fresh first bracket, as NNI's advisor does; its finished trials are not ranked
 from __future__ import annotations
 
 import math
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..search_space import ReplayChooser, SearchSpace
-from .base import RandomChooser, Suggestion, Tuner
+from .base import LOAD_KEY, SAVE_KEY, RandomChooser, Suggestion, Tuner
 
 BUDGET_KEY = "TRIAL_BUDGET"
 _EPSILON = 1e-6
@@ -35,6 +41,7 @@ class Config:
     """One configuration in one round: its raw values and its best-known result."""
 
     raw: dict[str, Any]
+    lineage: int  # the configuration's number, kept across rounds (its checkpoint folder)
     result: float | None = None  # the final result, else the latest intermediate one
     final: bool = False
 
@@ -47,7 +54,8 @@ class Bracket:
     s_max: int
     eta: int
     max_budget: float
-    rounds: list[dict[int, Config]] = field(default_factory=list)  # round -> parameter id -> config
+    rounds: list[dict[int, Config]] = field(default_factory=list)  # round -> parameter id -> config handed out
+    sizes: list[int] = field(default_factory=list)  # per round: configurations queued (NNI's num_configs_to_run)
     ended: list[int] = field(default_factory=list)  # per round: trials ended
 
     @property
@@ -67,14 +75,14 @@ class Bracket:
     @property
     def finished(self) -> bool:
         """Every trial of the last round has ended."""
-        return self.handed_out and self.ended[-1] >= len(self.rounds[-1])
+        return self.handed_out and self.ended[-1] >= self.sizes[-1]
 
-    def survivors(self, i: int, maximize: bool) -> list[dict[str, Any]]:
-        """Raw values of round ``i``'s best configurations for round ``i + 1``."""
+    def survivors(self, i: int, maximize: bool) -> list[tuple[dict[str, Any], int]]:
+        """(raw values, lineage) of round ``i``'s best configurations for round ``i + 1``."""
         ranked = sorted((c for c in self.rounds[i].values() if c.result is not None),
                         key=lambda c: c.result, reverse=maximize)  # type: ignore[arg-type, return-value]
         count, _ = self.size_and_budget(i + 1)
-        return [c.raw for c in ranked[:count]]
+        return [(c.raw, c.lineage) for c in ranked[:count]]
 
 
 class HyperbandTuner(Tuner):
@@ -83,13 +91,16 @@ class HyperbandTuner(Tuner):
     serial_after_last_round = False  # BOHB: the next bracket waits until the last round has ended
 
     def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", R: int = 60, eta: int = 3,
-                 exec_mode: str = "parallelism", seed: int | None = None) -> None:
+                 exec_mode: str = "parallelism", all_checkpoint_dir: str | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(space, optimize_mode, seed)
         self.R, self.eta, self.exec_mode = R, eta, exec_mode
+        self.checkpoints = all_checkpoint_dir
+        self.lineages = 0
         self.s_max = math.floor(math.log(R, eta) + _EPSILON)
         self.next_s = self.s_max
         self.brackets: list[Bracket] = []
-        self.queue: list[tuple[Bracket, int, dict[str, Any]]] = []  # (bracket, round, raw values)
+        self.queue: list[tuple[Bracket, int, dict[str, Any], int]] = []  # (bracket, round, raw values, lineage)
         self.placed: dict[int, tuple[Bracket, int]] = {}  # parameter id -> (bracket, round)
 
     # -- how configurations are drawn and learned from (BOHB overrides) --------------------------
@@ -110,12 +121,16 @@ class HyperbandTuner(Tuner):
             if not self._may_open_bracket():
                 return None
             self._open_bracket()
-        bracket, i, raw = self.queue.pop(0)
+        bracket, i, raw, lineage = self.queue.pop(0)
         _, budget = bracket.size_and_budget(i)
         pid = self._new_id()
-        bracket.rounds[i][pid] = Config(raw)
+        bracket.rounds[i][pid] = Config(raw, lineage)
         self.placed[pid] = (bracket, i)
         params = {**self.space.sample(ReplayChooser(raw)), BUDGET_KEY: budget}
+        if self.checkpoints is not None:
+            folder = posixpath.join(self.checkpoints, str(lineage))
+            params[SAVE_KEY] = posixpath.join(folder, str(i))
+            params[LOAD_KEY] = posixpath.join(folder, str(max(i - 1, 0)))
         return Suggestion(pid, params, {**raw, BUDGET_KEY: budget})
 
     def intermediate_results(self, parameter_id: int, values: list[float]) -> None:
@@ -132,7 +147,7 @@ class HyperbandTuner(Tuner):
             config.result, config.final = value, True
         self.learn(config.raw, bracket.size_and_budget(i)[1], config.result if config.final else None)
         bracket.ended[i] += 1
-        if bracket.ended[i] >= len(bracket.rounds[i]) and not bracket.handed_out:
+        if bracket.ended[i] >= bracket.sizes[i] and not bracket.handed_out:
             self._queue_round(bracket, bracket.survivors(i, self.maximize))
 
     def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
@@ -161,14 +176,17 @@ class HyperbandTuner(Tuner):
         self.next_s -= 1
         self.brackets.append(bracket)
         count, budget = bracket.size_and_budget(0)
-        self._queue_round(bracket, [self.new_config(budget) for _ in range(count)])
+        self.lineages += count
+        self._queue_round(bracket, [(self.new_config(budget), self.lineages - count + k) for k in range(count)])
 
-    def _queue_round(self, bracket: Bracket, configs: list[dict[str, Any]]) -> None:
+    def _queue_round(self, bracket: Bracket, configs: list[tuple[dict[str, Any], int]]) -> None:
         i = len(bracket.rounds)
         bracket.rounds.append({})
+        bracket.sizes.append(len(configs))
         bracket.ended.append(0)
-        self.queue.extend((bracket, i, raw) for raw in configs)
+        self.queue.extend((bracket, i, raw, lineage) for raw, lineage in configs)
         if not configs:  # nobody to promote: the bracket is over
             while not bracket.handed_out:
                 bracket.rounds.append({})
+                bracket.sizes.append(0)
                 bracket.ended.append(0)

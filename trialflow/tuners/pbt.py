@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..search_space import ReplayChooser, SearchSpace
-from .base import RandomChooser, Suggestion, Tuner
+from .base import LOAD_KEY, SAVE_KEY, RandomChooser, Suggestion, Tuner
 
-LOAD_KEY, SAVE_KEY = "load_checkpoint_dir", "save_checkpoint_dir"
 DEFAULT_CHECKPOINT_DIR = "checkpoint"  # relative: resolved by the trial runtime in the experiment's folder
 
 
