@@ -22,6 +22,7 @@ feeds a Bayesian linear regression; the candidate of largest expected improvemen
 from __future__ import annotations
 
 import warnings
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -91,8 +92,9 @@ class ModelTuner(Tuner):
     def candidates(self, count: int) -> np.ndarray:
         return self.vectors.random(count, self.np_rng)
 
+    @abstractmethod
     def propose(self) -> np.ndarray | None:
-        raise NotImplementedError
+        """The model's pick as a unit vector, or None to draw at random (no model yet)."""
 
 
 class MetisTuner(ModelTuner):
