@@ -4,25 +4,8 @@ options resampled where the mutation changes them) and the worst individual is d
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..search_space import SearchSpace
-from .base import RandomChooser, RawHistoryTuner, Suggestion
-
-
-class _MutationChooser(RandomChooser):
-    def __init__(self, tuner: EvolutionTuner, parent: dict[str, Any], mutate: str) -> None:
-        super().__init__(tuner.rng)
-        self.parent, self.mutate = parent, mutate
-
-    def draw_categorical(self, key: str, n: int) -> int:
-        return int(self.parent[key]) if key in self.parent and key != self.mutate else self.rng.randrange(n)
-
-    def draw_integer(self, key: str, low: int, high: int) -> int:
-        return int(self.parent[key]) if key in self.parent and key != self.mutate else self.rng.randint(low, high)
-
-    def draw_unit(self, key: str) -> float:
-        return float(self.parent[key]) if key in self.parent and key != self.mutate else self.rng.random()
+from .base import PreferringChooser, RandomChooser, RawHistoryTuner, Suggestion
 
 
 class EvolutionTuner(RawHistoryTuner):
@@ -38,7 +21,9 @@ class EvolutionTuner(RawHistoryTuner):
         else:
             a, b = self.rng.sample(self.population, 2)
             parent = self._raw[min(a, b)[1]]
-            chooser = _MutationChooser(self, parent, self.rng.choice(sorted(parent)) if parent else "")
+            mutate = self.rng.choice(sorted(parent)) if parent else ""
+            # the parent's values but the mutated one (redrawn), and nested options new to the mutation
+            chooser = PreferringChooser(self.rng, {k: v for k, v in parent.items() if k != mutate})
         return self._emit(chooser)
 
     def observe(self, parameter_id: int, value: float | None) -> None:
