@@ -20,14 +20,33 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")  # the emulators are on
 PYTHON = sys.executable
 
 
-@pytest.fixture(scope="session")
-def prefect_server():
-    """A throwaway Prefect API (temp DB) for tests that run flows; yields its URL."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+# A test that runs a flow without the fixture below gets Prefect's temporary server, which dies with
+# it; tests of the kept server ask for it (TRIALFLOW_PREFECT_SERVER=kept) in a home of their own.
+os.environ.setdefault("TRIALFLOW_PREFECT_SERVER", "temporary")
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield PREFECT_API_URL.value()
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """trialflow's kept local Prefect server, in a throwaway home, for tests that run flows: started once
+    per session (it stops with the session, also when pytest is killed); yields its API URL, which is
+    PREFECT_API_URL meanwhile (for this process and the CLI processes tests start)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trialflow.kept_server import ensure_server, stop_server
+
+    home = tmp_path_factory.mktemp("kept-server")
+    server = ensure_server(home, stop_with_pid=os.getpid())
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = server.url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.url}):
+            yield server.url
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+        stop_server(home)
 
 
 @pytest.fixture(autouse=True)

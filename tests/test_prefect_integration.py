@@ -37,6 +37,38 @@ def test_progress_table_and_best_trial_artifacts(tmp_path):
     assert float(progress.data) == 100.0
 
 
+def test_artifact_versions_are_written_only_on_change_and_at_most_every_snapshot_interval(tmp_path, monkeypatch):
+    """The progress bar is one artifact updated in place; the table and the summary get a new version
+    at most every SNAPSHOT_INTERVAL (here 1.5 s instead of 5 minutes) and at the end, and none when
+    nothing changed: the 8-hour bound of ~200 versions, in miniature."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from trialflow import ui
+
+    monkeypatch.setattr(ui, "PROGRESS_INTERVAL", 0.1)
+    monkeypatch.setattr(ui, "SNAPSHOT_INTERVAL", 1.5)
+    code = tmp_path / "code"
+    write_trial(code, "import nni, time\np = nni.get_next_parameter()\ntime.sleep(0.3)\n"
+                "nni.report_final_result(p['x'])\n")
+    started = time.monotonic()
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=12, trialConcurrency=2))
+    elapsed = time.monotonic() - started
+    key = f"experiment-{result.experiment_id}"
+    with get_client(sync_client=True) as client:
+        def versions(name: str) -> list:
+            return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{key}-{name}"])))
+
+        progress, table, best = versions("progress"), versions("trials"), versions("best")
+    assert len(progress) == 1 and float(progress[0].data) == 100.0  # updated in place, never a new version
+    bound = int(elapsed / 1.5) + 2  # one per interval, the first after the first trial, one at the end
+    assert 2 <= len(table) <= bound, (len(table), elapsed)
+    assert 1 <= len(best) <= len(table)  # the summary only when it changed
+    latest = max(table, key=lambda a: a.created)
+    rows = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
+    assert len(rows) == 12  # the final version is the whole experiment
+
+
 def test_a_serving_dashboard_is_linked_from_the_experiments_artifacts(tmp_path):
     from prefect.artifacts import Artifact
 

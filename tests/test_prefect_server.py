@@ -70,6 +70,24 @@ def _experiment(tmp_path: Path, name: str):
     return next(e for e in list_experiments(tmp_path / "w") if e.record.name == name)
 
 
+def _task_run_logs(client, names: dict, trials: dict, timeout: float = 30.0) -> dict[str, list[str]]:
+    """The log messages of the given task runs (id -> name), once each trial's run has its final line
+    (logs reach the API in batches)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+    found: dict[str, list[str]] = {}
+
+    def complete() -> bool:
+        found.clear()
+        for log in client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=list(names)))):
+            found.setdefault(names[log.task_run_id], []).append(log.message)
+        return len(found) == len(trials) and all(any(m.startswith("Finished in state") for m in messages)
+                                                 for messages in found.values())
+
+    wait_for(complete, timeout=timeout, interval=1.0)
+    return found
+
+
 def _task_runs(client, experiment_id: str, expected: int, timeout: float = 60.0):
     """The experiment's task runs once ``expected`` of them are final (states arrive as events)."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
@@ -106,7 +124,14 @@ def test_each_trial_is_a_suggest_a_submit_and_a_poll_task_run_whose_state_mirror
     failed = polls[f"trial-{trials[2].id}"]
     assert failed.type.value == "FAILED" and "exit code 3" in failed.message and "bad x" in failed.message
     early = polls[f"trial-{trials[3].id}"]
-    assert early.type.value == "COMPLETED" and early.name == "EarlyStopped"
+    assert early.type.value == "CANCELLED" and early.name == "EarlyStopped"  # drawn apart from successes
+    logs = _task_run_logs(client, {r.id: r.name for r in runs if r.name.startswith("trial-")}, trials)
+    failed_lines = logs[f"trial-{trials[2].id}"]
+    assert f'trial {trials[2].id} (#{trials[2].sequence}), parameters: {{"x": 2}}' in failed_lines
+    assert "[stderr] bad x" in failed_lines  # the trial's own output, line by line
+    readable = [m for m in failed_lines if m.startswith(f"trial {trials[2].id} FAILED")]
+    assert readable and "\nbad x" in readable[0]  # a real line break before the stderr tail
+    assert not [m for m in failed_lines if "NoneType: None" in m or m.startswith("Task run failed with state")]
     flow_runs = client.read_flow_runs()
     assert [f.state.type.value for f in flow_runs if f.name == exp.record.id] == ["COMPLETED"]
 

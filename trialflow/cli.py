@@ -22,27 +22,26 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .config import ConfigError, ConfigWarning, convert_config_file, load_config, parse_duration
-from .experiments import (
-    CONTROLLER_LOG,
-    ExperimentNotFound,
-    create_experiment,
-    find_experiment,
-    list_experiments,
-    load_experiment_config,
-    open_store,
-)
-from .flows.run_control import cancel_flow_run, interrupted, signal_of, stop_reason
+from ._lazy import lazy_module
+from .controller_launch import CONTROLLER_OUTPUT, PendingController, start_controller
 from .ids import looks_like_experiment_id
-from .platforms import PlatformError, TrainingService, TrialHandle, TrialStatus, experiment_service
-from .results import end_experiment
-from .store import ExperimentStore, StoreUnreadable
 from .trial.procs import pid_alive
-from .tuners import TunerError
-from .views import export_rows, print_experiment, print_trials, sort_trials
 
 if TYPE_CHECKING:
     from .dashboard import LiveDashboard
+    from .kept_server import KeptServer
+    from .platforms import TrainingService
+    from .store import ExperimentStore
+
+# imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
+_config = lazy_module("trialflow.config")
+_experiments = lazy_module("trialflow.experiments")
+_run_control = lazy_module("trialflow.flows.run_control")
+_platforms = lazy_module("trialflow.platforms")
+_results = lazy_module("trialflow.results")
+_store_module = lazy_module("trialflow.store")
+_tuners = lazy_module("trialflow.tuners")
+_views = lazy_module("trialflow.views")
 
 app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -77,7 +76,6 @@ PortOpt = Annotated[int | None, typer.Option("--port", "-p", help="the dashboard
                                              "free one; with --dashboard)")]
 DEFAULT_DASHBOARD_PORT = 8080
 MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
-CONTROLLER_OUTPUT = "controller.out"  # beside it: a background controller's raw output
 
 
 class CliError(Exception):
@@ -92,15 +90,15 @@ def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, Experime
     """The experiment's working directory and store; without an id, the only running experiment (as
     nnictl)."""
     if experiment_id is None:
-        running = [e.id for e in list_experiments(root) if e.record.status in ("RUNNING", "INITIALIZED")]
+        running = [e.id for e in _experiments.list_experiments(root) if e.record.status in ("RUNNING", "INITIALIZED")]
         if len(running) != 1:
             raise CliError("no experiment is running: give an experiment id (trialflow experiment list --all)"
                            if not running else f"{len(running)} experiments are running ({', '.join(running)}): "
                            "give the id of one")
         experiment_id = running[0]
     try:
-        return find_experiment(experiment_id, root)
-    except ExperimentNotFound as exc:
+        return _experiments.find_experiment(experiment_id, root)
+    except _experiments.ExperimentNotFound as exc:
         raise CliError(str(exc)) from None
 
 
@@ -123,7 +121,7 @@ def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127
                      storage: str | None = None) -> LiveDashboard:
     from .dashboard import LiveDashboard, journal_storage, open_mirror
 
-    store = open_store(root, experiment_id)
+    store = _experiments.open_store(root, experiment_id)
     try:
         mirror = open_mirror(store, storage or journal_storage(root / experiment_id))
         dashboard = LiveDashboard(store, mirror, host, port).start()
@@ -157,15 +155,18 @@ def _serve_until_interrupted(dashboard: LiveDashboard) -> None:
 
 
 def _stopped_by_signal(experiment_id: str, signum: int) -> None:
-    console.print(f"experiment {experiment_id} {stop_reason(signum)}: its running trials were cancelled; "
+    console.print(f"experiment {experiment_id} {_run_control.stop_reason(signum)}: its running trials were cancelled; "
                   f"resume it: trialflow resume {experiment_id}", highlight=False)
     raise typer.Exit(128 + signum)
 
 
 def _launch(experiment_id: str, root: Path, config_path: str | None, foreground: bool, dashboard: bool = False,
-            port: int = DEFAULT_DASHBOARD_PORT) -> None:
+            port: int = DEFAULT_DASHBOARD_PORT, controller: PendingController | None = None) -> None:
+    """Run the experiment here (``foreground``) or in a background controller (``controller``: one
+    started already, waiting for it)."""
     live = _start_dashboard(experiment_id, root, port) if dashboard else None
     if foreground:
+        _use_kept_server()
         from .live import run_with_progress
 
         try:
@@ -173,13 +174,14 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         except BaseException as exc:
             if live is not None:
                 live.stop()
-            if isinstance(exc, PlatformError | ConfigError | TunerError):  # stored as ERROR with it too
+            # stored as ERROR with it too
+            if isinstance(exc, _platforms.PlatformError | _config.ConfigError | _tuners.TunerError):
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
-            signum = signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
+            signum = _run_control.signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
             if signum is None:
                 raise
             _stopped_by_signal(experiment_id, signum)
-        if (signum := interrupted()) is not None:
+        if (signum := _run_control.interrupted()) is not None:
             if live is not None:
                 live.stop()
             _stopped_by_signal(experiment_id, signum)
@@ -189,19 +191,52 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         if status != "DONE" or failure:
             raise CliError(failure or f"experiment {experiment_id} ended {status}")
         return
-    log_path = root / experiment_id / CONTROLLER_LOG
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "trialflow.cli", "_run", experiment_id, "--root", str(root)]
-    if config_path:
-        args += ["--config", config_path]
-    # the flow writes its log records to log_path itself; this file catches what else is printed
-    with open(log_path.parent / CONTROLLER_OUTPUT, "ab") as log:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {proc.pid})", markup=True)
-    console.print(f"  progress: trialflow trial ls {experiment_id}   log: {log_path}", soft_wrap=True)
-    console.print(f"  stop:     trialflow stop {experiment_id}")
+    log_path = root / experiment_id / _experiments.CONTROLLER_LOG
+    controller = controller or start_controller()
+    controller.run(experiment_id, root, config_path)
+    console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {controller.pid})", markup=True)
+    console.print(f"  Prefect UI: {_run_page(experiment_id, root, controller)}", soft_wrap=True)
+    console.print(f"  progress:   trialflow trial ls {experiment_id}   log: {log_path}", soft_wrap=True)
+    console.print(f"  stop:       trialflow stop {experiment_id}")
     if live is not None:
         _serve_until_interrupted(live)
+
+
+def _use_kept_server() -> None:
+    """Without a configured Prefect API, this process and the controllers it starts use the kept local
+    server (started now when none runs, without waiting: it comes up while the controller imports)."""
+    from .kept_server import ServerError, point_this_process_at_kept_server
+
+    try:
+        point_this_process_at_kept_server()
+    except ServerError as exc:
+        raise CliError(str(exc)) from None
+
+
+RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
+
+
+def _run_page(experiment_id: str, root: Path, controller: PendingController) -> str:
+    """The Prefect UI page of the background controller's flow run, once it has recorded it (as nnictl
+    prints its web UI's address). Raises :class:`CliError` when the controller ends before that."""
+    from .kept_server import flow_run_page
+
+    store = _experiments.open_store(root, experiment_id)
+    deadline = time.monotonic() + RUN_PAGE_WAIT
+    try:
+        while time.monotonic() < deadline:
+            record = store.experiment()
+            if record.flow_run_id:
+                return flow_run_page(record.prefect_api, record.flow_run_id) or (
+                    "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)")
+            if controller.proc.poll() is not None:
+                log = root / experiment_id / Path(_experiments.CONTROLLER_LOG).parent / CONTROLLER_OUTPUT
+                why = record.message or f"see {log if log.exists() else controller.spool}"
+                raise CliError(f"experiment {experiment_id} ended at once ({record.status}): {why}")
+            time.sleep(0.05)
+    finally:
+        store.close()
+    return f"not known yet: trialflow webui url {experiment_id}"
 
 
 @app.command()
@@ -210,13 +245,19 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
            dashboard: DashboardOpt = False, port: PortOpt = None) -> None:
     """Create an experiment from an NNI-style config file and start it."""
     port = _dashboard_port(dashboard, port)
+    # a background controller starts at once: its imports overlap the config's checks here
+    controller = None if foreground else start_controller()
     try:
-        cfg = load_config(config)
-        experiment_id, exp_dir = create_experiment(cfg, str(config.resolve()))  # checks the tuner first
-    except (ConfigError, TunerError) as exc:
-        raise CliError(str(exc)) from None
+        cfg = _config.load_config(config)
+        experiment_id, exp_dir = _experiments.create_experiment(cfg, str(config.resolve()))  # checks the tuner first
+    except BaseException as exc:
+        if controller is not None:
+            controller.cancel()
+        if isinstance(exc, _config.ConfigError | _tuners.TunerError):
+            raise CliError(str(exc)) from None
+        raise
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {escape(str(exp_dir))}", markup=True)
-    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, port)
+    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, port, controller)
 
 
 @config_app.command("convert")
@@ -230,8 +271,8 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            converted = convert_config_file(config)
-    except ConfigError as exc:
+            converted = _config.convert_config_file(config)
+    except _config.ConfigError as exc:
         raise CliError(str(exc)) from None
     if converted is None:
         raise CliError(f"{config} is already a v2 config (no trainingServicePlatform, trial or *Config sections); "
@@ -260,7 +301,7 @@ def algo_register(meta: Annotated[Path, typer.Option("--meta", "--meta_path", "-
         if entry.class_args_validator:
             load_class(entry.class_args_validator, entry.code_directory, f"{entry.builtin_name} classArgsValidator")
         register(entry, set(TUNERS) | set(ASSESSORS))
-    except TunerError as exc:
+    except _tuners.TunerError as exc:
         raise CliError(str(exc)) from None
     name = escape(entry.builtin_name)
     console.print(f"registered {entry.algo_type} [bold]{name}[/] ({escape(entry.class_name)}); use it as "
@@ -278,7 +319,7 @@ def algo_list() -> None:
 
     try:
         entries = registered_algorithms()
-    except TunerError as exc:
+    except _tuners.TunerError as exc:
         raise CliError(str(exc)) from None
     builtins = Table("name", "type", "className", title="built-in")
     for kind, known in (("tuner", TUNERS), ("assessor", ASSESSORS)):
@@ -298,7 +339,7 @@ def algo_unregister(name: str) -> None:
 
     try:
         entry = unregister(name)
-    except TunerError as exc:
+    except _tuners.TunerError as exc:
         raise CliError(str(exc)) from None
     console.print(f"unregistered {entry.algo_type} {entry.builtin_name}")
 
@@ -360,6 +401,7 @@ def resume(experiment_id: str, root: RootOpt = None,
 @app.command("_run", hidden=True)
 def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root")],
                  config: Annotated[str | None, typer.Option("--config")] = None) -> None:
+    _use_kept_server()  # before Prefect is imported: every thread of the controller reports to it
     from .flows.experiment import final_status, run_experiment_flow
 
     state = run_experiment_flow(config, experiment_id, str(root))
@@ -374,7 +416,7 @@ def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = Fal
     """Show an experiment's status, budget and best trial (read-only)."""
     port = _dashboard_port(dashboard, port)
     base, store = _store(experiment_id, root)
-    print_experiment(console, store)
+    _views.print_experiment(console, store)
     if dashboard:
         _serve_until_interrupted(_start_dashboard(experiment_id, base, port))
 
@@ -407,7 +449,8 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
         raise CliError("give an experiment id or --all, not both")
     unreadable: list[str] = []
     if all_:
-        targets = [(e.root, open_store(e.root, e.id)) for e in list_experiments(root, unreadable)
+        targets = [(e.root, _experiments.open_store(e.root, e.id))
+                   for e in _experiments.list_experiments(root, unreadable)
                    if e.record.status in ("RUNNING", "INITIALIZED")]
     else:
         targets = [_store(experiment_id, root)]
@@ -435,29 +478,30 @@ def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
         store.set_status(trial.id, "USER_CANCELED", message="cancelled by trialflow stop")
     _cancel_offline(store, base, [t.handle for t in left])
     if store.experiment().status not in ("DONE", "ERROR"):
-        end_experiment(store, "STOPPED")
+        _results.end_experiment(store, "STOPPED")
     record = store.experiment()
     if controller_gone and was_running and record.flow_run_id:
-        cancel_flow_run(record.flow_run_id, record.prefect_api, f"experiment {record.id} stopped by trialflow stop")
+        _run_control.cancel_flow_run(record.flow_run_id, record.prefect_api,
+                                     f"experiment {record.id} stopped by trialflow stop")
 
 
 def _open_service(store: ExperimentStore, base: Path) -> TrainingService:
     """The experiment's training service, for work done without its controller (kill, logs)."""
-    config = load_experiment_config(store)
-    return experiment_service(config, base / store.experiment_id)
+    config = _experiments.load_experiment_config(store)
+    return _platforms.experiment_service(config, base / store.experiment_id)
 
 
 def _cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> None:
     """Stop trials whose controller is gone, through their training service."""
-    live = [TrialHandle.from_dict(h) for h in handles if h]
+    live = [_platforms.TrialHandle.from_dict(h) for h in handles if h]
     if not live:
         return
     service = _open_service(store, base)
     try:
         for handle in live:
             try:
-                service.cancel(handle, TrialStatus.USER_CANCELED)
-            except PlatformError as exc:
+                service.cancel(handle, _platforms.TrialStatus.USER_CANCELED)
+            except _platforms.PlatformError as exc:
                 console.print(f"[yellow]warning:[/] trial {handle.trial_id} may still run: {escape(str(exc))}",
                               markup=True, highlight=False)
     finally:
@@ -472,7 +516,7 @@ def _update(experiment_id: str | None, what: str, value: str, root: Path | None)
     experiment_id = store.experiment_id
     if what == "duration":
         try:
-            seconds = parse_duration(value)
+            seconds = _config.parse_duration(value)
         except ValueError as exc:
             raise CliError(f"bad duration value: {exc}") from None
         if not isinstance(seconds, int) or seconds <= 0:
@@ -558,10 +602,10 @@ def experiment_list(root: RootOpt = None,
 
     table = Table("id", "name", "status", "trials", "started", "directory")
     unreadable: list[str] = []
-    for e in list_experiments(root, unreadable):
+    for e in _experiments.list_experiments(root, unreadable):
         if not all_ and e.record.status not in ("RUNNING", "INITIALIZED"):
             continue
-        store = open_store(e.root, e.id)
+        store = _experiments.open_store(e.root, e.id)
         count = len(store.trials())
         store.close()
         started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
@@ -594,7 +638,7 @@ def experiment_export(
     if kind not in ("json", "csv"):
         raise CliError(f"bad --type {kind!r}: use json or csv")
     _, store = _store(experiment_id, root)
-    rows = export_rows(store, intermediate)
+    rows = _views.export_rows(store, intermediate)
     if kind == "json":
         filename.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     else:
@@ -676,7 +720,7 @@ def experiment_delete(experiment_id: ExpIdArg = None, root: RootOpt = None,
     if all_ and experiment_id:
         raise CliError("give an experiment id or --all, not both")
     if all_:
-        targets = [(e.root, open_store(e.root, e.id)) for e in list_experiments(root)]
+        targets = [(e.root, _experiments.open_store(e.root, e.id)) for e in _experiments.list_experiments(root)]
         targets = [(base, store) for base, store in targets if not _controller_alive(store)]
     else:
         base, store = _store(experiment_id, root)
@@ -760,14 +804,15 @@ def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.O
     _, store = _store(experiment_id, root)
     trials = store.trials()
     if head is not None or tail is not None:
-        trials = sort_trials(trials, store, head, tail)
-    print_trials(console, trials)
+        trials = _views.sort_trials(trials, store, head, tail)
+    _views.print_trials(console, trials)
 
 
 def _ids(experiment_id: str | None, trial: str | None, trial_id: str | None) -> tuple[str | None, str]:
     """(experiment id, trial id) from nnictl's ``[ID] --trial_id T`` or trialflow's ``ID TRIAL``; a lone
     positional that is a trial id names the trial of the only running experiment."""
-    if trial_id is None and trial is None and experiment_id is not None and not looks_like_experiment_id(experiment_id):
+    if (trial_id is None and trial is None and experiment_id is not None
+            and not looks_like_experiment_id(experiment_id)):
         experiment_id, trial = None, experiment_id
     if (trial is None) == (trial_id is None):
         raise CliError("give the trial once: --trial_id TRIAL (or after the experiment id)")
@@ -811,17 +856,85 @@ def log_trial(experiment_id: ExpIdArg = None,
         raise CliError(str(exc).strip("'\"")) from None
     if not trial.handle:
         raise CliError(f"trial {trial_id} was never submitted, so it has no logs")
-    handle = TrialHandle.from_dict(trial.handle)
+    handle = _platforms.TrialHandle.from_dict(trial.handle)
     service = _open_service(store, base)
     try:
         logs = service.logs(handle, tail)
-    except PlatformError as exc:
+    except _platforms.PlatformError as exc:
         raise CliError(f"cannot fetch the logs of trial {trial_id}: {exc}") from None
     finally:
         service.close()
     for name, text in logs.items():
         console.rule(name)
         typer.echo(text)
+
+
+# ---- the kept local Prefect server ---------------------------------------------------------------
+
+server_app = typer.Typer(help="trialflow's kept local Prefect server and its UI (used when PREFECT_API_URL is "
+                         "not set).", no_args_is_help=True)
+app.add_typer(server_app, name="server")
+
+
+def _configured_api_note() -> None:
+    if os.environ.get("PREFECT_API_URL"):
+        console.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): experiments report there, "
+                      "not to this server", soft_wrap=True, highlight=False)
+
+
+def _print_server(server: KeptServer, what: str) -> None:
+    console.print(f"Prefect server {what}: UI [bold]{server.ui_url}[/]  API {server.url}  (pid {server.pid})",
+                  markup=True, soft_wrap=True, highlight=False)
+    console.print(f"  database and log: {server.home}", soft_wrap=True, highlight=False)
+
+
+@server_app.command("start")
+def server_start() -> None:
+    """Start the kept server (once; experiments start it on first use anyway)."""
+    from .kept_server import ServerError, ensure_server, running_server
+
+    already = running_server()
+    try:
+        server = ensure_server()
+    except ServerError as exc:
+        raise CliError(str(exc)) from None
+    _print_server(server, "already running" if already else "started")
+    _configured_api_note()
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Whether the kept server runs and answers (exit code 1 when it does not run)."""
+    from .kept_server import running_server
+
+    server = running_server()
+    if server is None:
+        console.print("Prefect server: not running (experiments start it; or: trialflow server start)")
+        _configured_api_note()
+        raise typer.Exit(1)
+    _print_server(server, "running" if server.healthy() else "starting or not answering")
+    _configured_api_note()
+
+
+@server_app.command("stop")
+def server_stop(force: Annotated[bool, typer.Option("--force", help="stop it even while experiments report to "
+                                                    "it (they go on, without Prefect's records)")] = False) -> None:
+    """Stop the kept server; the next experiment (or `server start`) starts it again, on the same port."""
+    from .kept_server import ServerError, running_server, stop_server
+
+    server = running_server()
+    if server is None:
+        console.print("Prefect server: not running")
+        return
+    users = [e.id for e in _experiments.list_experiments(None) if e.record.status in ("RUNNING", "INITIALIZED")
+             and e.record.prefect_api == server.url]
+    if users and not force:
+        raise CliError(f"experiment(s) {', '.join(users)} report to this server: stop them first, or --force")
+    try:
+        stop_server()
+    except ServerError as exc:
+        raise CliError(str(exc)) from None
+    console.print(f"Prefect server stopped (was pid {server.pid} at {server.ui_url})", highlight=False)
 
 
 # ---- the rest of nnictl ------------------------------------------------------------------------
@@ -906,7 +1019,7 @@ PathOpt = Annotated[bool, typer.Option("--path", help="print the file's path onl
 def log_stdout(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailOpt = None, path: PathOpt = False,
                root: RootOpt = None) -> None:
     """The experiment controller's log (log/experiment.log: the run's and its trials' records)."""
-    _print_log(_log_file(experiment_id, root, Path(CONTROLLER_LOG).name), head, tail, path)
+    _print_log(_log_file(experiment_id, root, Path(_experiments.CONTROLLER_LOG).name), head, tail, path)
 
 
 @log_app.command("stderr")
@@ -920,13 +1033,15 @@ def log_stderr(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailO
 def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
     (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
-    from .ui import DASHBOARD_URL_CONTROL, flow_run_page
+    from .kept_server import flow_run_page
+    from .ui import DASHBOARD_URL_CONTROL
 
     _, store = _store(experiment_id, root)
     record = store.experiment()
     page = flow_run_page(record.prefect_api, record.flow_run_id)
     console.print(f"Prefect UI: {page}" if page else "Prefect UI: none (the run used Prefect's temporary server, "
-                  "which has no UI; set PREFECT_API_URL to a `prefect server start` to get one)", soft_wrap=True)
+                  "which has no UI; without TRIALFLOW_PREFECT_SERVER=temporary runs get trialflow's kept "
+                  "server and its UI)", soft_wrap=True)
     dashboard = record.controls.get(DASHBOARD_URL_CONTROL)
     console.print(f"dashboard: {dashboard}" if dashboard else
                   f"dashboard: none serving (trialflow dashboard {record.id})", soft_wrap=True)
@@ -942,17 +1057,17 @@ def platform_clean(config: Annotated[Path, typer.Option("--config", "-c", help="
     import tempfile
 
     try:
-        cfg = load_config(config)
-    except ConfigError as exc:
+        cfg = _config.load_config(config)
+    except _config.ConfigError as exc:
         raise CliError(str(exc)) from None
     names = ", ".join(s.platform for s in cfg.services)
     if not yes and not typer.confirm(f"remove every experiment's files trialflow left on {names}?"):
         raise typer.Exit(1)
     with tempfile.TemporaryDirectory() as scratch:
-        service = experiment_service(cfg, Path(scratch) / "platform-clean")
+        service = _platforms.experiment_service(cfg, Path(scratch) / "platform-clean")
         try:
             removed = service.clean()
-        except PlatformError as exc:
+        except _platforms.PlatformError as exc:
             raise CliError(str(exc)) from None
         finally:
             service.close()
@@ -1045,7 +1160,7 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
                   line: str | None = None) -> None:
     """Config warnings as one line, each once (the config may be read twice: by the command and its run);
     others as Python prints them."""
-    if issubclass(category, ConfigWarning):
+    if issubclass(category, _config.ConfigWarning):
         if str(message) in _WARNED:
             return
         _WARNED.add(str(message))
@@ -1061,7 +1176,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     try:
         code = app(standalone_mode=False)
-    except (CliError, StoreUnreadable) as exc:
+    except (CliError, _store_module.StoreUnreadable) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(1)
     except typer.Abort:

@@ -2,8 +2,8 @@
 direction and how many trials finished, stopped early or failed) and, while ``trialflow dashboard``
 serves one, a link to its live optuna-dashboard.
 
-Updated at most every ``MIN_INTERVAL`` seconds (artifact writes are API calls; large experiments
-update less often, see :meth:`ArtifactReporter.update`) and once at the end.
+Written only when their content changed (see :class:`ArtifactReporter`): the progress in place, the
+table and the summary at most every five minutes and once at the end.
 Metric values are made JSON-safe first (the API would emit ``Infinity``).
 """
 
@@ -20,22 +20,11 @@ from .results import best_trial, maximizes, outcome_counts, trial_value
 from .store import TrialRecord
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
-MIN_INTERVAL = 3.0
+PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)
+SNAPSHOT_INTERVAL = 300.0  # seconds between new versions of the trials table and the summary
 MAX_SHARE = 20
 MAX_TABLE_ROWS = 500
 log = logging.getLogger("trialflow.ui")
-
-
-def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
-    """The Prefect UI page of a flow run on the configured API ``api`` (None for Prefect's temporary
-    server, which serves no UI)."""
-    if not api or not flow_run_id:
-        return None
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: api}):
-        ui = PREFECT_UI_URL.value()
-    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else None
 
 
 def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
@@ -56,60 +45,89 @@ def _safe(value: Any) -> Any:
 
 
 class ArtifactReporter:
+    """The experiment's Prefect artifacts, written only when their content changed: the progress bar
+    updated in place (one artifact, no new versions) at most every ``PROGRESS_INTERVAL`` seconds; new
+    versions of the trials table and the best-trial summary at most every ``SNAPSHOT_INTERVAL`` seconds
+    (the first as soon as a trial has ended) and once at the end. An 8-hour experiment so writes at most
+    ~200 versions; the live dashboard is for watching second by second.
+
+    Lifecycle: :meth:`maybe_update` on every loop tick, :meth:`update` with ``final=True`` once at the
+    end. Never raises: a failed write is logged and tried again at the next turn."""
+
     def __init__(self, ctx: ExperimentContext) -> None:
         self.ctx = ctx
         self.key = f"experiment-{ctx.experiment_id}"
-        self._last = 0.0
-        self._interval = MIN_INTERVAL
+        self._next_progress = 0.0
+        self._next_snapshot = 0.0
+        self._interval = PROGRESS_INTERVAL
         self._progress_id: Any = None
+        self._progress: float | None = None
+        self._written: dict[str, Any] = {}  # artifact key -> the content of its latest version
         self._dashboard_url: str | None = None
+        self.versions = 0  # versions created by this reporter (progress updates in place do not count)
 
     def maybe_update(self) -> None:
-        if time.monotonic() - self._last >= self._interval:
+        if time.monotonic() >= self._next_progress:
             self.update()
 
-    def update(self) -> None:
-        self._last = time.monotonic()
+    def update(self, final: bool = False) -> None:
+        started = time.monotonic()
         try:
-            self._publish()
+            self._publish(final or started >= self._next_snapshot)
         except Exception as exc:  # the UI must never stop an experiment
             log.warning("could not update the Prefect UI artifacts: %s", exc)
         # Publishing reads every trial: with thousands of them it takes longer, so it runs less often
         # and never takes more than ~1/MAX_SHARE of the controller's time.
-        self._interval = max(MIN_INTERVAL, (time.monotonic() - self._last) * MAX_SHARE)
+        self._interval = max(PROGRESS_INTERVAL, (time.monotonic() - started) * MAX_SHARE)
+        self._next_progress = time.monotonic() + self._interval
 
-    def _publish(self) -> None:
-        from prefect.artifacts import (
-            create_link_artifact,
-            create_markdown_artifact,
-            create_progress_artifact,
-            create_table_artifact,
-            update_progress_artifact,
-        )
+    def _publish(self, snapshot_due: bool) -> None:
+        from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 
         trials = self.ctx.store.trials()
         budget = self.ctx.config.max_trial_number
         done = sum(t.is_terminal for t in trials)
-        progress = 100.0 * done / budget if budget else (100.0 if done and done == len(trials) else 0.0)
+        progress = round(100.0 * done / budget if budget else (100.0 if done and done == len(trials) else 0.0), 1)
         if self._progress_id is None:
             self._progress_id = create_progress_artifact(progress=progress, key=f"{self.key}-progress",
                                                          description="trials finished / maxTrialNumber")
-        else:
+            self.versions += 1
+        elif progress != self._progress:
             update_progress_artifact(artifact_id=self._progress_id, progress=progress)
+        self._progress = progress
+        if snapshot_due and done:
+            self._snapshot(trials)
+            self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL
+        url = self.ctx.store.controls().get(DASHBOARD_URL_CONTROL)
+        if url and url != self._dashboard_url:
+            create_link_artifact(key=f"{self.key}-dashboard", link=url, link_text="live optuna-dashboard",
+                                 description="charts of this experiment, updated as trials report")
+            self._dashboard_url = url
+            self.versions += 1
+
+    def _snapshot(self, trials: list[TrialRecord]) -> None:
+        """New versions of the trials table and the best-trial summary, each only when it changed."""
+        from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
         hybrid = self.ctx.config.is_hybrid
         rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status,
                  **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": _safe(trial_value(t)),
                  **{f"param.{k}": _safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
-        create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
+        if self._changed("trials", rows):
+            create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
+            self.versions += 1
         maximize = maximizes(self.ctx.store.experiment())
         best = best_trial(trials, maximize)
         text = "No successful trial yet." if best is None else (
             f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"
             + "\n".join(f"- `{k}` = `{v}`" for k, v in best.parameters.items()))
         text += f"\n\n{trial_counts(trials, maximize)}"
-        create_markdown_artifact(key=f"{self.key}-best", markdown=text, description="best trial so far")
-        url = self.ctx.store.controls().get(DASHBOARD_URL_CONTROL)
-        if url and url != self._dashboard_url:
-            create_link_artifact(key=f"{self.key}-dashboard", link=url, link_text="live optuna-dashboard",
-                                 description="charts of this experiment, updated as trials report")
-            self._dashboard_url = url
+        if self._changed("best", text):
+            create_markdown_artifact(key=f"{self.key}-best", markdown=text, description="best trial so far")
+            self.versions += 1
+
+    def _changed(self, name: str, content: Any) -> bool:
+        if self._written.get(name) == content:
+            return False
+        self._written[name] = content
+        return True

@@ -50,8 +50,9 @@ from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
 from ..ui import ArtifactReporter
+from .run_api import experiment_api
 from .run_control import StopWatch, label_run, retried_experiment, run_tags, signal_of, stop_reason
-from .temporary_server import guard_temporary_servers, start_temporary_server
+from .temporary_server import guard_temporary_servers
 
 TICK_SECONDS = 0.25
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
@@ -105,6 +106,8 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         tuner = config.tuner.name or config.tuner.class_name if config.tuner else None
         flow_run_id = label_run(experiment_id, run_tags(experiment_id, [s.platform for s in config.services],
                                                         tuner))
+        # recorded at once: `create` prints the run's UI page as soon as it is known
+        store.set_experiment(flow_run_id=flow_run_id, prefect_api=_configured_api())
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
@@ -135,11 +138,13 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
 
 
 def run_experiment_flow(config_path: str | None, experiment_id: str | None, root: str | None) -> State:
-    """Run :func:`experiment_flow` in this process and return its final state. Prefect's temporary server,
-    when one is used, is started first in a session of its own: a Ctrl-C in this terminal stops the
-    experiment, never its API."""
-    start_temporary_server()
-    return experiment_flow(config_path, experiment_id, root, return_state=True)
+    """Run :func:`experiment_flow` in this process and return its final state. Without a configured
+    PREFECT_API_URL it reports to trialflow's kept local server (:mod:`trialflow.kept_server`), started
+    first when needed, or to Prefect's temporary server when that is asked for. Either runs in a session
+    of its own: a Ctrl-C in this terminal stops the experiment, never its API. Raises
+    :class:`~trialflow.kept_server.ServerError` when the kept server cannot start."""
+    with experiment_api():
+        return experiment_flow(config_path, experiment_id, root, return_state=True)
 
 
 def _configured_api() -> str | None:
@@ -291,7 +296,7 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
             future.wait()
         loop.close()
         ctx.store.set_control("elapsed_seconds", loop.elapsed())
-        loop.reporter.update()
+        loop.reporter.update(final=True)
 
 
 def _raise_if_algorithm_failed(ctx: ExperimentContext) -> None:

@@ -23,43 +23,10 @@ import sys
 import threading
 from types import SimpleNamespace
 
+from ..trial.procs import stop_with
+
 log = logging.getLogger("trialflow.experiment")
 _GUARDED: set[int] = set()
-
-_WATCHDOG = r"""
-import os, select, signal, sys, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-parent, server, started = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-
-def start_time(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
-
-try:
-    select.select([os.pidfd_open(parent)], [], [])
-except (AttributeError, OSError):
-    while start_time(parent) is not None:
-        time.sleep(0.5)
-for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-    if start_time(server) != started:
-        break
-    os.kill(server, sig)
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and start_time(server) == started:
-        time.sleep(0.1)
-"""
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
-
 
 _START_LOCK = threading.Lock()
 
@@ -95,21 +62,17 @@ def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[b
 
 def guard_temporary_servers() -> None:
     """Give each temporary Prefect server of this process that runs a watchdog (once)."""
-    try:
-        from prefect.server.api.server import SubprocessASGIServer
-    except ImportError:  # no server code: nothing of ours to guard
+    module = sys.modules.get("prefect.server.api.server")
+    if module is None:  # never imported (a configured or kept server): no temporary server to guard
         return
+    SubprocessASGIServer = module.SubprocessASGIServer
     for server in list(SubprocessASGIServer._instances.values()):
         process = getattr(server, "server_process", None)
         if process is None or process.pid in _GUARDED or process.poll() is not None:
             continue
-        started = _start_time(process.pid)
-        if started is None:
-            continue
         try:
-            subprocess.Popen([sys.executable, "-S", "-c", _WATCHDOG, str(os.getpid()), str(process.pid), started],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, close_fds=True)
+            if not stop_with(os.getpid(), process.pid):
+                continue
         except OSError as exc:  # the experiment runs on; only a SIGKILL would leave the server behind
             log.warning("could not watch the temporary Prefect server (pid %s): %s", process.pid, exc)
             continue

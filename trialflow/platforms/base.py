@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..trial.protocol import OUTPUT_FILES
 from ..trial.records import MetricRecord
 from .errors import LostHandleError, PlatformError, TransientPlatformError
 
@@ -129,6 +130,20 @@ class TrainingService(ABC):
         """The trial's log files by name (``trial.stdout``, ``trial.stderr``, ``trial.log``), the last
         ``tail`` bytes of each when given; empty when not available."""
         return {}
+
+    output_read_seconds: float = 5.0  # how often a trial's follower asks for new output (fetching may cost)
+
+    def read_output(self, handle: TrialHandle, offsets: dict[str, int]) -> dict[str, bytes]:
+        """The trial's stdout/stderr written after ``offsets`` (bytes per file name), by file name.
+        Default: from :meth:`logs` (whole files: services that can read from an offset override it).
+        Raises PlatformError like :meth:`logs`."""
+        out = {}
+        for name, text in self.logs(handle).items():
+            if name in OUTPUT_FILES:
+                data = text.encode("utf-8", "replace")
+                if len(data) > offsets.get(name, 0):
+                    out[name] = data[offsets.get(name, 0):]
+        return out
 
     def abandon(self, trial_id: str) -> None:
         """The trial's follower is done with it (ended, or its submission or polling failed for

@@ -183,6 +183,9 @@ class HybridService(TrainingService):
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         return self._member(handle).service.logs(handle, tail)
 
+    def read_output(self, handle: TrialHandle, offsets: dict[str, int]) -> dict[str, bytes]:
+        return self._member(handle).service.read_output(handle, offsets)
+
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
         return self._member(handle).service.output_folder(handle, name)
 

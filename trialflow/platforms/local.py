@@ -39,7 +39,7 @@ from .base import (
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .share import OUTPUT_DIR, Share
-from .trialdir import ended_update, read_metrics_file, read_trial_logs, tail_text
+from .trialdir import ended_update, read_metrics_file, read_output_files, read_trial_logs, tail_text
 
 KEEPER_PID_WAIT = 10.0
 
@@ -211,6 +211,11 @@ class LocalTrainingService(TrainingService):
         keeper = read_json(os.path.join(handle.data["trial_dir"], META_DIR, KEEPER_SPEC))
         if self.gpu is not None and keeper and keeper.get("gpus"):
             self.gpu.adopt(handle.trial_id, keeper["gpus"])
+
+    output_read_seconds = 1.0  # a file read from an offset
+
+    def read_output(self, handle: TrialHandle, offsets: dict[str, int]) -> dict[str, bytes]:
+        return read_output_files(handle.data["trial_dir"], offsets)
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         return read_trial_logs(handle.data["trial_dir"], tail)

@@ -78,7 +78,7 @@ from .base import (
 )
 from .metrics_receiver import MetricsReceiver
 from .runtime_files import runtime_files, runtime_key
-from .trialdir import ended_update, read_from, read_metrics_file, read_trial_logs, tail_text
+from .trialdir import ended_update, read_from, read_metrics_file, read_output_files, read_trial_logs, tail_text
 
 log = logging.getLogger("trialflow.platforms")
 ENV_CHECK_SECONDS = 2.0
@@ -590,6 +590,11 @@ class SharedStorageService(TrainingService):
             token = self.read_token(f"{handle.data['job']}-token")
             if token:
                 self.receiver.grant(token, handle.trial_id)
+
+    output_read_seconds = 1.0  # a file read from an offset
+
+    def read_output(self, handle: TrialHandle, offsets: dict[str, int]) -> dict[str, bytes]:
+        return read_output_files(self._trial_dir(handle), offsets)
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         return read_trial_logs(self._trial_dir(handle), tail)

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..trial.protocol import LOG_FILES, METRICS_FILE
+from ..trial.protocol import LOG_FILES, METRICS_FILE, OUTPUT_FILES
 from ..trial.records import MetricRecord, parse_file_frames
 from .base import TrialStatus, TrialUpdate
 
@@ -71,4 +71,14 @@ def read_trial_logs(trial_dir: str | Path, tail: int | None = None) -> dict[str,
         path = os.path.join(trial_dir, name)
         if os.path.exists(path):
             out[name] = tail_text(path, tail) if tail else Path(path).read_text("utf-8", "replace")
+    return out
+
+
+def read_output_files(trial_dir: str | Path, offsets: dict[str, int]) -> dict[str, bytes]:
+    """What the trial's command printed after ``offsets`` (bytes per file name), by file name."""
+    out = {}
+    for name in OUTPUT_FILES:
+        data = read_from(os.path.join(trial_dir, name), offsets.get(name, 0))
+        if data:
+            out[name] = data
     return out

@@ -9,12 +9,15 @@ with the platform's backoff (``trialflow.platforms.table``), and services make i
 honours cancel requests and the experiment's stop event, and records the trial's terminal status
 exactly once -- cancels record their status (USER_CANCELED / EARLY_STOPPED) before the kill, so the
 kill's exit code never overrides it. Its task run ends in a state mirroring the trial: Completed,
-Failed (exit code and stderr tail as the message), Cancelled, or Completed named ``EarlyStopped``.
+Failed (exit code and stderr tail as the message), Cancelled, or Cancelled named ``EarlyStopped``
+(drawn apart from successes in the run graph). The trial's parameters, its output and a failure's
+message go to the task run's logs.
 The trial's slot is released as soon as its end is recorded, before the task run closes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -39,6 +42,7 @@ from ..store import Metric
 from ..tuners import scalar_or_none
 from .retries import retry_options
 from .suggest import observe
+from .trial_output import TrialOutput, output_logger
 
 log = logging.getLogger("trialflow.trials")
 TRANSIENT_POLL_LIMIT = 30
@@ -75,8 +79,11 @@ def poll_trial(experiment_id: str, trial_id: str) -> State:
     state mirrors the trial's. A trial whose submission failed is recorded FAILED here, and so is one
     whose following failed in a way nobody foresaw: no trial is left WAITING or RUNNING."""
     ctx = get_context(experiment_id)
+    trial = ctx.store.trial(trial_id)
+    output_logger().info("trial %s (#%d), parameters: %s", trial_id, trial.sequence,
+                         json.dumps(trial.parameters, default=str))
     try:
-        raw = ctx.store.trial(trial_id).handle
+        raw = trial.handle
         if raw is None:
             error = ctx.submit_errors.pop(trial_id, "it was never submitted")
             status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {error}"), [])
@@ -108,19 +115,30 @@ def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
     message = ctx.store.trial(trial_id).message
     if status == TrialStatus.SUCCEEDED.value:
         return Completed(message=f"trial {trial_id} succeeded", data=status)
-    if status == TrialStatus.EARLY_STOPPED.value:
-        return Completed(name="EarlyStopped", message=message or "stopped early", data=status)
+    if status == TrialStatus.EARLY_STOPPED.value:  # Cancelled-type: the run graph draws it apart from successes
+        return Cancelled(name="EarlyStopped", message=message or "stopped early", data=status)
     if status in (TrialStatus.USER_CANCELED.value, TrialStatus.SYS_CANCELED.value):
         return Cancelled(message=f"{status}: {message or 'cancelled'}", data=status)
-    return Failed(message=f"trial {trial_id} {status}: {message or ''}".strip(), data=status)
+    failure = f"trial {trial_id} {status}: {message or ''}".strip()
+    output_logger().error("%s", failure)  # with its real line breaks (Prefect's own lines quote it)
+    return Failed(message=failure, data=status)
 
 
 def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> str:
-    """Poll the trial until it ends; returns its recorded terminal status.
+    """Poll the trial until it ends; returns its recorded terminal status. Its output goes to this task
+    run's logs meanwhile (:mod:`trialflow.tasks.trial_output`).
 
     A poll's terminal status is looked at before the assessor: a trial that has already ended keeps its
     own outcome (its exit code, its final result), the assessor only stops running trials. A trial
     seen ended without ever being seen RUNNING started after the poll before."""
+    output = TrialOutput(ctx.service, handle)
+    try:
+        return _follow(ctx, trial_id, handle, output)
+    finally:
+        output.pump(final=True)
+
+
+def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: TrialOutput) -> str:
     record = ctx.store.trial(trial_id)
     history = [m.value for m in ctx.store.metrics(trial_id, "PERIODICAL")]
     cursor: dict[str, Any] = {}
@@ -146,6 +164,7 @@ def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> 
             time.sleep(min(5.0, 0.2 * 2**min(transient, 5)))
             continue
         cursor = update.cursor
+        output.pump()
         fresh = _absorb(ctx, trial_id, update, history)
         if update.status.is_terminal:
             if record.start_time is None and _ran(update, history):

@@ -124,3 +124,53 @@ def kill_group(pgid: int, grace: float) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# A watchdog: waits for the owner's death (pidfd, or polling), then stops the watched process group (or
+# the process, when it leads none) -- the same one, checked by its leader's start time, never a group
+# that took its pid later.
+_WATCHDOG = r"""
+import os, select, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+owner, leader, started = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+try:
+    select.select([os.pidfd_open(owner)], [], [])
+except (AttributeError, OSError):
+    while start_time(owner) is not None:
+        time.sleep(0.5)
+for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    if start_time(leader) != started:
+        break
+    try:
+        os.killpg(leader, sig)
+    except OSError:  # not a group leader after all: the process alone
+        os.kill(leader, sig)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and start_time(leader) == started:
+        time.sleep(0.1)
+"""
+
+
+def stop_with(owner: int, leader: int) -> bool:
+    """Stop the process group led by ``leader`` (SIGTERM, then SIGKILL after 5 s) when process ``owner``
+    dies, however it dies (SIGKILL included): a small watchdog process in a session of its own, which
+    ends by itself once the group is gone. False when ``leader`` is not running. Raises OSError when
+    the watchdog cannot start."""
+    import subprocess
+    import sys
+
+    started = process_start_time(leader)
+    if started is None:
+        return False
+    subprocess.Popen([sys.executable, "-S", "-c", _WATCHDOG, str(owner), str(leader), str(started)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+    return True

@@ -21,6 +21,7 @@ STDOUT_FILE = "trial.stdout"
 STDERR_FILE = "trial.stderr"
 TRIAL_LOG_FILE = "trial.log"
 LOG_FILES = (STDOUT_FILE, STDERR_FILE, TRIAL_LOG_FILE)
+OUTPUT_FILES = (STDOUT_FILE, STDERR_FILE)  # what the trial's command printed
 META_DIR = ".nni"
 KEEPER_SPEC = "keeper.json"
 KEEPER_LOCK = "keeper.lock"

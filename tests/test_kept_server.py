@@ -1,0 +1,168 @@
+"""trialflow's kept local Prefect server, as a user meets it: no PREFECT_API_URL, `trialflow create`
+twice, the printed UI address opened, `trialflow server status|stop`, a controller killed with SIGKILL,
+and a refused config that must leave no waiting controller behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import base_config, wait_for, write_trial
+from trialflow.experiments import open_store
+from trialflow.kept_server import running_server, stop_server
+from trialflow.trial.procs import pid_alive, stop_with
+
+pytestmark = pytest.mark.timeout(300)
+PAGE = re.compile(r"Prefect UI: (http://127\.0\.0\.1:(\d+)/runs/flow-run/([0-9a-f-]{36}))")
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return {**env, "TRIALFLOW_HOME": str(home), "TRIALFLOW_PREFECT_SERVER": "kept", "COLUMNS": "200"}
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True,
+                          env=_env(home), timeout=180)
+
+
+QUICK = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
+
+
+def _config(tmp_path: Path, name: str, trial: str = QUICK, **overrides) -> Path:
+    write_trial(tmp_path / f"code-{name}", trial)
+    path = tmp_path / f"{name}.yml"
+    overrides = {"maxTrialNumber": 2, **overrides}
+    path.write_text(yaml.safe_dump(base_config(tmp_path / f"code-{name}", tmp_path / "w", experimentName=name,
+                                               **overrides)))
+    return path
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A TRIALFLOW_HOME whose kept server is stopped after the test, and with the test session if it dies."""
+    home = tmp_path / "home"
+    yield home
+    stop_server(home)
+
+
+def _guard(home: Path) -> None:
+    server = running_server(home)
+    if server is not None:
+        stop_with(os.getpid(), server.pid)  # a killed test session must not leave it running
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    """GET as a browser asks (the UI answers deep links with its page for HTML requests only)."""
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "text/html"}), timeout=10) as response:
+        return response.status, response.read()
+
+
+def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stops_it(tmp_path, home):
+    first = _cli(home, "create", "--config", str(_config(tmp_path, "one")))
+    assert first.returncode == 0, first.stdout + first.stderr
+    _guard(home)
+    server = running_server(home)
+    assert server is not None
+    second = _cli(home, "create", "--config", str(_config(tmp_path, "two")))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert running_server(home) == server  # reused: the same process, not a second server
+    for out in (first.stdout, second.stdout):
+        page, port, flow_run_id = PAGE.search(out).groups()
+        assert int(port) == server.port
+        status, body = _get(page)  # the address create printed answers with Prefect's UI
+        assert status == 200 and b"<html" in body.lower()
+        status, body = _get(f"{server.url}/flow_runs/{flow_run_id}")
+        exp_id = out.split("experiment id: ")[1].split()[0]
+        assert status == 200 and json.loads(body)["name"] == exp_id
+        store = open_store(tmp_path / "w", exp_id)
+        wait_for(lambda store=store: store.experiment().status == "DONE", timeout=120)
+        assert store.experiment().prefect_api == server.url
+    status = _cli(home, "server", "status")
+    assert status.returncode == 0 and f"UI http://127.0.0.1:{server.port}" in status.stdout
+    stopped = _cli(home, "server", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert not pid_alive(server.pid, server.start_time)
+    after = _cli(home, "server", "status")
+    assert after.returncode == 1 and "not running" in after.stdout
+
+
+def test_server_stop_refuses_while_an_experiment_reports_to_it(tmp_path, home):
+    path = _config(tmp_path, "long", "import nni, time\nnni.get_next_parameter()\ntime.sleep(60)\n", maxTrialNumber=1)
+    created = _cli(home, "create", "--config", str(path))
+    assert created.returncode == 0, created.stdout + created.stderr
+    _guard(home)
+    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    refused = _cli(home, "server", "stop")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "" and refused.stdout.strip() == (
+        f"error: experiment(s) {exp_id} report to this server: stop them first, or --force")
+    assert running_server(home) is not None
+    assert _cli(home, "stop", exp_id).returncode == 0
+
+
+def _processes_of(home: Path, *marks: bytes) -> list[int]:
+    """Pids of processes started with this TRIALFLOW_HOME whose command line holds one of ``marks``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(mark in cmdline for mark in marks) and f"TRIALFLOW_HOME={home}".encode() in environ:
+            found.append(int(entry))
+    return found
+
+
+def _servers_of(home: Path) -> list[int]:
+    """Pids of Prefect servers started with this TRIALFLOW_HOME (kept or temporary)."""
+    return _processes_of(home, b"server start", b"create_app")
+
+
+def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(tmp_path, home):
+    path = _config(tmp_path, "killed", "import nni, time\nnni.get_next_parameter()\ntime.sleep(60)\n",
+                   maxTrialNumber=1)
+    created = _cli(home, "create", "--config", str(path))
+    assert created.returncode == 0, created.stdout + created.stderr
+    _guard(home)
+    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    controller = int(re.search(r"in the background \(pid (\d+)\)", created.stdout).group(1))
+    store = open_store(tmp_path / "w", exp_id)
+    wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+    server = running_server(home)
+    assert _servers_of(home) == [server.pid]
+    os.kill(controller, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(controller), timeout=10)
+    time.sleep(1.0)
+    assert _servers_of(home) == [server.pid] and server.healthy()  # kept for the next experiment
+    assert _cli(home, "stop", exp_id).returncode == 0  # its trial ran on; stopped by hand, as after any kill
+
+
+def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home):
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump({"trialCommand": "python3 trial.py", "trainingService": {"platform": "local"},
+                                   "trialConcurency": 2}))
+    proc = _cli(home, "create", "--config", str(bad))
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("error: Invalid experiment config")
+    assert "did you mean 'trialConcurrency'" in proc.stdout
+    waiting = _processes_of(home, b"trialflow.controller_launch")
+    deadline = time.monotonic() + 10
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.1)
+        waiting = _processes_of(home, b"trialflow.controller_launch")
+    _guard(home)  # the controller may have started the server already: it is kept for the next create
+    assert not waiting  # the controller started beside the config check ended with it

@@ -1,0 +1,115 @@
+"""Background controllers started before their experiment exists, so that their start-up (importing
+Prefect and the task library: over a second) overlaps the CLI's checking of the config.
+
+Lifecycle: :func:`start_controller` starts ``python -m trialflow.controller_launch`` in a session of its
+own (a Ctrl-C in the terminal never reaches it). It points itself at the kept Prefect server, imports
+what a run needs, then reads one line from its stdin: the experiment to run. :meth:`PendingController.run`
+sends it; :meth:`PendingController.cancel` (a refused config) closes stdin instead, and the process
+ends without doing anything. Until it has an experiment its output goes to a spool file; then it moves
+it to the experiment's ``log/controller.out`` and writes there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CONTROLLER_OUTPUT = "controller.out"  # in the experiment's log/ folder: a background controller's raw output
+
+
+class PendingController:
+    """A started controller waiting for its experiment."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], spool: Path) -> None:
+        self.proc = proc
+        self.spool = spool
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def run(self, experiment_id: str, root: Path, config_path: str | None) -> None:
+        """Have it run (or resume) ``experiment_id`` under ``root``."""
+        job = {"experiment_id": experiment_id, "root": str(root), "config": config_path}
+        self._send(json.dumps(job) + "\n")
+
+    def cancel(self) -> None:
+        """It ends without running anything (idempotent)."""
+        self._send("")
+
+    def _send(self, line: str) -> None:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.closed:
+            return
+        try:
+            stdin.write(line.encode())
+            stdin.close()
+        except BrokenPipeError:  # it died while starting: its spool (then its log) says why
+            pass
+
+
+def start_controller() -> PendingController:
+    """Start a controller process that waits for its experiment (see the module doc). Raises OSError
+    when it cannot start."""
+    fd, spool = tempfile.mkstemp(prefix="trialflow-controller-", suffix=".out")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "trialflow.controller_launch"], stdin=subprocess.PIPE,
+                                stdout=fd, stderr=fd, start_new_session=True, close_fds=True)
+    finally:
+        os.close(fd)
+    return PendingController(proc, Path(spool))
+
+
+def _move_output(spool: Path, log_path: Path) -> None:
+    """From now on this process's stdout/stderr append to ``log_path``, after what the spool holds."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.write(fd, spool.read_bytes())
+    except OSError:
+        pass
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    spool.unlink(missing_ok=True)
+
+
+def _main() -> int:
+    spool = Path(os.readlink("/proc/self/fd/1"))
+    from .kept_server import ServerError, point_this_process_at_kept_server
+
+    try:
+        point_this_process_at_kept_server()  # starting while the imports below run
+        problem = None
+    except ServerError as exc:
+        problem = exc
+    from .experiments import CONTROLLER_LOG, open_store
+    from .flows.experiment import final_status, run_experiment_flow
+    from .results import end_experiment
+
+    line = sys.stdin.readline()
+    if not line.strip():  # the config was refused: nothing to run
+        spool.unlink(missing_ok=True)
+        return 0
+    job = json.loads(line)
+    root = Path(job["root"])
+    _move_output(spool, root / job["experiment_id"] / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT)
+    if problem is not None:  # recorded: `create` reports the experiment's message
+        print(problem, file=sys.stderr)
+        store = open_store(root, job["experiment_id"])
+        end_experiment(store, "ERROR", str(problem))
+        store.close()
+        return 1
+    state = run_experiment_flow(job["config"], job["experiment_id"], str(root))
+    final_status(state)  # raises what ended a run that could not go on
+    return 1 if state.is_failed() else 0  # no trial succeeded: cron and automations see a non-zero exit
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,33 @@
+"""Which Prefect API an experiment run in this process reports to: a configured one, trialflow's kept
+local server, or Prefect's temporary server (``TRIALFLOW_PREFECT_SERVER=temporary``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..kept_server import ensure_server, running_server, wants_temporary_server
+from .temporary_server import start_temporary_server
+
+
+@contextmanager
+def experiment_api() -> Iterator[str | None]:
+    """While an experiment runs in this process: the configured Prefect API as it is (yields None); with
+    ``TRIALFLOW_PREFECT_SERVER=temporary`` Prefect's temporary server, started in a session of its own
+    (yields None); else the kept server, started if needed, set as this context's PREFECT_API_URL
+    (yields its URL). Raises :class:`ServerError` when the kept server cannot start."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value():
+        server = running_server()
+        if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
+            server.wait_until_healthy()
+        yield None
+        return
+    if wants_temporary_server():
+        start_temporary_server()
+        yield None
+        return
+    server = ensure_server()
+    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        yield server.url

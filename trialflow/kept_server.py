@@ -1,0 +1,251 @@
+"""trialflow's kept local Prefect server: one ``prefect server start`` on 127.0.0.1 per TRIALFLOW_HOME,
+started on first use and reused by every experiment after it, with its UI.
+
+Without ``PREFECT_API_URL`` an experiment needs a Prefect API. Prefect's own answer, a temporary server
+per process, costs seconds at every start and takes the UI away with the run; this module keeps one
+server instead (``TRIALFLOW_PREFECT_SERVER=temporary`` brings Prefect's temporary server back). A
+configured ``PREFECT_API_URL`` (a team server, Prefect Cloud) is always used as it is.
+
+Lifecycle: :func:`ensure_server` starts the server when none of this home runs -- in a session of its
+own (a Ctrl-C in the caller's terminal never reaches it), its database and log under
+``$TRIALFLOW_HOME/prefect-server/`` -- and records it in ``server.json`` (pid, its start time, port); a
+file lock makes concurrent callers start one server. It stays until :func:`stop_server` (``trialflow
+server stop``), or until the process given as ``stop_with`` dies (the test suite's server). A recorded
+pid counts only with the same start time, so a recycled pid is never taken for the server.
+
+Standard library only: the CLI calls this before anything imports Prefect.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
+
+SERVER_SETTING = "TRIALFLOW_PREFECT_SERVER"  # "kept" (the default) or "temporary" (Prefect's, one per process)
+DEFAULT_PORT = 4200  # Prefect's own default port, when free
+HOST = "127.0.0.1"
+FOLDER = "prefect-server"
+STARTUP_SECONDS = 120.0  # a first start creates the database (~10 s here); a busy machine takes longer
+DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
+
+
+class ServerError(RuntimeError):
+    """The kept server could not start, or does not answer; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class KeptServer:
+    """A kept server as recorded: its process (session leader), that process's start time and port."""
+
+    pid: int
+    start_time: int
+    port: int
+    home: Path
+
+    @property
+    def url(self) -> str:
+        """Its API URL (what PREFECT_API_URL would be)."""
+        return f"http://{HOST}:{self.port}/api"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "server.log"
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid, self.start_time)
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        """True when its API answers its health check."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as response:
+                return bool(response.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    def wait_until_healthy(self, timeout: float = STARTUP_SECONDS) -> KeptServer:
+        """Returns itself once its API answers. Raises :class:`ServerError` when it exits first or does
+        not answer within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            if self.healthy():
+                return self
+            if not self.alive():
+                raise ServerError(f"the local Prefect server exited while starting: {self._log_tail()}; "
+                                  f"its log: {self.log_path}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"the local Prefect server (pid {self.pid}) does not answer at {self.url} after "
+                                  f"{timeout:.0f} s: `trialflow server stop`, then try again; its log: {self.log_path}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no log"
+        return " | ".join(lines[-3:]) or "no output"
+
+
+def server_home(home: Path | None = None) -> Path:
+    """Where the kept server of ``home`` (default: TRIALFLOW_HOME) keeps its record, log and database."""
+    base = home if home is not None else Path(os.path.expanduser(
+        os.environ.get("TRIALFLOW_HOME", DEFAULT_WORKING_DIRECTORY)))
+    return base / FOLDER
+
+
+def _record_path(folder: Path) -> Path:
+    return folder / "server.json"
+
+
+def _read(folder: Path) -> tuple[KeptServer | None, int | None]:
+    """(the recorded running server or None, the port last used)."""
+    data = read_json(str(_record_path(folder))) or {}
+    port = data.get("port") if isinstance(data.get("port"), int) else None
+    try:
+        server = KeptServer(int(data["pid"]), int(data["start_time"]), int(data["port"]), folder)
+    except (KeyError, TypeError, ValueError):
+        return None, port
+    return (server if server.alive() else None), port
+
+
+def running_server(home: Path | None = None) -> KeptServer | None:
+    """The kept server of ``home`` when its process runs (healthy or still starting), else None."""
+    return _read(server_home(home))[0]
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "server.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _choose_port(last: int | None) -> int:
+    """The port used last time, else Prefect's default, when free (UI addresses printed earlier stay
+    valid); else any free port."""
+    for port in (last, DEFAULT_PORT):
+        if port and _port_free(port):
+            return port
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: int | None = None) -> KeptServer:
+    """The kept server of ``home``, started first when none runs; with ``wait`` (the default) only once
+    its API answers. ``stop_with_pid``: a server started by this call stops when that process dies.
+    Raises :class:`ServerError` when it cannot start or does not answer."""
+    folder = server_home(home)
+    with _locked(folder):
+        server, last_port = _read(folder)
+        if server is None:
+            server = _spawn(folder, _choose_port(last_port))
+            if stop_with_pid is not None:
+                stop_with(stop_with_pid, server.pid)
+    return server.wait_until_healthy() if wait else server
+
+
+def _spawn(folder: Path, port: int) -> KeptServer:
+    prefect_home = folder / "prefect"
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api")
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with open(folder / "server.log", "ab") as log:
+        command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, close_fds=True)
+    start_time = process_start_time(proc.pid)
+    if start_time is None:  # exited at once: its log says why
+        proc.wait()
+        raise ServerError(f"the local Prefect server exited at once (code {proc.returncode}); its log: "
+                          f"{folder / 'server.log'}")
+    write_atomic(str(_record_path(folder)), {"pid": proc.pid, "start_time": start_time, "port": port})
+    return KeptServer(proc.pid, start_time, port, folder)
+
+
+def stop_server(home: Path | None = None, grace: float = 10.0) -> KeptServer | None:
+    """Stop the kept server of ``home`` (its whole session); returns it, or None when none ran. The port
+    stays recorded, so the next start reuses it. Raises :class:`ServerError` when it does not stop."""
+    folder = server_home(home)
+    with _locked(folder):
+        server, _ = _read(folder)
+        if server is None:
+            return None
+        kill_group(server.pid, grace / 2)
+        if group_alive(server.pid):
+            raise ServerError(f"the local Prefect server (pid {server.pid}) did not stop")
+        write_atomic(str(_record_path(folder)), {"port": server.port})
+    return server
+
+
+def wants_temporary_server() -> bool:
+    """``TRIALFLOW_PREFECT_SERVER=temporary``: Prefect's temporary server per process, as before."""
+    return os.environ.get(SERVER_SETTING, "kept").strip().lower() == "temporary"
+
+
+def _profiles_may_set_api() -> bool:
+    """Whether the active Prefect profiles file may set PREFECT_API_URL (read as text: no Prefect import)."""
+    home = Path(os.path.expanduser(os.environ.get("PREFECT_HOME", "~/.prefect")))
+    path = Path(os.path.expanduser(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml")))
+    try:
+        return "PREFECT_API_URL" in path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def point_this_process_at_kept_server(home: Path | None = None) -> KeptServer | None:
+    """For a process about to run an experiment that has not imported Prefect yet (the CLI's controller):
+    when no API is configured, start the kept server if needed, without waiting for it, and set
+    PREFECT_API_URL to it for this process and its children, so every thread reports to it. Returns
+    the server, or None when an API is configured or the temporary server is asked for. Raises
+    :class:`ServerError` when the server cannot start."""
+    if os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api():
+        return None
+    server = ensure_server(home, wait=False)
+    os.environ["PREFECT_API_URL"] = server.url
+    return server
+
+
+def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
+    """The Prefect UI page of a flow run on the API ``api`` (None for Prefect's temporary server, which
+    serves no UI). A server's API at ``…/api`` has its UI at ``…`` (Prefect's own rule; Prefect is only
+    imported for Prefect Cloud or a PREFECT_UI_URL of its own)."""
+    if not api or not flow_run_id:
+        return None
+    if api.endswith("/api") and "/api/" not in api and not os.environ.get("PREFECT_UI_URL"):
+        return f"{api[:-4]}/runs/flow-run/{flow_run_id}"
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        ui = PREFECT_UI_URL.value()
+    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else None

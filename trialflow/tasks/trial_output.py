@@ -1,0 +1,107 @@
+"""A trial's output in its ``trial-<id>`` task run's logs: what its command prints to stdout and stderr,
+line by line, read from the platform as the trial runs (the files stay the full record).
+
+Bounded: at most ``MAX_LINES`` lines and ``MAX_BYTES`` per trial, each line cut at ``MAX_LINE_CHARS``,
+read at most every ``service.output_read_seconds``; past the bound one line says where the rest is.
+The lines go to Prefect's API only (not the controller's log or terminal), from the task run's context.
+The trial's parameters and a failure's message (real line breaks) go the same way.
+
+Lifecycle: a :class:`TrialOutput` per followed trial; :meth:`TrialOutput.pump` on each poll, and once
+with ``final=True`` at the trial's end (the last, unterminated line too). Never raises: output that
+cannot be read is tried again at the next pump, and logged at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..platforms import TrainingService, TrialHandle
+from ..trial.protocol import STDERR_FILE
+
+MAX_LINES = 2000
+MAX_BYTES = 512 * 1024
+MAX_LINE_CHARS = 2000
+LOGGER = "trialflow.trial_output"
+log = logging.getLogger("trialflow.trials")
+
+
+def output_logger() -> logging.Logger:
+    """The logger whose records reach Prefect's API only, in the current task run's logs (set up once,
+    with the filter below on Prefect's task-run logger)."""
+    logger = logging.getLogger(LOGGER)
+    if not logger.handlers:
+        from prefect.logging.handlers import APILogHandler
+
+        logger.addHandler(APILogHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False  # not the experiment's log file, not the terminal
+        logging.getLogger("prefect.task_runs").addFilter(_readable_failures)
+    return logger
+
+
+def _readable_failures(record: logging.LogRecord) -> bool:
+    """Prefect logs a task that returned a Failed state with ``exc_info=True`` and no exception: a stray
+    ``NoneType: None`` line. For a trial it also quotes the message with its line breaks escaped, which
+    the trial's own error line (above) already says readably: that record is dropped."""
+    if record.exc_info is not None and record.exc_info[0] is None:
+        record.exc_info = None
+    name = str(getattr(record, "task_run_name", "") or "")
+    return not (name.startswith("trial-") and record.getMessage().startswith("Task run failed with state:"))
+
+
+class TrialOutput:
+    """Follows one trial's output (see the module doc)."""
+
+    def __init__(self, service: TrainingService, handle: TrialHandle) -> None:
+        self.service = service
+        self.handle = handle
+        self.offsets: dict[str, int] = {}
+        self.partial: dict[str, bytes] = {}
+        self.lines = 0
+        self.bytes = 0
+        self.next_read = 0.0
+        self.full = False
+        self.error: Exception | None = None
+
+    def pump(self, final: bool = False) -> None:
+        if self.full or (not final and time.monotonic() < self.next_read):
+            return
+        self.next_read = time.monotonic() + self.service.output_read_seconds
+        try:
+            chunks = self.service.read_output(self.handle, self.offsets)
+            self.error = None
+        except Exception as exc:  # noqa: BLE001 -- the output is a convenience; the trial goes on
+            self.error = exc
+            if final:
+                log.debug("trial %s: could not read its output: %s", self.handle.trial_id, exc)
+            return
+        logger = output_logger()
+        for name, data in chunks.items():
+            self.offsets[name] = self.offsets.get(name, 0) + len(data)
+            text = self.partial.pop(name, b"") + data
+            lines = text.split(b"\n")
+            rest = lines.pop()
+            if final and rest:
+                lines.append(rest)
+            elif rest:
+                self.partial[name] = rest
+            self._emit(logger, name, lines)
+            if self.full:
+                return
+
+    def _emit(self, logger: logging.Logger, name: str, lines: list[bytes]) -> None:
+        level = logging.WARNING if name == STDERR_FILE else logging.INFO
+        stream = "stderr" if name == STDERR_FILE else "stdout"
+        for raw in lines:
+            if self.lines >= MAX_LINES or self.bytes >= MAX_BYTES:
+                logger.info("[trial output] more output than %d lines or %d KB: the rest is in the trial's files "
+                            "(trialflow log trial %s)", MAX_LINES, MAX_BYTES // 1024, self.handle.trial_id)
+                self.full = True
+                return
+            line = raw.decode("utf-8", "replace").rstrip("\r")
+            if len(line) > MAX_LINE_CHARS:
+                line = line[:MAX_LINE_CHARS] + " [cut]"
+            self.lines += 1
+            self.bytes += len(raw)
+            logger.log(level, "[%s] %s", stream, line)
