@@ -18,7 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import chaos, metrics_throughput, overhead, scale, tuner_latency, upload  # noqa: E402
+from benchmarks import (  # noqa: E402
+    artifacts,
+    chaos,
+    metrics_throughput,
+    overhead,
+    scale,
+    startup,
+    tuner_latency,
+    upload,
+)
 from benchmarks._stats import print_table  # noqa: E402
 
 HEADER = ["benchmark", "measure", "value", "baseline", "baseline value", "ratio", "target", "verdict"]
@@ -27,8 +36,10 @@ HEADER = ["benchmark", "measure", "value", "baseline", "baseline value", "ratio"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=["short", "full"], default="short")
-    parser.add_argument("--only", help="comma-separated subset of: overhead,tuner,upload,metrics,scale,chaos")
-    parser.add_argument("--nni-venv", type=Path, help="virtualenv holding nni==3.0 (overhead compares with it)")
+    parser.add_argument("--only", help="comma-separated subset of: overhead,tuner,upload,metrics,scale,chaos,"
+                        "startup,artifacts")
+    parser.add_argument("--nni-venv", type=Path,
+                        help="virtualenv holding nni==3.0 (overhead and startup compare with it)")
     args = parser.parse_args()
     for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL"),
                         ("PREFECT_LOGGING_LEVEL", "WARNING")):
@@ -36,7 +47,8 @@ def main() -> None:
     suites: dict[str, Callable[[str], list[list[object]]]] = {
         "overhead": lambda p: overhead.summary(p, args.nni_venv), "tuner": tuner_latency.summary,
         "upload": upload.summary, "metrics": metrics_throughput.summary, "scale": scale.summary,
-        "chaos": chaos.summary}
+        "chaos": chaos.summary, "startup": lambda p: startup.summary(p, args.nni_venv),
+        "artifacts": artifacts.summary}
     chosen = args.only.split(",") if args.only else list(suites)
     unknown = set(chosen) - set(suites)
     if unknown:

@@ -33,7 +33,7 @@ import time, nni
 p = nni.get_next_parameter()
 for step in range(3):
     nni.report_intermediate_result(p['x'] * step)
-    time.sleep(0.4)
+    time.sleep(1.0)  # still running while the dashboard starts: the study is seen growing
 if p['x'] > 0.9:
     raise SystemExit(3)
 nni.report_final_result(p['x'])

@@ -17,7 +17,7 @@ from typing import Any
 from .context import ExperimentContext
 from .platforms import service_name
 from .results import best_trial, maximizes, outcome_counts, trial_value
-from .store import TrialRecord
+from .store import TERMINAL, TrialRecord
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)
@@ -76,18 +76,20 @@ class ArtifactReporter:
             self._publish(final or started >= self._next_snapshot)
         except Exception as exc:  # the UI must never stop an experiment
             log.warning("could not update the Prefect UI artifacts: %s", exc)
-        # Publishing reads every trial: with thousands of them it takes longer, so it runs less often
-        # and never takes more than ~1/MAX_SHARE of the controller's time.
+        # A snapshot reads every trial: with thousands of them it takes longer, so the progress is
+        # looked at less often after one, and publishing never takes more than ~1/MAX_SHARE of the
+        # controller's time.
         self._interval = max(PROGRESS_INTERVAL, (time.monotonic() - started) * MAX_SHARE)
         self._next_progress = time.monotonic() + self._interval
 
     def _publish(self, snapshot_due: bool) -> None:
         from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 
-        trials = self.ctx.store.trials()
+        counts = self.ctx.store.count_by_status()
         budget = self.ctx.config.max_trial_number
-        done = sum(t.is_terminal for t in trials)
-        progress = round(100.0 * done / budget if budget else (100.0 if done and done == len(trials) else 0.0), 1)
+        done = sum(n for status, n in counts.items() if status in TERMINAL)
+        total = sum(counts.values())
+        progress = round(100.0 * done / budget if budget else (100.0 if done and done == total else 0.0), 1)
         if self._progress_id is None:
             self._progress_id = create_progress_artifact(progress=progress, key=f"{self.key}-progress",
                                                          description="trials finished / maxTrialNumber")
@@ -96,7 +98,7 @@ class ArtifactReporter:
             update_progress_artifact(artifact_id=self._progress_id, progress=progress)
         self._progress = progress
         if snapshot_due and done:
-            self._snapshot(trials)
+            self._snapshot(self.ctx.store.trials())
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL
         url = self.ctx.store.controls().get(DASHBOARD_URL_CONTROL)
         if url and url != self._dashboard_url:

@@ -39,10 +39,10 @@ from ..platforms import (
 )
 from ..results import exited_by_itself
 from ..store import Metric
+from ..trial_output import TrialOutput, output_logger
 from ..tuners import scalar_or_none
 from .retries import retry_options
 from .suggest import observe
-from .trial_output import TrialOutput, output_logger
 
 log = logging.getLogger("trialflow.trials")
 TRANSIENT_POLL_LIMIT = 30
@@ -126,7 +126,7 @@ def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
 
 def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> str:
     """Poll the trial until it ends; returns its recorded terminal status. Its output goes to this task
-    run's logs meanwhile (:mod:`trialflow.tasks.trial_output`).
+    run's logs meanwhile (:mod:`trialflow.trial_output`).
 
     A poll's terminal status is looked at before the assessor: a trial that has already ended keeps its
     own outcome (its exit code, its final result), the assessor only stops running trials. A trial

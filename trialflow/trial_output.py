@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..platforms import TrainingService, TrialHandle
-from ..trial.protocol import STDERR_FILE
+from .platforms import TrainingService, TrialHandle
+from .trial.protocol import STDERR_FILE
 
 MAX_LINES = 2000
 MAX_BYTES = 512 * 1024

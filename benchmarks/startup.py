@@ -1,0 +1,200 @@
+"""Start-up: how long until a user's first trial runs.
+
+* ``trialflow --help`` (the CLI's import alone; target <= 0.3 s);
+* warm: the kept Prefect server runs; from ``trialflow create`` starting to the first trial's process
+  (its first line writes the time), in the background and with ``--foreground`` (target <= 2.0 s);
+* cold: the kept server is stopped (its database exists, as after a reboot) and starts with the
+  experiment (target <= 6 s, and below NNI 3.0);
+* first use: a new TRIALFLOW_HOME, so the server also creates its database (reported, no target);
+* with ``--nni-venv`` (``pip install nni==3.0``; ``--install-nni`` creates it): NNI 3.0's
+  ``nnictl create`` to its first trial, on the same trial and machine.
+
+Medians over ``--repeat`` runs (default 3).
+
+    python benchmarks/startup.py [--repeat 3] [--nni-venv DIR [--install-nni]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._stats import print_table, summary_row  # noqa: E402
+
+TRIAL = ("import time\nopen({stamp!r}, 'a').write(f'{{time.time()}}\\n')\nimport nni\n"
+         "nni.get_next_parameter()\nnni.report_final_result(1.0)\n")
+
+
+def _write_experiment(folder: Path, stamp: Path) -> Path:
+    code = folder / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / "trial.py").write_text(TRIAL.format(stamp=str(stamp)))
+    config = {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": "python3 trial.py",
+              "trialCodeDirectory": str(code), "trialConcurrency": 1, "maxTrialNumber": 1,
+              "tuner": {"name": "TPE"}, "trainingService": {"platform": "local"},
+              "experimentWorkingDirectory": str(folder / "w")}
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _first_trial_after(start: float, stamp: Path, timeout: float = 120.0) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return float(stamp.read_text().split()[0]) - start
+        except (OSError, IndexError, ValueError):
+            time.sleep(0.01)
+    raise TimeoutError(f"no trial started within {timeout:.0f} s")
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return {**env, "TRIALFLOW_HOME": str(home), "TRIALFLOW_PREFECT_SERVER": "kept"}
+
+
+def trialflow_first_trial(folder: Path, home: Path, foreground: bool) -> float:
+    """Seconds from ``trialflow create`` starting to its first trial's process writing its stamp."""
+    stamp = folder / "stamp"
+    stamp.unlink(missing_ok=True)
+    config = _write_experiment(folder, stamp)
+    args = ["trialflow", "create", "--config", str(config), *(["--foreground"] if foreground else [])]
+    start = time.time()
+    proc = subprocess.Popen(args, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return _first_trial_after(start, stamp)
+    finally:
+        proc.wait(timeout=120)
+
+
+def help_seconds(repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(["trialflow", "--help"], check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _wait_done(folder: Path, home: Path) -> None:
+    """Let the experiment end before the next run (its controller would compete for the CPU)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        out = subprocess.run(["trialflow", "experiment", "list", "--root", str(folder / "w")], env=_env(home),
+                             capture_output=True, text=True).stdout
+        if "RUNNING" not in out and "INITIALIZED" not in out:
+            return
+        time.sleep(0.2)
+
+
+def measure(repeat: int, nni_venv: Path | None = None) -> dict[str, float]:
+    from trialflow.kept_server import ensure_server, stop_server
+
+    results: dict[str, list[float]] = {"warm background": [], "warm foreground": [], "cold": [], "first use": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        ensure_server(home)
+        try:
+            for i in range(repeat):
+                for mode in ("background", "foreground"):
+                    folder = Path(tmp) / f"{mode}-{i}"
+                    results[f"warm {mode}"].append(trialflow_first_trial(folder, home, mode == "foreground"))
+                    _wait_done(folder, home)
+            for i in range(repeat):
+                stop_server(home)
+                folder = Path(tmp) / f"cold-{i}"
+                results["cold"].append(trialflow_first_trial(folder, home, False))
+                _wait_done(folder, home)
+        finally:
+            stop_server(home)
+        for i in range(repeat):
+            fresh = Path(tmp) / f"fresh-home-{i}"
+            folder = Path(tmp) / f"first-{i}"
+            try:
+                results["first use"].append(trialflow_first_trial(folder, fresh, False))
+                _wait_done(folder, fresh)
+            finally:
+                stop_server(fresh)
+                shutil.rmtree(fresh, ignore_errors=True)
+        figures = {name: statistics.median(values) for name, values in results.items()}
+        figures["help"] = help_seconds(max(5, repeat))
+        if nni_venv is not None:
+            figures["nni"] = statistics.median(nni_first_trial(nni_venv, Path(tmp) / f"nni-{i}") for i in range(repeat))
+    return figures
+
+
+def nni_first_trial(venv: Path, folder: Path) -> float:
+    """Seconds from ``nnictl create`` starting to NNI 3.0's first trial writing its stamp."""
+    from benchmarks.overhead import _free_port
+
+    stamp = folder / "stamp"
+    code = folder / "code"
+    code.mkdir(parents=True)
+    (code / "trial.py").write_text(TRIAL.format(stamp=str(stamp)))
+    config = {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+              "trialCommand": f"{venv / 'bin' / 'python'} trial.py", "trialCodeDirectory": str(code),
+              "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "TPE"},
+              "trainingService": {"platform": "local"}, "experimentWorkingDirectory": str(folder / "nni")}
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    port = _free_port()
+    start = time.time()
+    subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        return _first_trial_after(start, stamp)
+    finally:
+        subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=120)
+
+
+def summary(profile: str, nni_venv: Path | None = None) -> list[list[object]]:
+    """Rows for ``python -m benchmarks``."""
+    f = measure(3 if profile == "short" else 5, nni_venv)
+    name = "start-up"
+    rows = [summary_row(name, "trialflow --help", f["help"], "s", "0.3 s budget", 0.3, 1.0),
+            summary_row(name, "create -> first trial, warm server (background)", f["warm background"], "s",
+                        "2 s budget", 2.0, 1.0),
+            summary_row(name, "create -> first trial, warm server (--foreground)", f["warm foreground"], "s",
+                        "2 s budget", 2.0, 1.0),
+            summary_row(name, "create -> first trial, cold server", f["cold"], "s", "6 s budget", 6.0, 1.0),
+            summary_row(name, "create -> first trial, first use (new database)", f["first use"], "s", "-", None)]
+    if "nni" in f:
+        rows.append(summary_row(name, "create -> first trial, cold server", f["cold"], "s",
+                                "NNI 3.0 nnictl create", f["nni"], 1.0))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--nni-venv", type=Path)
+    parser.add_argument("--install-nni", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if args.install_nni and args.nni_venv:
+        from benchmarks.overhead import install_nni
+
+        install_nni(args.nni_venv)
+    f = measure(args.repeat, args.nni_venv)
+    print_table(f"start-up, medians of {args.repeat} runs", ["measure", "seconds", "target"],
+                [["trialflow --help", f"{f['help']:.2f}", "<= 0.3"],
+                 ["create -> first trial, warm server, background", f"{f['warm background']:.2f}", "<= 2.0"],
+                 ["create -> first trial, warm server, --foreground", f"{f['warm foreground']:.2f}", "<= 2.0"],
+                 ["create -> first trial, cold server (database exists)", f"{f['cold']:.2f}", "<= 6.0"],
+                 ["create -> first trial, first use (new database)", f"{f['first use']:.2f}", "-"],
+                 *([["NNI 3.0: nnictl create -> first trial", f"{f['nni']:.2f}", "cold above it"]]
+                   if "nni" in f else [])])
+
+
+if __name__ == "__main__":
+    main()
