@@ -148,7 +148,14 @@ def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(
     wait_for(lambda: not pid_alive(controller), timeout=10)
     time.sleep(1.0)
     assert _servers_of(home) == [server.pid] and server.healthy()  # kept for the next experiment
-    assert _cli(home, "stop", exp_id).returncode == 0  # its trial ran on; stopped by hand, as after any kill
+    flow_run_id = store.experiment().flow_run_id
+    assert _cli(home, "server", "stop", "--force").returncode == 0  # the dead controller's run says RUNNING
+    # its trial ran on; `stop` cancels it and, starting the kept server again, puts its run in Cancelled
+    assert _cli(home, "stop", exp_id).returncode == 0
+    revived = running_server(home)
+    assert revived is not None and revived.port == server.port
+    status, body = _get(f"{revived.url}/flow_runs/{flow_run_id}")
+    assert json.loads(body)["state"]["type"] == "CANCELLED"
 
 
 def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home):

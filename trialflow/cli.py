@@ -245,7 +245,9 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
            dashboard: DashboardOpt = False, port: PortOpt = None) -> None:
     """Create an experiment from an NNI-style config file and start it."""
     port = _dashboard_port(dashboard, port)
-    # a background controller starts at once: its imports overlap the config's checks here
+    # the kept server (when it must start) and a background controller start at once: their start-up
+    # overlaps the config's checks here
+    _use_kept_server()
     controller = None if foreground else start_controller()
     try:
         cfg = _config.load_config(config)

@@ -136,19 +136,23 @@ class StopWatch:
 
 def cancel_flow_run(flow_run_id: str, api: str | None, message: str) -> bool:
     """Put a flow run left Running or Cancelling by a controller that is gone into Cancelled, on the API
-    ``api`` it ran against (None: Prefect's temporary server, whose database is this Prefect home's);
-    True when it was changed. Raises nothing: an unreachable API is logged."""
+    ``api`` it ran against (None: Prefect's temporary server, whose database is this Prefect home's; the
+    kept server is started again when it was stopped); True when it was changed. Raises nothing: an
+    unreachable API is logged."""
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelled
 
+    from ..kept_server import revive
     from .temporary_server import start_temporary_server
 
     settings = (temporary_settings(updates={PREFECT_API_URL: api}) if api
                 else temporary_settings(restore_defaults={PREFECT_API_URL}))
     try:
         with settings:
-            if not api:
+            if api:
+                revive(api)
+            else:
                 start_temporary_server()
             with get_client(sync_client=True) as client:
                 if _state_type(client, flow_run_id) not in ("RUNNING", "CANCELLING", "PENDING", "SCHEDULED"):
