@@ -35,7 +35,7 @@ def prefect_server(tmp_path_factory):
     from trialflow.kept_server import ensure_server, stop_server
 
     home = tmp_path_factory.mktemp("kept-server")
-    server = ensure_server(home, stop_with_pid=os.getpid())
+    server = ensure_server(home, stop_with_pid=os.getpid(), port=0)  # 4200 stays free for the user's
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = server.url
     try:

@@ -150,10 +150,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _choose_port(last: int | None) -> int:
-    """The port used last time, else Prefect's default, when free (UI addresses printed earlier stay
-    valid); else any free port."""
-    for port in (last, DEFAULT_PORT):
+def _choose_port(last: int | None, preferred: int) -> int:
+    """The port used last time, else ``preferred`` (0: none), when free (UI addresses printed earlier
+    stay valid); else any free port."""
+    for port in (last, preferred):
         if port and _port_free(port):
             return port
     with socket.socket() as s:
@@ -161,15 +161,17 @@ def _choose_port(last: int | None) -> int:
         return int(s.getsockname()[1])
 
 
-def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: int | None = None) -> KeptServer:
+def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: int | None = None,
+                  port: int = DEFAULT_PORT) -> KeptServer:
     """The kept server of ``home``, started first when none runs; with ``wait`` (the default) only once
     its API answers. ``stop_with_pid``: a server started by this call stops when that process dies.
-    Raises :class:`ServerError` when it cannot start or does not answer."""
+    ``port``: the port a first start prefers (0: any free one). Raises :class:`ServerError` when it
+    cannot start or does not answer."""
     folder = server_home(home)
     with _locked(folder):
         server, last_port = _read(folder)
         if server is None:
-            server = _spawn(folder, _choose_port(last_port))
+            server = _spawn(folder, _choose_port(last_port, port))
             if stop_with_pid is not None:
                 stop_with(stop_with_pid, server.pid)
     return server.wait_until_healthy() if wait else server
