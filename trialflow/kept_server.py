@@ -142,7 +142,10 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def _port_free(port: int) -> bool:
+    """Whether the server could bind ``port``: SO_REUSEADDR as uvicorn sets it, so a port left in
+    TIME_WAIT by the server's last run counts as free (else a restart would move it)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:
