@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ._lazy import lazy_module
-from .controller_launch import CONTROLLER_OUTPUT, PendingController, start_controller
+from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, start_controller
 from .ids import looks_like_experiment_id
 from .trial.procs import pid_alive
 
@@ -404,11 +404,7 @@ def resume(experiment_id: str, root: RootOpt = None,
 def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root")],
                  config: Annotated[str | None, typer.Option("--config")] = None) -> None:
     _use_kept_server()  # before Prefect is imported: every thread of the controller reports to it
-    from .flows.experiment import final_status, run_experiment_flow
-
-    state = run_experiment_flow(config, experiment_id, str(root))
-    final_status(state)  # raises what ended a run that could not go on
-    if state.is_failed():  # no trial succeeded: cron and automations see a non-zero exit
+    if run_to_exit_code(experiment_id, root, config):
         raise typer.Exit(1)
 
 

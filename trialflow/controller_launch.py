@@ -90,7 +90,7 @@ def _main() -> int:
     except ServerError as exc:
         problem = exc
     from .experiments import CONTROLLER_LOG, open_store
-    from .flows.experiment import final_status, run_experiment_flow
+    from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
     from .results import end_experiment
 
     line = sys.stdin.readline()
@@ -106,9 +106,18 @@ def _main() -> int:
         end_experiment(store, "ERROR", str(problem))
         store.close()
         return 1
-    state = run_experiment_flow(job["config"], job["experiment_id"], str(root))
-    final_status(state)  # raises what ended a run that could not go on
-    return 1 if state.is_failed() else 0  # no trial succeeded: cron and automations see a non-zero exit
+    return run_to_exit_code(job["experiment_id"], root, job["config"])
+
+
+def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) -> int:
+    """Run (or resume) the stored experiment in this process; 1 when its run Failed (no trial
+    succeeded: cron and automations see a non-zero exit), else 0. Raises what ended a run that could
+    not go on."""
+    from .flows.experiment import final_status, run_experiment_flow
+
+    state = run_experiment_flow(config_path, experiment_id, str(root))
+    final_status(state)
+    return 1 if state.is_failed() else 0
 
 
 if __name__ == "__main__":
