@@ -24,7 +24,7 @@ from ..config import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
-from ..trial.protocol import KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE, STDERR_FILE
+from ..trial.protocol import KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE
 from ..trial.runtime import PARAMETER_FILE
 from .base import (
     CodeRef,
@@ -39,7 +39,7 @@ from .base import (
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .share import OUTPUT_DIR, Share
-from .trialdir import ended_update, read_metrics_file, read_output_files, read_trial_logs, tail_text
+from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 
 KEEPER_PID_WAIT = 10.0
 
@@ -157,13 +157,12 @@ class LocalTrainingService(TrainingService):
         offset = int(cursor.get("metrics_offset", 0))
         if not self._try_start(handle):
             return TrialUpdate(TrialStatus.WAITING, cursor={"metrics_offset": offset})
-        meta = os.path.join(trial_dir, META_DIR)
-        state = read_json(os.path.join(meta, STATE))  # read before metrics: all metrics precede it
-        records, errors, offset = read_metrics_file(trial_dir, offset, handle.trial_id)
-        new_cursor = {"metrics_offset": offset}
-        if state is not None:
+        found = read_trial(LOCAL, trial_dir, offset, handle.trial_id)
+        records, errors, new_cursor = found.records, found.errors, {"metrics_offset": found.offset}
+        if found.state is not None:
             self._finish(handle)
-            return ended_update(state, records, new_cursor, errors, tail_text(os.path.join(trial_dir, STDERR_FILE)))
+            return found.update(new_cursor)
+        meta = os.path.join(trial_dir, META_DIR)
         keeper = self._keeper(handle)
         if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, STATE)) is None:
             self._finish(handle)
@@ -173,7 +172,7 @@ class LocalTrainingService(TrainingService):
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's keeper never started", errors)
-        started = os.path.exists(os.path.join(meta, STARTED))
+        started = STARTED in (found.names or ())
         return TrialUpdate(TrialStatus.RUNNING if started else TrialStatus.WAITING, records, new_cursor, None, None,
                            errors)
 

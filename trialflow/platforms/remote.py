@@ -29,14 +29,11 @@ import json
 import logging
 import posixpath
 import shlex
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import paramiko
 
 from .. import __version__
 from ..blocks import BlockNotFoundError, SSHCredentials, load_block
@@ -45,7 +42,6 @@ from ..config import RemoteConfig, RemoteMachineConfig
 from ..trial.keeper import assign_gpus
 from ..trial.procs import stat_alive, stat_fields, write_atomic
 from ..trial.protocol import (
-    HEARTBEAT,
     HEARTBEAT_SECONDS,
     HOLD,
     KEEPER_LOCK,
@@ -53,17 +49,11 @@ from ..trial.protocol import (
     KEEPER_SPEC,
     LOG_FILES,
     META_DIR,
-    METRICS,
     QUEUE,
     STARTED,
     STATE,
-    STDERR_FILE,
-    STOP,
-    TAKEN,
     WORKER_IDLE_TIMEOUT,
-    WORKER_INFO,
 )
-from ..trial.records import parse_file_frames
 from .base import (
     CodeRef,
     LostHandleError,
@@ -78,9 +68,10 @@ from .base import (
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .local import trial_env
 from .runtime_files import runtime_files, runtime_key
+from .sftpfs import SftpFS
 from .share import OUTPUT_DIR, Share
 from .ssh import SshConnection, SshTarget
-from .trialdir import READ_CHUNK, STDERR_TAIL_BYTES, ended_update, read_trial_logs
+from .trialdir import EnvironmentDir, install_code, install_tree, read_json, read_trial, read_trial_logs
 
 log = logging.getLogger("trialflow.platforms")
 LIVENESS_SECONDS = 3.0
@@ -134,6 +125,10 @@ class RemoteMachine:
     gpu: GpuScheduler | None = None
     active: set[str] = field(default_factory=set)
     last_heartbeat: float = 0.0
+    fs: SftpFS = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fs = SftpFS(self.conn, self.key, lambda target, digest: self.command("unpack", target, digest))
 
     def command(self, module: str, *args: str) -> str:
         """A shell command running a runtime module with its arguments quoted."""
@@ -145,9 +140,6 @@ class RemoteMachine:
         if status != 0:
             raise PlatformError(f"{self.key}: `{command}` failed (exit {status}): {(err or out).strip()[-500:]}")
         return out
-
-    def sftp(self, what: str, call: Any) -> Any:
-        return self.conn.sftp_call(f"{what} on {self.key}", call)
 
 
 class RemoteTrainingService(TrainingService):
@@ -258,17 +250,17 @@ class RemoteTrainingService(TrainingService):
         assert share is not None
         marker, mount_point = share.marker_path(machine.root), share.remote_mount(machine.root)
 
-        def read(sftp: paramiko.SFTPClient) -> str | None:
+        def read() -> str | None:
             try:
-                with sftp.open(marker) as f:
-                    return f.read().decode(errors="replace")
+                data = machine.fs.read(marker)
             except OSError:
                 return None
+            return None if data is None else data.decode(errors="replace")
 
-        seen = machine.sftp("looking for the share", read)
+        seen = read()
         if seen != share.token and share.config.local_mounted == "nnimount":
             self._mount_share(machine, mount_point)
-            seen = machine.sftp("looking for the share", read)
+            seen = read()
         share.check_marker(seen, machine.key, mount_point)
 
     def _mount_share(self, machine: RemoteMachine, mount_point: str) -> None:
@@ -282,44 +274,21 @@ class RemoteTrainingService(TrainingService):
         cfg_path = None
         if cfg is not None:  # the AzureBlob key: a 0600 file, removed right after the mount
             cfg_path = posixpath.join(machine.root, f".blobfuse-{time.time_ns()}.cfg")
-
-            def put(sftp: paramiko.SFTPClient) -> None:
-                _mkdirs(sftp, machine.root)
-                with sftp.open(cfg_path, "w") as f:
-                    f.chmod(0o600)
-                    f.write(cfg.encode())
-
-            machine.sftp("writing the blobfuse config", put)
+            machine.fs.write(cfg_path, cfg.encode(), mode=0o600)
             command = f"TRIALFLOW_BLOBFUSE_CFG={_q(cfg_path)}; export TRIALFLOW_BLOBFUSE_CFG; {command}"
         try:
             status, out, err = machine.conn.run(f"sh -c {_q(command)}")
         finally:
             if cfg_path is not None:
-                machine.sftp("removing the blobfuse config", lambda s: _remove(s, cfg_path))
+                machine.fs.remove(cfg_path)
         if status != 0:
             raise PlatformError(f"sharedStorage: mounting the {share.what} share at {mount_point} on {machine.key} "
                                 f"failed: {(err or out).strip()[-300:]}; mounting needs root or passwordless sudo "
                                 "there -- or mount it yourself (usermount)")
 
     def _install_runtime(self, machine: RemoteMachine) -> None:
-        target = posixpath.join(machine.root, "runtime", runtime_key())
-        machine.runtime = target
-
-        def install(sftp: paramiko.SFTPClient) -> None:
-            if _exists(sftp, target):
-                return
-            partial = f"{target}.partial-{time.time_ns()}"
-            for rel, path in runtime_files():
-                dest = posixpath.join(partial, rel)
-                _mkdirs(sftp, posixpath.dirname(dest))
-                sftp.put(str(path), dest)
-            try:
-                sftp.posix_rename(partial, target)
-            except OSError:
-                if not _exists(sftp, target):
-                    raise
-
-        machine.sftp("installing the trial runtime", install)
+        machine.runtime = posixpath.join(machine.root, "runtime", runtime_key())
+        install_tree(machine.fs, machine.runtime, runtime_files())
 
     def _nvidia_smi(self, machine: RemoteMachine, args: list[str]) -> str:
         status, out, err = machine.conn.run(f"PATH={_q(machine.path_env)} nvidia-smi " + " ".join(map(_q, args)))
@@ -334,13 +303,16 @@ class RemoteTrainingService(TrainingService):
     def _env_dir(self, machine: RemoteMachine) -> str:
         return posixpath.join(machine.root, self.experiment_id, f"env-{machine.index}")
 
+    def _env(self, machine: RemoteMachine) -> EnvironmentDir:
+        return EnvironmentDir(machine.fs, self._env_dir(machine))
+
     def _start_worker(self, machine: RemoteMachine) -> None:
         env_dir = self._env_dir(machine)
         machine.run(machine.command("worker", env_dir, str(self.worker_idle_timeout)))
         self._heartbeat(machine, force=True)
         deadline = time.monotonic() + 15.0
         while True:
-            info = machine.sftp("reading worker.json", lambda s: _read_json(s, posixpath.join(env_dir, WORKER_INFO)))
+            info = self._env(machine).worker_info()
             if info is not None:
                 check_version(str(info.get("version")), f"the reuse worker on {machine.key}",
                               f"stop it (create {env_dir}/stop on that machine) or resume with the trialflow "
@@ -354,13 +326,7 @@ class RemoteTrainingService(TrainingService):
         if not self.reuse or (not force and time.monotonic() - machine.last_heartbeat < HEARTBEAT_SECONDS):
             return
         machine.last_heartbeat = time.monotonic()
-        path = posixpath.join(self._env_dir(machine), HEARTBEAT)
-
-        def touch(sftp: paramiko.SFTPClient) -> None:
-            with sftp.open(path, "w") as f:
-                f.write(str(time.time()))
-
-        machine.sftp("touching the heartbeat", touch)
+        self._env(machine).heartbeat()
 
     # ---- code -------------------------------------------------------------------------------
 
@@ -374,22 +340,8 @@ class RemoteTrainingService(TrainingService):
             raise PlatformError(str(exc)) from None
         digest = bundle.content_hash(self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
         for machine in self.machines:
-            target = posixpath.join(machine.root, "code", digest)
-            if machine.sftp("checking the code bundle", lambda s, t=target: _exists(s, t)):
-                continue
-            sent = [0]
-
-            def feed(send: Any, counter: list[int] = sent) -> str:
-                def counted(chunk: bytes) -> None:
-                    send(chunk)
-                    counter[0] += len(chunk)
-
-                return bundle.stream(counted)
-
-            _, status, _out, err = machine.conn.run_streaming(machine.command("unpack", target, digest), feed)
-            self.uploaded_bytes += sent[0]
-            if status != 0:
-                raise PlatformError(f"{machine.key}: extracting the code bundle failed: {err.strip()[-500:]}")
+            self.uploaded_bytes += install_code(machine.fs, posixpath.join(machine.root, "code", digest), digest,
+                                                bundle.stream)
         return CodeRef(str(bundle.root), digest)
 
     # ---- trials -----------------------------------------------------------------------------
@@ -458,21 +410,11 @@ class RemoteTrainingService(TrainingService):
         with self._lock:
             machine.active.add(spec.trial_id)
         if self.reuse:
-            self._enqueue(machine, spec.trial_id, payload, HOLD if hold else QUEUE)
+            self._env(machine).enqueue(spec.trial_id, payload, HOLD if hold else QUEUE)
+            self._heartbeat(machine)
         else:
             machine.run(machine.command("keeper", "--submit"), json.dumps(payload).encode())
         return handle
-
-    def _enqueue(self, machine: RemoteMachine, trial_id: str, payload: dict[str, Any], box: str) -> None:
-        env_dir = self._env_dir(machine)
-        data = json.dumps(payload).encode()
-
-        def put(sftp: paramiko.SFTPClient) -> None:
-            _mkdirs(sftp, posixpath.join(env_dir, box))
-            _write_atomic(sftp, posixpath.join(env_dir, box, f"{trial_id}.json"), data)
-
-        machine.sftp("queueing the trial", put)
-        self._heartbeat(machine)
 
     def _start_held(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
         """Start a trial that waits for GPU slots once the machine has them; False while waiting."""
@@ -485,64 +427,29 @@ class RemoteTrainingService(TrainingService):
         if not handle.data.get("reuse"):
             machine.run(machine.command("keeper", "--detach", handle.data["trial_dir"], indices))
             return True
-        env_dir = self._env_dir(machine)
-        held = posixpath.join(env_dir, HOLD, f"{handle.trial_id}.json")
-
-        def release(sftp: paramiko.SFTPClient) -> None:
-            payload = _read_json(sftp, held)
-            if payload is None:
-                return
+        def release(payload: dict[str, Any]) -> None:
             payload["hold"] = False
             assign_gpus(payload["keeper"], gpus)
-            _mkdirs(sftp, posixpath.join(env_dir, QUEUE))
-            queued = posixpath.join(env_dir, QUEUE, f"{handle.trial_id}.json")
-            _write_atomic(sftp, queued, json.dumps(payload).encode())
-            sftp.remove(held)
 
-        machine.sftp("releasing a held trial", release)
+        self._env(machine).release(handle.trial_id, release)
         return True
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         machine = self._machine(handle)
         self._heartbeat(machine)
-        offset = int(cursor.get("metrics_offset", 0))
         trial_dir = handle.data["trial_dir"]
         meta = posixpath.join(trial_dir, META_DIR)
-
-        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, Any] | None, set[str], list[Any], list[str], int, str]:
-            try:
-                names = {a.filename: a for a in sftp.listdir_attr(meta)}
-            except FileNotFoundError:
-                return None, set(), [], [], offset, ""
-            state = _read_json(sftp, posixpath.join(meta, STATE)) if STATE in names else None
-            records: list[Any] = []
-            errors: list[str] = []
-            new_offset = offset
-            size = names[METRICS].st_size if METRICS in names else 0
-            while METRICS in names and (size or 0) > new_offset:
-                with sftp.open(posixpath.join(meta, METRICS), "rb") as f:
-                    f.seek(new_offset)
-                    data = f.read(READ_CHUNK)
-                result = parse_file_frames(data, new_offset, handle.trial_id)
-                records += result.records
-                errors += result.errors
-                if result.offset == new_offset or state is None:
-                    new_offset = result.offset
-                    break
-                new_offset = result.offset
-            tail = _read_tail(sftp, posixpath.join(trial_dir, STDERR_FILE)) if state else ""
-            return state, set(names), records, errors, new_offset, tail
-
-        state, names, records, errors, offset, tail = machine.sftp("reading trial files", look)
-        new_cursor = {"metrics_offset": offset}
+        found = read_trial(machine.fs, trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
+        new_cursor = {"metrics_offset": found.offset}
+        names, records, errors = found.names or set(), found.records, found.errors
         if not names:
             if self._queued(machine, handle):
                 return TrialUpdate(TrialStatus.WAITING, cursor=new_cursor)
             raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists on "
                                   f"{machine.key}")
-        if state is not None:
+        if found.state is not None:
             self._finish(machine, handle)
-            return ended_update(state, records, new_cursor, errors, tail)
+            return found.update(new_cursor)
         if KEEPER_LOCK not in names:  # written but held for GPU slots (non-reuse)
             self._start_held(machine, handle)
             return TrialUpdate(TrialStatus.WAITING, records, new_cursor, None, None, errors)
@@ -555,9 +462,7 @@ class RemoteTrainingService(TrainingService):
         """Reuse mode: the trial is still in the worker's queue (or held for GPUs)."""
         if not handle.data.get("reuse"):
             return False
-        env_dir = self._env_dir(machine)
-        boxes = {box: posixpath.join(env_dir, box, f"{handle.trial_id}.json") for box in (HOLD, QUEUE, TAKEN)}
-        found = machine.sftp("reading the queue", lambda s: {b for b, p in boxes.items() if _exists(s, p)})
+        found = self._env(machine).boxes_holding(handle.trial_id)
         if HOLD in found:
             self._start_held(machine, handle)
         return bool(found)
@@ -569,24 +474,19 @@ class RemoteTrainingService(TrainingService):
             return True
         self._liveness[handle.trial_id] = now
 
-        def check(sftp: paramiko.SFTPClient) -> bool:
-            info = _read_json(sftp, posixpath.join(meta, KEEPER_PID))
-            if not info:
-                return True
-            try:
-                with sftp.open(f"/proc/{int(info['pid'])}/stat", "r") as f:
-                    fields = stat_fields(f.read(4096).decode("ascii", "replace"))
-            except FileNotFoundError:
-                return not _exists(sftp, "/proc/self")  # no /proc at all: cannot tell, assume alive
-            return stat_alive(fields, info.get("start_time"))
-
-        return bool(machine.sftp("checking the keeper", check))
+        info = read_json(machine.fs, posixpath.join(meta, KEEPER_PID))
+        if not info:
+            return True
+        line = machine.fs.read(f"/proc/{int(info['pid'])}/stat", 0, 4096)
+        if line is None:
+            return not machine.fs.exists("/proc/self")  # no /proc at all: cannot tell, assume alive
+        return stat_alive(stat_fields(line.decode("ascii", "replace")), info.get("start_time"))
 
     def _vanished(self, machine: RemoteMachine, handle: TrialHandle, cursor: dict[str, Any], records: list[Any],
                   errors: list[str]) -> TrialUpdate:
         """The keeper is gone: unless it recorded an end after all, the trial was killed."""
         state_path = posixpath.join(handle.data["trial_dir"], META_DIR, STATE)
-        if machine.sftp("reading the trial state", lambda s: _exists(s, state_path)):
+        if machine.fs.exists(state_path):
             return TrialUpdate(TrialStatus.RUNNING, records, cursor, None, None, errors)  # next poll reads it
         self._finish(machine, handle)
         return TrialUpdate(TrialStatus.SYS_CANCELED, records, cursor, None,
@@ -612,10 +512,7 @@ class RemoteTrainingService(TrainingService):
     def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
         machine = self._machine(handle)
         if handle.data.get("reuse"):
-            env_dir = self._env_dir(machine)
-            for box in (HOLD, QUEUE):
-                path = posixpath.join(env_dir, box, f"{handle.trial_id}.json")
-                machine.sftp("dequeueing the trial", lambda s, p=path: _remove(s, p))
+            self._env(machine).dequeue(handle.trial_id)
         machine.run(machine.command("keeper", "--kill", handle.data["trial_dir"], str(self.kill_grace)),
                     timeout=30 + 3 * self.kill_grace)
         self._finish(machine, handle)
@@ -626,8 +523,7 @@ class RemoteTrainingService(TrainingService):
         with self._lock:
             machine.active.add(handle.trial_id)
         if machine.gpu is not None:
-            path = posixpath.join(handle.data["trial_dir"], META_DIR, KEEPER_SPEC)
-            keeper = machine.sftp("reading keeper.json", lambda s: _read_json(s, path)) or {}
+            keeper = read_json(machine.fs, posixpath.join(handle.data["trial_dir"], META_DIR, KEEPER_SPEC)) or {}
             if keeper.get("gpus"):
                 machine.gpu.adopt(handle.trial_id, keeper["gpus"])
 
@@ -636,14 +532,8 @@ class RemoteTrainingService(TrainingService):
         machine = self._machine(handle)
         local_dir = self.experiment_dir / "trials" / handle.trial_id
         local_dir.mkdir(parents=True, exist_ok=True)
-
-        def fetch(sftp: paramiko.SFTPClient) -> None:
-            for name in LOG_FILES:
-                path = posixpath.join(handle.data["trial_dir"], name)
-                if _exists(sftp, path):
-                    sftp.get(path, str(local_dir / name))
-
-        machine.sftp("fetching logs", fetch)
+        for name in LOG_FILES:
+            machine.fs.download(posixpath.join(handle.data["trial_dir"], name), local_dir / name)
         return read_trial_logs(local_dir, tail)
 
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
@@ -654,8 +544,7 @@ class RemoteTrainingService(TrainingService):
             return self.share.trial_dir(handle.trial_id) / OUTPUT_DIR / name
         machine = self._machine(handle)
         target = self.experiment_dir / "trials" / handle.trial_id / name
-        machine.sftp(f"fetching {name}", lambda s: _download_tree(s, posixpath.join(handle.data["trial_dir"], name),
-                                                                  target))
+        machine.fs.download(posixpath.join(handle.data["trial_dir"], name), target)
         return target
 
     def clean(self) -> list[str]:
@@ -677,89 +566,9 @@ class RemoteTrainingService(TrainingService):
         """Ask reuse workers to leave and close the connections; running trials are not touched."""
         for machine in self.machines:
             if self.reuse and machine.root:
-                stop = posixpath.join(self._env_dir(machine), STOP)
                 try:
-                    machine.sftp("stopping the worker", lambda s, p=stop: s.open(p, "w").close())
+                    self._env(machine).stop()
                 except PlatformError as exc:  # the worker still leaves when its heartbeat stops
                     log.warning("the reuse worker on %s was not asked to stop (%s); it leaves after %.0f s without "
                                 "a heartbeat", machine.key, exc, self.worker_idle_timeout)
             machine.conn.close()
-
-
-# ---- SFTP helpers ---------------------------------------------------------------------------
-
-
-def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
-    try:
-        sftp.stat(path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _download_tree(sftp: paramiko.SFTPClient, remote: str, local: Path) -> None:
-    """``remote`` (a folder) copied into ``local``; entries are plain names, so nothing lands outside."""
-    try:
-        entries = sftp.listdir_attr(remote)
-    except FileNotFoundError:
-        return
-    local.mkdir(parents=True, exist_ok=True)
-    for entry in entries:
-        name, mode = entry.filename, entry.st_mode or 0
-        if name in (".", "..") or "/" in name:
-            continue
-        if stat.S_ISDIR(mode):
-            _download_tree(sftp, posixpath.join(remote, name), local / name)
-        elif stat.S_ISREG(mode):
-            sftp.get(posixpath.join(remote, name), str(local / name))
-
-
-def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
-    missing = []
-    while path not in ("", "/"):
-        try:
-            if stat.S_ISDIR(sftp.stat(path).st_mode or 0):
-                break
-            raise PlatformError(f"{path} exists on the worker and is not a directory")
-        except FileNotFoundError:
-            missing.append(path)
-            path = posixpath.dirname(path)
-    for directory in reversed(missing):
-        try:
-            sftp.mkdir(directory)
-        except OSError:
-            if not _exists(sftp, directory):
-                raise
-
-
-def _remove(sftp: paramiko.SFTPClient, path: str) -> None:
-    try:
-        sftp.remove(path)
-    except FileNotFoundError:
-        pass
-
-
-def _write_atomic(sftp: paramiko.SFTPClient, path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with sftp.open(tmp, "wb") as f:
-        f.write(data)
-    sftp.posix_rename(tmp, path)
-
-
-def _read_json(sftp: paramiko.SFTPClient, path: str) -> dict[str, Any] | None:
-    try:
-        with sftp.open(path, "rb") as f:
-            data = json.loads(f.read())
-        return data if isinstance(data, dict) else None
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _read_tail(sftp: paramiko.SFTPClient, path: str, limit: int = STDERR_TAIL_BYTES) -> str:
-    try:
-        with sftp.open(path, "rb") as f:
-            size = f.stat().st_size or 0
-            f.seek(max(0, size - limit))
-            return bytes(f.read(limit)).decode("utf-8", "replace").strip()
-    except FileNotFoundError:
-        return ""

@@ -32,7 +32,6 @@ token's home (store, read, delete) and its names and roles.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import os
 import secrets
@@ -49,22 +48,16 @@ from urllib.parse import urlsplit
 from ..codebundle import CodeDirError, scan_code_dir
 from ..trial.procs import read_json, write_atomic
 from ..trial.protocol import (
-    HEARTBEAT,
     HEARTBEAT_SECONDS,
     KEEPER_SPEC,
-    KILL,
     META_DIR,
     PARAMETER_FILE,
-    QUEUE,
     STARTED,
-    STATE,
     STDERR_FILE,
     STDOUT_FILE,
-    STOP,
     WORKER_IDLE_TIMEOUT,
 )
 from ..trial.records import MetricRecord, parse_stdout_lines
-from ..trial.unpack import extract_stream
 from .base import (
     CodeRef,
     LostHandleError,
@@ -78,7 +71,17 @@ from .base import (
 )
 from .metrics_receiver import MetricsReceiver
 from .runtime_files import runtime_files, runtime_key
-from .trialdir import ended_update, read_from, read_metrics_file, read_output_files, read_trial_logs, tail_text
+from .trialdir import (
+    LOCAL,
+    EnvironmentDir,
+    install_code,
+    install_tree,
+    read_from,
+    read_output_files,
+    read_trial,
+    read_trial_logs,
+    tail_text,
+)
 
 log = logging.getLogger("trialflow.platforms")
 ENV_CHECK_SECONDS = 2.0
@@ -137,19 +140,7 @@ class SharedStorage:
         return removed
 
     def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:
-        target = self.path("runtime", key)
-        if target.is_dir():
-            return
-        partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{time.time_ns()}")
-        for rel, source in files:
-            (partial / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, partial / rel)
-        try:
-            partial.rename(target)
-        except OSError:
-            shutil.rmtree(partial, ignore_errors=True)
-            if not target.is_dir():
-                raise
+        install_tree(LOCAL, str(self.path("runtime", key)), files)
 
     def install_code(self, code_dir: Path, cache_file: Path) -> str:
         """Extract the code bundle once per content hash; returns the hash."""
@@ -158,21 +149,8 @@ class SharedStorage:
         except CodeDirError as exc:
             raise PlatformError(str(exc)) from None
         digest = bundle.content_hash(cache_file)
-        target = self.path("code", digest)
         with self._lock:
-            if target.is_dir():
-                return digest
-            target.parent.mkdir(parents=True, exist_ok=True)
-            read_fd, write_fd = os.pipe()
-            with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb") as writer:
-                def feed() -> None:
-                    bundle.stream(writer.write)
-                    writer.close()
-
-                feeder = threading.Thread(target=feed, daemon=True)
-                feeder.start()
-                extract_stream(reader, str(target), digest)
-                feeder.join()
+            install_code(LOCAL, str(self.path("code", digest)), digest, bundle.stream)
         return digest
 
 
@@ -379,6 +357,9 @@ class SharedStorageService(TrainingService):
     def _env_dir(self, env_id: str) -> Path:
         return self.storage.path(self.experiment_id, "envs", env_id)
 
+    def _env(self, env_id: str) -> EnvironmentDir:
+        return EnvironmentDir(LOCAL, str(self._env_dir(env_id)))
+
     def _submit_to_environment(self, spec: TrialSpec, keeper: dict[str, Any]) -> TrialHandle:
         env = self._free_environment(spec.trial_id)
         payload = {"trial_dir": f"../../trials/{spec.trial_id}", "parameter": spec.parameter_record(),
@@ -387,9 +368,7 @@ class SharedStorageService(TrainingService):
             self.receiver.grant(env.token, spec.trial_id)
         elif self.receiver is not None:  # an environment re-attached on resume: its token is stored
             env.token = self._token(f"{env.job}-token", {"envId": env.id}, spec.trial_id)
-        queue = self._env_dir(env.id) / QUEUE
-        queue.mkdir(parents=True, exist_ok=True)
-        write_atomic(str(queue / f"{spec.trial_id}.json"), json.dumps(payload))
+        self._env(env.id).enqueue(spec.trial_id, payload)
         return TrialHandle(spec.trial_id, self.platform, {"job": env.job, "env": env.id, "reuse": True,
                                                           **self.handle_extra()})
 
@@ -408,7 +387,7 @@ class SharedStorageService(TrainingService):
             self.envs[env_id] = env
         env_dir = self._env_dir(env_id)
         env_dir.mkdir(parents=True, exist_ok=True)
-        (env_dir / HEARTBEAT).write_text(str(time.time()))
+        self._env(env_id).heartbeat()
         write_atomic(str(env_dir / "run.sh"), self._script(
             ["--foreground", f"envs/{env_id}", str(self.worker_idle_timeout)], "worker"))
         ids = {"envId": env_id}
@@ -444,7 +423,7 @@ class SharedStorageService(TrainingService):
         for env in list(self.envs.values()):
             if env.ended is None:
                 try:
-                    (self._env_dir(env.id) / HEARTBEAT).write_text(str(time.time()))
+                    self._env(env.id).heartbeat()
                 except OSError as exc:  # the worker leaves only after the idle timeout; the next beat retries
                     log.warning("environment %s: heartbeat not written (%s); retrying in %.0f s", env.id, exc,
                                 HEARTBEAT_SECONDS)
@@ -489,8 +468,7 @@ class SharedStorageService(TrainingService):
                    cursor: dict[str, Any], errors: list[str]) -> TrialUpdate:
         """A non-reuse trial whose job ended: the job's status, with the keeper's exit code."""
         trial_dir = self._trial_dir(handle)
-        state = read_json(str(trial_dir / META_DIR / STATE)) or {}
-        exit_code = state.get("exit_code")
+        exit_code = (read_trial(LOCAL, str(trial_dir), 0, handle.trial_id, False).state or {}).get("exit_code")
         if status == TrialStatus.FAILED:
             tail = tail_text(trial_dir / STDERR_FILE)
             message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \
@@ -502,22 +480,20 @@ class SharedStorageService(TrainingService):
         env = self._assign(handle)
         self._heartbeat()
         gone = self._environment_gone(env)  # the platform call first: it may fail, the reads below do not
-        trial_dir = self._trial_dir(handle)
-        meta = trial_dir / META_DIR
-        state = read_json(str(meta / STATE))
-        cancelled = self._cancelled.get(handle.trial_id)
+        found = read_trial(LOCAL, str(self._trial_dir(handle)), 0, handle.trial_id, metrics=False)
+        state, cancelled = found.state, self._cancelled.get(handle.trial_id)
         if state is not None and state.get("exit_code") != 0 and gone is None and cancelled is None:
             gone = self._environment_gone(env, force=True)  # killed with its environment: not the trial's failure
-        records, errors = self._metrics(handle, cursor, state is not None or gone is not None)
+        found.records, found.errors = self._metrics(handle, cursor, state is not None or gone is not None)
         if state is not None and (gone is None or state.get("exit_code") == 0):
             self._finish(handle)
-            return ended_update(state, records, cursor, errors, tail_text(trial_dir / STDERR_FILE), cancelled)
+            return found.update(cursor, cancelled)
         if gone is not None:
             self._finish(handle)
-            return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None,
-                               f"the trial did not finish: {gone}", errors)
-        status = TrialStatus.RUNNING if (meta / STARTED).exists() else TrialStatus.WAITING
-        return TrialUpdate(status, records, cursor, None, None, errors)
+            return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, found.records, cursor, None,
+                               f"the trial did not finish: {gone}", found.errors)
+        status = TrialStatus.RUNNING if STARTED in (found.names or ()) else TrialStatus.WAITING
+        return TrialUpdate(status, found.records, cursor, None, None, found.errors)
 
     def _metrics(self, handle: TrialHandle, cursor: dict[str, Any], final: bool
                  ) -> tuple[list[MetricRecord], list[str]]:
@@ -526,8 +502,8 @@ class SharedStorageService(TrainingService):
         errors: list[str] = []
         trial_dir = self._trial_dir(handle)
         if self.channel == "file":
-            records, errors, cursor["metrics_offset"] = read_metrics_file(
-                trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
+            found = read_trial(LOCAL, str(trial_dir), int(cursor.get("metrics_offset", 0)), handle.trial_id)
+            records, errors, cursor["metrics_offset"] = found.records, found.errors, found.offset
         else:
             if self.channel == "logs" or final:  # logs: the channel; http: the gap filler at the end
                 offsets = dict(cursor.get("log_offsets") or {})
@@ -575,10 +551,7 @@ class SharedStorageService(TrainingService):
             self.delete_job(handle.data["job"])
             self.delete_token(f"{handle.data['job']}-token")
             return
-        env_dir = self._env_dir(str(handle.data["env"]))
-        (env_dir / QUEUE / f"{handle.trial_id}.json").unlink(missing_ok=True)
-        (env_dir / KILL).mkdir(parents=True, exist_ok=True)
-        write_atomic(str(env_dir / KILL / handle.trial_id), f"../../trials/{handle.trial_id}")
+        self._env(str(handle.data["env"])).kill(handle.trial_id, f"../../trials/{handle.trial_id}")
 
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach after a restart: the environment is known again, and the token (read back from
@@ -606,7 +579,7 @@ class SharedStorageService(TrainingService):
         """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""
         for env in list(self.envs.values()):
             try:
-                (self._env_dir(env.id) / STOP).write_text("")
+                self._env(env.id).stop()
                 _retrying(lambda job=env.job: self.delete_job(job))
                 self.delete_token(f"{env.job}-token")
             except (PlatformError, OSError) as exc:  # the worker still leaves after its idle timeout

@@ -1,21 +1,43 @@
-"""The controller's side of the keeper/worker file protocol (names in ``trialflow.trial.protocol``):
-reading a trial directory's metrics and logs, and the one mapping from a keeper's ``state`` record
-to a :class:`TrialUpdate`. Local, remote (over SFTP, with the same mapping) and shared-storage
-services use it."""
+"""The controller's side of the keeper/worker file protocol (names in ``trialflow.trial.protocol``),
+written once over the filesystem seam (:class:`~.trialfs.TrialFS`): reading a trial directory
+(:func:`read_trial`, logs, output), the one mapping from a keeper's ``state`` record to a
+:class:`TrialUpdate`, a reuse environment's boxes and heartbeat (:class:`EnvironmentDir`), and
+installing the runtime and code bundles into place (a ``.partial`` folder renamed when whole, so
+concurrent installers never see half of one). Local, remote and shared-storage services use it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import posixpath
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..trial.protocol import LOG_FILES, METRICS_FILE, OUTPUT_FILES
+from ..trial.protocol import (
+    HEARTBEAT,
+    HOLD,
+    KILL,
+    LOG_FILES,
+    META_DIR,
+    METRICS,
+    OUTPUT_FILES,
+    QUEUE,
+    STATE,
+    STDERR_FILE,
+    STOP,
+    TAKEN,
+    WORKER_INFO,
+)
 from ..trial.records import MetricRecord, parse_file_frames
 from .base import TrialStatus, TrialUpdate
+from .trialfs import READ_CHUNK, Feed, LocalFS, TrialFS
 
 STDERR_TAIL_BYTES = 2000
-READ_CHUNK = 4 * 1024 * 1024
 NEVER_STARTED = "cancelled before it started"
+LOCAL = LocalFS()
 
 
 def ended_update(state: dict[str, Any], records: list[MetricRecord], cursor: dict[str, Any], errors: list[str],
@@ -34,51 +56,164 @@ def ended_update(state: dict[str, Any], records: list[MetricRecord], cursor: dic
     return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code, message, errors)
 
 
-def tail_text(path: str | Path, limit: int = STDERR_TAIL_BYTES) -> str:
+def read_json(fs: TrialFS, path: str) -> dict[str, Any] | None:
+    """A JSON object file; None when it is missing or not (yet) a whole object."""
+    data = fs.read(path)
+    try:
+        value = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def tail_text(path: str | Path, limit: int = STDERR_TAIL_BYTES, fs: TrialFS = LOCAL) -> str:
     """The last ``limit`` bytes of a file as text ('' when it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
+    return fs.tail(str(path), limit).decode("utf-8", "replace").strip()
 
 
-def read_from(path: str | Path, offset: int) -> bytes:
-    """Up to ``READ_CHUNK`` bytes of a file from ``offset`` (b'' when it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(READ_CHUNK)
-    except OSError:
-        return b""
+@dataclass
+class TrialFiles:
+    """One look at a trial directory: its meta entries, the keeper's end record, new metrics."""
+
+    names: set[str] | None  # entries of ``.nni/``; None when the trial directory is gone
+    state: dict[str, Any] | None = None
+    records: list[MetricRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    offset: int = 0
+    stderr_tail: str = ""
+
+    def update(self, cursor: dict[str, Any], cancelled: TrialStatus | None = None) -> TrialUpdate:
+        """The ended trial's update (``state`` is set)."""
+        assert self.state is not None
+        return ended_update(self.state, self.records, cursor, self.errors, self.stderr_tail, cancelled)
 
 
-def read_metrics_file(trial_dir: str | Path, offset: int, trial_id: str) -> tuple[list[Any], list[str], int]:
+def read_trial(fs: TrialFS, trial_dir: str, offset: int, trial_id: str, metrics: bool = True) -> TrialFiles:
+    """The trial's state, then its metrics after byte ``offset`` (every metric precedes the state, so
+    once the state is there all of them are read), and the stderr tail of an ended trial."""
+    meta = fs.join(trial_dir, META_DIR)
+    names = fs.listdir(meta)
+    if names is None:
+        return TrialFiles(None, offset=offset)
+    found = TrialFiles(set(names), offset=offset)
+    found.state = read_json(fs, fs.join(meta, STATE)) if STATE in names else None
+    size = names.get(METRICS, 0) if metrics else 0
+    while size > found.offset:
+        result = parse_file_frames(fs.read(fs.join(meta, METRICS), found.offset) or b"", found.offset, trial_id)
+        found.records += result.records
+        found.errors += result.errors
+        moved, found.offset = result.offset != found.offset, result.offset
+        if not moved or found.state is None:
+            break
+    if found.state is not None:
+        found.stderr_tail = tail_text(fs.join(trial_dir, STDERR_FILE), fs=fs)
+    return found
+
+
+def read_metrics_file(trial_dir: str | Path, offset: int, trial_id: str, fs: TrialFS = LOCAL
+                      ) -> tuple[list[Any], list[str], int]:
     """Metric records of ``<trial dir>/.nni/metrics`` after byte ``offset``: (records, errors, new offset)."""
-    path = os.path.join(trial_dir, METRICS_FILE)
-    if not os.path.exists(path):
+    data = fs.read(fs.join(str(trial_dir), META_DIR, METRICS), offset)
+    if not data:
         return [], [], offset
-    result = parse_file_frames(read_from(path, offset), offset, trial_id)
+    result = parse_file_frames(data, offset, trial_id)
     return result.records, result.errors, result.offset
 
 
-def read_trial_logs(trial_dir: str | Path, tail: int | None = None) -> dict[str, str]:
+def read_from(path: str | Path, offset: int, fs: TrialFS = LOCAL) -> bytes:
+    """Up to ``READ_CHUNK`` bytes of a file from ``offset`` (b'' when it cannot be read)."""
+    return fs.read(str(path), offset, READ_CHUNK) or b""
+
+
+def read_trial_logs(trial_dir: str | Path, tail: int | None = None, fs: TrialFS = LOCAL) -> dict[str, str]:
     """A trial directory's log files by name (the last ``tail`` bytes of each when given)."""
     out = {}
     for name in LOG_FILES:
-        path = os.path.join(trial_dir, name)
-        if os.path.exists(path):
-            out[name] = tail_text(path, tail) if tail else Path(path).read_text("utf-8", "replace")
+        path = fs.join(str(trial_dir), name)
+        if fs.exists(path):
+            out[name] = tail_text(path, tail, fs) if tail else (fs.read(path, 0, -1) or b"").decode(
+                "utf-8", "replace")
     return out
 
 
-def read_output_files(trial_dir: str | Path, offsets: dict[str, int]) -> dict[str, bytes]:
+def read_output_files(trial_dir: str | Path, offsets: dict[str, int], fs: TrialFS = LOCAL) -> dict[str, bytes]:
     """What the trial's command printed after ``offsets`` (bytes per file name), by file name."""
     out = {}
     for name in OUTPUT_FILES:
-        data = read_from(os.path.join(trial_dir, name), offsets.get(name, 0))
+        data = read_from(fs.join(str(trial_dir), name), offsets.get(name, 0), fs)
         if data:
             out[name] = data
     return out
+
+
+def install_tree(fs: TrialFS, target: str, files: list[tuple[str, Path]]) -> None:
+    """Copy ``files`` (relative name, local source) to the folder ``target`` unless it exists."""
+    if fs.listdir(target) is not None:
+        return
+    partial = f"{target}.partial-{os.getpid()}-{time.time_ns()}"
+    for rel, source in files:
+        dest = fs.join(partial, rel)
+        fs.makedirs(posixpath.dirname(dest))
+        fs.put(source, dest)
+    try:
+        fs.rename(partial, target)
+    except OSError:
+        fs.remove_tree(partial)
+        if fs.listdir(target) is None:
+            raise
+
+
+def install_code(fs: TrialFS, target: str, digest: str, feed: Feed) -> int:
+    """Extract a code bundle into ``target`` unless it is there; returns the bytes sent."""
+    if fs.exists(target):
+        return 0
+    fs.makedirs(posixpath.dirname(target))
+    return fs.extract(target, digest, feed)
+
+
+class EnvironmentDir:
+    """A reuse environment's folder as the controller uses it (the worker's side is
+    ``trialflow.trial.worker``): trials queued as payload files (``hold/`` while they wait for GPU
+    slots), cancels, the heartbeat and the stop request."""
+
+    def __init__(self, fs: TrialFS, path: str) -> None:
+        self.fs = fs
+        self.path = path
+
+    def _box(self, box: str, trial_id: str) -> str:
+        return self.fs.join(self.path, box, f"{trial_id}.json")
+
+    def enqueue(self, trial_id: str, payload: dict[str, Any], box: str = QUEUE) -> None:
+        self.fs.write(self._box(box, trial_id), json.dumps(payload).encode())
+
+    def dequeue(self, trial_id: str) -> None:
+        """Take a trial out of the boxes the worker has not taken it from yet."""
+        for box in (HOLD, QUEUE):
+            self.fs.remove(self._box(box, trial_id))
+
+    def boxes_holding(self, trial_id: str) -> set[str]:
+        return {box for box in (HOLD, QUEUE, TAKEN) if self.fs.exists(self._box(box, trial_id))}
+
+    def release(self, trial_id: str, change: Any) -> None:
+        """Move a held trial to the queue, its payload changed by ``change(payload)`` first."""
+        held = self._box(HOLD, trial_id)
+        payload = read_json(self.fs, held)
+        if payload is None:
+            return
+        change(payload)
+        self.enqueue(trial_id, payload)
+        self.fs.remove(held)
+
+    def kill(self, trial_id: str, trial_dir: str) -> None:
+        """Ask the worker to stop a trial (for workers the controller cannot run a command next to)."""
+        self.fs.remove(self._box(QUEUE, trial_id))
+        self.fs.write(self.fs.join(self.path, KILL, trial_id), trial_dir.encode())
+
+    def heartbeat(self) -> None:
+        self.fs.touch(self.fs.join(self.path, HEARTBEAT), str(time.time()).encode())
+
+    def stop(self) -> None:
+        self.fs.touch(self.fs.join(self.path, STOP))
+
+    def worker_info(self) -> dict[str, Any] | None:
+        return read_json(self.fs, self.fs.join(self.path, WORKER_INFO))
