@@ -225,3 +225,37 @@ def test_config_convert_prints_the_v2_equivalent_of_an_nni_v1_file(tmp_path):
     (tmp_path / "bad.yml").write_text(V1.format(platform="nope"))
     bad = cli("config", "convert", str(tmp_path / "bad.yml"))
     assert bad.returncode == 1 and "nope" in bad.stdout + bad.stderr
+
+
+def test_the_python_api_kills_a_trial_and_stops_an_experiment_whose_controller_was_killed(tmp_path, prefect_server):
+    import signal
+
+    import trialflow
+    from trialflow.experiments import open_store
+    from trialflow.trial.procs import pid_alive, read_json
+
+    env = {"PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "home")}
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2)))
+    proc = cli("create", "--config", str(path), env=env)
+    exp_id = proc.stdout.split("experiment id:")[1].split()[0]
+    store = open_store(tmp_path / "w", exp_id)
+    deadline = time.monotonic() + 120
+    while len(store.trials(["RUNNING"])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first, second = (t.id for t in store.trials(["RUNNING"]))
+    assert trialflow.kill_trial(exp_id, first, root=tmp_path / "w").status in ("RUNNING", "USER_CANCELED")
+    while store.trial(first).status != "USER_CANCELED" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert store.trial(first).status == "USER_CANCELED"  # the live controller cancelled it
+    os.kill(int(store.experiment().controller_pid), signal.SIGKILL)
+    keeper = read_json(str(tmp_path / "w" / exp_id / "trials" / second / ".nni" / "keeper.pid"))
+    result = trialflow.stop_experiment(exp_id, root=tmp_path / "w", wait=5)
+    assert result.status == "STOPPED"
+    assert {t.id: t.status for t in result.trials} == {first: "USER_CANCELED", second: "USER_CANCELED"}
+    assert keeper is not None and not pid_alive(int(keeper["pid"]), keeper.get("start_time"))  # stopped here
+    with pytest.raises(KeyError):
+        trialflow.kill_trial(exp_id, "nosuchtrial", root=tmp_path / "w")
+    store.close()

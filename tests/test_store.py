@@ -102,3 +102,36 @@ def test_two_experiments_share_one_database_without_seeing_each_others_trials(st
     assert [t.id for t in second.trials()] == ["2t0", "2t1"] and second.count_trials() == 2
     assert first.experiment().controls == {"stop": False} and second.experiment().controls == {"stop": True}
     assert {m.trial_id for m in second.metrics()} == {"2t0", "2t1"}
+
+
+def test_a_store_from_before_the_schema_number_opens_and_a_newer_one_is_refused_in_one_line(store_url):
+    import pytest
+    import sqlalchemy as sa
+
+    from trialflow.store import SCHEMA_VERSION, StoreUnreadable
+
+    store = ExperimentStore(store_url, "schemaexp")
+    store.create_experiment("old", {"a": 1})
+    store.add_trial("s0", store.take_sequence(), 0, {"x": 1}, {})
+    store.close()
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:  # as an earlier trialflow left it: no schema table, no newer column
+        conn.exec_driver_sql("DROP TABLE trialflow_schema")
+        conn.exec_driver_sql("ALTER TABLE experiments DROP COLUMN prefect_api")
+    reopened = ExperimentStore(store_url, "schemaexp")
+    assert [t.id for t in reopened.trials()] == ["s0"] and reopened.experiment().prefect_api is None
+    reopened.close()
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql("SELECT version FROM trialflow_schema").scalar() == SCHEMA_VERSION
+        conn.exec_driver_sql(f"UPDATE trialflow_schema SET version = {SCHEMA_VERSION + 1}")
+    engine.dispose()
+    with pytest.raises(StoreUnreadable) as refused:
+        ExperimentStore(store_url, "schemaexp")
+    message = str(refused.value)
+    assert "\n" not in message and "newer trialflow" in message and "upgrade trialflow" in message
+    engine = sa.create_engine(store_url)
+    with engine.begin() as conn:  # nothing was changed by the refusal; this trialflow's number again
+        assert conn.exec_driver_sql("SELECT count(*) FROM trials").scalar() == 1
+        conn.exec_driver_sql(f"UPDATE trialflow_schema SET version = {SCHEMA_VERSION}")
+    engine.dispose()
+    ExperimentStore(store_url, "schemaexp").close()

@@ -14,6 +14,8 @@ _EXPORTS = {
     "run_experiment": "trialflow.api",
     "ExperimentResult": "trialflow.api",
     "experiment_session": "trialflow.api",
+    "stop_experiment": "trialflow.api",
+    "kill_trial": "trialflow.api",
     "ExperimentConfig": "trialflow.config",
     "ConfigError": "trialflow.config",
     "load_config": "trialflow.config",

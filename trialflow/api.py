@@ -1,9 +1,11 @@
 """Python API for notebooks and scripts: ``trialflow.run_experiment(config)`` runs a whole experiment;
 ``trialflow.experiment_session(config)`` opens one for a flow of your own built from the task library
-(``trialflow.tasks``)."""
+(``trialflow.tasks``); ``stop_experiment`` and ``kill_trial`` do what ``trialflow stop`` and
+``trialflow trial kill`` do, with or without the experiment's controller running."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,10 +15,13 @@ from typing import Any
 
 from .config import ExperimentConfig, load_config, parse_config
 from .context import ExperimentContext, open_context
-from .experiments import create_experiment, open_store
+from .experiments import create_experiment, find_experiment, open_store
 from .ids import new_trial_id
 from .results import best_trial, end_experiment, maximizes, trial_value
+from .status import ExperimentStatus
 from .store import TrialRecord
+
+log = logging.getLogger("trialflow")
 
 
 @dataclass
@@ -78,6 +83,35 @@ def result_of(root: Path, experiment_id: str, status: str | None = None) -> Expe
                             best_trial(trials, maximizes(record)))
 
 
+def stop_experiment(experiment_id: str, root: Path | None = None, wait: float = 60.0) -> ExperimentResult:
+    """Stop an experiment (its running trials end USER_CANCELED, it ends STOPPED unless it had already
+    ended) and return its result. Raises ``ExperimentNotFound``; warnings (a trial the platform could
+    not stop) go to the ``trialflow`` logger."""
+    from .control import stop_experiment as stop
+
+    base, store = find_experiment(experiment_id, root)
+    try:
+        for warning in stop(store, base, wait):
+            log.warning(warning)
+    finally:
+        store.close()
+    return result_of(base, experiment_id)
+
+
+def kill_trial(experiment_id: str, trial_id: str, root: Path | None = None) -> TrialRecord:
+    """Cancel one trial (USER_CANCELED; a trial that already ended keeps its status) and return its
+    record. Raises ``ExperimentNotFound``, and ``KeyError`` for a trial the experiment does not have."""
+    from .control import kill_trial as kill
+
+    base, store = find_experiment(experiment_id, root)
+    try:
+        for warning in kill(store, base, trial_id)[1]:
+            log.warning(warning)
+        return store.trial(trial_id)
+    finally:
+        store.close()
+
+
 class ExperimentSession:
     """An experiment opened for a user's own flow: the tasks of ``trialflow.tasks`` find it by
     :attr:`id`. A trial added by hand is recorded like a suggested one and, when it ends, told to the
@@ -119,13 +153,13 @@ def experiment_session(config: ConfigLike) -> Iterator[ExperimentSession]:
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_experiment(cfg, path)
     store = open_store(exp_dir.parent, experiment_id)
-    status, message = "ERROR", None
+    status, message = ExperimentStatus.ERROR, None
     try:
         with open_context(experiment_id, exp_dir, cfg, store) as ctx:
-            store.set_experiment(status="RUNNING")
+            store.set_experiment(status=ExperimentStatus.RUNNING)
             try:
                 yield ExperimentSession(ctx)
-                status = "DONE"
+                status = ExperimentStatus.DONE
             except BaseException as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 raise

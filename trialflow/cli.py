@@ -25,16 +25,16 @@ from rich.markup import escape
 from ._lazy import lazy_module
 from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, start_controller
 from .ids import looks_like_experiment_id
-from .trial.procs import pid_alive
+from .status import EXPERIMENT_LIVE, ExperimentStatus
 
 if TYPE_CHECKING:
     from .dashboard import LiveDashboard
     from .kept_server import KeptServer
-    from .platforms import TrainingService
     from .store import ExperimentStore
 
 # imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
 _config = lazy_module("trialflow.config")
+_control = lazy_module("trialflow.control")
 _experiments = lazy_module("trialflow.experiments")
 _run_control = lazy_module("trialflow.flows.run_control")
 _platforms = lazy_module("trialflow.platforms")
@@ -90,7 +90,7 @@ def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, Experime
     """The experiment's working directory and store; without an id, the only running experiment (as
     nnictl)."""
     if experiment_id is None:
-        running = [e.id for e in _experiments.list_experiments(root) if e.record.status in ("RUNNING", "INITIALIZED")]
+        running = [e.id for e in _experiments.list_experiments(root) if e.record.status in EXPERIMENT_LIVE]
         if len(running) != 1:
             raise CliError("no experiment is running: give an experiment id (trialflow experiment list --all)"
                            if not running else f"{len(running)} experiments are running ({', '.join(running)}): "
@@ -103,8 +103,12 @@ def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, Experime
 
 
 def _controller_alive(store: ExperimentStore) -> bool:
-    pid = store.experiment().controller_pid
-    return bool(pid) and pid != os.getpid() and pid_alive(int(pid))  # type: ignore[arg-type]
+    return bool(_control.controller_alive(store))
+
+
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
 
 
 # ---- running experiments -----------------------------------------------------------------------
@@ -188,7 +192,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         if live is not None:
             console.print(f"experiment {experiment_id} ended {status}")
             _serve_until_interrupted(live)
-        if status != "DONE" or failure:
+        if status != ExperimentStatus.DONE or failure:
             raise CliError(failure or f"experiment {experiment_id} ended {status}")
         return
     log_path = root / experiment_id / _experiments.CONTROLLER_LOG
@@ -358,7 +362,7 @@ def tensorboard_start(experiment_id: str, root: RootOpt = None,
 
     base, store = _store(experiment_id, root)
     wanted = [t.strip() for t in trials.split(",") if t.strip()] if trials else None
-    service = _open_service(store, base)
+    service = _control.open_service(store, base)
     try:
         runs = tensorboard.trial_folders(store, service, wanted)
         server = tensorboard.start(base / experiment_id, runs, port, host)
@@ -449,61 +453,13 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     if all_:
         targets = [(e.root, _experiments.open_store(e.root, e.id))
                    for e in _experiments.list_experiments(root, unreadable)
-                   if e.record.status in ("RUNNING", "INITIALIZED")]
+                   if e.record.status in EXPERIMENT_LIVE]
     else:
         targets = [_store(experiment_id, root)]
     _report_unreadable(unreadable)
     for base, store in targets:
-        _stop_one(store, base, wait)
+        _warn(_control.stop_experiment(store, base, wait))
         console.print(f"experiment {store.experiment_id} stopped")
-
-
-def _stop_one(store: ExperimentStore, base: Path, wait: float) -> None:
-    """Ask the controller to stop (it cancels its trials and ends its flow run Cancelled); SIGTERM it
-    after ``wait`` seconds; without a controller, cancel what it left behind and its flow run here."""
-    store.set_control("stop", True)
-    controller_gone = not _controller_alive(store)
-    was_running = store.experiment().status in ("RUNNING", "INITIALIZED")
-    deadline = time.monotonic() + wait
-    while _controller_alive(store) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _controller_alive(store):
-        controller_gone = True
-        os.kill(int(store.experiment().controller_pid), signal.SIGTERM)  # type: ignore[arg-type]
-    # No controller (crashed or never resumed): cancel what it left behind ourselves.
-    left = store.trials(["WAITING", "RUNNING"])
-    for trial in left:
-        store.set_status(trial.id, "USER_CANCELED", message="cancelled by trialflow stop")
-    _cancel_offline(store, base, [t.handle for t in left])
-    if store.experiment().status not in ("DONE", "ERROR"):
-        _results.end_experiment(store, "STOPPED")
-    record = store.experiment()
-    if controller_gone and was_running and record.flow_run_id:
-        _run_control.cancel_flow_run(record.flow_run_id, record.prefect_api,
-                                     f"experiment {record.id} stopped by trialflow stop")
-
-
-def _open_service(store: ExperimentStore, base: Path) -> TrainingService:
-    """The experiment's training service, for work done without its controller (kill, logs)."""
-    config = _experiments.load_experiment_config(store)
-    return _platforms.experiment_service(config, base / store.experiment_id)
-
-
-def _cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> None:
-    """Stop trials whose controller is gone, through their training service."""
-    live = [_platforms.TrialHandle.from_dict(h) for h in handles if h]
-    if not live:
-        return
-    service = _open_service(store, base)
-    try:
-        for handle in live:
-            try:
-                service.cancel(handle, _platforms.TrialStatus.USER_CANCELED)
-            except _platforms.PlatformError as exc:
-                console.print(f"[yellow]warning:[/] trial {handle.trial_id} may still run: {escape(str(exc))}",
-                              markup=True, highlight=False)
-    finally:
-        service.close()
 
 
 _UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
@@ -601,7 +557,7 @@ def experiment_list(root: RootOpt = None,
     table = Table("id", "name", "status", "trials", "started", "directory")
     unreadable: list[str] = []
     for e in _experiments.list_experiments(root, unreadable):
-        if not all_ and e.record.status not in ("RUNNING", "INITIALIZED"):
+        if not all_ and e.record.status not in EXPERIMENT_LIVE:
             continue
         store = _experiments.open_store(e.root, e.id)
         count = len(store.trials())
@@ -743,7 +699,7 @@ def experiment_status(experiment_id: ExpIdArg = None, root: RootOpt = None) -> N
     """The experiment's status as JSON ({"status", "errors"}), as nnictl prints it."""
     _, store = _store(experiment_id, root)
     record = store.experiment()
-    errors = [record.message] if record.status == "ERROR" and record.message else []
+    errors = [record.message] if record.status == ExperimentStatus.ERROR and record.message else []
     typer.echo(json.dumps({"status": record.status, "errors": errors}, indent=4, sort_keys=True))
 
 
@@ -825,18 +781,13 @@ def trial_kill(experiment_id: ExpIdArg = None,
     experiment_id, trial_id = _ids(experiment_id, trial_arg, trial_id)
     base, store = _store(experiment_id, root)
     try:
-        trial = store.trial(trial_id)
+        ended, warnings = _control.kill_trial(store, base, trial_id)
     except KeyError as exc:
         raise CliError(str(exc).strip("'\"")) from None
-    if trial.is_terminal:
-        console.print(f"trial {trial_id} already ended ({trial.status})")
+    _warn(warnings)
+    if ended is not None:
+        console.print(f"trial {trial_id} already ended ({ended})")
         return
-    if _controller_alive(store):
-        kills = store.experiment().controls.get("kill", [])
-        store.set_control("kill", [*kills, trial_id])
-    else:
-        store.set_status(trial_id, "USER_CANCELED", message="cancelled by trialflow trial kill")
-        _cancel_offline(store, base, [trial.handle])
     console.print(f"trial {trial_id} cancelled")
 
 
@@ -855,7 +806,7 @@ def log_trial(experiment_id: ExpIdArg = None,
     if not trial.handle:
         raise CliError(f"trial {trial_id} was never submitted, so it has no logs")
     handle = _platforms.TrialHandle.from_dict(trial.handle)
-    service = _open_service(store, base)
+    service = _control.open_service(store, base)
     try:
         logs = service.logs(handle, tail)
     except _platforms.PlatformError as exc:
@@ -924,7 +875,7 @@ def server_stop(force: Annotated[bool, typer.Option("--force", help="stop it eve
     if server is None:
         console.print("Prefect server: not running")
         return
-    users = [e.id for e in _experiments.list_experiments(None) if e.record.status in ("RUNNING", "INITIALIZED")
+    users = [e.id for e in _experiments.list_experiments(None) if e.record.status in EXPERIMENT_LIVE
              and e.record.prefect_api == server.url]
     if users and not force:
         raise CliError(f"experiment(s) {', '.join(users)} report to this server: stop them first, or --force")

@@ -92,6 +92,7 @@ def _main() -> int:
     from .experiments import CONTROLLER_LOG, open_store
     from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
     from .results import end_experiment
+    from .status import ExperimentStatus
 
     line = sys.stdin.readline()
     if not line.strip():  # the config was refused: nothing to run
@@ -103,7 +104,7 @@ def _main() -> int:
     if problem is not None:  # recorded: `create` reports the experiment's message
         print(problem, file=sys.stderr)
         store = open_store(root, job["experiment_id"])
-        end_experiment(store, "ERROR", str(problem))
+        end_experiment(store, ExperimentStatus.ERROR, str(problem))
         store.close()
         return 1
     return run_to_exit_code(job["experiment_id"], root, job["config"])

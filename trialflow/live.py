@@ -25,6 +25,7 @@ from .experiments import open_store
 from .flows.run_control import clear_interrupt, interrupt, interrupted
 from .kept_server import flow_run_page
 from .results import best_trial, maximizes, outcome_line, trial_value
+from .status import TrialStatus
 
 
 def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
@@ -44,7 +45,7 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     table.add_column(overflow="fold")  # the UI address stays whole, over lines when it must
     table.add_row("trials done", f"{done}" + (f" / {budget}" if budget else ""))
     table.add_row("best so far", "-" if best is None else f"{trial_value(best)} ({best.id}) {best.parameters}")
-    running = [t for t in trials if t.status in ("RUNNING", "WAITING")]
+    running = [t for t in trials if t.status in (TrialStatus.RUNNING, TrialStatus.WAITING)]
     table.add_row("running", ", ".join(f"{t.id}#{t.sequence}" for t in running[:12]) or "-")
     page = flow_run_page(record.prefect_api, record.flow_run_id)
     if page:

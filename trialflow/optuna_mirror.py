@@ -36,13 +36,16 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from .search_space import Option, Param, SearchSpace
+from .status import TrialStatus
 from .store import ExperimentStore, TrialRecord
 from .tuners import scalar_or_none
 
 TRIAL_ID_ATTR = "trialflow_trial_id"
 _FAILED = TrialState.FAIL
-_STATES = {"RUNNING": TrialState.RUNNING, "SUCCEEDED": TrialState.COMPLETE, "EARLY_STOPPED": TrialState.PRUNED,
-           "FAILED": _FAILED, "USER_CANCELED": _FAILED, "SYS_CANCELED": _FAILED}
+_STATES: dict[str, TrialState] = {
+    TrialStatus.RUNNING: TrialState.RUNNING, TrialStatus.SUCCEEDED: TrialState.COMPLETE,
+    TrialStatus.EARLY_STOPPED: TrialState.PRUNED, TrialStatus.FAILED: _FAILED, TrialStatus.USER_CANCELED: _FAILED,
+    TrialStatus.SYS_CANCELED: _FAILED}
 # Trials whose end the store recorded this long before the last sync are looked at again: the store's
 # clock (a PostgreSQL server's, another controller machine's) need not be ours.
 CLOCK_SLACK = 120.0
@@ -156,7 +159,7 @@ class OptunaMirror:
         """Write what changed in the store since the last call; returns how many trials it touched."""
         started = time.time()
         changed = self.store.trials(changed_since=None if self._since is None else self._since - CLOCK_SLACK)
-        todo = [t for t in changed if t.status != "WAITING" and not self._finished(t.id)]
+        todo = [t for t in changed if t.status != TrialStatus.WAITING and not self._finished(t.id)]
         steps = self._intermediates([t.id for t in todo])
         for trial in todo:
             self._sync_trial(trial, steps.get(trial.id, {}))

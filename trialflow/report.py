@@ -24,13 +24,15 @@ from typing import Any
 import optuna
 
 from .dashboard import open_mirror, plots_module
+from .status import TrialStatus
 from .store import ExperimentStore, TrialRecord
 
 MIN_FOR_IMPORTANCE = 4
 
-_STATUS_COLOURS = {"SUCCEEDED": "#2e7d32", "EARLY_STOPPED": "#f9a825", "FAILED": "#c62828",
-                   "USER_CANCELED": "#757575", "SYS_CANCELED": "#757575", "RUNNING": "#1565c0",
-                   "WAITING": "#90caf9"}
+_STATUS_COLOURS: dict[str, str] = {
+    TrialStatus.SUCCEEDED: "#2e7d32", TrialStatus.EARLY_STOPPED: "#f9a825", TrialStatus.FAILED: "#c62828",
+    TrialStatus.USER_CANCELED: "#757575", TrialStatus.SYS_CANCELED: "#757575", TrialStatus.RUNNING: "#1565c0",
+    TrialStatus.WAITING: "#90caf9"}
 
 
 def _durations(started: list[TrialRecord]) -> Any:

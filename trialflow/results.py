@@ -14,12 +14,14 @@ import time
 from collections import Counter
 from typing import Any
 
+from .status import TrialStatus
 from .store import ExperimentRecord, ExperimentStore, TrialRecord
 from .tuners import scalar_or_none
 
 MODES = ("maximize", "minimize")
 # The order outcomes are counted and printed in.
-OUTCOMES = ("SUCCEEDED", "FAILED", "EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED", "RUNNING", "WAITING")
+OUTCOMES = (TrialStatus.SUCCEEDED, TrialStatus.FAILED, TrialStatus.EARLY_STOPPED, TrialStatus.USER_CANCELED,
+            TrialStatus.SYS_CANCELED, TrialStatus.RUNNING, TrialStatus.WAITING)
 
 
 def optimize_mode_of(config: dict[str, Any]) -> str:
@@ -49,7 +51,7 @@ def trial_value(trial: TrialRecord) -> float | None:
 
 def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
     """The SUCCEEDED trial with the best usable final result (the earliest on a tie); None if none."""
-    scored = [(v, t) for t in trials if t.status == "SUCCEEDED" and (v := trial_value(t)) is not None]
+    scored = [(v, t) for t in trials if t.status == TrialStatus.SUCCEEDED and (v := trial_value(t)) is not None]
     if not scored:
         return None
     return (max if maximize else min)(scored, key=lambda pair: pair[0])[1]
@@ -77,7 +79,7 @@ def outcome_line(trials: list[TrialRecord]) -> str:
 def nothing_succeeded(trials: list[TrialRecord]) -> str | None:
     """The failure message of an experiment whose trials all ended without success (None otherwise, and
     for an experiment without trials): ``"no trial succeeded, 3 failed, 1 early-stopped"``."""
-    if not trials or any(t.status == "SUCCEEDED" for t in trials):
+    if not trials or any(t.status == TrialStatus.SUCCEEDED for t in trials):
         return None
     counts = outcome_counts(trials)
     parts = [f"{counts[s]} {s.lower().replace('_', '-')}" for s in OUTCOMES[1:] if s in counts]

@@ -1,4 +1,4 @@
-"""NNI search spaces: validation, and sampling with NNI's exact semantics (nni-contract.md §7.2).
+"""NNI search spaces: validation, and sampling with NNI's exact semantics (docs/nni.md#search-space).
 
 A space is walked with a :class:`Chooser`, which picks a raw value for every *key* (a flat, unique
 name; nested ``choice`` options get ``parent/option/child`` keys). Raw values live in a small

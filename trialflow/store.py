@@ -29,9 +29,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED", "EARLY_STOPPED"})
-STOPPED_BY_US = ("USER_CANCELED", "EARLY_STOPPED")  # statuses recorded before the kill they cause
+from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
+
 DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
+# The store's schema: 1 is the first numbered one (stores without a number are read as 0 and upgraded
+# by adding the newer experiment columns). Bump it with every change of the tables below.
+SCHEMA_VERSION = 1
 
 _meta = sa.MetaData()
 experiments = sa.Table(
@@ -92,6 +95,10 @@ imported = sa.Table(  # NNI's importData: told to the tuner, never trials of the
     sa.Column("raw", sa.Text, nullable=False),
     sa.Column("value", sa.Text, nullable=False),
 )
+schema = sa.Table(  # one row: the schema version of the store's tables
+    "trialflow_schema", _meta,
+    sa.Column("version", sa.Integer, nullable=False),
+)
 metrics = sa.Table(
     "metrics", _meta,
     sa.Column("experiment_id", sa.String(16), primary_key=True),
@@ -109,7 +116,7 @@ _NEXT_SEQUENCE = sa.select(experiments.c.next_sequence).where(experiments.c.id =
 _BUMP_SEQUENCE = experiments.update().where(experiments.c.id == _B("e")).values(next_sequence=_B("n"))
 _INSERT_TRIAL = trials.insert().values(
     experiment_id=_B("e"), id=_B("t"), sequence=_B("seq"), parameter_id=_B("pid"), parameters=_B("params"),
-    raw=_B("raw_values"), status="WAITING", log_dir=_B("dir"), submit_time=_B("now"))
+    raw=_B("raw_values"), status=TrialStatus.WAITING, log_dir=_B("dir"), submit_time=_B("now"))
 _INSERT_EVENT = events.insert().values(experiment_id=_B("e"), trial_id=_B("t"), status=_B("new_status"),
                                        time=_B("now"), message=_B("msg"))
 _ONE_TRIAL = (trials.c.experiment_id == _B("e")) & (trials.c.id == _B("t"))
@@ -216,6 +223,24 @@ def _engine(url: str) -> Engine:
         raise ImportError(f"the store URL needs a database driver ({exc}); pip install 'trialflow[postgres]'") from None
 
 
+def _upgrade(engine: Engine, url: str) -> None:
+    """Bring a store written by an earlier version to :data:`SCHEMA_VERSION`; refuse one written by a
+    newer trialflow (its tables may mean what this version cannot read). Raises :class:`StoreUnreadable`."""
+    with engine.connect() as conn:
+        found = conn.execute(sa.select(sa.func.max(schema.c.version))).scalar() or 0
+    if found > SCHEMA_VERSION:
+        where = url.split("///", 1)[-1] if url.startswith("sqlite") else make_url(url).render_as_string(
+            hide_password=True)
+        raise StoreUnreadable(f"the experiment store {where} was written by a newer trialflow (store schema "
+                              f"{found}; this trialflow reads up to {SCHEMA_VERSION}): upgrade trialflow "
+                              "(pip install -U trialflow) to open it")
+    if found < SCHEMA_VERSION:
+        _add_missing_columns(engine)
+        with engine.begin() as conn:
+            conn.execute(schema.delete())
+            conn.execute(schema.insert().values(version=SCHEMA_VERSION))
+
+
 def _add_missing_columns(engine: Engine) -> None:
     """Stores written by an earlier version lack the newer experiment columns: add them (nullable)."""
     present = {c["name"] for c in sa.inspect(engine).get_columns("experiments")}
@@ -267,7 +292,7 @@ class ExperimentStore:
         self._lock = threading.RLock()
         try:
             _meta.create_all(self.engine)
-            _add_missing_columns(self.engine)
+            _upgrade(self.engine, url)
             # One connection per store, used under the lock: a pool checkout per statement costs more
             # than the statement itself. Every use is a short transaction, so other processes' writes
             # (the CLI's controls) are seen at once.
@@ -275,6 +300,9 @@ class ExperimentStore:
         except sa.exc.DBAPIError as exc:
             self.engine.dispose()
             raise _unreadable(url, exc) from None
+        except StoreUnreadable:
+            self.engine.dispose()
+            raise
 
     @classmethod
     def embedded(cls, experiment_dir: str | os.PathLike[str], experiment_id: str) -> ExperimentStore:
@@ -301,7 +329,7 @@ class ExperimentStore:
                           optimize_mode: str | None = None) -> None:
         self._write(experiments.insert().values(
             id=self.experiment_id, name=name, config=dumps(config), config_path=config_path,
-            status="INITIALIZED", start_time=time.time(), next_sequence=0, optimize_mode=optimize_mode))
+            status=ExperimentStatus.INITIALIZED, start_time=time.time(), next_sequence=0, optimize_mode=optimize_mode))
 
     def experiment(self) -> ExperimentRecord:
         try:
@@ -363,9 +391,9 @@ class ExperimentStore:
             conn.execute(_INSERT_TRIAL, {"e": self.experiment_id, "t": trial_id, "seq": sequence, "pid": parameter_id,
                                          "params": dumps(parameters), "raw_values": dumps(raw), "dir": log_dir,
                                          "now": now})
-            conn.execute(_INSERT_EVENT, {"e": self.experiment_id, "t": trial_id, "new_status": "WAITING",
+            conn.execute(_INSERT_EVENT, {"e": self.experiment_id, "t": trial_id, "new_status": TrialStatus.WAITING,
                                          "now": now, "msg": None})
-        return TrialRecord(trial_id, sequence, parameter_id, parameters, raw, "WAITING", None, None, None,
+        return TrialRecord(trial_id, sequence, parameter_id, parameters, raw, TrialStatus.WAITING, None, None, None,
                            log_dir, now, None, None)
 
     def set_handle(self, trial_id: str, handle: dict[str, Any]) -> None:
@@ -376,7 +404,7 @@ class ExperimentStore:
         """Record a status change; False (and nothing written) when the trial is already terminal
         or already has that status."""
         now = when or time.time()
-        stmt = _SET_RUNNING if status == "RUNNING" else _SET_TERMINAL if status in TERMINAL else _SET_OTHER
+        stmt = _SET_RUNNING if status == TrialStatus.RUNNING else _SET_TERMINAL if status in TERMINAL else _SET_OTHER
         params = {"e": self.experiment_id, "t": trial_id, "keep": [*TERMINAL, status], "new_status": status,
                   "now": now, "code": exit_code, "msg": message}
         with self._tx() as conn:
@@ -406,7 +434,7 @@ class ExperimentStore:
     def set_started(self, trial_id: str, when: float) -> None:
         """Give a trial that ran, but was never seen RUNNING (it ran between two polls), its start time
         ``when`` and a RUNNING event at that time; nothing when it has a start time already."""
-        params = {"e": self.experiment_id, "t": trial_id, "now": when, "new_status": "RUNNING", "msg": None}
+        params = {"e": self.experiment_id, "t": trial_id, "now": when, "new_status": TrialStatus.RUNNING, "msg": None}
         with self._tx() as conn:
             if conn.execute(_SET_START, params).rowcount:
                 conn.execute(_INSERT_EVENT, params)

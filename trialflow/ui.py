@@ -17,6 +17,7 @@ from typing import Any
 from .context import ExperimentContext
 from .platforms import service_name
 from .results import best_trial, maximizes, outcome_counts, trial_value
+from .status import TrialStatus
 from .store import TERMINAL, TrialRecord
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
@@ -30,7 +31,7 @@ log = logging.getLogger("trialflow.ui")
 def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
     """One line: the metric's direction and how many trials finished, stopped early or failed."""
     counts = outcome_counts(trials)
-    failed = sum(counts.get(s, 0) for s in ("FAILED", "USER_CANCELED", "SYS_CANCELED"))
+    failed = sum(counts.get(s, 0) for s in (TrialStatus.FAILED, TrialStatus.USER_CANCELED, TrialStatus.SYS_CANCELED))
     return (f"metric direction: **{'maximize' if maximize else 'minimize'}** · finished: "
             f"{counts.get('SUCCEEDED', 0)} · early-stopped: {counts.get('EARLY_STOPPED', 0)} · "
             f"failed or canceled: {failed}")

@@ -18,6 +18,7 @@ from rich.table import Table
 from .experiments import list_experiments, open_store, stored_config
 from .platforms import service_name
 from .results import best_trial, maximizes, ranked, trial_value
+from .status import EXPERIMENT_LIVE, TrialStatus
 from .store import ExperimentStore, TrialRecord
 from .tuners import extract_scalar
 
@@ -155,7 +156,7 @@ def running_table(root: Path | None = None) -> Table:
     table = Table("id", "name", "status", "trials", "running", "succeeded", "failed", "best",
                   title=time.strftime("running experiments at %H:%M:%S"))
     for entry in list_experiments(root):
-        if entry.record.status not in ("RUNNING", "INITIALIZED"):
+        if entry.record.status not in EXPERIMENT_LIVE:
             continue
         store = open_store(entry.root, entry.id)
         try:
@@ -165,6 +166,7 @@ def running_table(root: Path | None = None) -> Table:
             store.close()
         count = Counter(t.status for t in trials)
         table.add_row(entry.id, entry.record.name or "", entry.record.status, str(len(trials)),
-                      str(count["RUNNING"] + count["WAITING"]), str(count["SUCCEEDED"]), str(count["FAILED"]),
+                      str(count[TrialStatus.RUNNING] + count[TrialStatus.WAITING]), str(count[TrialStatus.SUCCEEDED]),
+                      str(count[TrialStatus.FAILED]),
                       "-" if best is None else f"{trial_value(best)} ({best.id})")
     return table

@@ -15,7 +15,8 @@ from tests.conftest import fake_nvidia_smi, machine, write_trial
 from trialflow.config import ConfigError, parse_config
 from trialflow.config.platforms import RemoteConfig
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
-from trialflow.platforms.remote import RemoteTrainingService, VersionMismatchError, check_version
+from trialflow.platforms.remote import RemoteTrainingService
+from trialflow.platforms.runtime_files import VersionMismatchError, check_version
 from trialflow.testing.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
 
 

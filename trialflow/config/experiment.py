@@ -1,4 +1,4 @@
-"""The experiment config (NNI v2 schema, nni-contract.md §2.2) and its loaders."""
+"""The experiment config (NNI v2 schema, docs/nni.md#experiment-config) and its loaders."""
 
 from __future__ import annotations
 

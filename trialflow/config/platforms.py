@@ -1,4 +1,4 @@
-"""Per-platform ``trainingService`` sections of NNI's v2 config (reference nni-contract.md §2.3).
+"""Per-platform ``trainingService`` sections of NNI's v2 config (reference docs/nni.md#platform-config-sections).
 
 Every section parses and validates here, whether or not its training service is implemented yet;
 the registry in ``trialflow.platforms`` says which ones can run.

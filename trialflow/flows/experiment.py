@@ -44,8 +44,9 @@ from ..config import load_config
 from ..context import ExperimentContext, open_context
 from ..experiments import CONTROLLER_LOG, create_experiment, find_experiment, load_experiment_config, open_store
 from ..limits import PlatformCap
-from ..platforms import TrialHandle, TrialStatus, experiment_retry
+from ..platforms import TrialHandle, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
+from ..status import ExperimentStatus, TrialStatus
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
@@ -111,9 +112,9 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
-            end_experiment(store, "ERROR", str(exc))
+            end_experiment(store, ExperimentStatus.ERROR, str(exc))
             raise
-        store.set_experiment(status="RUNNING", message=None, end_time=None, controller_pid=os.getpid(),
+        store.set_experiment(status=ExperimentStatus.RUNNING, message=None, end_time=None, controller_pid=os.getpid(),
                              flow_run_id=flow_run_id, prefect_api=_configured_api())
         logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)
         try:
@@ -123,14 +124,15 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
             stopped = _stopped_by_cancel(exc)
             signum = signal_of(exc)
             why = stop_reason(signum) if signum is not None else "the flow run was cancelled"
-            end_experiment(store, "STOPPED" if stopped else "ERROR", why if stopped else f"{type(exc).__name__}: {exc}")
+            end_experiment(store, ExperimentStatus.STOPPED if stopped else ExperimentStatus.ERROR,
+                           why if stopped else f"{type(exc).__name__}: {exc}")
             raise
         end_experiment(store, status, why)
         trials = store.trials()
         logger.info("experiment %s %s: %s", experiment_id, status, outcome_line(trials))
-        if status == "STOPPED":  # stopped before its end: the run says so (Prefect's Cancelled)
+        if status == ExperimentStatus.STOPPED:  # stopped before its end: the run says so (Prefect's Cancelled)
             return Cancelled(message=f"experiment {experiment_id} STOPPED: {why}", data=status)
-        failure = nothing_succeeded(trials) if status == "DONE" else None
+        failure = nothing_succeeded(trials) if status == ExperimentStatus.DONE else None
         if failure:
             logger.error("experiment %s: %s", experiment_id, failure)
             return Failed(message=f"experiment {experiment_id} {status}: {failure}", data=status)
@@ -267,7 +269,7 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
             controls = ctx.store.controls()
             why = "stopped by trialflow stop" if controls.get("stop") else watch.reason()
             if why:
-                return "STOPPED", why
+                return ExperimentStatus.STOPPED, why
             _raise_if_algorithm_failed(ctx)
             _apply_search_space(ctx, controls.get("search_space"))
             for trial_id in controls.get("kill", []):
@@ -288,7 +290,7 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
             total = ctx.store.count_trials()
             no_more = loop.exhausted or budget_over or (max_trials is not None and total >= max_trials)
             if not loop.running and no_more and not resubmit:
-                return "DONE", None
+                return ExperimentStatus.DONE, None
             ctx.slot_freed.wait(TICK_SECONDS)
     finally:
         ctx.stop.set()
@@ -354,7 +356,7 @@ def _tell_tuner(ctx: ExperimentContext, skip_misfits: bool = False) -> None:
             ctx.tuner.reserve(trial.parameter_id)
             continue
         history.append((trial.parameter_id, trial.raw,
-                        scalar_or_none(trial.final) if trial.status == "SUCCEEDED" else None))
+                        scalar_or_none(trial.final) if trial.status == TrialStatus.SUCCEEDED else None))
     for parameter_id, raw, value in history:
         try:
             ctx.tuner.replay(parameter_id, raw, value)

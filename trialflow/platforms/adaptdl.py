@@ -1,12 +1,12 @@
 """AdaptDL training service (``platform: adl``): each trial is an ``AdaptDLJob``
-(``adaptdl.petuum.com/v1``) shaped as NNI 2.x wrote it (nni-contract.md §5.3): container ``main``
+(``adaptdl.petuum.com/v1``) shaped as NNI 2.x wrote it (docs/nni.md#platform-requests): container ``main``
 running ``run.sh`` from a per-trial ConfigMap (mode 0777, with ``cleanup.sh`` as the preStop hook),
 ``ADAPTDL_CHECKPOINT_PATH`` / ``ADAPTDL_SHARE_PATH`` / ``ADAPTDL_TENSORBOARD_LOGDIR``,
 ``spec.preemptible`` from ``adaptive``, and with ``checkpoint`` a ReadWriteMany PVC named like the
 job. Code, parameters and trial files travel through the ``nfs`` share (required: it is where
 trialflow puts them), mounted at ``nfs.containerMountPath``. NNI's per-experiment TensorBoard
 Deployment is not created. There is no reuse mode (NNI had none for AdaptDL). State table
-(platforms.md §1.3, ``status.phase``):
+(docs/platforms.md#kubernetes, ``status.phase``):
 
 =================================  ===================================================
 phase                              trial status

@@ -1,5 +1,5 @@
 """Azure ML training service through the supported v2 SDK ``azure-ai-ml`` (the ``aml`` extra,
-imported on first use; platforms.md §5, nni-contract.md §5.6). ``azureml-core`` (v1) is past its end
+imported on first use; docs/platforms.md#azure-ml, docs/nni.md#platform-requests). ``azureml-core`` (v1) is past its end
 of support and cannot be pointed at a test endpoint.
 
 The client is ``MLClient(credential, subscriptionId, resourceGroup, workspaceName)``. The credential
@@ -23,7 +23,7 @@ ids' letter case kept in a suffix, as Azure ML job names are case-insensitive) i
 ``nniManagerIp`` with per-trial tokens, with the trial's stdout on the datastore as the fallback
 (the AML run's own metrics API is not read).
 
-State table (``status``, platforms.md §6):
+State table (``status``, docs/platforms.md#job-states):
 
 ===============================================================  ===================================
 NotStarted, Starting, Provisioning, Preparing, Queued, Paused    WAITING

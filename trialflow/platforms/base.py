@@ -1,4 +1,4 @@
-"""The one interface every training platform implements (DESIGN.md "The TrainingService interface").
+"""The one interface every training platform implements (docs/architecture.md#the-trainingservice-contract).
 
 Plain Python, no Prefect: ``tasks/trials.py`` wraps it in tasks, retrying only
 :class:`TransientPlatformError`. Lifecycle of one experiment's service object:
@@ -14,27 +14,13 @@ import json
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..status import TrialStatus
 from ..trial.protocol import OUTPUT_FILES
 from ..trial.records import MetricRecord
 from .errors import LostHandleError, PlatformError, TransientPlatformError
-
-
-class TrialStatus(str, Enum):
-    WAITING = "WAITING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    USER_CANCELED = "USER_CANCELED"
-    SYS_CANCELED = "SYS_CANCELED"
-    EARLY_STOPPED = "EARLY_STOPPED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self not in (TrialStatus.WAITING, TrialStatus.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -51,7 +37,7 @@ class TrialSpec:
     gpu_number: int | None = None
 
     def parameter_record(self) -> str:
-        """The exact ``parameter.cfg`` content NNI trial code expects (nni-contract.md §3.2)."""
+        """The exact ``parameter.cfg`` content NNI trial code expects (docs/nni.md#parameters)."""
         return json.dumps({"parameter_id": self.parameter_id, "parameter_source": "algorithm",
                            "parameters": self.parameters, "parameter_index": 0})
 

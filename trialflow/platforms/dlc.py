@@ -1,5 +1,5 @@
 """Alibaba Cloud PAI-DLC training service through the official SDK ``alibabacloud-pai-dlc20201203``
-(the ``dlc`` extra, imported on first use; platforms.md §4, nni-contract.md §5.7).
+(the ``dlc`` extra, imported on first use; docs/platforms.md#pai-dlc, docs/nni.md#platform-requests).
 
 The client is ``Client(Config(access_key_id, access_key_secret, region_id, endpoint, protocol))``:
 the endpoint is the config's override, else the credentials block's, else
@@ -19,7 +19,7 @@ SDK errors are mapped once: a dropped connection, a timeout, HTTP 5xx and thrott
 ``Throttling*``) are transient (retried); other refusals permanent, named with their code. Messages
 are scrubbed of the AccessKey pair and of request signatures.
 
-State table (``Status``, platforms.md §6):
+State table (``Status``, docs/platforms.md#job-states):
 
 =====================================================================  =============================
 Creating, Queuing, Dequeued, Bidding, EnvPreparing, SanityChecking     WAITING

@@ -1,5 +1,5 @@
 """DLTS (Deep Learning Training Service, DLWorkspace) training service over the dashboard's REST API
-(platforms.md §3, nni-contract.md §5.5), with ``requests`` (:mod:`.rest_api`).
+(docs/platforms.md#dlts, docs/nni.md#platform-requests), with ``requests`` (:mod:`.rest_api`).
 
 Every call authenticates with the query string ``?email=<email>&password=<password>`` as the
 dashboard expects; the password is scrubbed from every message and from urllib3's debug log lines.
@@ -17,7 +17,7 @@ is ``PUT api/clusters/{cluster}/jobs/{id}/status {"status": "killing"}``. Code, 
 and metrics tokens live on the cluster's shared work directory (``localStorageMountPoint`` here,
 ``containerStorageMountPoint`` in jobs).
 
-State table (``jobStatus``, platforms.md §6):
+State table (``jobStatus``, docs/platforms.md#job-states):
 
 ==============================  ===================================================
 unapproved, queued, scheduling  WAITING

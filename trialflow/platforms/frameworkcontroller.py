@@ -1,8 +1,8 @@
 """FrameworkController training service: each trial (or reuse environment) is a ``Framework``
-(``frameworkcontroller.microsoft.com/v1``), shaped as NNI wrote it (nni-contract.md §5.2): one task
+(``frameworkcontroller.microsoft.com/v1``), shaped as NNI wrote it (docs/nni.md#platform-requests): one task
 role per ``taskRoles`` entry, a frameworkbarrier init container, ``FB_<ROLE>_PORT`` variables and
 ``. /mnt/frameworkbarrier/injector.sh`` before the role's command. The first task role is the
-primary one: its first task runs the trial. State table (platforms.md §1.2):
+primary one: its first task runs the trial. State table (docs/platforms.md#kubernetes):
 
 ==========================================================  ===================================
 ``status.state``                                             trial status

@@ -1,10 +1,10 @@
 """Kubeflow training service: each trial (or reuse environment) is a TFJob or PyTorchJob of the
-Kubeflow training-operator (``kubeflow.org/v1``), manifests as NNI wrote them (nni-contract.md §5.1).
+Kubeflow training-operator (``kubeflow.org/v1``), manifests as NNI wrote them (docs/nni.md#platform-requests).
 
 Roles: ``tf-operator`` takes ``worker`` (the trial) and ``ps``; ``pytorch-operator`` takes
 ``master`` (the trial, when set) and ``worker``. Each replica runs ``sh <storage>/.../run_<role>.sh``;
 the primary role's first replica runs the trial, the others run their role's command beside it.
-State table (platforms.md §1.1: the last condition whose status is True):
+State table (docs/platforms.md#kubernetes: the last condition whose status is True):
 
 =============================  ==============
 condition                      trial status

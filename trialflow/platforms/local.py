@@ -46,7 +46,7 @@ KEEPER_PID_WAIT = 10.0
 
 def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpus: list[int] | None
               ) -> dict[str, str]:
-    """NNI's trial environment (nni-contract.md §3.1) plus the runtime on PYTHONPATH."""
+    """NNI's trial environment (docs/nni.md#trial-environment) plus the runtime on PYTHONPATH."""
     env = {
         "NNI_PLATFORM": platform, "NNI_EXP_ID": spec.experiment_id, "NNI_TRIAL_JOB_ID": spec.trial_id,
         "NNI_SYS_DIR": trial_dir, "NNI_OUTPUT_DIR": trial_dir, "NNI_CODE_DIR": code_dir,

@@ -1,4 +1,4 @@
-"""OpenPAI training service over the REST server's v2 API (platforms.md §2, nni-contract.md §5.4),
+"""OpenPAI training service over the REST server's v2 API (docs/platforms.md#openpai, docs/nni.md#platform-requests),
 with ``requests`` (:mod:`.rest_api`).
 
 The host may be the cluster's web portal (pylon, which serves the API under ``/rest-server``) or the
@@ -18,7 +18,7 @@ submit), never a second job. Status is ``GET /api/v2/jobs/{user}~{job}``; cancel
 .../executionType {"value": "STOP"}``. Code, runtime, trial files and metrics tokens live on the
 storage (``localStorageMountPoint`` here, ``containerStorageMountPoint`` in the jobs).
 
-State table (``jobStatus.state``, platforms.md §6):
+State table (``jobStatus.state``, docs/platforms.md#job-states):
 
 =====================  ====================================================
 WAITING                WAITING

@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..blocks import BlockNotFoundError, SSHCredentials, load_block
 from ..codebundle import CodeDirError, scan_code_dir
 from ..config import RemoteConfig, RemoteMachineConfig
 from ..trial.keeper import assign_gpus
@@ -67,10 +65,10 @@ from .base import (
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .local import trial_env
-from .runtime_files import runtime_files, runtime_key
+from .runtime_files import check_version, runtime_files, runtime_key
 from .sftpfs import SftpFS
 from .share import OUTPUT_DIR, Share
-from .ssh import SshConnection, SshTarget
+from .ssh import SshConnection, machine_target
 from .trialdir import EnvironmentDir, install_code, install_tree, read_json, read_trial, read_trial_logs
 
 log = logging.getLogger("trialflow.platforms")
@@ -78,32 +76,6 @@ LIVENESS_SECONDS = 3.0
 FIRST_WAIT_SECONDS = 0.02  # waits between polls start here and double up to the flow's poll interval
 MIN_PYTHON = (3, 8)
 _q = shlex.quote
-
-
-def target_from_block(name: str, host: str, port: int, user: str | None = None) -> SshTarget:
-    """The login for ``host:port`` from the saved :class:`SSHCredentials` block ``name``."""
-    try:
-        block = load_block(SSHCredentials, name)
-    except BlockNotFoundError as exc:
-        raise PlatformError(str(exc)) from None
-    if block.password is None and block.private_key is None and not block.private_key_file:
-        raise PlatformError(f"SSH credentials block {name!r} for {host}: set a password, private_key or "
-                            "private_key_file")
-    key_file = Path(block.private_key_file).expanduser() if block.private_key_file else None
-    return SshTarget(host, port, user or block.username, block.password, key_file, block.private_key,
-                     block.passphrase)
-
-
-class VersionMismatchError(PlatformError):
-    """The runtime on a worker is not the controller's major.minor version."""
-
-
-def check_version(remote: str, where: str, fix: str, controller: str | None = None) -> None:
-    """Raise VersionMismatchError unless ``remote`` has the controller's major.minor version."""
-    controller = controller or __version__
-    if remote.split(".")[:2] != controller.split(".")[:2]:
-        raise VersionMismatchError(f"{where} runs trialflow {remote} but this controller is trialflow {controller}; "
-                                   f"major.minor must match: {fix}")
 
 
 def machine_key(config: RemoteMachineConfig) -> str:
@@ -162,20 +134,12 @@ class RemoteTrainingService(TrainingService):
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
         self.share = Share(config.shared_storage, self.experiment_id) if config.shared_storage else None
         for index, machine in enumerate(config.machine_list):
-            remote = RemoteMachine(index, machine, SshConnection(self._target(machine), config.known_hosts_file,
+            remote = RemoteMachine(index, machine, SshConnection(machine_target(machine), config.known_hosts_file,
                                                                   config.trust_unknown_hosts), machine_key(machine))
             self.machines.append(remote)
             self._by_key[remote.key] = remote
 
     # ---- prepare ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _target(machine: RemoteMachineConfig) -> SshTarget:
-        if machine.credentials:
-            return target_from_block(machine.credentials, machine.host, machine.port, machine.user)
-        assert machine.user is not None
-        return SshTarget(machine.host, machine.port, machine.user, machine.password, machine.ssh_key_file,
-                         None, machine.ssh_passphrase)
 
     def prepare(self) -> None:
         if self.share is not None:
@@ -211,7 +175,7 @@ class RemoteTrainingService(TrainingService):
                           f"the trial keeper on {machine.key}",
                           f"remove {machine.runtime} on that machine so that this controller uploads its own")
             if self.share is not None:
-                self._attach_share(machine)
+                self.share.attach(machine.fs, machine.conn.run, machine.root)
             if self.config.trial_gpu_number:
                 machine.gpu = GpuScheduler(GpuProbe(functools.partial(self._nvidia_smi, machine)),
                                            machine.config.max_trial_number_per_gpu, machine.config.gpu_indices,
@@ -243,48 +207,6 @@ class RemoteTrainingService(TrainingService):
         elif not root.startswith("/"):
             root = posixpath.join(home, root)
         machine.root = posixpath.normpath(root)
-
-    def _attach_share(self, machine: RemoteMachine) -> None:
-        """Check that the machine sees the share (mounting it first for nnimount, as NNI did)."""
-        share = self.share
-        assert share is not None
-        marker, mount_point = share.marker_path(machine.root), share.remote_mount(machine.root)
-
-        def read() -> str | None:
-            try:
-                data = machine.fs.read(marker)
-            except OSError:
-                return None
-            return None if data is None else data.decode(errors="replace")
-
-        seen = read()
-        if seen != share.token and share.config.local_mounted == "nnimount":
-            self._mount_share(machine, mount_point)
-            seen = read()
-        share.check_marker(seen, machine.key, mount_point)
-
-    def _mount_share(self, machine: RemoteMachine, mount_point: str) -> None:
-        share = self.share
-        assert share is not None
-        tool = share.tool()
-        if machine.conn.run(f"command -v {tool} || test -x /sbin/{tool} || test -x /usr/sbin/{tool}")[0] != 0:
-            raise PlatformError(f"sharedStorage: localMounted: nnimount needs {tool} on {machine.key}: "
-                                f"{share.missing_tool_hint()} there, or mount the share yourself (usermount)")
-        command, cfg = share.mount_command(mount_point)
-        cfg_path = None
-        if cfg is not None:  # the AzureBlob key: a 0600 file, removed right after the mount
-            cfg_path = posixpath.join(machine.root, f".blobfuse-{time.time_ns()}.cfg")
-            machine.fs.write(cfg_path, cfg.encode(), mode=0o600)
-            command = f"TRIALFLOW_BLOBFUSE_CFG={_q(cfg_path)}; export TRIALFLOW_BLOBFUSE_CFG; {command}"
-        try:
-            status, out, err = machine.conn.run(f"sh -c {_q(command)}")
-        finally:
-            if cfg_path is not None:
-                machine.fs.remove(cfg_path)
-        if status != 0:
-            raise PlatformError(f"sharedStorage: mounting the {share.what} share at {mount_point} on {machine.key} "
-                                f"failed: {(err or out).strip()[-300:]}; mounting needs root or passwordless sudo "
-                                "there -- or mount it yourself (usermount)")
 
     def _install_runtime(self, machine: RemoteMachine) -> None:
         machine.runtime = posixpath.join(machine.root, "runtime", runtime_key())

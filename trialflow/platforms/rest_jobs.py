@@ -9,7 +9,7 @@ Job ids. Platforms whose job names are not unique keys (DLTS, PAI-DLC) find a jo
 a retried submit finds the job an earlier attempt created and later calls skip the lookup.
 
 State tables. :meth:`RestJobService.apply_states` applies a platform's table: a state it does not
-know keeps the job's previous state (WAITING at first) and is logged, as platforms.md §6 asks; a
+know keeps the job's previous state (WAITING at first) and is logged, as docs/platforms.md#job-states asks; a
 state mapped to SYS_CANCELED (a stop) becomes the cancel reason trialflow recorded when it asked for
 the stop (:class:`SharedStorageService`'s rule).
 """
@@ -17,15 +17,72 @@ the stop (:class:`SharedStorageService`'s rule).
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import threading
+import time
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
 from .base import TrialStatus
-from .shared_storage import SharedStorageService, TokensOnShare
+from .shared_storage import SharedStorage, SharedStorageService
 
 log = logging.getLogger("trialflow.platforms")
+
+
+class TokensOnShare:
+    """The metrics token's home for platforms without a secret store of their own (OpenPAI, DLTS): a
+    file only its owner may read, ``nni/<experiment>/tokens/<name>`` on the share. The job's keeper
+    reads it through ``TRIALFLOW_METRICS_TOKEN_FILE``, so the token is never in a job's request body,
+    command line or the platform's job records. Mixed in before :class:`SharedStorageService`."""
+
+    storage: SharedStorage
+    experiment_id: str
+
+    def _token_path(self, name: str) -> Path:
+        return self.storage.path(self.experiment_id, "tokens", name)
+
+    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
+        path = self._token_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        partial = path.with_name(f".{name}.{os.getpid()}-{time.time_ns()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        try:
+            os.link(partial, path)  # never replaces a stored token: a retried submit keeps the first
+        except FileExistsError:
+            token = path.read_text().strip()
+        finally:
+            partial.unlink()
+        return token
+
+    def read_token(self, name: str) -> str | None:
+        try:
+            return self._token_path(name).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def delete_token(self, name: str) -> None:
+        self._token_path(name).unlink(missing_ok=True)
+
+    def job_env(self, token_ref: str) -> dict[str, str]:
+        """What a job's command exports for the HTTP channel (none without it)."""
+        url = self.metrics_url()  # type: ignore[attr-defined]
+        if url is None:
+            return {}
+        return {"TRIALFLOW_METRICS_URL": url,
+                "TRIALFLOW_METRICS_TOKEN_FILE": self.storage.container_path(self.experiment_id, "tokens", token_ref)}
+
+    def shell_command(self, command: list[str], token_ref: str) -> str:
+        """``command`` as one shell line, after exporting :meth:`job_env` (every word quoted)."""
+        line = " ".join(shlex.quote(word) for word in command)
+        env = self.job_env(token_ref)
+        if not env:
+            return line
+        return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " && " + line
 
 
 class RestJobService(TokensOnShare, SharedStorageService):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..trial import RUNTIME_ROOT
+from .errors import PlatformError
 
 
 def runtime_files() -> list[tuple[str, Path]]:
@@ -32,3 +33,15 @@ def runtime_key() -> str:
     for rel, path in runtime_files():
         sha.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
     return f"{__version__}-{sha.hexdigest()[:16]}"
+
+
+class VersionMismatchError(PlatformError):
+    """The runtime on a worker is not the controller's major.minor version."""
+
+
+def check_version(remote: str, where: str, fix: str, controller: str | None = None) -> None:
+    """Raise VersionMismatchError unless ``remote`` has the controller's major.minor version."""
+    controller = controller or __version__
+    if remote.split(".")[:2] != controller.split(".")[:2]:
+        raise VersionMismatchError(f"{where} runs trialflow {remote} but this controller is trialflow {controller}; "
+                                   f"major.minor must match: {fix}")

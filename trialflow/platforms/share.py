@@ -31,11 +31,14 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..config.platforms import SharedStorageConfig
 from .errors import PlatformError
 from .shared_storage import SharedStorage
+from .trialfs import TrialFS
 
 MARKER = ".trialflow-share"
 OUTPUT_DIR = "nnioutput"
@@ -107,6 +110,47 @@ class Share:
                if self.config.local_mounted == "usermount" else "the mount trialflow ran did not show it")
         raise PlatformError(f"sharedStorage: {where} does not see the {self.what} share at remoteMountPoint "
                             f"{mount_point} (what this machine wrote under {self.local_mount} is not there); {how}")
+
+    def attach(self, fs: TrialFS, run: Callable[[str], tuple[int, str, str]], working_directory: str) -> None:
+        """Check that a training machine sees the share (mounting it there first for nnimount, as NNI
+        did); ``fs`` is the machine's filesystem, ``run`` runs a shell command there. Raises
+        ``PlatformError`` naming the machine and the fix."""
+        marker, mount_point = self.marker_path(working_directory), self.remote_mount(working_directory)
+
+        def read() -> str | None:
+            try:
+                data = fs.read(marker)
+            except OSError:
+                return None
+            return None if data is None else data.decode(errors="replace")
+
+        seen = read()
+        if seen != self.token and self.config.local_mounted == "nnimount":
+            self._mount_there(fs, run, working_directory, mount_point)
+            seen = read()
+        self.check_marker(seen, fs.where, mount_point)
+
+    def _mount_there(self, fs: TrialFS, run: Callable[[str], tuple[int, str, str]], working_directory: str,
+                     mount_point: str) -> None:
+        tool = self.tool()
+        if run(f"command -v {tool} || test -x /sbin/{tool} || test -x /usr/sbin/{tool}")[0] != 0:
+            raise PlatformError(f"sharedStorage: localMounted: nnimount needs {tool} on {fs.where}: "
+                                f"{self.missing_tool_hint()} there, or mount the share yourself (usermount)")
+        command, cfg = self.mount_command(mount_point)
+        cfg_path = None
+        if cfg is not None:  # the AzureBlob key: a 0600 file, removed right after the mount
+            cfg_path = posixpath.join(working_directory, f".blobfuse-{time.time_ns()}.cfg")
+            fs.write(cfg_path, cfg.encode(), mode=0o600)
+            command = f"TRIALFLOW_BLOBFUSE_CFG={shlex.quote(cfg_path)}; export TRIALFLOW_BLOBFUSE_CFG; {command}"
+        try:
+            status, out, err = run(f"sh -c {shlex.quote(command)}")
+        finally:
+            if cfg_path is not None:
+                fs.remove(cfg_path)
+        if status != 0:
+            raise PlatformError(f"sharedStorage: mounting the {self.what} share at {mount_point} on {fs.where} "
+                                f"failed: {(err or out).strip()[-300:]}; mounting needs root or passwordless sudo "
+                                "there -- or mount it yourself (usermount)")
 
     def mount_command(self, mount_point: str) -> tuple[str, str | None]:
         """The shell command NNI ran to mount the share at ``mount_point`` (through ``sudo -n`` unless

@@ -31,11 +31,9 @@ token's home (store, read, delete) and its names and roles.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import secrets
-import shlex
 import shutil
 import threading
 import time
@@ -43,10 +41,9 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..codebundle import CodeDirError, scan_code_dir
-from ..trial.procs import read_json, write_atomic
+from ..trial.procs import write_atomic
 from ..trial.protocol import (
     HEARTBEAT_SECONDS,
     KEEPER_SPEC,
@@ -57,7 +54,7 @@ from ..trial.protocol import (
     STDOUT_FILE,
     WORKER_IDLE_TIMEOUT,
 )
-from ..trial.records import MetricRecord, parse_stdout_lines
+from ..trial.records import MetricRecord
 from .base import (
     CodeRef,
     LostHandleError,
@@ -69,6 +66,7 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
+from .metric_channel import MetricChannel
 from .metrics_receiver import MetricsReceiver
 from .runtime_files import runtime_files, runtime_key
 from .trialdir import (
@@ -179,15 +177,23 @@ class SharedStorageService(TrainingService):
         self.experiment_dir = Path(experiment_dir)
         self.experiment_id = self.experiment_dir.name
         self.channel = getattr(config, "metric_channel", "http")
+        self.metrics = MetricChannel(self.channel, config.nni_manager_ip, self.experiment_dir)
         self.reuse = bool(getattr(config, "reuse_mode", False)) and self.reuse_supported
         self.storage = self.make_storage()
         self.worker_idle_timeout = WORKER_IDLE_TIMEOUT
-        self.receiver: MetricsReceiver | None = None
         self._lock = threading.Lock()
-        self._seen: dict[str, set[tuple[str, int]]] = {}
         self._cancelled: dict[str, TrialStatus] = {}
         self.envs: dict[str, Environment] = {}
         self._last_heartbeat = 0.0
+
+    @property
+    def receiver(self) -> MetricsReceiver | None:
+        """The HTTP channel's metrics receiver (None before ``prepare()`` and with other channels)."""
+        return self.metrics.receiver
+
+    @receiver.setter
+    def receiver(self, receiver: MetricsReceiver | None) -> None:
+        self.metrics.receiver = receiver
 
     def clean(self) -> list[str]:
         """trialflow's folders on the share (runtimes, code bundles, experiments' trial folders)."""
@@ -245,18 +251,8 @@ class SharedStorageService(TrainingService):
         return ""
 
     def check_receiver_reachable(self) -> None:
-        """Jobs push metrics to this machine's receiver, which binds loopback unless ``nniManagerIp``
-        is set: with a platform elsewhere, its jobs could never reach it."""
-        if self.channel != "http" or self.config.nni_manager_ip:
-            return
-        address = self.platform_address()
-        host = urlsplit(address).hostname or ""
-        if host == "localhost" or _is_loopback(host):
-            return
-        raise PlatformError(
-            f"nniManagerIp is not set, so the metrics receiver binds 127.0.0.1, which jobs of the cluster at "
-            f"{address} cannot reach: set nniManagerIp to an address of this machine the jobs can reach, "
-            f"or use {self.other_channels}")
+        """Raise ``PlatformError`` when the platform's jobs could not reach the metrics receiver."""
+        self.metrics.check_reachable(self.platform_address(), self.other_channels)
 
     def prepare_platform(self) -> None:
         """Platform objects made once per experiment (registry and storage secrets)."""
@@ -268,16 +264,7 @@ class SharedStorageService(TrainingService):
         self.storage.check()
         self.storage.install_runtime(runtime_key(), runtime_files())
         self.prepare_platform()
-        if self.channel == "http":
-            self._start_receiver()
-
-    def _start_receiver(self) -> None:
-        state = self.experiment_dir / "metrics-receiver.json"
-        previous = read_json(str(state)) or {}
-        host = self.config.nni_manager_ip or "127.0.0.1"
-        self.receiver = MetricsReceiver(host, int(previous.get("port") or 0)).start()
-        self.experiment_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(str(state), {"port": self.receiver.port})
+        self.metrics.start()
 
     @property
     def runtime_dir(self) -> str:
@@ -292,9 +279,7 @@ class SharedStorageService(TrainingService):
     def keeper_env(self, spec: TrialSpec) -> dict[str, str]:
         """NNI's trial environment as the job's keeper sets it (GPU visibility is the platform's:
         its device plugin decides, so nothing is overridden here)."""
-        channel = _CHANNEL_ENV[self.channel]
-        if self.reuse and self.channel == "logs":
-            channel = "stdout"  # read back from trial.stdout on the share
+        channel = self.metrics.keeper_value()
         return {"NNI_PLATFORM": self.platform, "NNI_EXP_ID": spec.experiment_id, "NNI_TRIAL_JOB_ID": spec.trial_id,
                 "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": channel}
 
@@ -305,15 +290,11 @@ class SharedStorageService(TrainingService):
 
     def metrics_url(self) -> str | None:
         """Where jobs push metrics (None without the HTTP channel)."""
-        return self.receiver.url if self.receiver is not None else None
+        return self.metrics.url
 
     def _token(self, name: str, ids: dict[str, str], *trial_ids: str) -> str | None:
         """The token stored as ``name`` (created unless it exists), granted ``trial_ids``."""
-        if self.receiver is None:
-            return None
-        token = self.store_token(name, self.receiver.new_token(), ids)
-        self.receiver.grant(token, *trial_ids)
-        return token
+        return self.metrics.token(lambda token: self.store_token(name, token, ids), *trial_ids)
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         trial_dir = self.storage.path(spec.experiment_id, "trials", spec.trial_id)
@@ -321,7 +302,7 @@ class SharedStorageService(TrainingService):
         write_atomic(str(trial_dir / PARAMETER_FILE), spec.parameter_record())
         keeper = self._keeper_spec(spec, code)
         write_atomic(str(trial_dir / META_DIR / KEEPER_SPEC), keeper)
-        self._seen.setdefault(spec.trial_id, set())
+        self.metrics.track(spec.trial_id)
         if self.reuse:
             return self._submit_to_environment(spec, keeper)
         name = self.job_name("trial", spec.trial_id)
@@ -364,8 +345,8 @@ class SharedStorageService(TrainingService):
         env = self._free_environment(spec.trial_id)
         payload = {"trial_dir": f"../../trials/{spec.trial_id}", "parameter": spec.parameter_record(),
                    "keeper": keeper}
-        if self.receiver is not None and env.token is not None:
-            self.receiver.grant(env.token, spec.trial_id)
+        if env.token is not None:
+            self.metrics.grant(env.token, spec.trial_id)
         elif self.receiver is not None:  # an environment re-attached on resume: its token is stored
             env.token = self._token(f"{env.job}-token", {"envId": env.id}, spec.trial_id)
         self._env(env.id).enqueue(spec.trial_id, payload)
@@ -438,10 +419,7 @@ class SharedStorageService(TrainingService):
         API error) leaves them to the next one -- the cursor is not advanced, nothing is marked seen,
         and the receiver is drained only after the platform calls that can fail."""
         update = self._poll(handle, dict(cursor))
-        seen = self._seen.setdefault(handle.trial_id, set())
-        seen.update((r.type, r.sequence) for r in update.metrics)
-        if update.status.is_terminal:
-            self._seen.pop(handle.trial_id, None)
+        self.metrics.delivered(handle.trial_id, update.metrics, update.status.is_terminal)
         return update
 
     def _poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
@@ -498,36 +476,16 @@ class SharedStorageService(TrainingService):
     def _metrics(self, handle: TrialHandle, cursor: dict[str, Any], final: bool
                  ) -> tuple[list[MetricRecord], list[str]]:
         """New metrics of the trial from its channel(s), without duplicates."""
-        records: list[MetricRecord] = []
-        errors: list[str] = []
         trial_dir = self._trial_dir(handle)
-        if self.channel == "file":
-            found = read_trial(LOCAL, str(trial_dir), int(cursor.get("metrics_offset", 0)), handle.trial_id)
-            records, errors, cursor["metrics_offset"] = found.records, found.errors, found.offset
-        else:
-            if self.channel == "logs" or final:  # logs: the channel; http: the gap filler at the end
-                offsets = dict(cursor.get("log_offsets") or {})
-                if handle.data.get("reuse") or self.logs_on_share:  # the trial's stdout file, from where we left off
-                    start = int(offsets.get(STDOUT_FILE, 0))
-                    logs = {STDOUT_FILE: (start, read_from(trial_dir / STDOUT_FILE, start))}
-                else:  # job logs come whole: skip what was read before
-                    logs = {pod: (int(offsets.get(pod, 0)), data[int(offsets.get(pod, 0)):])
-                            for pod, data in self.job_logs(handle.data["job"]).items()}
-                for pod, (start, data) in logs.items():
-                    result = parse_stdout_lines(data, start, handle.trial_id)
-                    records += result.records
-                    errors += result.errors
-                    offsets[pod] = result.offset
-                cursor["log_offsets"] = offsets
-            if self.receiver is not None:  # last: drained records are not re-read if this poll failed
-                records = self.receiver.drain(handle.trial_id) + records
-        seen = set(self._seen.get(handle.trial_id, ()))
-        fresh = []
-        for record in records:
-            if (record.type, record.sequence) not in seen:
-                seen.add((record.type, record.sequence))
-                fresh.append(record)
-        return fresh, errors
+
+        def log_chunks(offsets: dict[str, int]) -> dict[str, tuple[int, bytes]]:
+            if handle.data.get("reuse") or self.logs_on_share:  # the trial's stdout file, from where we left off
+                start = int(offsets.get(STDOUT_FILE, 0))
+                return {STDOUT_FILE: (start, read_from(trial_dir / STDOUT_FILE, start))}
+            return {pod: (int(offsets.get(pod, 0)), data[int(offsets.get(pod, 0)):])  # job logs come whole
+                    for pod, data in self.job_logs(handle.data["job"]).items()}
+
+        return self.metrics.read(handle.trial_id, trial_dir, cursor, final, log_chunks)
 
     def _finish(self, handle: TrialHandle) -> None:
         with self._lock:
@@ -540,8 +498,7 @@ class SharedStorageService(TrainingService):
             except PlatformError as exc:  # the trial's result stands; the token only outlives it
                 log.warning("trial %s: its metrics token %s-token was not deleted (%s) and stays with the "
                             "platform", handle.trial_id, handle.data["job"], exc)
-        if self.receiver is not None:
-            self.receiver.forget(handle.trial_id)
+        self.metrics.forget(handle.trial_id)
 
     # ---- cancel, adopt, logs, close --------------------------------------------------------
 
@@ -556,13 +513,11 @@ class SharedStorageService(TrainingService):
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach after a restart: the environment is known again, and the token (read back from
         the platform) is accepted again by this controller's receiver."""
-        self._seen.setdefault(handle.trial_id, set())
+        self.metrics.track(handle.trial_id)
         if handle.data.get("reuse"):
             self._assign(handle)
         if self.receiver is not None:
-            token = self.read_token(f"{handle.data['job']}-token")
-            if token:
-                self.receiver.grant(token, handle.trial_id)
+            self.metrics.grant(self.read_token(f"{handle.data['job']}-token"), handle.trial_id)
 
     output_read_seconds = 1.0  # a file read from an offset
 
@@ -586,9 +541,7 @@ class SharedStorageService(TrainingService):
                 log.warning("environment %s (%s) not stopped: %s; it leaves after %.0f s without a heartbeat",
                             env.id, env.job, exc, self.worker_idle_timeout)
         self.envs.clear()
-        if self.receiver is not None:
-            self.receiver.stop()
-            self.receiver = None
+        self.metrics.stop()
 
 
 def _retrying(call: Any, delays: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0)) -> None:
@@ -599,64 +552,3 @@ def _retrying(call: Any, delays: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0)) -> No
         except TransientPlatformError:
             time.sleep(delay)
     call()
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class TokensOnShare:
-    """The metrics token's home for platforms without a secret store of their own (OpenPAI, DLTS): a
-    file only its owner may read, ``nni/<experiment>/tokens/<name>`` on the share. The job's keeper
-    reads it through ``TRIALFLOW_METRICS_TOKEN_FILE``, so the token is never in a job's request body,
-    command line or the platform's job records. Mixed in before :class:`SharedStorageService`."""
-
-    storage: SharedStorage
-    experiment_id: str
-
-    def _token_path(self, name: str) -> Path:
-        return self.storage.path(self.experiment_id, "tokens", name)
-
-    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
-        path = self._token_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o700)
-        partial = path.with_name(f".{name}.{os.getpid()}-{time.time_ns()}")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        try:
-            os.link(partial, path)  # never replaces a stored token: a retried submit keeps the first
-        except FileExistsError:
-            token = path.read_text().strip()
-        finally:
-            partial.unlink()
-        return token
-
-    def read_token(self, name: str) -> str | None:
-        try:
-            return self._token_path(name).read_text().strip() or None
-        except FileNotFoundError:
-            return None
-
-    def delete_token(self, name: str) -> None:
-        self._token_path(name).unlink(missing_ok=True)
-
-    def job_env(self, token_ref: str) -> dict[str, str]:
-        """What a job's command exports for the HTTP channel (none without it)."""
-        url = self.metrics_url()  # type: ignore[attr-defined]
-        if url is None:
-            return {}
-        return {"TRIALFLOW_METRICS_URL": url,
-                "TRIALFLOW_METRICS_TOKEN_FILE": self.storage.container_path(self.experiment_id, "tokens", token_ref)}
-
-    def shell_command(self, command: list[str], token_ref: str) -> str:
-        """``command`` as one shell line, after exporting :meth:`job_env` (every word quoted)."""
-        line = " ".join(shlex.quote(word) for word in command)
-        env = self.job_env(token_ref)
-        if not env:
-            return line
-        return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " && " + line

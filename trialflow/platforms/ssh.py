@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 import paramiko
 from pydantic import SecretStr
 
+from ..blocks import BlockNotFoundError, SSHCredentials, load_block
+from ..config import RemoteMachineConfig
 from .base import PlatformError, TransientPlatformError
 
 T = TypeVar("T")
@@ -274,3 +276,26 @@ class SshConnection:
 def _read_all(stream: Any) -> str:
     data: bytes = stream.read()
     return data.decode("utf-8", "replace")
+
+
+def machine_target(machine: RemoteMachineConfig) -> SshTarget:
+    """The login of a ``machineList`` entry: its credentials block, or its inline fields."""
+    if machine.credentials:
+        return _target_from_block(machine.credentials, machine.host, machine.port, machine.user)
+    assert machine.user is not None
+    return SshTarget(machine.host, machine.port, machine.user, machine.password, machine.ssh_key_file, None,
+                     machine.ssh_passphrase)
+
+
+def _target_from_block(name: str, host: str, port: int, user: str | None = None) -> SshTarget:
+    """The login for ``host:port`` from the saved :class:`SSHCredentials` block ``name``."""
+    try:
+        block = load_block(SSHCredentials, name)
+    except BlockNotFoundError as exc:
+        raise PlatformError(str(exc)) from None
+    if block.password is None and block.private_key is None and not block.private_key_file:
+        raise PlatformError(f"SSH credentials block {name!r} for {host}: set a password, private_key or "
+                            "private_key_file")
+    key_file = Path(block.private_key_file).expanduser() if block.private_key_file else None
+    return SshTarget(host, port, user or block.username, block.password, key_file, block.private_key,
+                     block.passphrase)

@@ -171,7 +171,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
                 ctx.store.set_started(trial_id, last_seen)
             return _end(ctx, trial_id, update, history, absorbed=True)
         if update.status == TrialStatus.RUNNING and record.start_time is None:
-            ctx.store.set_status(trial_id, "RUNNING", when=polled_at)
+            ctx.store.set_status(trial_id, TrialStatus.RUNNING, when=polled_at)
             record.start_time = polled_at
         last_seen = polled_at
         if fresh and update.status == TrialStatus.RUNNING and ctx.assessor is not None:

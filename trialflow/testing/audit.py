@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
 from ..results import best_trial, exited_by_itself, maximizes
+from ..status import EXPERIMENT_ENDED, TrialStatus
 from ..store import (
     DB_RELATIVE_PATH,
     STOPPED_BY_US,
@@ -35,7 +36,7 @@ from ..store import (
     stored_experiment_ids,
 )
 
-ENDED = ("DONE", "STOPPED", "ERROR")
+ENDED = EXPERIMENT_ENDED
 CLOCK_SLACK = 0.001  # store times are floats written by one clock; allow rounding only
 
 
@@ -93,17 +94,17 @@ def _trial_problems(record: ExperimentRecord, trial: TrialRecord, metrics: list[
         out.append(f"{trial.status} in an experiment that is {record.status}")
     if trial.is_terminal and trial.end_time is None:
         out.append(f"{trial.status} without an end time")
-    ran = trial.status == "SUCCEEDED" or trial.exit_code is not None or bool(own)
+    ran = trial.status == TrialStatus.SUCCEEDED or trial.exit_code is not None or bool(own)
     if ran and trial.start_time is None:
         out.append(f"ran ({_why_ran(trial, own)}) but has no start time")
     if trial.start_time is not None and trial.end_time is not None and trial.start_time > trial.end_time + CLOCK_SLACK:
         out.append("starts after it ends")
     if trial.status in STOPPED_BY_US and exited_by_itself(trial.exit_code):
         out.append(f"{trial.status} though it exited by itself with code {trial.exit_code}")
-    if trial.status == "SUCCEEDED" and trial.exit_code not in (0, None):
+    if trial.status == TrialStatus.SUCCEEDED and trial.exit_code not in (0, None):
         out.append(f"SUCCEEDED with exit code {trial.exit_code}")
     finals = [m for m in own if m.type == "FINAL"]
-    if trial.status == "SUCCEEDED" and finals and trial.final is None:
+    if trial.status == TrialStatus.SUCCEEDED and finals and trial.final is None:
         out.append("SUCCEEDED without the final result it reported")
     if trial.end_time is not None:
         late = [m for m in own if m.time > trial.end_time + CLOCK_SLACK]
@@ -113,8 +114,8 @@ def _trial_problems(record: ExperimentRecord, trial: TrialRecord, metrics: list[
 
 
 def _why_ran(trial: TrialRecord, own: list[Metric]) -> str:
-    if trial.status == "SUCCEEDED":
-        return "SUCCEEDED"
+    if trial.status == TrialStatus.SUCCEEDED:
+        return TrialStatus.SUCCEEDED
     if trial.exit_code is not None:
         return f"exit code {trial.exit_code}"
     return f"{len(own)} metric(s)"

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..flows.experiment import RESUBMITTED
-from ..store import TERMINAL, ExperimentStore
+from ..status import TERMINAL, TrialStatus
+from ..store import ExperimentStore
 
 CHAOS_TRIAL = """\
 import fcntl, json, os, time, nni
@@ -182,7 +183,7 @@ class ChaosDriver:
         try:
             while time.monotonic() < deadline and controller.poll() is None:
                 exp = store.experiment()
-                if exp.controller_pid == controller.pid and store.trials(["RUNNING"]):
+                if exp.controller_pid == controller.pid and store.trials([TrialStatus.RUNNING]):
                     return
                 time.sleep(0.05)
         finally:

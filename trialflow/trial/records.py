@@ -5,7 +5,7 @@ A record is NNI's metric JSON plus a format version::
     {"parameter_id": 7, "trial_job_id": "abcde", "type": "FINAL", "sequence": 0,
      "value": "<JSON text of the user's value>", "version": 1}
 
-Framings (nni-contract.md §3.3), kept byte-compatible with NNI so NNI's own SDK also works:
+Framings (docs/nni.md#metric-records), kept byte-compatible with NNI so NNI's own SDK also works:
 
 * file:   ``b"ME" + b"%06d" % len(payload) + payload``, payload = JSON + ``"\\n"`` (UTF-8);
 * stdout: one line ``NNISDK_MEb'<JSON>'``.

@@ -1,0 +1,53 @@
+"""Trial and experiment statuses: the one vocabulary of the store, the flows, the CLI, the reports and
+the platforms (bottom layer; no imports of the project's own).
+
+Both are ``str`` enums, so a value read back from the store compares equal to its member and is
+written as its name. Trial statuses are NNI's; an experiment is INITIALIZED when created, RUNNING
+while a controller drives it, and ends DONE, STOPPED or ERROR (a resumed one runs again).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class TrialStatus(str, Enum):
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    USER_CANCELED = "USER_CANCELED"
+    SYS_CANCELED = "SYS_CANCELED"
+    EARLY_STOPPED = "EARLY_STOPPED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (TrialStatus.WAITING, TrialStatus.RUNNING)
+
+
+TERMINAL = frozenset(s for s in TrialStatus if s.is_terminal)
+LIVE = (TrialStatus.WAITING, TrialStatus.RUNNING)
+STOPPED_BY_US = (TrialStatus.USER_CANCELED, TrialStatus.EARLY_STOPPED)  # recorded before the kill they cause
+
+
+class ExperimentStatus(str, Enum):
+    INITIALIZED = "INITIALIZED"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    STOPPED = "STOPPED"
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_live(self) -> bool:
+        """A controller drives it (or is about to)."""
+        return self in (ExperimentStatus.INITIALIZED, ExperimentStatus.RUNNING)
+
+
+EXPERIMENT_LIVE = (ExperimentStatus.RUNNING, ExperimentStatus.INITIALIZED)
+EXPERIMENT_ENDED = (ExperimentStatus.DONE, ExperimentStatus.STOPPED, ExperimentStatus.ERROR)
