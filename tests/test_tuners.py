@@ -167,3 +167,22 @@ def test_assessor_args_validated():
         create_assessor(AlgorithmConfig(name="Nope"))
     with pytest.raises(TunerError, match="start_step must be a non-negative integer"):
         create_assessor(AlgorithmConfig(name="Medianstop", class_args={"start_step": -1}))
+
+
+def test_importing_and_using_the_optuna_tuners_leaves_optunas_verbosity_as_the_user_set_it():
+    import subprocess
+    import sys
+
+    notebook = """
+import logging, optuna
+optuna.logging.set_verbosity(logging.INFO)  # the user's own choice, before trialflow is imported
+from trialflow.search_space import parse_search_space
+from trialflow.tuners import optuna_tuners
+tuner = optuna_tuners.OptunaTuner(parse_search_space({"x": {"_type": "uniform", "_value": [0, 1]}}),
+                                  optuna_tuners.random_sampler(0))
+tuner.observe(tuner.suggest().parameter_id, 0.5)
+print(optuna.logging.get_verbosity() == logging.INFO)
+"""
+    done = subprocess.run([sys.executable, "-c", notebook], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
+    assert "A new study created" not in done.stderr  # trialflow's own studies stay quiet

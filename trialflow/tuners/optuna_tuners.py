@@ -9,6 +9,9 @@ family exact while the sampler models the internal space.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import optuna
@@ -18,7 +21,20 @@ from optuna.trial import TrialState
 from ..search_space import SearchSpace
 from .base import Suggestion, Tuner
 
-optuna.logging.set_verbosity(logging.WARNING)
+_VERBOSITY = threading.Lock()
+
+
+@contextmanager
+def _quietly() -> Iterator[None]:
+    """Optuna's INFO lines for trialflow's own studies (one per study and per trial) stay out of the
+    output; Optuna's verbosity is the user's own again right after, for their own studies."""
+    with _VERBOSITY:
+        before = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(max(before, logging.WARNING))
+        try:
+            yield
+        finally:
+            optuna.logging.set_verbosity(before)
 
 
 class _OptunaChooser:
@@ -46,7 +62,8 @@ class OptunaTuner(Tuner):
                  optimize_mode: str = "minimize", seed: int | None = None) -> None:
         super().__init__(space, optimize_mode, seed)
         direction: Literal["minimize", "maximize"] = "maximize" if self.maximize else "minimize"
-        self.study = optuna.create_study(sampler=sampler, direction=direction)
+        with _quietly():
+            self.study = optuna.create_study(sampler=sampler, direction=direction)
         self._pending: dict[int, optuna.Trial] = {}
         self._distributions: dict[str, BaseDistribution] = {}
 
@@ -64,9 +81,11 @@ class OptunaTuner(Tuner):
         if trial is None:
             return
         if value is None:
-            self.study.tell(trial, state=TrialState.FAIL)
+            with _quietly():
+                self.study.tell(trial, state=TrialState.FAIL)
         else:
-            self.study.tell(trial, value)
+            with _quietly():
+                self.study.tell(trial, value)
 
     def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
         dists = {key: self._distribution(key, v) for key, v in raw.items()}
