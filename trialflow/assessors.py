@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .optuna_logging import quietly
 from .tuners import AlgorithmSpec
 from .tuners.base import (
     TunerError,
@@ -124,8 +125,9 @@ class PrunerAssessor(Assessor):
         import optuna
 
         super().__init__(optimize_mode)
-        self.study = optuna.create_study(direction="maximize" if self.maximize else "minimize", pruner=pruner,
-                                         sampler=optuna.samplers.RandomSampler(seed=0))
+        with quietly():
+            self.study = optuna.create_study(direction="maximize" if self.maximize else "minimize", pruner=pruner,
+                                             sampler=optuna.samplers.RandomSampler(seed=0))
         self._trials: dict[str, Any] = {}
         self._reported: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -155,9 +157,11 @@ class PrunerAssessor(Assessor):
             self._trials.pop(trial_id, None)
             self._reported.pop(trial_id, None)
             if succeeded and history:
-                self.study.tell(trial, history[-1])
+                with quietly():
+                    self.study.tell(trial, history[-1])
             else:
-                self.study.tell(trial, state=TrialState.PRUNED if history else TrialState.FAIL)
+                with quietly():
+                    self.study.tell(trial, state=TrialState.PRUNED if history else TrialState.FAIL)
 
 
 def _min_resource(value: Any) -> str | None:

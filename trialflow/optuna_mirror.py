@@ -35,6 +35,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from .optuna_logging import quietly
 from .search_space import Option, Param, SearchSpace
 from .status import TrialStatus
 from .store import ExperimentStore, TrialRecord
@@ -139,8 +140,9 @@ class OptunaMirror:
         self.store = store
         self.space = space
         self.storage = optuna.storages.get_storage(storage)
-        study = optuna.create_study(storage=self.storage, study_name=study_name, load_if_exists=True,
-                                    direction="maximize" if maximize else "minimize")
+        with quietly():
+            study = optuna.create_study(storage=self.storage, study_name=study_name, load_if_exists=True,
+                                        direction="maximize" if maximize else "minimize")
         self.study_name = study_name
         self.study_id: int = study._study_id
         self._mirrored: dict[str, _Mirrored] = {}

@@ -234,8 +234,8 @@ def _upgrade(engine: Engine, url: str) -> None:
         raise StoreUnreadable(f"the experiment store {where} was written by a newer trialflow (store schema "
                               f"{found}; this trialflow reads up to {SCHEMA_VERSION}): upgrade trialflow "
                               "(pip install -U trialflow) to open it")
+    _add_missing_columns(engine)  # also for a numbered store a column was dropped from by hand
     if found < SCHEMA_VERSION:
-        _add_missing_columns(engine)
         with engine.begin() as conn:
             conn.execute(schema.delete())
             conn.execute(schema.insert().values(version=SCHEMA_VERSION))

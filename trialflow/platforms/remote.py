@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..codebundle import CodeDirError, scan_code_dir
 from ..config import RemoteConfig, RemoteMachineConfig
 from ..trial.keeper import assign_gpus
@@ -173,7 +174,8 @@ class RemoteTrainingService(TrainingService):
             self._install_runtime(machine)
             check_version(machine.run(machine.command("keeper", "--version")).strip(),
                           f"the trial keeper on {machine.key}",
-                          f"remove {machine.runtime} on that machine so that this controller uploads its own")
+                          f"remove {machine.runtime} on that machine so that this controller uploads its own",
+                          __version__)
             if self.share is not None:
                 self.share.attach(machine.fs, machine.conn.run, machine.root)
             if self.config.trial_gpu_number:
@@ -238,7 +240,7 @@ class RemoteTrainingService(TrainingService):
             if info is not None:
                 check_version(str(info.get("version")), f"the reuse worker on {machine.key}",
                               f"stop it (create {env_dir}/stop on that machine) or resume with the trialflow "
-                              "version that started it")
+                              "version that started it", __version__)
                 return
             if time.monotonic() > deadline:
                 raise PlatformError(f"{machine.key}: the reuse worker did not start; see {env_dir}/worker.log")

@@ -8,33 +8,15 @@ family exact while the sampler models the internal space.
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from ..optuna_logging import quietly
 from ..search_space import SearchSpace
 from .base import Suggestion, Tuner
-
-_VERBOSITY = threading.Lock()
-
-
-@contextmanager
-def _quietly() -> Iterator[None]:
-    """Optuna's INFO lines for trialflow's own studies (one per study and per trial) stay out of the
-    output; Optuna's verbosity is the user's own again right after, for their own studies."""
-    with _VERBOSITY:
-        before = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(max(before, logging.WARNING))
-        try:
-            yield
-        finally:
-            optuna.logging.set_verbosity(before)
 
 
 class _OptunaChooser:
@@ -62,7 +44,7 @@ class OptunaTuner(Tuner):
                  optimize_mode: str = "minimize", seed: int | None = None) -> None:
         super().__init__(space, optimize_mode, seed)
         direction: Literal["minimize", "maximize"] = "maximize" if self.maximize else "minimize"
-        with _quietly():
+        with quietly():
             self.study = optuna.create_study(sampler=sampler, direction=direction)
         self._pending: dict[int, optuna.Trial] = {}
         self._distributions: dict[str, BaseDistribution] = {}
@@ -81,10 +63,10 @@ class OptunaTuner(Tuner):
         if trial is None:
             return
         if value is None:
-            with _quietly():
+            with quietly():
                 self.study.tell(trial, state=TrialState.FAIL)
         else:
-            with _quietly():
+            with quietly():
                 self.study.tell(trial, value)
 
     def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
