@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, PlainValidator, SecretStr, Tag, field_validator, model_validator
 
 from ._base import ConfigModel, ConfigPath, GpuIndices, SizeMB, canonical_key, resolve_path
 
@@ -559,18 +559,40 @@ PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {
     for model in (LocalConfig, RemoteConfig, OpenpaiConfig, AmlConfig, DlcConfig, KubeflowConfig,
                   FrameworkControllerConfig, AdlConfig, DltsConfig, PrefectPoolConfig)
 }
+BUILTIN_PLATFORMS = frozenset(PLATFORM_CONFIGS) | {"pai"}
 
 
 def platform_tag(value: Any) -> str | None:
-    """The platform name of a raw or parsed section (keys matched as NNI does; ``pai`` = openpai)."""
+    """The platform name of a raw or parsed section (keys matched as NNI does; ``pai`` = openpai); a
+    platform a plugin registered (``trialflow.config.plugins``) is tagged ``~plugin``."""
     if isinstance(value, dict):
         for key, tag in value.items():
             if canonical_key(str(key)) == "platform" and isinstance(tag, str):
                 tag = tag.lower()
-                return "~openpai" if tag == "pai" else f"~{tag}"
+                return "~openpai" if tag == "pai" else _tag(tag)
         return None
     platform = getattr(value, "platform", None)
-    return f"~{platform}" if platform else None
+    return _tag(platform) if platform else None
+
+
+def _tag(platform: str) -> str:
+    if platform in PLATFORM_CONFIGS:
+        return f"~{platform}"
+    from .plugins import plugin_config
+
+    return "~plugin" if plugin_config(platform) is not None else f"~{platform}"
+
+
+def _plugin_section(value: Any) -> TrainingServiceConfig:
+    """A plugin platform's section, validated by the plugin's own config model."""
+    from .plugins import plugin_config
+
+    if isinstance(value, TrainingServiceConfig):
+        return value
+    name = next(str(tag).lower() for key, tag in value.items() if canonical_key(str(key)) == "platform")
+    model = plugin_config(name)
+    assert model is not None  # the discriminator chose this branch because a plugin has the name
+    return model.model_validate(value)  # type: ignore[return-value]
 
 
 # Discriminator tags start with "~" so error paths can leave them out (trainingService.machineList[1].port).
@@ -578,7 +600,8 @@ if TYPE_CHECKING:
     AnyTrainingService = TrainingServiceConfig
 else:
     AnyTrainingService = Annotated[
-        Union[tuple(Annotated[model, Tag(f"~{name}")] for name, model in PLATFORM_CONFIGS.items())],  # noqa: UP007
+        Union[tuple([*(Annotated[model, Tag(f"~{name}")] for name, model in PLATFORM_CONFIGS.items()),  # noqa: UP007
+                     Annotated[TrainingServiceConfig, PlainValidator(_plugin_section), Tag("~plugin")]])],
         Discriminator(
             platform_tag,
             custom_error_type="platform",

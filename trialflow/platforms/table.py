@@ -4,9 +4,10 @@ factory, the list of available platforms in error messages and the Prefect tasks
 the config loader's union and the v1 converter read ``trialflow.config.PLATFORM_CONFIGS`` (the
 config layer sits below this one), and a test holds the two to the same names.
 
-A new platform adds: its config model, one row here, its service module, its block, its emulator,
-one contract-test subclass and one README row. Nothing in ``tasks/``, ``flows/`` or the other
-platforms changes.
+Platforms of other packages add their row through the ``trialflow.platforms`` entry point
+(``trialflow.config.plugins``); :func:`platform` and :func:`available` include them.
+A new built-in platform adds the files listed in ``docs/platforms.md#adding-a-platform``. Nothing in
+``tasks/``, ``flows/`` or the other platforms changes.
 """
 
 from __future__ import annotations
@@ -108,15 +109,31 @@ _ROWS = (
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
 
 
+def plugin_rows() -> dict[str, Platform]:
+    """The rows other packages registered (entry point group ``trialflow.platforms``) whose service is
+    a :class:`TrainingService`; others are skipped with a warning."""
+    from ..config.plugins import log, platform_plugins
+
+    rows = {}
+    for name, row in platform_plugins().items():
+        if isinstance(row, Platform) and isinstance(row.service, type) and issubclass(row.service, TrainingService):
+            rows[name] = row
+        else:
+            log.warning("platform plugin %r is skipped: its entry point must name a trialflow.platforms.Platform "
+                        "row whose service is a TrainingService subclass", name)
+    return rows
+
+
 def available() -> list[str]:
-    """Names of the platforms whose training service can run."""
-    return [name for name, row in PLATFORMS.items() if row.service is not None]
+    """Names of the platforms whose training service can run (built-in, then plugins)."""
+    rows = {**PLATFORMS, **plugin_rows()}
+    return [name for name, row in rows.items() if row.service is not None]
 
 
 def platform(name: str) -> Platform:
-    row = PLATFORMS.get(name)
+    row = PLATFORMS.get(name) or plugin_rows().get(name)
     if row is None:
-        raise PlatformError(f"unknown platform {name!r}; known: {', '.join(PLATFORMS)}")
+        raise PlatformError(f"unknown platform {name!r}; known: {', '.join([*PLATFORMS, *plugin_rows()])}")
     return row
 
 

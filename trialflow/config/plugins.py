@@ -1,0 +1,54 @@
+"""Platforms from other packages: the ``trialflow.platforms`` entry point group.
+
+A package of the user's own registers one entry point whose object is a platform row
+(``trialflow.platforms.Platform``: config model, service class, credentials block, pip extra, retry
+policy); ``docs/platforms.md#third-party-platforms`` has a worked example. The config loader asks
+for plugins the first time it meets a platform name it does not know (so configs of built-in
+platforms never import a plugin), and the platform table adds the same rows.
+
+Lifecycle: :func:`platform_plugins` loads every entry point of the group once per process and keeps
+the rows; a plugin that fails to load, or whose row is not a row, is skipped with a warning naming
+the package and why (the experiment then reports an unknown platform with the known ones).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+
+GROUP = "trialflow.platforms"
+log = logging.getLogger("trialflow.config")
+
+
+@cache
+def platform_plugins() -> dict[str, Any]:
+    """Platform name -> the row a plugin registered (loaded once per process)."""
+    from importlib.metadata import entry_points
+
+    from .platforms import BUILTIN_PLATFORMS
+
+    rows: dict[str, Any] = {}
+    for point in entry_points(group=GROUP):
+        where = f"platform plugin {point.name!r} ({point.value})"
+        try:
+            row = point.load()
+            config = row.config
+            name = str(config.model_fields["platform"].default)
+        except Exception as exc:  # a broken third-party package must not break built-in platforms
+            log.warning("%s is skipped: it does not load (%s: %s)", where, type(exc).__name__, exc)
+            continue
+        if not (isinstance(config, type) and issubclass(config, BaseModel)) or name in BUILTIN_PLATFORMS:
+            log.warning("%s is skipped: its row's config must be a config model whose platform name (here "
+                        "%r) is not a built-in platform's", where, name)
+            continue
+        rows[name] = row
+    return rows
+
+
+def plugin_config(name: str) -> type[BaseModel] | None:
+    """The config model of the plugin platform ``name`` (None when no plugin has it)."""
+    row = platform_plugins().get(name)
+    return None if row is None else row.config  # type: ignore[no-any-return]
