@@ -145,15 +145,21 @@ def test_import_bad_file(finished):
     assert proc.returncode == 0 and "imported 1 result for the tuner" in proc.stdout
 
 
-def test_background_create_then_stop(tmp_path, prefect_server):
+def _create_sleeping(tmp_path: Path, prefect_server: str, max_trials: int
+                     ) -> tuple[dict[str, str], subprocess.CompletedProcess, str]:
+    """``trialflow create`` in the background of an experiment whose trials sleep for two minutes."""
     env = {"PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "home")}
     code = tmp_path / "code"
     write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
     path = tmp_path / "config.yml"
-    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=10)))
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=max_trials)))
     proc = cli("create", "--config", str(path), env=env)
+    return env, proc, proc.stdout.split("experiment id:")[1].split()[0] if "experiment id:" in proc.stdout else ""
+
+
+def test_background_create_then_stop(tmp_path, prefect_server):
+    env, proc, exp_id = _create_sleeping(tmp_path, prefect_server, 10)
     assert proc.returncode == 0 and "started in the background" in proc.stdout
-    exp_id = proc.stdout.split("experiment id:")[1].split()[0]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         listing = cli("trial", "ls", exp_id, env=env).stdout
@@ -234,13 +240,7 @@ def test_the_python_api_kills_a_trial_and_stops_an_experiment_whose_controller_w
     from trialflow.experiments import open_store
     from trialflow.trial.procs import pid_alive, read_json
 
-    env = {"PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "home")}
-    code = tmp_path / "code"
-    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
-    path = tmp_path / "config.yml"
-    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2)))
-    proc = cli("create", "--config", str(path), env=env)
-    exp_id = proc.stdout.split("experiment id:")[1].split()[0]
+    _, _, exp_id = _create_sleeping(tmp_path, prefect_server, 2)
     store = open_store(tmp_path / "w", exp_id)
     deadline = time.monotonic() + 120
     while len(store.trials(["RUNNING"])) < 2 and time.monotonic() < deadline:

@@ -559,7 +559,6 @@ PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {
     for model in (LocalConfig, RemoteConfig, OpenpaiConfig, AmlConfig, DlcConfig, KubeflowConfig,
                   FrameworkControllerConfig, AdlConfig, DltsConfig, PrefectPoolConfig)
 }
-BUILTIN_PLATFORMS = frozenset(PLATFORM_CONFIGS) | {"pai"}
 
 
 def platform_tag(value: Any) -> str | None:

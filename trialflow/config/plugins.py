@@ -28,8 +28,6 @@ def platform_plugins() -> dict[str, Any]:
     """Platform name -> the row a plugin registered (loaded once per process)."""
     from importlib.metadata import entry_points
 
-    from .platforms import BUILTIN_PLATFORMS
-
     rows: dict[str, Any] = {}
     for point in entry_points(group=GROUP):
         where = f"platform plugin {point.name!r} ({point.value})"
@@ -40,15 +38,15 @@ def platform_plugins() -> dict[str, Any]:
         except Exception as exc:  # a broken third-party package must not break built-in platforms
             log.warning("%s is skipped: it does not load (%s: %s)", where, type(exc).__name__, exc)
             continue
-        if not (isinstance(config, type) and issubclass(config, BaseModel)) or name in BUILTIN_PLATFORMS:
-            log.warning("%s is skipped: its row's config must be a config model whose platform name (here "
-                        "%r) is not a built-in platform's", where, name)
+        if not (isinstance(config, type) and issubclass(config, BaseModel)):
+            log.warning("%s is skipped: its row's config must be a config model", where)
             continue
         rows[name] = row
     return rows
 
 
 def plugin_config(name: str) -> type[BaseModel] | None:
-    """The config model of the plugin platform ``name`` (None when no plugin has it)."""
+    """The config model of the plugin platform ``name`` (None when no plugin has it); the config loader
+    asks only for names that are not built in, so a plugin never replaces a built-in platform."""
     row = platform_plugins().get(name)
     return None if row is None else row.config  # type: ignore[no-any-return]

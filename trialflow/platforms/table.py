@@ -116,7 +116,9 @@ def plugin_rows() -> dict[str, Platform]:
 
     rows = {}
     for name, row in platform_plugins().items():
-        if isinstance(row, Platform) and isinstance(row.service, type) and issubclass(row.service, TrainingService):
+        if name in PLATFORMS:
+            log.warning("platform plugin %r is skipped: a built-in platform has that name", name)
+        elif isinstance(row, Platform) and isinstance(row.service, type) and issubclass(row.service, TrainingService):
             rows[name] = row
         else:
             log.warning("platform plugin %r is skipped: its entry point must name a trialflow.platforms.Platform "
