@@ -102,10 +102,6 @@ def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, Experime
         raise CliError(str(exc)) from None
 
 
-def _controller_alive(store: ExperimentStore) -> bool:
-    return bool(_control.controller_alive(store))
-
-
 def _warn(warnings: list[str]) -> None:
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
@@ -397,7 +393,7 @@ def resume(experiment_id: str, root: RootOpt = None,
     """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
     port = _dashboard_port(dashboard, port)
     base, store = _store(experiment_id, root)
-    if _controller_alive(store):
+    if _control.controller_alive(store):
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
     store.set_control("stop", False)
     store.set_control("kill", [])
@@ -675,10 +671,10 @@ def experiment_delete(experiment_id: ExpIdArg = None, root: RootOpt = None,
         raise CliError("give an experiment id or --all, not both")
     if all_:
         targets = [(e.root, _experiments.open_store(e.root, e.id)) for e in _experiments.list_experiments(root)]
-        targets = [(base, store) for base, store in targets if not _controller_alive(store)]
+        targets = [(base, store) for base, store in targets if not _control.controller_alive(store)]
     else:
         base, store = _store(experiment_id, root)
-        if _controller_alive(store):
+        if _control.controller_alive(store):
             raise CliError(f"experiment {store.experiment_id} is running; stop it first")
         targets = [(base, store)]
     folders = [base / store.experiment_id for base, store in targets]
@@ -715,7 +711,7 @@ def experiment_save(experiment_id: ExpIdArg = None,
     from .experiment_archive import ArchiveError, save_experiment
 
     base, store = _store(experiment_id, root)
-    if _controller_alive(store):
+    if _control.controller_alive(store):
         raise CliError(f"experiment {store.experiment_id} is running; stop it first (its store is being written)")
     try:
         written = save_experiment(store, base / store.experiment_id, path, save_code)

@@ -5,7 +5,8 @@ Both work whether or not the experiment's controller runs. With a live controlle
 through the store's controls (it cancels its own trials and ends its flow run Cancelled); without
 one they record the outcome first, then cancel the trials it left through their training service,
 and cancel its Prefect flow run. Warnings (a trial the platform could not stop) are returned, never
-printed: the caller decides where they go.
+printed: the caller decides where they go. The platforms and Prefect are imported only by the calls
+that need them, so the CLI's checks of a running controller stay cheap.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .experiments import load_experiment_config
-from .platforms import PlatformError, TrainingService, TrialHandle, experiment_service
-from .results import end_experiment
 from .status import EXPERIMENT_LIVE, LIVE, ExperimentStatus, TrialStatus
-from .store import ExperimentStore
 from .trial.procs import pid_alive
+
+if TYPE_CHECKING:
+    from .platforms import TrainingService
+    from .store import ExperimentStore
 
 
 def controller_alive(store: ExperimentStore) -> bool:
@@ -33,11 +34,16 @@ def controller_alive(store: ExperimentStore) -> bool:
 def open_service(store: ExperimentStore, base: Path) -> TrainingService:
     """The experiment's training service, for work done without its controller (kill, logs);
     the caller closes it."""
+    from .experiments import load_experiment_config
+    from .platforms import experiment_service
+
     return experiment_service(load_experiment_config(store), base / store.experiment_id)
 
 
 def cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> list[str]:
     """Stop trials whose controller is gone, through their training service; returns warnings."""
+    from .platforms import PlatformError, TrialHandle
+
     live = [TrialHandle.from_dict(h) for h in handles if h]
     if not live:
         return []
@@ -59,6 +65,7 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     what it left behind (USER_CANCELED) and its flow run. The experiment ends STOPPED unless it had
     already ended DONE or ERROR. Returns warnings."""
     from .flows.run_control import cancel_flow_run  # Prefect's client: only when a run is cancelled here
+    from .results import end_experiment
 
     store.set_control("stop", True)
     controller_gone = not controller_alive(store)

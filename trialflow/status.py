@@ -11,7 +11,14 @@ from __future__ import annotations
 from enum import Enum
 
 
-class TrialStatus(str, Enum):
+class _Named(str, Enum):
+    """A status whose text is its name (``str()`` and f-strings give ``FAILED``, not the class path)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrialStatus(_Named):
     WAITING = "WAITING"
     RUNNING = "RUNNING"
     SUCCEEDED = "SUCCEEDED"
@@ -19,9 +26,6 @@ class TrialStatus(str, Enum):
     USER_CANCELED = "USER_CANCELED"
     SYS_CANCELED = "SYS_CANCELED"
     EARLY_STOPPED = "EARLY_STOPPED"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_terminal(self) -> bool:
@@ -33,21 +37,13 @@ LIVE = (TrialStatus.WAITING, TrialStatus.RUNNING)
 STOPPED_BY_US = (TrialStatus.USER_CANCELED, TrialStatus.EARLY_STOPPED)  # recorded before the kill they cause
 
 
-class ExperimentStatus(str, Enum):
+class ExperimentStatus(_Named):
     INITIALIZED = "INITIALIZED"
     RUNNING = "RUNNING"
     DONE = "DONE"
     STOPPED = "STOPPED"
     ERROR = "ERROR"
 
-    def __str__(self) -> str:
-        return self.value
 
-    @property
-    def is_live(self) -> bool:
-        """A controller drives it (or is about to)."""
-        return self in (ExperimentStatus.INITIALIZED, ExperimentStatus.RUNNING)
-
-
-EXPERIMENT_LIVE = (ExperimentStatus.RUNNING, ExperimentStatus.INITIALIZED)
+EXPERIMENT_LIVE = (ExperimentStatus.RUNNING, ExperimentStatus.INITIALIZED)  # a controller drives it, or is about to
 EXPERIMENT_ENDED = (ExperimentStatus.DONE, ExperimentStatus.STOPPED, ExperimentStatus.ERROR)

@@ -26,7 +26,7 @@ from ..trial.procs import read_json, write_atomic
 from ..trial.records import MetricRecord, parse_stdout_lines
 from .errors import PlatformError
 from .metrics_receiver import MetricsReceiver
-from .trialdir import LOCAL, read_trial
+from .trialdir import read_metrics_file
 
 _KEEPER_CHANNEL = {"http": "http", "logs": "stdout", "file": "file"}
 LogChunks = Callable[[dict[str, int]], dict[str, tuple[int, bytes]]]  # offsets -> {log: (start, new bytes)}
@@ -90,8 +90,8 @@ class MetricChannel:
         records: list[MetricRecord] = []
         errors: list[str] = []
         if self.name == "file":
-            found = read_trial(LOCAL, str(trial_dir), int(cursor.get("metrics_offset", 0)), trial_id)
-            records, errors, cursor["metrics_offset"] = found.records, found.errors, found.offset
+            records, errors, cursor["metrics_offset"] = read_metrics_file(
+                trial_dir, int(cursor.get("metrics_offset", 0)), trial_id)
         else:
             if self.name == "logs" or final:  # logs: the channel; http: the gap filler at the end
                 offsets = dict(cursor.get("log_offsets") or {})

@@ -50,6 +50,7 @@ from ..trial.protocol import (
     META_DIR,
     PARAMETER_FILE,
     STARTED,
+    STATE,
     STDERR_FILE,
     STDOUT_FILE,
     WORKER_IDLE_TIMEOUT,
@@ -75,6 +76,7 @@ from .trialdir import (
     install_code,
     install_tree,
     read_from,
+    read_json,
     read_output_files,
     read_trial,
     read_trial_logs,
@@ -83,7 +85,6 @@ from .trialdir import (
 
 log = logging.getLogger("trialflow.platforms")
 ENV_CHECK_SECONDS = 2.0
-_CHANNEL_ENV = {"http": "http", "logs": "stdout", "file": "file"}
 
 
 class SharedStorage:
@@ -446,7 +447,7 @@ class SharedStorageService(TrainingService):
                    cursor: dict[str, Any], errors: list[str]) -> TrialUpdate:
         """A non-reuse trial whose job ended: the job's status, with the keeper's exit code."""
         trial_dir = self._trial_dir(handle)
-        exit_code = (read_trial(LOCAL, str(trial_dir), 0, handle.trial_id, False).state or {}).get("exit_code")
+        exit_code = (read_json(LOCAL, str(trial_dir / META_DIR / STATE)) or {}).get("exit_code")
         if status == TrialStatus.FAILED:
             tail = tail_text(trial_dir / STDERR_FILE)
             message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \

@@ -12,6 +12,7 @@ A new built-in platform adds the files listed in ``docs/platforms.md#adding-a-pl
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,9 +110,10 @@ _ROWS = (
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
 
 
+@functools.cache
 def plugin_rows() -> dict[str, Platform]:
     """The rows other packages registered (entry point group ``trialflow.platforms``) whose service is
-    a :class:`TrainingService`; others are skipped with a warning."""
+    a :class:`TrainingService`; others are skipped with a warning (once per process)."""
     from ..config.plugins import log, platform_plugins
 
     rows = {}

@@ -12,6 +12,7 @@ import json
 import os
 import posixpath
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,7 @@ class EnvironmentDir:
     def boxes_holding(self, trial_id: str) -> set[str]:
         return {box for box in (HOLD, QUEUE, TAKEN) if self.fs.exists(self._box(box, trial_id))}
 
-    def release(self, trial_id: str, change: Any) -> None:
+    def release(self, trial_id: str, change: Callable[[dict[str, Any]], None]) -> None:
         """Move a held trial to the queue, its payload changed by ``change(payload)`` first."""
         held = self._box(HOLD, trial_id)
         payload = read_json(self.fs, held)
