@@ -30,7 +30,8 @@ def measure(seconds: float) -> dict[str, int]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from trialflow import run_experiment, ui
+    from trialflow import run_experiment
+    from trialflow.flows import artifacts as ui
     from trialflow.kept_server import ensure_server, stop_server
 
     factor = EIGHT_HOURS / seconds

@@ -233,7 +233,7 @@ def test_config_convert_prints_the_v2_equivalent_of_an_nni_v1_file(tmp_path):
     assert bad.returncode == 1 and "nope" in bad.stdout + bad.stderr
 
 
-def test_the_python_api_kills_a_trial_and_stops_an_experiment_whose_controller_was_killed(tmp_path, prefect_server):
+def test_the_python_api_updates_kills_and_stops_an_experiment_whose_controller_was_killed(tmp_path, prefect_server):
     import signal
 
     import trialflow
@@ -250,6 +250,10 @@ def test_the_python_api_kills_a_trial_and_stops_an_experiment_whose_controller_w
     while store.trial(first).status != "USER_CANCELED" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert store.trial(first).status == "USER_CANCELED"  # the live controller cancelled it
+    assert trialflow.update_experiment(exp_id, "duration", "2h", root=tmp_path / "w") == 7200
+    assert store.controls()["max_experiment_duration"] == 7200
+    with pytest.raises(trialflow.UserError, match="bad concurrency value 0: must be from 1 to 1000"):
+        trialflow.update_experiment(exp_id, "concurrency", 0, root=tmp_path / "w")
     os.kill(int(store.experiment().controller_pid), signal.SIGKILL)
     keeper = read_json(str(tmp_path / "w" / exp_id / "trials" / second / ".nni" / "keeper.pid"))
     result = trialflow.stop_experiment(exp_id, root=tmp_path / "w", wait=5)

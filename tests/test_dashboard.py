@@ -22,9 +22,9 @@ import yaml
 from tests.conftest import base_config, write_trial
 from tests.test_cli import cli
 from trialflow import parse_config
-from trialflow.dashboard import LiveDashboard, open_mirror
 from trialflow.experiments import create_experiment, open_store
-from trialflow.report import write_report
+from trialflow.presentation.dashboard import LiveDashboard, open_mirror
+from trialflow.presentation.report import write_report
 from trialflow.store import Metric
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

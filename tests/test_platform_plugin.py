@@ -81,4 +81,5 @@ def test_a_config_naming_no_installed_platform_still_gets_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "trialflow.cli", "create", "--config", str(path)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "platform must be one of" in done.stdout + done.stderr
+    assert "nice (plugin)" in done.stdout + done.stderr  # the installed plugin is among the choices
     assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())

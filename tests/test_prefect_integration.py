@@ -44,7 +44,7 @@ def test_artifact_versions_are_written_only_on_change_and_at_most_every_snapshot
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from trialflow import ui
+    from trialflow.flows import artifacts as ui
 
     monkeypatch.setattr(ui, "PROGRESS_INTERVAL", 0.1)
     monkeypatch.setattr(ui, "SNAPSHOT_INTERVAL", 1.5)

@@ -112,6 +112,31 @@ def kill_trial(experiment_id: str, trial_id: str, root: Path | None = None) -> T
         store.close()
 
 
+def update_experiment(experiment_id: str, what: str, value: str | int, root: Path | None = None) -> int:
+    """Set a running experiment's ``concurrency``, ``trialnum`` or ``duration`` (``'2h'``, seconds), as
+    ``trialflow update`` does; returns the stored number. Raises ``ExperimentNotFound`` and
+    ``UpdateError`` (a bad value, named with what is allowed)."""
+    from .control import update_experiment as update
+
+    _, store = find_experiment(experiment_id, root)
+    try:
+        return update(store, what, value)
+    finally:
+        store.close()
+
+
+def update_search_space(experiment_id: str, space: dict[str, Any], root: Path | None = None) -> None:
+    """Replace a running experiment's search space (later trials use it). Raises
+    ``ExperimentNotFound`` and ``SearchSpaceError``."""
+    from .control import update_search_space as update
+
+    _, store = find_experiment(experiment_id, root)
+    try:
+        update(store, space)
+    finally:
+        store.close()
+
+
 class ExperimentSession:
     """An experiment opened for a user's own flow: the tasks of ``trialflow.tasks`` find it by
     :attr:`id`. A trial added by hand is recorded like a suggested one and, when it ends, told to the

@@ -26,10 +26,11 @@ from ._lazy import lazy_module
 from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, start_controller
 from .ids import looks_like_experiment_id
 from .status import EXPERIMENT_LIVE, ExperimentStatus
+from .user_errors import UserError
 
 if TYPE_CHECKING:
-    from .dashboard import LiveDashboard
     from .kept_server import KeptServer
+    from .presentation.dashboard import LiveDashboard
     from .store import ExperimentStore
 
 # imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
@@ -39,9 +40,8 @@ _experiments = lazy_module("trialflow.experiments")
 _run_control = lazy_module("trialflow.flows.run_control")
 _platforms = lazy_module("trialflow.platforms")
 _results = lazy_module("trialflow.results")
-_store_module = lazy_module("trialflow.store")
 _tuners = lazy_module("trialflow.tuners")
-_views = lazy_module("trialflow.views")
+_views = lazy_module("trialflow.presentation.views")
 
 app = typer.Typer(help="Hyperparameter-tuning experiments on Prefect (NNI-compatible).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -78,7 +78,7 @@ DEFAULT_DASHBOARD_PORT = 8080
 MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A user-facing failure: printed as one line, exit code 1."""
 
 
@@ -96,10 +96,7 @@ def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, Experime
                            if not running else f"{len(running)} experiments are running ({', '.join(running)}): "
                            "give the id of one")
         experiment_id = running[0]
-    try:
-        return _experiments.find_experiment(experiment_id, root)
-    except _experiments.ExperimentNotFound as exc:
-        raise CliError(str(exc)) from None
+    return _experiments.find_experiment(experiment_id, root)
 
 
 def _warn(warnings: list[str]) -> None:
@@ -119,7 +116,7 @@ def _dashboard_port(dashboard: bool, port: int | None) -> int:
 
 def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127.0.0.1",
                      storage: str | None = None) -> LiveDashboard:
-    from .dashboard import LiveDashboard, journal_storage, open_mirror
+    from .presentation.dashboard import LiveDashboard, journal_storage, open_mirror
 
     store = _experiments.open_store(root, experiment_id)
     try:
@@ -167,7 +164,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
     live = _start_dashboard(experiment_id, root, port) if dashboard else None
     if foreground:
         _use_kept_server()
-        from .live import run_with_progress
+        from .presentation.live import run_with_progress
 
         try:
             status, failure = run_with_progress(experiment_id, root, config_path, console)
@@ -205,12 +202,9 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
 def _use_kept_server() -> None:
     """Without a configured Prefect API, this process and the controllers it starts use the kept local
     server (started now when none runs, without waiting: it comes up while the controller imports)."""
-    from .kept_server import ServerError, point_this_process_at_kept_server
+    from .kept_server import point_this_process_at_kept_server
 
-    try:
-        point_this_process_at_kept_server()
-    except ServerError as exc:
-        raise CliError(str(exc)) from None
+    point_this_process_at_kept_server()
 
 
 RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
@@ -252,11 +246,9 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     try:
         cfg = _config.load_config(config)
         experiment_id, exp_dir = _experiments.create_experiment(cfg, str(config.resolve()))  # checks the tuner first
-    except BaseException as exc:
+    except BaseException:
         if controller is not None:
             controller.cancel()
-        if isinstance(exc, _config.ConfigError | _tuners.TunerError):
-            raise CliError(str(exc)) from None
         raise
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {escape(str(exp_dir))}", markup=True)
     _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, port, controller)
@@ -270,12 +262,9 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
     paths stay as written: keep the result next to the original."""
     import yaml
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            converted = _config.convert_config_file(config)
-    except _config.ConfigError as exc:
-        raise CliError(str(exc)) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        converted = _config.convert_config_file(config)
     if converted is None:
         raise CliError(f"{config} is already a v2 config (no trainingServicePlatform, trial or *Config sections); "
                        "nothing to convert")
@@ -297,14 +286,11 @@ def algo_register(meta: Annotated[Path, typer.Option("--meta", "--meta_path", "-
     from .tuners.custom import load_class
     from .tuners.registry import read_meta, register
 
-    try:
-        entry = read_meta(meta)
-        load_class(entry.class_name, entry.code_directory, entry.builtin_name)
-        if entry.class_args_validator:
-            load_class(entry.class_args_validator, entry.code_directory, f"{entry.builtin_name} classArgsValidator")
-        register(entry, set(TUNERS) | set(ASSESSORS))
-    except _tuners.TunerError as exc:
-        raise CliError(str(exc)) from None
+    entry = read_meta(meta)
+    load_class(entry.class_name, entry.code_directory, entry.builtin_name)
+    if entry.class_args_validator:
+        load_class(entry.class_args_validator, entry.code_directory, f"{entry.builtin_name} classArgsValidator")
+    register(entry, set(TUNERS) | set(ASSESSORS))
     name = escape(entry.builtin_name)
     console.print(f"registered {entry.algo_type} [bold]{name}[/] ({escape(entry.class_name)}); use it as "
                   f"{entry.algo_type}: {{name: {name}}}", markup=True, highlight=False)
@@ -319,10 +305,7 @@ def algo_list() -> None:
     from .tuners import TUNERS
     from .tuners.registry import registered_algorithms
 
-    try:
-        entries = registered_algorithms()
-    except _tuners.TunerError as exc:
-        raise CliError(str(exc)) from None
+    entries = registered_algorithms()
     builtins = Table("name", "type", "className", title="built-in")
     for kind, known in (("tuner", TUNERS), ("assessor", ASSESSORS)):
         for name, (factory, _) in known.items():
@@ -339,10 +322,7 @@ def algo_unregister(name: str) -> None:
     """Forget a registered algorithm (its files stay where they are)."""
     from .tuners.registry import unregister
 
-    try:
-        entry = unregister(name)
-    except _tuners.TunerError as exc:
-        raise CliError(str(exc)) from None
+    entry = unregister(name)
     console.print(f"unregistered {entry.algo_type} {entry.builtin_name}")
 
 
@@ -354,7 +334,7 @@ def tensorboard_start(experiment_id: str, root: RootOpt = None,
                       host: Annotated[str, typer.Option("--host")] = "127.0.0.1") -> None:
     """Start a TensorBoard over the trials' logs; it serves until `tensorboard stop`. Remote
     trials' logs are copied here first (run start again to refresh them)."""
-    from . import tensorboard
+    from .presentation import tensorboard
 
     base, store = _store(experiment_id, root)
     wanted = [t.strip() for t in trials.split(",") if t.strip()] if trials else None
@@ -362,8 +342,6 @@ def tensorboard_start(experiment_id: str, root: RootOpt = None,
     try:
         runs = tensorboard.trial_folders(store, service, wanted)
         server = tensorboard.start(base / experiment_id, runs, port, host)
-    except tensorboard.TensorBoardError as exc:
-        raise CliError(str(exc)) from None
     finally:
         service.close()
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -376,13 +354,10 @@ def tensorboard_start(experiment_id: str, root: RootOpt = None,
 @tensorboard_app.command("stop")
 def tensorboard_stop(experiment_id: str, root: RootOpt = None) -> None:
     """Stop the experiment's TensorBoard."""
-    from . import tensorboard
+    from .presentation import tensorboard
 
     base, _ = _store(experiment_id, root)
-    try:
-        server = tensorboard.stop(base / experiment_id)
-    except tensorboard.TensorBoardError as exc:
-        raise CliError(str(exc)) from None
+    server = tensorboard.stop(base / experiment_id)
     console.print(f"stopped the TensorBoard at {server.url}", highlight=False)
 
 
@@ -458,31 +433,13 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
         console.print(f"experiment {store.experiment_id} stopped")
 
 
-_UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
-
-
 def _update(experiment_id: str | None, what: str, value: str, root: Path | None) -> None:
     _, store = _store(experiment_id, root)
-    experiment_id = store.experiment_id
+    number = _control.update_experiment(store, what, value)
     if what == "duration":
-        try:
-            seconds = _config.parse_duration(value)
-        except ValueError as exc:
-            raise CliError(f"bad duration value: {exc}") from None
-        if not isinstance(seconds, int) or seconds <= 0:
-            raise CliError(f"bad duration value {value!r}: must be positive, like '30m', '2h' or 3600")
-        store.set_control("max_experiment_duration", seconds)
-        console.print(f"maxExperimentDuration of {experiment_id} set to {seconds} s")
-        return
-    key, low, high = _UPDATE_RULES[what]
-    try:
-        number = int(value)
-    except ValueError:
-        raise CliError(f"bad {what} value {value!r}: must be an integer from {low} to {high}") from None
-    if not low <= number <= high:
-        raise CliError(f"bad {what} value {number}: must be from {low} to {high}")
-    store.set_control(key, number)
-    console.print(f"{what} of {experiment_id} set to {number}")
+        console.print(f"maxExperimentDuration of {store.experiment_id} set to {number} s")
+    else:
+        console.print(f"{what} of {store.experiment_id} set to {number}")
 
 
 ValueArg = Annotated[str | None, typer.Argument(metavar="[VALUE]", help="the new value (or --value)",
@@ -524,18 +481,15 @@ def update_searchspace(experiment_id: ExpIdArg = None,
                        root: RootOpt = None) -> None:
     """Replace the search space of a running experiment: later trials take their parameters from it
     (the tuner is rebuilt and told the results so far that fit it); running trials keep theirs."""
-    from .search_space import SearchSpaceError, parse_search_space
+    from .search_space import SearchSpaceError
 
     _, store = _store(experiment_id, root)
     try:
-        space = json.loads(filename.read_text(encoding="utf-8"))
-        if not store.experiment().config.get("tuner", {}).get("className"):
-            parse_search_space(space)
+        _control.update_search_space(store, json.loads(filename.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise CliError(f"file {filename} does not exist") from None
     except (ValueError, SearchSpaceError) as exc:
         raise CliError(f"{filename} is not a valid search space: {exc}") from None
-    store.set_control("search_space", space)
     console.print(f"search space of {store.experiment_id} updated from {filename}; later trials use it",
                   highlight=False)
 
@@ -588,14 +542,9 @@ def experiment_export(
     if kind not in ("json", "csv"):
         raise CliError(f"bad --type {kind!r}: use json or csv")
     _, store = _store(experiment_id, root)
-    rows = _views.export_rows(store, intermediate)
-    if kind == "json":
-        filename.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    else:
-        from .views import write_csv
+    from .result_exchange import export_results
 
-        write_csv(filename, rows)
-    console.print(f"exported {len(rows)} trials to {filename}")
+    console.print(f"exported {export_results(store, filename, kind, intermediate)} trials to {filename}")
 
 
 @experiment_app.command("import")
@@ -605,7 +554,7 @@ def experiment_import(
                       experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Import results ([{parameter, value}]) for the tuner, as NNI's importData: told to it on every (re)start;
     they are not trials (no budget, never the best trial). All items or none."""
-    from .views import import_rows
+    from .result_exchange import import_rows
 
     _, store = _store(experiment_id, root)
     experiment_id = store.experiment_id
@@ -634,7 +583,7 @@ def experiment_optuna(
                       experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Copy the experiment into an Optuna study (then: optuna-dashboard <storage>). Running it again
     brings the same study up to date."""
-    from .dashboard import open_mirror
+    from .presentation.dashboard import open_mirror
 
     _, store = _store(experiment_id, root)
     mirror = open_mirror(store, storage, study or f"trialflow-{store.experiment_id}")
@@ -648,7 +597,7 @@ def experiment_report(
                       output: Annotated[Path, typer.Option("--output", "-o", help="the HTML file to write")],
                       experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Write one self-contained HTML file with the experiment's charts (opens offline)."""
-    from .report import write_report
+    from .presentation.report import write_report
 
     _, store = _store(experiment_id, root)
     try:
@@ -708,15 +657,12 @@ def experiment_save(experiment_id: ExpIdArg = None,
                     root: RootOpt = None) -> None:
     """Pack a stopped or finished experiment (store, trial folders, logs; --saveCodeDir: its code) into
     one file that `experiment load` unpacks elsewhere."""
-    from .experiment_archive import ArchiveError, save_experiment
+    from .experiment_archive import save_experiment
 
     base, store = _store(experiment_id, root)
     if _control.controller_alive(store):
         raise CliError(f"experiment {store.experiment_id} is running; stop it first (its store is being written)")
-    try:
-        written = save_experiment(store, base / store.experiment_id, path, save_code)
-    except ArchiveError as exc:
-        raise CliError(str(exc)) from None
+    written = save_experiment(store, base / store.experiment_id, path, save_code)
     console.print(f"saved experiment {store.experiment_id} to {written}", highlight=False, soft_wrap=True)
 
 
@@ -836,13 +782,10 @@ def _print_server(server: KeptServer, what: str) -> None:
 @server_app.command("start")
 def server_start() -> None:
     """Start the kept server (once; experiments start it on first use anyway)."""
-    from .kept_server import ServerError, ensure_server, running_server
+    from .kept_server import ensure_server, running_server
 
     already = running_server()
-    try:
-        server = ensure_server()
-    except ServerError as exc:
-        raise CliError(str(exc)) from None
+    server = ensure_server()
     _print_server(server, "already running" if already else "started")
     _configured_api_note()
 
@@ -865,7 +808,7 @@ def server_status() -> None:
 def server_stop(force: Annotated[bool, typer.Option("--force", help="stop it even while experiments report to "
                                                     "it (they go on, without Prefect's records)")] = False) -> None:
     """Stop the kept server; the next experiment (or `server start`) starts it again, on the same port."""
-    from .kept_server import ServerError, running_server, stop_server
+    from .kept_server import running_server, stop_server
 
     server = running_server()
     if server is None:
@@ -875,10 +818,7 @@ def server_stop(force: Annotated[bool, typer.Option("--force", help="stop it eve
              and e.record.prefect_api == server.url]
     if users and not force:
         raise CliError(f"experiment(s) {', '.join(users)} report to this server: stop them first, or --force")
-    try:
-        stop_server()
-    except ServerError as exc:
-        raise CliError(str(exc)) from None
+    stop_server()
     console.print(f"Prefect server stopped (was pid {server.pid} at {server.ui_url})", highlight=False)
 
 
@@ -915,7 +855,7 @@ def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds betw
     """Watch the running experiments and their trials, refreshed every --time seconds (Ctrl-C quits)."""
     from rich.live import Live
 
-    from .views import running_table
+    from .presentation.views import running_table
 
     if interval < 1:
         raise CliError(f"bad --time {interval}: give at least 1 second")
@@ -978,8 +918,8 @@ def log_stderr(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailO
 def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
     (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
+    from .flows.artifacts import DASHBOARD_URL_CONTROL
     from .kept_server import flow_run_page
-    from .ui import DASHBOARD_URL_CONTROL
 
     _, store = _store(experiment_id, root)
     record = store.experiment()
@@ -1001,10 +941,7 @@ def platform_clean(config: Annotated[Path, typer.Option("--config", "-c", help="
     lose their folders: stop them first."""
     import tempfile
 
-    try:
-        cfg = _config.load_config(config)
-    except _config.ConfigError as exc:
-        raise CliError(str(exc)) from None
+    cfg = _config.load_config(config)
     names = ", ".join(s.platform for s in cfg.services)
     if not yes and not typer.confirm(f"remove every experiment's files trialflow left on {names}?"):
         raise typer.Exit(1)
@@ -1012,8 +949,6 @@ def platform_clean(config: Annotated[Path, typer.Option("--config", "-c", help="
         service = _platforms.experiment_service(cfg, Path(scratch) / "platform-clean")
         try:
             removed = service.clean()
-        except _platforms.PlatformError as exc:
-            raise CliError(str(exc)) from None
         finally:
             service.close()
     for where in removed:
@@ -1121,7 +1056,7 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     try:
         code = app(standalone_mode=False)
-    except (CliError, _store_module.StoreUnreadable) as exc:
+    except UserError as exc:  # CliError and every domain error a user can fix: one line, exit 1
         console.print(f"[red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(1)
     except typer.Abort:

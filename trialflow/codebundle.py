@@ -25,6 +25,7 @@ from pathlib import Path
 import pathspec
 
 from .trial.protocol import MAX_CODE_BYTES, MAX_CODE_FILES
+from .user_errors import UserError
 
 MAX_FILES = MAX_CODE_FILES
 MAX_BYTES = MAX_CODE_BYTES
@@ -33,7 +34,7 @@ CHUNK = 1 << 20
 _SCAN_CAP = 20  # keep counting up to 20x the file limit to report how far over it is
 
 
-class CodeDirError(ValueError):
+class CodeDirError(UserError, ValueError):
     """The code directory cannot be bundled; the message names the problem and the fix."""
 
 

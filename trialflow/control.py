@@ -1,5 +1,6 @@
-"""Experiment control without a terminal: stop an experiment and kill a trial, for the CLI, the
-Python API and anything else above the flows (the application layer).
+"""Experiment control without a terminal: stop an experiment, kill a trial and update a running
+experiment's limits or search space, for the CLI, the Python API and anything else above the flows
+(the application layer).
 
 Both work whether or not the experiment's controller runs. With a live controller they ask it
 through the store's controls (it cancels its own trials and ends its flow run Cancelled); without
@@ -7,6 +8,9 @@ one they record the outcome first, then cancel the trials it left through their 
 and cancel its Prefect flow run. Warnings (a trial the platform could not stop) are returned, never
 printed: the caller decides where they go. The platforms and Prefect are imported only by the calls
 that need them, so the CLI's checks of a running controller stay cheap.
+
+Updates are written to the store's controls; a running controller applies them at its next step. A
+bad value raises :class:`UpdateError` (a ``UserError``) naming the value and the allowed range.
 """
 
 from __future__ import annotations
@@ -19,10 +23,56 @@ from typing import TYPE_CHECKING, Any
 
 from .status import EXPERIMENT_LIVE, LIVE, ExperimentStatus, TrialStatus
 from .trial.procs import pid_alive
+from .user_errors import UserError
 
 if TYPE_CHECKING:
     from .platforms import TrainingService
     from .store import ExperimentStore
+
+
+class UpdateError(UserError, ValueError):
+    """A value ``update`` refuses; the message names it and what is allowed."""
+
+
+# what NNI's ``nnictl update`` names -> the control key and the allowed integer range
+UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
+
+
+def update_experiment(store: ExperimentStore, what: str, value: str | int) -> int:
+    """Set ``concurrency``, ``trialnum`` or ``duration`` (``'30m'``, ``'2h'``, seconds) and return the
+    stored number (seconds for a duration). Raises :class:`UpdateError` for a bad value and
+    ``KeyError`` for another ``what``."""
+    if what == "duration":
+        from .config import parse_duration
+
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise UpdateError(f"bad duration value: {exc}") from None
+        if not isinstance(seconds, int) or seconds <= 0:
+            raise UpdateError(f"bad duration value {value!r}: must be positive, like '30m', '2h' or 3600")
+        store.set_control("max_experiment_duration", seconds)
+        return seconds
+    key, low, high = UPDATE_RULES[what]
+    try:
+        number = int(value)
+    except ValueError:
+        raise UpdateError(f"bad {what} value {value!r}: must be an integer from {low} to {high}") from None
+    if not low <= number <= high:
+        raise UpdateError(f"bad {what} value {number}: must be from {low} to {high}")
+    store.set_control(key, number)
+    return number
+
+
+def update_search_space(store: ExperimentStore, space: Any) -> None:
+    """Replace the search space: later trials take their parameters from it (the tuner is rebuilt
+    and told the results so far that fit it); running trials keep theirs. A space for a built-in
+    tuner is checked first (``SearchSpaceError``); a custom tuner's is its own business."""
+    if not store.experiment().config.get("tuner", {}).get("className"):
+        from .search_space import parse_search_space
+
+        parse_search_space(space)
+    store.set_control("search_space", space)
 
 
 def controller_alive(store: ExperimentStore) -> bool:

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from .experiments import open_store, register_root
 from .store import ExperimentStore
+from .user_errors import UserError
 
 MANIFEST = "manifest.json"
 
 
-class ArchiveError(ValueError):
+class ArchiveError(UserError, ValueError):
     """A package that cannot be saved or loaded; the message says why and what to do."""
 
 

@@ -20,6 +20,7 @@ from .ids import new_experiment_id
 from .results import optimize_mode_of
 from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore, StoreUnreadable
 from .tuners import check_tuner
+from .user_errors import UserError
 
 STORE_URL_FILE = Path("db") / "store-url"  # where a shared store is: its URL, without the password
 CONFIG_FILE_NOTE = Path("db") / "config-file"  # the config file the experiment was created from
@@ -31,7 +32,7 @@ log = logging.getLogger("trialflow.experiment")
 LIVE_CONFIGS: dict[str, ExperimentConfig] = {}
 
 
-class ExperimentNotFound(LookupError):
+class ExperimentNotFound(UserError, LookupError):
     """No experiment with that id under the working directory."""
 
 

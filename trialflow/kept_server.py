@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
+from .user_errors import UserError
 
 SERVER_SETTING = "TRIALFLOW_PREFECT_SERVER"  # "kept" (the default) or "temporary" (Prefect's, one per process)
 DEFAULT_PORT = 4200  # Prefect's own default port, when free
@@ -41,7 +42,7 @@ STARTUP_SECONDS = 120.0  # a first start creates the database (~10 s here); a bu
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
 
 
-class ServerError(RuntimeError):
+class ServerError(UserError, RuntimeError):
     """The kept server could not start, or does not answer; the message says what to do."""
 
 

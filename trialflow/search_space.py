@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Protocol
 
+from .user_errors import UserError
+
 TYPES = ("choice", "randint", "uniform", "quniform", "loguniform", "qloguniform",
          "normal", "qnormal", "lognormal", "qlognormal")
 _Q_TYPES = {"quniform", "qloguniform", "qnormal", "qlognormal"}
@@ -31,7 +33,7 @@ _STANDARD_NORMAL = NormalDist()
 _U_EPS = 1e-12
 
 
-class SearchSpaceError(ValueError):
+class SearchSpaceError(UserError, ValueError):
     """A search space that breaks NNI's rules; the message names the parameter and the rule."""
 
 

@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 
 from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
+from .user_errors import UserError
 
 DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
 # The store's schema: 1 is the first numbered one (stores without a number are read as 0 and upgraded
@@ -252,7 +253,7 @@ def _add_missing_columns(engine: Engine) -> None:
                                      f"{column.type.compile(engine.dialect)}")
 
 
-class StoreUnreadable(RuntimeError):
+class StoreUnreadable(UserError, RuntimeError):
     """An experiment store that cannot be opened or read (a damaged file, an unreachable database); the
     message is one line naming it and what to do."""
 

@@ -14,7 +14,7 @@ from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec
 from trialflow.platforms.aml import STATES
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
-    SharedStorageContract,
+    JobPlatformContract,
     poll_until_terminal,
     submit_retrying,
     wait_for_status,
@@ -26,7 +26,7 @@ VARIANTS = {"aml": (False, "http"), "aml-reuse": (True, "http"), "aml-file": (Fa
 aml_service, service, _run_one = job_platform(aml_section, "aml_emulator", VARIANTS)
 
 
-class TestAzureMLContract(SharedStorageContract):
+class TestAzureMLContract(JobPlatformContract):
     pass
 
 

@@ -23,7 +23,7 @@ from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec
 from trialflow.platforms.dlc import STATES, endpoint_of
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
-    SharedStorageContract,
+    JobPlatformContract,
     poll_until_terminal,
     submit_retrying,
     wait_for_status,
@@ -35,7 +35,7 @@ VARIANTS = {"dlc": (False, "http"), "dlc-reuse": (True, "http"), "dlc-file": (Fa
 dlc_service, service, _run_one = job_platform(dlc_section, "dlc_emulator", VARIANTS)
 
 
-class TestDLCContract(SharedStorageContract):
+class TestDLCContract(JobPlatformContract):
     pass
 
 

@@ -24,7 +24,7 @@ from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec
 from trialflow.platforms.dlts import FIXED_FIELDS, STATES, dlts_state
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
-    SharedStorageContract,
+    JobPlatformContract,
     poll_until_terminal,
     submit_retrying,
     wait_for_status,
@@ -38,7 +38,7 @@ VARIANTS = {"dlts": (False, "http"), "dlts-reuse": (True, "http"), "dlts-file": 
 dlts_service, service, _run_one = job_platform(dlts_section, "dlts_emulator", VARIANTS)
 
 
-class TestDLTSContract(SharedStorageContract):
+class TestDLTSContract(JobPlatformContract):
     pass
 
 

@@ -25,7 +25,7 @@ from trialflow.platforms.frameworkcontroller import framework_state
 from trialflow.platforms.kubeflow import condition_state
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
-    SharedStorageContract,
+    JobPlatformContract,
     poll_until_terminal,
     prepared,
     submit_retrying,
@@ -57,7 +57,7 @@ def service(request, tmp_path, k8s):
     svc.close()
 
 
-class TestKubernetesContract(SharedStorageContract):
+class TestKubernetesContract(JobPlatformContract):
     def test_metrics_arrive_on_the_configured_channel(self, service, make_spec):
         super().test_metrics_arrive_on_the_configured_channel(service, make_spec)
         if service.channel != "http":

@@ -26,7 +26,7 @@ from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec
 from trialflow.platforms.openpai import STATES, openpai_state
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
-    SharedStorageContract,
+    JobPlatformContract,
     poll_until_terminal,
     submit_retrying,
     wait_for_status,
@@ -42,7 +42,7 @@ VARIANTS = {"openpai": (False, "http"), "openpai-reuse": (True, "http"), "openpa
 pai_service, service, _run_one = job_platform(openpai_section, "openpai_emulator", VARIANTS)
 
 
-class TestOpenPAIContract(SharedStorageContract):
+class TestOpenPAIContract(JobPlatformContract):
     pass
 
 

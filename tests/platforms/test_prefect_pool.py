@@ -10,14 +10,14 @@ import pytest
 from tests.conftest import FINAL_ONLY, job_platform, prefect_section, service_of, submit_one, wait_for
 from trialflow.platforms import PlatformError, TrialStatus
 from trialflow.platforms.prefect_pool import STATES, secret_name
-from trialflow.testing.contract import SLEEPING_TRIAL, SharedStorageContract, poll_until_terminal, wait_for_status
+from trialflow.testing.contract import SLEEPING_TRIAL, JobPlatformContract, poll_until_terminal, wait_for_status
 
 VARIANTS = {"prefect": (False, "http"), "prefect-reuse": (True, "http")}
 pool_service, service, _run_one = job_platform(prefect_section, "on_pool", VARIANTS)
 pytestmark = pytest.mark.timeout(600)
 
 
-class TestPrefectPoolContract(SharedStorageContract):
+class TestPrefectPoolContract(JobPlatformContract):
     pass
 
 

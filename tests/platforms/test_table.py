@@ -102,3 +102,40 @@ def test_a_call_outside_a_task_is_retried_on_transient_errors_only():
     assert len(calls) == 1
     with pytest.raises(TransientPlatformError):
         policy.call(lambda: (_ for _ in ()).throw(TransientPlatformError("still down")))
+
+
+def test_only_the_command_line_and_presentation_itself_import_the_presentation_modules():
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[0] == "presentation" or relative.name == "cli.py":
+            continue
+        bad = {n for n in _imports(path) if "presentation" in n}
+        assert not bad, f"{relative} imports {bad}"
+
+
+@pytest.mark.parametrize("status,transient", [(None, True), (0, True), (429, True), (500, True), (503, True),
+                                              (400, False), (404, False), (409, False), (401, False)])
+def test_every_http_platform_classifies_a_failure_the_same_way(status, transient):
+    """The one classifier: the Prefect work pool now retries a 429 as the REST, Kubernetes, DLC and
+    Azure ML platforms do, and a refused credential names what to check on every platform."""
+    import httpx
+
+    from trialflow.platforms import TransientPlatformError
+    from trialflow.platforms.errors import http_error
+    from trialflow.platforms.prefect_pool import PrefectWorkPoolService
+
+    error = http_error(status, "failed", "refused: check the key")
+    assert isinstance(error, TransientPlatformError) == transient
+    assert str(error) == ("refused: check the key" if status == 401 else "failed")
+    if not status:
+        return
+    pool = PrefectWorkPoolService.__new__(PrefectWorkPoolService)  # only _call's classification is used
+
+    def answer() -> None:
+        request = httpx.Request("GET", "http://127.0.0.1:1/api/work_pools/p")
+        raise httpx.HTTPStatusError("no", request=request, response=httpx.Response(status, request=request))
+
+    with pytest.raises(PlatformError) as caught:
+        pool._call("read_work_pool", answer)  # noqa: SLF001
+    assert isinstance(caught.value, TransientPlatformError) == transient
+    assert ("PREFECT_API_KEY" in str(caught.value)) == (status == 401)

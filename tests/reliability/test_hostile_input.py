@@ -164,8 +164,8 @@ def test_the_dashboard_answers_only_loopback_host_names(tmp_path):
     pytest.importorskip("optuna_dashboard")
     import optuna
 
-    from trialflow.dashboard import LiveDashboard, open_mirror
     from trialflow.experiments import open_store
+    from trialflow.presentation.dashboard import LiveDashboard, open_mirror
 
     exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
     store = open_store(exp_dir.parent, exp_id)

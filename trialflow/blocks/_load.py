@@ -6,10 +6,12 @@ from typing import Any, TypeVar
 
 from prefect.blocks.core import Block
 
+from ..user_errors import UserError
+
 B = TypeVar("B", bound=Block)
 
 
-class BlockNotFoundError(LookupError):
+class BlockNotFoundError(UserError, LookupError):
     """No saved block of that name (and type); the message says how to save one."""
 
 

@@ -26,12 +26,14 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from ..user_errors import UserError
+
 # An unknown key is renamed to "<key><_SUGGEST><closest valid name>" so that pydantic's
 # "extra_forbidden" error carries the suggestion through to format_errors().
 _SUGGEST = "\x00"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be used; ``problems`` holds one message per bad field."""
 
     def __init__(self, problems: list[str], source: str | None = None) -> None:
@@ -207,6 +209,9 @@ def format_errors(exc: ValidationError) -> list[str]:
         if err["type"] == "platform" and isinstance(value, dict):  # name the value given, not the section
             given = [v for k, v in value.items() if isinstance(k, str) and canonical_key(k) == "platform"]
             shown = f" (got {given[0]!r})" if given else " (no platform given)"
+            from .plugins import platform_plugins  # loaded already: the tag was looked up among them
+
+            msg += "".join(f", {name} (plugin)" for name in sorted(platform_plugins()))
         if err["type"] == "missing":
             msg = "is required but not set"
         problems.append(f"{path}: {msg}{shown}")

@@ -50,7 +50,7 @@ from ..status import ExperimentStatus, TrialStatus
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
-from ..ui import ArtifactReporter
+from .artifacts import ArtifactReporter
 from .run_api import experiment_api
 from .run_control import StopWatch, label_run, retried_experiment, run_tags, signal_of, stop_reason
 from .temporary_server import guard_temporary_servers

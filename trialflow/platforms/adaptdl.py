@@ -26,7 +26,7 @@ from ..config import AdlConfig
 from .base import PlatformError, TrialStatus
 from .k8s import KubernetesJobService, resources
 from .k8s_api import k8s_id
-from .shared_storage import SharedStorage
+from .mounted_share import MountedShare
 
 PHASES = {"Pending": TrialStatus.WAITING, "Starting": TrialStatus.WAITING, "Running": TrialStatus.RUNNING,
           "Stopping": TrialStatus.RUNNING, "Succeeded": TrialStatus.SUCCEEDED, "Failed": TrialStatus.FAILED}
@@ -43,7 +43,7 @@ def adaptdl_state(obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
     return PHASES.get(phase or "", TrialStatus.WAITING), message
 
 
-class AdaptDLTrainingService(KubernetesJobService):
+class AdaptDLTrainingService(KubernetesJobService[AdlConfig]):
     platform = "adl"
     group = "adaptdl.petuum.com"
     plural = "adaptdljobs"
@@ -52,12 +52,12 @@ class AdaptDLTrainingService(KubernetesJobService):
     def __init__(self, config: AdlConfig, experiment_dir: Any) -> None:
         super().__init__(config, experiment_dir)
 
-    def make_storage(self) -> SharedStorage:
+    def make_storage(self) -> MountedShare:
         nfs = self.config.nfs
         if nfs is None:
             raise PlatformError("adl needs an nfs section (server, path, containerMountPath, localMountPoint): "
                                 "trialflow delivers code and parameters through it")
-        return SharedStorage(nfs.local_mount_point, nfs.container_mount_path, "the adl nfs share")
+        return MountedShare(nfs.local_mount_point, nfs.container_mount_path, "the adl nfs share")
 
     def roles(self) -> dict[str, str]:
         return {"main": self.config.trial_command}

@@ -49,9 +49,10 @@ from ..blocks import AzureMLCredentials, load_block
 from ..config.platforms import AmlConfig
 from ..ids import lowercase_id
 from .base import PlatformError, TransientPlatformError, TrialStatus
+from .errors import http_error
+from .mounted_share import MountedShare
 from .rest_api import reveal, scrub
 from .rest_jobs import RestJobService
-from .shared_storage import SharedStorage
 
 T = TypeVar("T")
 INPUT = "nni"
@@ -74,7 +75,7 @@ def _sdk() -> Any:
     return ml
 
 
-class AzureMLTrainingService(RestJobService):
+class AzureMLTrainingService(RestJobService[AmlConfig]):
     platform = "aml"
     label = "Azure ML"
 
@@ -106,7 +107,7 @@ class AzureMLTrainingService(RestJobService):
 
     def connect(self) -> Any:
         ml = _sdk()
-        config: AmlConfig = self.config
+        config = self.config
         return ml.MLClient(self.credential(), config.subscription_id, config.resource_group, config.workspace_name,
                            enable_telemetry=False)
 
@@ -138,12 +139,10 @@ class AzureMLTrainingService(RestJobService):
             status = exc.status_code or 0
             if status == 409 and exists_ok:
                 return None
-            if status in (401, 403):
-                raise PlatformError(f"{shown} refused the credential (HTTP {status}: {self._text(exc)}); check the "
-                                    "Azure ML credentials block (or az login / the managed identity) and its role "
-                                    "on the workspace") from None
-            error = TransientPlatformError if status >= 500 or status == 429 else PlatformError
-            raise error(f"{shown}: HTTP {status}: {self._text(exc)}") from None
+            raise http_error(status, f"{shown}: HTTP {status}: {self._text(exc)}",
+                             f"{shown} refused the credential (HTTP {status}: {self._text(exc)}); check the Azure ML "
+                             "credentials block (or az login / the managed identity) and its role on the "
+                             "workspace") from None
         except (ServiceRequestError, ConnectionError, TimeoutError) as exc:
             raise TransientPlatformError(f"{shown}: the service did not answer ({self._text(exc)})") from None
 
@@ -171,8 +170,8 @@ class AzureMLTrainingService(RestJobService):
 
     # ---- what the shared-storage base asks ------------------------------------------------------
 
-    def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.local_storage_mount_point, f"${{{{inputs.{INPUT}}}}}",
+    def make_storage(self) -> MountedShare:
+        return MountedShare(self.config.local_storage_mount_point, f"${{{{inputs.{INPUT}}}}}",
                              f"Azure ML datastore {self.config.datastore!r}")
 
     def roles(self) -> dict[str, str]:
@@ -187,7 +186,7 @@ class AzureMLTrainingService(RestJobService):
         ml = _sdk()
         from azure.ai.ml.entities import Environment
 
-        config: AmlConfig = self.config
+        config = self.config
         path = f"azureml://datastores/{config.datastore}/paths/{config.datastore_path.strip('/')}"
         return ml.command(command=self.shell_command(command, token_ref), name=name, display_name=name,
                           experiment_name=f"nni_exp_{self.experiment_id}", compute=config.compute_target,

@@ -15,12 +15,17 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..status import TrialStatus
 from ..trial.protocol import OUTPUT_FILES
 from ..trial.records import MetricRecord
 from .errors import LostHandleError, PlatformError, TransientPlatformError
+
+if TYPE_CHECKING:
+    from ..config.platforms import TrainingServiceConfig
+
+ConfigT = TypeVar("ConfigT", bound="TrainingServiceConfig")
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,11 @@ __all__ = ["CodeRef", "LostHandleError", "PlatformError", "TrainingService", "Tr
            "TrialHandle", "TrialSpec", "TrialStatus", "TrialUpdate"]
 
 
-class TrainingService(ABC):
+class TrainingService(ABC, Generic[ConfigT]):
+    """A platform's service, typed by its config model (``TrainingService[RemoteConfig]``)."""
+
     platform: str = ""
+    config: ConfigT
 
     @abstractmethod
     def prepare(self) -> None:

@@ -43,9 +43,10 @@ from typing import Any, TypeVar
 from ..blocks import PAIDLCCredentials, load_block
 from ..config.platforms import DlcConfig
 from .base import PlatformError, TransientPlatformError, TrialStatus
+from .errors import http_error
+from .mounted_share import MountedShare
 from .rest_api import reveal, scrub
 from .rest_jobs import RestJobService
-from .shared_storage import SharedStorage
 
 T = TypeVar("T")
 STATES = {
@@ -80,7 +81,7 @@ def endpoint_of(region: str, endpoint: str | None) -> tuple[str, str]:
     return host, "https"
 
 
-class DLCTrainingService(RestJobService):
+class DLCTrainingService(RestJobService[DlcConfig]):
     platform = "dlc"
     label = "PAI-DLC"
 
@@ -90,7 +91,7 @@ class DLCTrainingService(RestJobService):
         self._secrets = [self._key_id, self._key_secret]
 
     def _login(self) -> tuple[str, str, str, str]:
-        config: DlcConfig = self.config
+        config = self.config
         key_id, key_secret, endpoint = config.access_key_id, config.access_key_secret, config.endpoint
         if config.credentials:
             block = load_block(PAIDLCCredentials, config.credentials)
@@ -122,13 +123,15 @@ class DLCTrainingService(RestJobService):
             text = getattr(exc, "message", None) or str(exc)
             text = _SIGNATURE.sub(r"\1**********", scrub(str(text), self._secrets))[:500]
             shown = f"PAI-DLC {what} at {self.platform_address()}"
-            if status is None or status >= 500 or status == 429 or code.startswith("Throttling"):
-                raise TransientPlatformError(f"{shown}: {code or type(exc).__name__}: {text}") from None
-            if status in (401, 403) or code.startswith(("InvalidAccessKey", "SignatureDoesNotMatch", "Forbidden")):
-                raise PlatformError(f"{shown} refused the AccessKey (HTTP {status} {code}: {text}); check "
-                                    "accessKeyId / accessKeySecret or the PAI-DLC credentials block, and the "
-                                    "RAM user's PAI-DLC permissions") from None
-            raise PlatformError(f"{shown}: HTTP {status} {code}: {text}") from None
+            # the SDK's error codes say what its statuses may not: throttled, or the key refused
+            if code.startswith("Throttling"):
+                status = 429
+            elif code.startswith(("InvalidAccessKey", "SignatureDoesNotMatch", "Forbidden")):
+                status = 403
+            raise http_error(status, f"{shown}: HTTP {status} {code or type(exc).__name__}: {text}",
+                             f"{shown} refused the AccessKey (HTTP {status} {code}: {text}); check accessKeyId / "
+                             "accessKeySecret or the PAI-DLC credentials block, and the RAM user's PAI-DLC "
+                             "permissions") from None
 
     def check_platform(self) -> None:
         self.check_receiver_reachable()
@@ -138,8 +141,8 @@ class DLCTrainingService(RestJobService):
 
     # ---- what the shared-storage base asks ------------------------------------------------------
 
-    def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.local_storage_mount_point, self.config.container_storage_mount_point,
+    def make_storage(self) -> MountedShare:
+        return MountedShare(self.config.local_storage_mount_point, self.config.container_storage_mount_point,
                              f"NAS data source {self.config.nas_data_source_id}")
 
     def roles(self) -> dict[str, str]:
@@ -151,7 +154,7 @@ class DLCTrainingService(RestJobService):
     def create_request(self, name: str, command: list[str], token_ref: str) -> Any:
         """NNI's CreateJobRequest for job ``name`` running ``command``."""
         _, _, models = _sdk()
-        config: DlcConfig = self.config
+        config = self.config
         sources = [models.CreateJobRequestDataSources(data_source_id=config.nas_data_source_id,
                                                       mount_path=config.container_storage_mount_point)]
         if config.oss_data_source_id:

@@ -42,9 +42,9 @@ from urllib.parse import quote
 from ..blocks import DLTSCredentials, load_block
 from ..config.platforms import DltsConfig
 from .base import PlatformError, TrialStatus
+from .mounted_share import MountedShare
 from .rest_api import RestApi, reveal
 from .rest_jobs import RestJobService
-from .shared_storage import SharedStorage
 
 ROLE = "trial"
 STATES = {
@@ -78,7 +78,7 @@ def dlts_state(job: dict[str, Any]) -> tuple[str, str | None]:
     return state, None
 
 
-class DLTSTrainingService(RestJobService):
+class DLTSTrainingService(RestJobService[DltsConfig]):
     platform = "dlts"
     label = "DLTS"
 
@@ -88,7 +88,7 @@ class DLTSTrainingService(RestJobService):
         self.email, self._password, self.team = self._login()
 
     def _login(self) -> tuple[str, str, str]:
-        config: DltsConfig = self.config
+        config = self.config
         email, password, team = config.email, config.password, config.team
         if config.credentials:
             block = load_block(DLTSCredentials, config.credentials)
@@ -100,7 +100,7 @@ class DLTSTrainingService(RestJobService):
         return email, reveal(password, "password", "DLTS credentials"), team
 
     def connect(self) -> RestApi:
-        config: DltsConfig = self.config
+        config = self.config
         verify: bool | str = str(config.ca_bundle) if config.ca_bundle else config.verify_tls
         return RestApi(config.dashboard, f"the DLTS dashboard at {config.dashboard}",
                        f"check email and password for {config.dashboard} (the config, $DLWS_USER_EMAIL / "
@@ -133,8 +133,8 @@ class DLTSTrainingService(RestJobService):
 
     # ---- what the shared-storage base asks ------------------------------------------------------
 
-    def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.local_storage_mount_point, str(self.config.container_storage_mount_point),
+    def make_storage(self) -> MountedShare:
+        return MountedShare(self.config.local_storage_mount_point, str(self.config.container_storage_mount_point),
                              "the DLTS work directory")
 
     def roles(self) -> dict[str, str]:
@@ -145,7 +145,7 @@ class DLTSTrainingService(RestJobService):
 
     def job_body(self, name: str, command: list[str], token_ref: str) -> dict[str, Any]:
         """NNI's DLTS job body for ``name`` running ``command``."""
-        config: DltsConfig = self.config
+        config = self.config
         return {"jobName": name, "resourcegpu": config.trial_gpu_number or 0, "image": config.image,
                 "cmd": self.shell_command(command, token_ref), "team": self.team, "vcName": self.team,
                 "userName": self.email, "gpuType": self._gpu_type or "", **FIXED_FIELDS}

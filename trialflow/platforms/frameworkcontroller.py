@@ -29,7 +29,7 @@ from ..config import FrameworkControllerConfig
 from .base import PlatformError, TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import k8s_id
-from .shared_storage import SharedStorage
+from .mounted_share import MountedShare
 
 BARRIER_MOUNT = "/mnt/frameworkbarrier"
 FIRST_PORT = 4000
@@ -61,7 +61,7 @@ def framework_state(obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
     return TrialStatus.FAILED, message
 
 
-class FrameworkControllerTrainingService(KubernetesJobService):
+class FrameworkControllerTrainingService(KubernetesJobService[FrameworkControllerConfig]):
     platform = "frameworkcontroller"
     group = "frameworkcontroller.microsoft.com"
     plural = "frameworks"
@@ -74,8 +74,8 @@ class FrameworkControllerTrainingService(KubernetesJobService):
             config.template_roles()
         super().__init__(config, experiment_dir)
 
-    def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.storage.local_mount_point, self.mount_path,
+    def make_storage(self) -> MountedShare:
+        return MountedShare(self.config.storage.local_mount_point, self.mount_path,
                              "the frameworkcontroller storage")
 
     def _template_containers(self) -> dict[str, dict[str, Any]]:

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from ..config.platforms import AdlConfig, FrameworkControllerConfig, KubeflowConfig
 from .base import TrialStatus
+from .job_platform import JobPlatformService
 from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
-from .shared_storage import SharedStorageService
+
+# the Kubernetes family's configs: each has namespace and credentials
+K8sConfigT = TypeVar("K8sConfigT", bound=KubeflowConfig | FrameworkControllerConfig | AdlConfig)
 
 
-class KubernetesJobService(SharedStorageService):
+class KubernetesJobService(JobPlatformService[K8sConfigT]):
     group = ""
     version = "v1"
     plural = ""
     other_channels = "metricChannel: logs (or file, on the shared storage)"
 
-    def __init__(self, config: Any, experiment_dir: Path) -> None:
+    def __init__(self, config: K8sConfigT, experiment_dir: Path) -> None:
         self.namespace = config.namespace
         self._api: KubeApi | None = None
         super().__init__(config, experiment_dir)
@@ -124,7 +128,8 @@ class KubernetesJobService(SharedStorageService):
         return f"nni-registry-{self.experiment_id}"
 
     def azure_secret_name(self) -> str | None:
-        return f"nni-azure-{self.experiment_id}" if self.config.storage.storage_type == "azureStorage" else None
+        storage = None if isinstance(self.config, AdlConfig) else self.config.storage  # AdaptDL: NFS only
+        return f"nni-azure-{self.experiment_id}" if storage and storage.storage_type == "azureStorage" else None
 
     def create_shared_secrets(self, auth_paths: list[Any]) -> None:
         """The private registry Secret (the first role's auth file) and the Azure File share's key."""
@@ -134,8 +139,8 @@ class KubernetesJobService(SharedStorageService):
                 self.api.ensure_secret(self.registry_secret_name(), {".dockerconfigjson": path.read_text()}, base,
                                        kind="kubernetes.io/dockerconfigjson")
                 break
-        storage = self.config.storage
-        if storage.storage_type == "azureStorage":
+        storage = None if isinstance(self.config, AdlConfig) else self.config.storage
+        if storage is not None and storage.storage_type == "azureStorage":
             key = azure_storage_key(storage.key_vault_name, storage.key_vault_key)
             self.api.ensure_secret(str(self.azure_secret_name()), {"azurestorageaccountname": storage.azure_account,
                                                                    "azurestorageaccountkey": key}, base)

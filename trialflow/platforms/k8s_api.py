@@ -19,6 +19,7 @@ import yaml
 from ..blocks import BlockNotFoundError, KubernetesCredentials, load_block
 from ..ids import lowercase_id as k8s_id
 from .base import PlatformError, TransientPlatformError
+from .errors import http_error
 
 LABEL_APP = "nni-kubernetes-trial"
 CONTAINER_MOUNT = "/tmp/mount"
@@ -112,12 +113,9 @@ class KubeApi:
             status, message = int(exc.status or 0), _server_message(exc)
             if status == 404:
                 raise NotFound(f"{what}: not found ({message})") from None
-            if status in (0, 429) or status >= 500:
-                raise TransientPlatformError(f"{what}: the Kubernetes API answered HTTP {status}: {message}") from None
-            if status in (401, 403):
-                raise PlatformError(f"{what}: the Kubernetes API refused the credentials (HTTP {status}): {message}; "
-                                    "check the kubeconfig or the credentials block") from None
-            raise PlatformError(f"{what}: the Kubernetes API server refused it (HTTP {status}): {message}") from None
+            raise http_error(status, f"{what}: the Kubernetes API answered HTTP {status}: {message}",
+                             f"{what}: the Kubernetes API refused the credentials (HTTP {status}): {message}; "
+                             "check the kubeconfig or the credentials block") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise TransientPlatformError(f"{what}: cannot reach the Kubernetes API server: {exc}") from None
 

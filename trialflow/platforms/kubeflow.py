@@ -25,7 +25,7 @@ from ..config import KubeflowConfig, KubeflowRoleConfig
 from .base import TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import k8s_id
-from .shared_storage import SharedStorage
+from .mounted_share import MountedShare
 
 CONDITION_STATES = {
     "Created": TrialStatus.WAITING,
@@ -45,7 +45,7 @@ def condition_state(obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
     return CONDITION_STATES.get(last.get("type"), TrialStatus.WAITING), last.get("message")
 
 
-class KubeflowTrainingService(KubernetesJobService):
+class KubeflowTrainingService(KubernetesJobService[KubeflowConfig]):
     platform = "kubeflow"
     group = "kubeflow.org"
 
@@ -56,8 +56,8 @@ class KubeflowTrainingService(KubernetesJobService):
         self.version = config.api_version
         super().__init__(config, experiment_dir)
 
-    def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.storage.local_mount_point, self.mount_path, "the kubeflow storage")
+    def make_storage(self) -> MountedShare:
+        return MountedShare(self.config.storage.local_mount_point, self.mount_path, "the kubeflow storage")
 
     def role_configs(self) -> dict[str, KubeflowRoleConfig]:
         c = self.config

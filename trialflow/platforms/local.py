@@ -59,7 +59,7 @@ def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpu
     return env
 
 
-class LocalTrainingService(TrainingService):
+class LocalTrainingService(TrainingService[LocalConfig]):
     platform = "local"
 
     def __init__(self, config: LocalConfig, experiment_dir: Path, kill_grace_seconds: float = 2.0,

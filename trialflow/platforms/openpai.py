@@ -43,9 +43,9 @@ import yaml
 from ..blocks import OpenPAICredentials, load_block
 from ..config.platforms import OpenpaiConfig
 from .base import PlatformError, TrialStatus
+from .mounted_share import MountedShare
 from .rest_api import RestApi, reveal
 from .rest_jobs import RestJobService
-from .shared_storage import SharedStorage
 
 IMAGE_PREREQUISITE = "docker_image_0"
 DEFAULT_ROLE = "taskrole"
@@ -71,7 +71,7 @@ def openpai_state(detail: dict[str, Any]) -> tuple[str, str | None]:
     return state, None
 
 
-class OpenPAITrainingService(RestJobService):
+class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
     platform = "openpai"
     label = "OpenPAI"
 
@@ -80,7 +80,7 @@ class OpenPAITrainingService(RestJobService):
         self.username, self._api_token, self.host, self._verify = self._login()
 
     def _login(self) -> tuple[str, str, str, bool | str]:
-        config: OpenpaiConfig = self.config
+        config = self.config
         username, token, host = config.username, config.token, config.host
         verify: bool | str = str(config.ca_bundle) if config.ca_bundle else config.verify_tls
         if config.credentials:
@@ -138,8 +138,8 @@ class OpenPAITrainingService(RestJobService):
 
     # ---- what the shared-storage base asks ------------------------------------------------------
 
-    def make_storage(self) -> SharedStorage:
-        return SharedStorage(self.config.local_storage_mount_point, self.config.container_storage_mount_point,
+    def make_storage(self) -> MountedShare:
+        return MountedShare(self.config.local_storage_mount_point, self.config.container_storage_mount_point,
                              f"OpenPAI storage {self.config.storage_config_name!r}")
 
     def roles(self) -> dict[str, str]:
@@ -156,7 +156,7 @@ class OpenPAITrainingService(RestJobService):
 
     def protocol(self, name: str, commands: dict[str, list[str]], token_ref: str) -> dict[str, Any]:
         """The v2 job protocol of job ``name`` (see the module docstring)."""
-        config: OpenpaiConfig = self.config
+        config = self.config
         template = copy.deepcopy(config.protocol_template() or {})
         lines = {role: [self.shell_command(command, token_ref)] for role, command in commands.items()}
         if not template.get("taskRoles"):

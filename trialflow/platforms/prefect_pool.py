@@ -52,8 +52,9 @@ from ..config.platforms import PrefectPoolConfig
 from ..trial.procs import read_json
 from ..trial.protocol import PARAMETER_FILE
 from .base import PlatformError, TransientPlatformError, TrialStatus
+from .errors import http_error
+from .mounted_share import MountedShare
 from .rest_jobs import RestJobService
-from .shared_storage import SharedStorage
 
 RUNNER_FLOW = "trialflow-trial"
 HEARTBEAT_FILE = ".runner-heartbeat"
@@ -80,7 +81,7 @@ def secret_name(job: str) -> str:
         format(sum(1 << i for i, c in enumerate(job) if c.isupper()), "x")
 
 
-class PrefectWorkPoolService(RestJobService):
+class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
     platform = "prefect"
     label = "Prefect"
 
@@ -106,8 +107,10 @@ class PrefectWorkPoolService(RestJobService):
         except ObjectNotFound:
             raise
         except httpx.HTTPStatusError as exc:
-            error = TransientPlatformError if exc.response.status_code >= 500 else PlatformError
-            raise error(f"Prefect API {what}: HTTP {exc.response.status_code}") from None
+            status = exc.response.status_code
+            raise http_error(status, f"Prefect API {what}: HTTP {status}",
+                             f"Prefect API {what}: HTTP {status}: the API key was refused; check PREFECT_API_KEY"
+                             ) from None
         except (httpx.TransportError, OSError) as exc:
             raise TransientPlatformError(f"Prefect API {what} at {self.platform_address()}: {exc}") from None
 
@@ -127,7 +130,7 @@ class PrefectWorkPoolService(RestJobService):
     def prepare_platform(self) -> None:
         from prefect.exceptions import ObjectNotFound
 
-        config: PrefectPoolConfig = self.config
+        config = self.config
         if config.deployment:
             try:
                 self.deployment_id = self._call("read_deployment", lambda: self.api.read_deployment_by_name(
@@ -148,11 +151,11 @@ class PrefectWorkPoolService(RestJobService):
 
     # ---- what the shared-storage base asks ------------------------------------------------------
 
-    def make_storage(self) -> SharedStorage:
-        config: PrefectPoolConfig = self.config
+    def make_storage(self) -> MountedShare:
+        config = self.config
         local = config.local_storage_mount_point or self.experiment_dir.parent / ".prefect-share"
         local.mkdir(parents=True, exist_ok=True)
-        return SharedStorage(local, config.container_storage_mount_point or str(local), "the shared storage")
+        return MountedShare(local, config.container_storage_mount_point or str(local), "the shared storage")
 
     def roles(self) -> dict[str, str]:
         return {"trial": self.config.trial_command}

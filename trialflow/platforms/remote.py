@@ -24,22 +24,20 @@ controller re-attaches through the stored handle. ``cancel`` stops the trial's p
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import posixpath
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..codebundle import CodeDirError, scan_code_dir
-from ..config import RemoteConfig, RemoteMachineConfig
+from ..config import RemoteConfig
 from ..trial.keeper import assign_gpus
-from ..trial.procs import stat_alive, stat_fields, write_atomic
+from ..trial.procs import stat_alive, stat_fields
 from ..trial.protocol import (
     HEARTBEAT_SECONDS,
     HOLD,
@@ -64,58 +62,21 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
-from .gpu import GpuError, GpuProbe, GpuScheduler
+from .gpu import GpuError
 from .local import trial_env
-from .runtime_files import check_version, runtime_files, runtime_key
-from .sftpfs import SftpFS
+from .remote_machine import Placements, RemoteMachine, machine_key
+from .runtime_files import check_version
 from .share import OUTPUT_DIR, Share
 from .ssh import SshConnection, machine_target
-from .trialdir import EnvironmentDir, install_code, install_tree, read_json, read_trial, read_trial_logs
+from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs
 
 log = logging.getLogger("trialflow.platforms")
 LIVENESS_SECONDS = 3.0
 FIRST_WAIT_SECONDS = 0.02  # waits between polls start here and double up to the flow's poll interval
-MIN_PYTHON = (3, 8)
 _q = shlex.quote
 
 
-def machine_key(config: RemoteMachineConfig) -> str:
-    return f"{config.user or config.credentials}@{config.host}:{config.port}"
-
-
-@dataclass
-class RemoteMachine:
-    """One ``machineList`` entry: its SSH connection, where things live on it, and its load."""
-
-    index: int
-    config: RemoteMachineConfig
-    conn: SshConnection
-    key: str
-    python: str = "python3"
-    root: str = ""
-    runtime: str = ""
-    path_env: str = ""
-    gpu: GpuScheduler | None = None
-    active: set[str] = field(default_factory=set)
-    last_heartbeat: float = 0.0
-    fs: SftpFS = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.fs = SftpFS(self.conn, self.key, lambda target, digest: self.command("unpack", target, digest))
-
-    def command(self, module: str, *args: str) -> str:
-        """A shell command running a runtime module with its arguments quoted."""
-        return (f"PYTHONPATH={_q(self.runtime)} {_q(self.python)} -S -m trialflow.trial.{module} "
-                + " ".join(_q(a) for a in args))
-
-    def run(self, command: str, stdin: bytes | None = None, timeout: float = 120.0) -> str:
-        status, out, err = self.conn.run(command, stdin, timeout)
-        if status != 0:
-            raise PlatformError(f"{self.key}: `{command}` failed (exit {status}): {(err or out).strip()[-500:]}")
-        return out
-
-
-class RemoteTrainingService(TrainingService):
+class RemoteTrainingService(TrainingService[RemoteConfig]):
     platform = "remote"
 
     def __init__(self, config: RemoteConfig, experiment_dir: Path, kill_grace_seconds: float = 2.0,
@@ -127,9 +88,7 @@ class RemoteTrainingService(TrainingService):
         self.worker_idle_timeout = worker_idle_timeout
         self.reuse = bool(config.reuse_mode)
         self.machines: list[RemoteMachine] = []
-        self._by_key: dict[str, RemoteMachine] = {}
         self._lock = threading.Lock()
-        self._placed: dict[str, RemoteMachine] = {}  # trial id -> machine, until the trial ends
         self._liveness: dict[str, float] = {}
         self._waits: dict[str, int] = {}
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
@@ -138,7 +97,7 @@ class RemoteTrainingService(TrainingService):
             remote = RemoteMachine(index, machine, SshConnection(machine_target(machine), config.known_hosts_file,
                                                                   config.trust_unknown_hosts), machine_key(machine))
             self.machines.append(remote)
-            self._by_key[remote.key] = remote
+        self.placements = Placements(self.machines, self.experiment_dir / "placements")
 
     # ---- prepare ----------------------------------------------------------------------------
 
@@ -170,8 +129,8 @@ class RemoteTrainingService(TrainingService):
 
     def _prepare_machine(self, machine: RemoteMachine, errors: list[PlatformError]) -> None:
         try:
-            self._probe(machine)
-            self._install_runtime(machine)
+            machine.probe()
+            machine.install_runtime()
             check_version(machine.run(machine.command("keeper", "--version")).strip(),
                           f"the trial keeper on {machine.key}",
                           f"remove {machine.runtime} on that machine so that this controller uploads its own",
@@ -179,48 +138,13 @@ class RemoteTrainingService(TrainingService):
             if self.share is not None:
                 self.share.attach(machine.fs, machine.conn.run, machine.root)
             if self.config.trial_gpu_number:
-                machine.gpu = GpuScheduler(GpuProbe(functools.partial(self._nvidia_smi, machine)),
-                                           machine.config.max_trial_number_per_gpu, machine.config.gpu_indices,
-                                           machine.config.use_active_gpu)
+                machine.use_gpus()
             if self.reuse:
                 self._start_worker(machine)
         except TransientPlatformError as exc:
             errors.append(PlatformError(f"{exc} -- check host, port and that sshd runs there"))
         except PlatformError as exc:
             errors.append(exc)
-
-    def _probe(self, machine: RemoteMachine) -> None:
-        prefix = f"PATH={_q(machine.config.python_path)}:\"$PATH\"; export PATH; " if machine.config.python_path else ""
-        script = (prefix + 'for p in python3 python; do if command -v "$p" >/dev/null 2>&1; then '
-                  'P=$(command -v "$p"); break; fi; done; '
-                  'echo "$P"; echo "$HOME"; echo "$PATH"; '
-                  '[ -n "$P" ] && "$P" -c "import sys; print(\'%d.%d\' % sys.version_info[:2])"')
-        lines = machine.run(f"sh -c {_q(script)}").splitlines()
-        if len(lines) < 4 or not lines[0]:
-            raise PlatformError(f"{machine.key}: no python3 found on the machine's PATH; install Python "
-                                f">= {'.'.join(map(str, MIN_PYTHON))} or set pythonPath to its folder")
-        machine.python, home, machine.path_env, version = lines[:4]
-        if tuple(int(v) for v in version.split(".")) < MIN_PYTHON:
-            raise PlatformError(f"{machine.key}: {machine.python} is Python {version}; trials need Python >= "
-                                f"{'.'.join(map(str, MIN_PYTHON))} (set pythonPath)")
-        root = machine.config.remote_working_directory
-        if root == "~" or root.startswith("~/"):
-            root = home + root[1:]
-        elif not root.startswith("/"):
-            root = posixpath.join(home, root)
-        machine.root = posixpath.normpath(root)
-
-    def _install_runtime(self, machine: RemoteMachine) -> None:
-        machine.runtime = posixpath.join(machine.root, "runtime", runtime_key())
-        install_tree(machine.fs, machine.runtime, runtime_files())
-
-    def _nvidia_smi(self, machine: RemoteMachine, args: list[str]) -> str:
-        status, out, err = machine.conn.run(f"PATH={_q(machine.path_env)} nvidia-smi " + " ".join(map(_q, args)))
-        if status == 127:
-            raise GpuError(f"nvidia-smi was not found on {machine.key}: no NVIDIA GPU is visible there")
-        if status != 0:
-            raise GpuError(f"nvidia-smi failed on {machine.key} (exit {status}): {err.strip()[:300]}")
-        return out
 
     # ---- reuse-mode worker ------------------------------------------------------------------
 
@@ -270,49 +194,23 @@ class RemoteTrainingService(TrainingService):
 
     # ---- trials -----------------------------------------------------------------------------
 
-    def _place(self, trial_id: str, gpu_number: int) -> RemoteMachine:
-        """The machine with room for the trial's GPUs now (most free GPU slots first), then the least
-        busy one; without GPUs the least busy one. A submission made again keeps the first choice, also
-        after a controller restart (the choice is written down before the trial is sent): the first
-        attempt may have started the trial there before its answer was lost, and the machine's claim
-        lock then keeps it from running twice."""
-        record = self.experiment_dir / "placements" / trial_id
-        with self._lock:
-            placed = self._placed.get(trial_id)
-            if placed is None and record.is_file():
-                placed = self._by_key.get(record.read_text().strip())
-            if placed is None:
-                placed = min((m for m in self.machines if not gpu_number or m.gpu is not None),
-                             key=lambda m: self._placement_rank(m, gpu_number))
-                record.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(str(record), placed.key)
-            self._placed[trial_id] = placed
-            return placed
-
-    @staticmethod
-    def _placement_rank(machine: RemoteMachine, gpu_number: int) -> tuple[int, int, int, int]:
-        if not gpu_number or machine.gpu is None:
-            return (0, 0, len(machine.active), machine.index)
-        gpus_free, slots_free = machine.gpu.free_slots()
-        return (0 if gpus_free >= gpu_number else 1, -slots_free, len(machine.active), machine.index)
-
     def _machine(self, handle: TrialHandle) -> RemoteMachine:
         """The machine a handle points to, logged in and with the runtime, also without ``prepare()``
         (the CLI cancels and fetches logs of trials whose controller is gone)."""
-        machine = self._by_key.get(str(handle.data.get("machine")))
+        machine = self.placements.by_key.get(str(handle.data.get("machine")))
         if machine is None:
             raise LostHandleError(f"trial {handle.trial_id}: machine {handle.data.get('machine')!r} is no longer in "
                                   "machineList")
         if not machine.runtime:
             with self._lock:
                 if not machine.runtime:
-                    self._probe(machine)
-                    self._install_runtime(machine)
+                    machine.probe()
+                    machine.install_runtime()
         return machine
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         gpu_number = spec.gpu_number or 0
-        machine = self._place(spec.trial_id, gpu_number)
+        machine = self.placements.place(spec.trial_id, gpu_number)
         if self.share is None:
             trial_dir = posixpath.join(machine.root, spec.experiment_id, "trials", spec.trial_id)
             code_dir = posixpath.join(machine.root, "code", str(code.content_hash))
@@ -427,7 +325,7 @@ class RemoteTrainingService(TrainingService):
     def _finish(self, machine: RemoteMachine, handle: TrialHandle) -> None:
         with self._lock:
             machine.active.discard(handle.trial_id)
-            self._placed.pop(handle.trial_id, None)
+        self.placements.forget(handle.trial_id)
         self._liveness.pop(handle.trial_id, None)
         self._waits.pop(handle.trial_id, None)
         if machine.gpu is not None:

@@ -27,7 +27,7 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from .errors import PlatformError, TransientPlatformError
+from .errors import PlatformError, TransientPlatformError, http_error
 
 log = logging.getLogger("trialflow.platforms")
 DEFAULT_TIMEOUT = (5.0, 30.0)  # connect, read
@@ -129,12 +129,9 @@ class RestApi:
             return response
         if response.status_code in set(absent):
             return None
-        message = scrub(_server_message(response), self.secrets)
-        if response.status_code in (401, 403):
-            raise PlatformError(f"{shown}: {self.what} refused the credentials (HTTP {response.status_code}: "
-                                f"{message}); {self.auth_hint}")
-        error = TransientPlatformError if response.status_code >= 500 or response.status_code == 429 else PlatformError
-        raise error(f"{shown}: HTTP {response.status_code} from {self.what}: {message}")
+        status, message = response.status_code, scrub(_server_message(response), self.secrets)
+        raise http_error(status, f"{shown}: HTTP {status} from {self.what}: {message}",
+                         f"{shown}: {self.what} refused the credentials (HTTP {status}: {message}); {self.auth_hint}")
 
     def close(self) -> None:
         self.session.close()

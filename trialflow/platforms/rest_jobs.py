@@ -11,7 +11,7 @@ a retried submit finds the job an earlier attempt created and later calls skip t
 State tables. :meth:`RestJobService.apply_states` applies a platform's table: a state it does not
 know keeps the job's previous state (WAITING at first) and is logged, as docs/platforms.md#job-states asks; a
 state mapped to SYS_CANCELED (a stop) becomes the cancel reason trialflow recorded when it asked for
-the stop (:class:`SharedStorageService`'s rule).
+the stop (:class:`JobPlatformService`'s rule).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
-from .base import TrialStatus
-from .shared_storage import SharedStorage, SharedStorageService
+from .base import ConfigT, TrialStatus
+from .job_platform import JobPlatformService
+from .mounted_share import MountedShare
 
 log = logging.getLogger("trialflow.platforms")
 
@@ -35,9 +36,9 @@ class TokensOnShare:
     """The metrics token's home for platforms without a secret store of their own (OpenPAI, DLTS): a
     file only its owner may read, ``nni/<experiment>/tokens/<name>`` on the share. The job's keeper
     reads it through ``TRIALFLOW_METRICS_TOKEN_FILE``, so the token is never in a job's request body,
-    command line or the platform's job records. Mixed in before :class:`SharedStorageService`."""
+    command line or the platform's job records. Mixed in before :class:`JobPlatformService`."""
 
-    storage: SharedStorage
+    storage: MountedShare
     experiment_id: str
 
     def _token_path(self, name: str) -> Path:
@@ -85,11 +86,11 @@ class TokensOnShare:
         return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " && " + line
 
 
-class RestJobService(TokensOnShare, SharedStorageService):
+class RestJobService(TokensOnShare, JobPlatformService[ConfigT]):
     logs_on_share = True
     label = ""  # the platform's name in messages
 
-    def __init__(self, config: Any, experiment_dir: Path) -> None:
+    def __init__(self, config: ConfigT, experiment_dir: Path) -> None:
         self._api: Any = None
         self._last: dict[str, TrialStatus] = {}
         self._ids: dict[str, str] = {}

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..config.platforms import SharedStorageConfig
 from .errors import PlatformError
-from .shared_storage import SharedStorage
+from .mounted_share import MountedShare
 from .trialfs import TrialFS
 
 MARKER = ".trialflow-share"
@@ -53,7 +53,7 @@ class Share:
         self.config = config
         self.experiment_id = experiment_id
         self.local_mount = Path(config.local_mount_point)
-        self.storage = SharedStorage(self.local_mount, config.remote_mount_point, f"sharedStorage {self.what}")
+        self.storage = MountedShare(self.local_mount, config.remote_mount_point, f"sharedStorage {self.what}")
         self.token = ""
 
     @property

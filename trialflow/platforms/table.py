@@ -13,11 +13,8 @@ A new built-in platform adds the files listed in ``docs/platforms.md#adding-a-pl
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from prefect.blocks.core import Block
 
@@ -47,39 +44,13 @@ from .aml import AzureMLTrainingService
 from .base import TrainingService
 from .dlc import DLCTrainingService
 from .dlts import DLTSTrainingService
-from .errors import PlatformError, TransientPlatformError
+from .errors import PlatformError, RetryPolicy
 from .frameworkcontroller import FrameworkControllerTrainingService
 from .kubeflow import KubeflowTrainingService
 from .local import LocalTrainingService
 from .openpai import OpenPAITrainingService
 from .prefect_pool import PrefectWorkPoolService
 from .remote import RemoteTrainingService
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How the Prefect tasks retry a platform call that failed with a transient error: ``retries``
-    more attempts, ``delay`` seconds before the first, doubling each time (exponential backoff)."""
-
-    retries: int = 4
-    delay: float = 1.0
-
-    def delays(self) -> list[float]:
-        return [self.delay * 2**i for i in range(self.retries)]
-
-    def call(self, fn: Callable[[], T], on_retry: Callable[[TransientPlatformError, float], None] | None = None) -> T:
-        """``fn()``, retried on transient platform errors with these delays -- for the calls made
-        outside a Prefect task (``prepare``); tasks get the same policy as Prefect retries."""
-        for delay in self.delays():
-            try:
-                return fn()
-            except TransientPlatformError as exc:
-                if on_retry is not None:
-                    on_retry(exc, delay)
-                time.sleep(delay)
-        return fn()
 
 
 @dataclass(frozen=True)

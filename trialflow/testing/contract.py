@@ -254,7 +254,7 @@ class TrainingServiceContract:
             service.poll(lost, {})
 
 
-class SharedStorageContract(TrainingServiceContract):
+class JobPlatformContract(TrainingServiceContract):
     """The contract for job platforms on the shared-storage base (Kubernetes, OpenPAI, DLTS, ...):
     a platform's module provides only the ``service`` fixture (its trial command
     :data:`SCRIPT_PER_TRIAL`); ``make_spec`` writes each trial's script into its code directory."""

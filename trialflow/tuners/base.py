@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..search_space import SearchSpace
+from ..user_errors import UserError
 
 # the checkpoint folders PBT (and, when asked, Hyperband and BOHB) pass in a trial's parameters, NNI's names
 LOAD_KEY, SAVE_KEY = "load_checkpoint_dir", "save_checkpoint_dir"
 
 
-class TunerError(ValueError):
+class TunerError(UserError, ValueError):
     """Bad tuner/assessor name or classArgs; the message names the argument and what is allowed."""
 
 

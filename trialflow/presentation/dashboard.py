@@ -24,10 +24,10 @@ from types import ModuleType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from ..flows.artifacts import DASHBOARD_URL_CONTROL as URL_CONTROL
+from ..search_space import SearchSpace, parse_search_space
+from ..store import ExperimentStore
 from .optuna_mirror import OptunaMirror
-from .search_space import SearchSpace, parse_search_space
-from .store import ExperimentStore
-from .ui import DASHBOARD_URL_CONTROL as URL_CONTROL
 from .views import is_maximize_stored
 
 JOURNAL = Path("dashboard") / "optuna-journal.log"

@@ -4,10 +4,10 @@ local-mount / container-path model).
 
 The share is mounted on this machine (``localMountPoint``) and in the jobs' containers (the
 container path). Code bundles, the trial runtime and trial directories live on it, so a job needs no
-upload of its own; see :class:`SharedStorage` for the layout.
+upload of its own; see :class:`MountedShare` for the layout.
 
 Lifecycle. ``prepare()`` checks the share, installs the trial runtime once per version, runs the
-platform's own checks (:meth:`SharedStorageService.prepare_platform`) and, for
+platform's own checks (:meth:`JobPlatformService.prepare_platform`) and, for
 ``metricChannel: http``, starts the metrics receiver (its port is kept in the experiment directory,
 so a resumed controller listens where running jobs push). ``upload_code()`` extracts the code bundle
 on the share once per content hash.
@@ -20,10 +20,9 @@ receiver (then, at the end, the job logs fill any gap), from the job logs only, 
 the share. ``cancel`` deletes the job (the caller recorded the status first). A job deleted by
 someone else ends its trial as SYS_CANCELED.
 
-With ``reuseMode: true`` an environment is one long-lived job running the reuse worker on the
-share; trials are queued to it as files, and an environment takes the next trial when its last one
-ended (never more environments than trials in flight). A trial whose environment ended or vanished
-is SYS_CANCELED. ``close()`` stops and deletes the environments.
+With ``reuseMode: true`` trials are queued to long-lived environments
+(:mod:`.job_environments`); a trial whose environment ended or vanished is SYS_CANCELED.
+``close()`` stops and deletes the environments.
 
 A platform implements the abstract methods below: the job (start, state, delete, logs), the
 token's home (store, read, delete) and its names and roles.
@@ -33,19 +32,12 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import shutil
-import threading
-import time
 from abc import abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..codebundle import CodeDirError, scan_code_dir
 from ..trial.procs import write_atomic
 from ..trial.protocol import (
-    HEARTBEAT_SECONDS,
     KEEPER_SPEC,
     META_DIR,
     PARAMETER_FILE,
@@ -53,127 +45,37 @@ from ..trial.protocol import (
     STATE,
     STDERR_FILE,
     STDOUT_FILE,
-    WORKER_IDLE_TIMEOUT,
 )
 from ..trial.records import MetricRecord
 from .base import (
     CodeRef,
+    ConfigT,
     LostHandleError,
     PlatformError,
     TrainingService,
-    TransientPlatformError,
     TrialHandle,
     TrialSpec,
     TrialStatus,
     TrialUpdate,
 )
+from .job_environments import Environment, EnvironmentPool
 from .metric_channel import MetricChannel
 from .metrics_receiver import MetricsReceiver
+from .mounted_share import MountedShare
 from .runtime_files import runtime_files, runtime_key
-from .trialdir import (
-    LOCAL,
-    EnvironmentDir,
-    install_code,
-    install_tree,
-    read_from,
-    read_json,
-    read_output_files,
-    read_trial,
-    read_trial_logs,
-    tail_text,
-)
+from .trialdir import LOCAL, read_from, read_json, read_output_files, read_trial, read_trial_logs, tail_text
 
 log = logging.getLogger("trialflow.platforms")
-ENV_CHECK_SECONDS = 2.0
 
 
-class SharedStorage:
-    """The share as this machine sees it (``local``) and as containers see it (``container``).
-    Layout under both::
-
-        nni/runtime/<version>-<hash>/   the trial runtime (keeper, worker, nni package)
-        nni/code/<content hash>/        extracted code bundles
-        nni/<experiment>/trials/<id>/   trial directories
-        nni/<experiment>/envs/<id>/     reuse-mode environments
-    """
-
-    def __init__(self, local: Path | None, container: str, what: str) -> None:
-        self._local = local
-        self.container = container.rstrip("/")
-        self.what = what
-        self._lock = threading.Lock()
-
-    @property
-    def local(self) -> Path:
-        if self._local is None:
-            raise PlatformError(f"{self.what} is not mounted on this machine: mount it (for NFS: sudo mount -t nfs "
-                                "<server>:<path> <folder>) and set its localMountPoint to that folder")
-        return self._local
-
-    def check(self) -> None:
-        if not self.local.is_dir():
-            raise PlatformError(f"localMountPoint {self.local} of {self.what} is not a directory; mount the share "
-                                "there first")
-        if not os.access(self.local, os.W_OK):
-            raise PlatformError(f"localMountPoint {self.local} of {self.what} is not writable by this user "
-                                "(NFS root_squash? give the export to this user)")
-
-    def path(self, *parts: str) -> Path:
-        return self.local.joinpath("nni", *parts)
-
-    def container_path(self, *parts: str) -> str:
-        return "/".join([self.container, "nni", *parts])
-
-    def clean(self) -> list[str]:
-        """Remove trialflow's folders from the share: the runtimes, the code bundles and every
-        experiment's folder (one holding ``trials`` or ``envs``); nothing else under ``nni/``. Returns
-        what was removed."""
-        self.check()
-        root = self.path()
-        removed = []
-        for child in sorted(root.iterdir()) if root.is_dir() else []:
-            if child.is_dir() and (child.name in ("code", "runtime") or (child / "trials").is_dir()
-                                   or (child / "envs").is_dir()):
-                shutil.rmtree(child)
-                removed.append(f"{self.what}: {child}")
-        return removed
-
-    def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:
-        install_tree(LOCAL, str(self.path("runtime", key)), files)
-
-    def install_code(self, code_dir: Path, cache_file: Path) -> str:
-        """Extract the code bundle once per content hash; returns the hash."""
-        try:
-            bundle = scan_code_dir(code_dir)
-        except CodeDirError as exc:
-            raise PlatformError(str(exc)) from None
-        digest = bundle.content_hash(cache_file)
-        with self._lock:
-            install_code(LOCAL, str(self.path("code", digest)), digest, bundle.stream)
-        return digest
-
-
-@dataclass
-class Environment:
-    """A reuse-mode job and the trial it runs (one at a time)."""
-
-    id: str
-    job: str
-    trial: str | None = None
-    ended: str | None = None  # why the job is gone
-    token: str | None = None  # its metrics token (HTTP channel), kept to grant each new trial
-    checked: float = 0.0
-    started: bool = True  # False until the platform accepted its job (a failed start is retried as is)
-
-
-class SharedStorageService(TrainingService):
+class JobPlatformService(TrainingService[ConfigT]):
     """A job platform whose jobs mount the share; subclasses implement the abstract methods."""
 
     reuse_supported = True
     logs_on_share = False  # True: job logs are the trial's stdout on the share (no log API used)
     other_channels = "metricChannel: file (metrics through the shared storage)"  # hint without the receiver
 
-    def __init__(self, config: Any, experiment_dir: Path) -> None:
+    def __init__(self, config: ConfigT, experiment_dir: Path) -> None:
         self.config = config
         self.experiment_dir = Path(experiment_dir)
         self.experiment_id = self.experiment_dir.name
@@ -181,11 +83,13 @@ class SharedStorageService(TrainingService):
         self.metrics = MetricChannel(self.channel, config.nni_manager_ip, self.experiment_dir)
         self.reuse = bool(getattr(config, "reuse_mode", False)) and self.reuse_supported
         self.storage = self.make_storage()
-        self.worker_idle_timeout = WORKER_IDLE_TIMEOUT
-        self._lock = threading.Lock()
         self._cancelled: dict[str, TrialStatus] = {}
-        self.envs: dict[str, Environment] = {}
-        self._last_heartbeat = 0.0
+        self.environments = EnvironmentPool(self)
+
+    @property
+    def envs(self) -> dict[str, Environment]:
+        """The reuse-mode environments by id."""
+        return self.environments.envs
 
     @property
     def receiver(self) -> MetricsReceiver | None:
@@ -203,7 +107,7 @@ class SharedStorageService(TrainingService):
     # ---- what a platform implements -----------------------------------------------------------
 
     @abstractmethod
-    def make_storage(self) -> SharedStorage:
+    def make_storage(self) -> MountedShare:
         """The share, from the platform's config."""
 
     @abstractmethod
@@ -293,7 +197,7 @@ class SharedStorageService(TrainingService):
         """Where jobs push metrics (None without the HTTP channel)."""
         return self.metrics.url
 
-    def _token(self, name: str, ids: dict[str, str], *trial_ids: str) -> str | None:
+    def job_token(self, name: str, ids: dict[str, str], *trial_ids: str) -> str | None:
         """The token stored as ``name`` (created unless it exists), granted ``trial_ids``."""
         return self.metrics.token(lambda token: self.store_token(name, token, ids), *trial_ids)
 
@@ -305,17 +209,18 @@ class SharedStorageService(TrainingService):
         write_atomic(str(trial_dir / META_DIR / KEEPER_SPEC), keeper)
         self.metrics.track(spec.trial_id)
         if self.reuse:
-            return self._submit_to_environment(spec, keeper)
+            return TrialHandle(spec.trial_id, self.platform, {**self.environments.submit(spec, keeper),
+                                                              **self.handle_extra()})
         name = self.job_name("trial", spec.trial_id)
         primary = next(iter(self.roles()))
         commands = {}
         for role in self.roles():
             script = trial_dir / f"run_{role.lower()}.sh"
-            write_atomic(str(script), self._script(["--pod", f"trials/{spec.trial_id}", role, primary], "keeper"))
+            write_atomic(str(script), self.run_script(["--pod", f"trials/{spec.trial_id}", role, primary], "keeper"))
             commands[role] = ["sh", self.storage.container_path(spec.experiment_id, "trials", spec.trial_id,
                                                                 script.name)]
         ids = {"trialId": spec.trial_id}
-        self._token(f"{name}-token", ids, spec.trial_id)
+        self.job_token(f"{name}-token", ids, spec.trial_id)
         self.start_job(name, ids, commands, f"{name}-token")
         return TrialHandle(spec.trial_id, self.platform, {"job": name, "reuse": False, **self.handle_extra()})
 
@@ -323,7 +228,7 @@ class SharedStorageService(TrainingService):
         """Platform fields kept in every handle (e.g. the Kubernetes namespace)."""
         return {}
 
-    def _script(self, args: list[str], module: str) -> str:
+    def run_script(self, args: list[str], module: str) -> str:
         """A run script that finds the runtime relative to itself (the controller and the job see the
         share at different paths)."""
         quoted = " ".join(f"\"$exp/{a}\"" if "/" in a else f"'{a}'" for a in args)
@@ -333,82 +238,6 @@ class SharedStorageService(TrainingService):
                 'nni=$(CDPATH= cd -- "$exp/.." && pwd)\n'
                 f'PYTHONPATH="$nni/runtime/{os.path.basename(self.runtime_dir)}" '
                 f"exec python3 -S -m trialflow.trial.{module} {quoted}\n")
-
-    # ---- reuse-mode environments -------------------------------------------------------------
-
-    def _env_dir(self, env_id: str) -> Path:
-        return self.storage.path(self.experiment_id, "envs", env_id)
-
-    def _env(self, env_id: str) -> EnvironmentDir:
-        return EnvironmentDir(LOCAL, str(self._env_dir(env_id)))
-
-    def _submit_to_environment(self, spec: TrialSpec, keeper: dict[str, Any]) -> TrialHandle:
-        env = self._free_environment(spec.trial_id)
-        payload = {"trial_dir": f"../../trials/{spec.trial_id}", "parameter": spec.parameter_record(),
-                   "keeper": keeper}
-        if env.token is not None:
-            self.metrics.grant(env.token, spec.trial_id)
-        elif self.receiver is not None:  # an environment re-attached on resume: its token is stored
-            env.token = self._token(f"{env.job}-token", {"envId": env.id}, spec.trial_id)
-        self._env(env.id).enqueue(spec.trial_id, payload)
-        return TrialHandle(spec.trial_id, self.platform, {"job": env.job, "env": env.id, "reuse": True,
-                                                          **self.handle_extra()})
-
-    def _free_environment(self, trial_id: str) -> Environment:
-        """An idle environment, now running ``trial_id``; a new one when none is idle."""
-        with self._lock:
-            pending = next((e for e in self.envs.values() if e.trial == trial_id and not e.started), None)
-            if pending is None:  # a retried submit starts the same environment again, never a second one
-                for env in self.envs.values():
-                    if env.trial is None and env.ended is None:
-                        env.trial = trial_id
-                        return env
-            env = pending or Environment(secrets.token_hex(4), "", trial_id, started=False)
-            env_id = env.id
-            env.job = self.job_name("env", env_id)
-            self.envs[env_id] = env
-        env_dir = self._env_dir(env_id)
-        env_dir.mkdir(parents=True, exist_ok=True)
-        self._env(env_id).heartbeat()
-        write_atomic(str(env_dir / "run.sh"), self._script(
-            ["--foreground", f"envs/{env_id}", str(self.worker_idle_timeout)], "worker"))
-        ids = {"envId": env_id}
-        env.token = self._token(f"{env.job}-token", ids)
-        command = ["sh", self.storage.container_path(self.experiment_id, "envs", env_id, "run.sh")]
-        self.start_job(env.job, ids, {next(iter(self.roles())): command}, f"{env.job}-token")
-        env.started = True
-        return env
-
-    def _assign(self, handle: TrialHandle) -> Environment:
-        with self._lock:
-            env = self.envs.get(str(handle.data.get("env")))
-            if env is None:
-                env = self.envs[handle.data["env"]] = Environment(handle.data["env"], handle.data["job"])
-            env.trial = handle.trial_id
-            return env
-
-    def _environment_gone(self, env: Environment, force: bool = False) -> str | None:
-        now = time.monotonic()
-        if env.ended is None and (force or now - env.checked >= ENV_CHECK_SECONDS):
-            env.checked = now
-            found = self.job_status(env.job)
-            if found is None:
-                env.ended = f"its environment job {env.job} was deleted"
-            elif found[0].is_terminal:
-                env.ended = f"its environment job {env.job} ended ({found[0].value}: {found[1]})"
-        return env.ended
-
-    def _heartbeat(self) -> None:
-        if time.monotonic() - self._last_heartbeat < HEARTBEAT_SECONDS:
-            return
-        self._last_heartbeat = time.monotonic()
-        for env in list(self.envs.values()):
-            if env.ended is None:
-                try:
-                    self._env(env.id).heartbeat()
-                except OSError as exc:  # the worker leaves only after the idle timeout; the next beat retries
-                    log.warning("environment %s: heartbeat not written (%s); retrying in %.0f s", env.id, exc,
-                                HEARTBEAT_SECONDS)
 
     # ---- poll ------------------------------------------------------------------------------
 
@@ -456,13 +285,13 @@ class SharedStorageService(TrainingService):
         return TrialUpdate(status, records, cursor, exit_code if isinstance(exit_code, int) else None, message, errors)
 
     def _poll_reuse(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
-        env = self._assign(handle)
-        self._heartbeat()
-        gone = self._environment_gone(env)  # the platform call first: it may fail, the reads below do not
+        env = self.environments.assign(handle)
+        self.environments.heartbeat()
+        gone = self.environments.gone(env)  # the platform call first: it may fail, the reads below do not
         found = read_trial(LOCAL, str(self._trial_dir(handle)), 0, handle.trial_id, metrics=False)
         state, cancelled = found.state, self._cancelled.get(handle.trial_id)
         if state is not None and state.get("exit_code") != 0 and gone is None and cancelled is None:
-            gone = self._environment_gone(env, force=True)  # killed with its environment: not the trial's failure
+            gone = self.environments.gone(env, force=True)  # killed with its environment: not the trial's failure
         found.records, found.errors = self._metrics(handle, cursor, state is not None or gone is not None)
         if state is not None and (gone is None or state.get("exit_code") == 0):
             self._finish(handle)
@@ -489,10 +318,7 @@ class SharedStorageService(TrainingService):
         return self.metrics.read(handle.trial_id, trial_dir, cursor, final, log_chunks)
 
     def _finish(self, handle: TrialHandle) -> None:
-        with self._lock:
-            for env in self.envs.values():
-                if env.trial == handle.trial_id:
-                    env.trial = None
+        self.environments.release(handle.trial_id)
         if not handle.data.get("reuse"):
             try:
                 self.delete_token(f"{handle.data['job']}-token")
@@ -509,14 +335,14 @@ class SharedStorageService(TrainingService):
             self.delete_job(handle.data["job"])
             self.delete_token(f"{handle.data['job']}-token")
             return
-        self._env(str(handle.data["env"])).kill(handle.trial_id, f"../../trials/{handle.trial_id}")
+        self.environments.files(str(handle.data["env"])).kill(handle.trial_id, f"../../trials/{handle.trial_id}")
 
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach after a restart: the environment is known again, and the token (read back from
         the platform) is accepted again by this controller's receiver."""
         self.metrics.track(handle.trial_id)
         if handle.data.get("reuse"):
-            self._assign(handle)
+            self.environments.assign(handle)
         if self.receiver is not None:
             self.metrics.grant(self.read_token(f"{handle.data['job']}-token"), handle.trial_id)
 
@@ -533,23 +359,5 @@ class SharedStorageService(TrainingService):
 
     def close(self) -> None:
         """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""
-        for env in list(self.envs.values()):
-            try:
-                self._env(env.id).stop()
-                _retrying(lambda job=env.job: self.delete_job(job))
-                self.delete_token(f"{env.job}-token")
-            except (PlatformError, OSError) as exc:  # the worker still leaves after its idle timeout
-                log.warning("environment %s (%s) not stopped: %s; it leaves after %.0f s without a heartbeat",
-                            env.id, env.job, exc, self.worker_idle_timeout)
-        self.envs.clear()
+        self.environments.close()
         self.metrics.stop()
-
-
-def _retrying(call: Any, delays: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0)) -> None:
-    """``call()``, again after each delay while it fails with a transient platform error."""
-    for delay in delays:
-        try:
-            return call()
-        except TransientPlatformError:
-            time.sleep(delay)
-    call()

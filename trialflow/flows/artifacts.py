@@ -14,18 +14,18 @@ import math
 import time
 from typing import Any
 
-from .context import ExperimentContext
-from .platforms import service_name
-from .results import best_trial, maximizes, outcome_counts, trial_value
-from .status import TrialStatus
-from .store import TERMINAL, TrialRecord
+from ..context import ExperimentContext
+from ..platforms import service_name
+from ..results import best_trial, maximizes, outcome_counts, trial_value
+from ..status import TrialStatus
+from ..store import TERMINAL, TrialRecord
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)
 SNAPSHOT_INTERVAL = 300.0  # seconds between new versions of the trials table and the summary
 MAX_SHARE = 20
 MAX_TABLE_ROWS = 500
-log = logging.getLogger("trialflow.ui")
+log = logging.getLogger("trialflow.flows.artifacts")
 
 
 def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:

@@ -1,26 +1,22 @@
-"""Rendering and data exchange for the CLI: experiment summary, trial tables, export and import
-(nnictl's shapes: export JSON rows ``{parameter, value, trialJobId}``, CSV columns = parameters +
-``reward`` or the dict metric's keys + ``trialJobId``)."""
+"""Rendering for the CLI: experiment summary, trial tables, the running experiments (export and
+import are :mod:`trialflow.result_exchange`)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .experiments import list_experiments, open_store, stored_config
-from .platforms import service_name
-from .results import best_trial, maximizes, ranked, trial_value
-from .status import EXPERIMENT_LIVE, TrialStatus
-from .store import ExperimentStore, TrialRecord
-from .tuners import extract_scalar
+from ..experiments import list_experiments, open_store
+from ..platforms import service_name
+from ..results import best_trial, maximizes, ranked, trial_value
+from ..status import EXPERIMENT_LIVE, TrialStatus
+from ..store import ExperimentStore, TrialRecord
 
 
 def is_maximize_stored(store: ExperimentStore) -> bool:
@@ -87,68 +83,6 @@ def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | N
     """Trials with a usable final value, best first (--head N) or worst first (--tail N)."""
     scored = ranked(trials, is_maximize_stored(store))
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
-
-
-def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:
-    rows = []
-    per_trial: dict[str, list[Any]] = {}
-    if intermediate:
-        for m in store.metrics(type="PERIODICAL"):
-            per_trial.setdefault(m.trial_id, []).append(m.value)
-    for t in store.trials():
-        if t.final is None:
-            continue
-        row: dict[str, Any] = {"parameter": t.parameters, "value": json.dumps(t.final), "trialJobId": t.id}
-        if service_name(t.handle):
-            row["trainingService"] = service_name(t.handle)
-        if intermediate:
-            row["intermediate"] = per_trial.get(t.id, [])
-        rows.append(row)
-    return rows
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    flat = []
-    for row in rows:
-        value = json.loads(row["value"])
-        metric = value if isinstance(value, dict) else {"reward": value}
-        flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
-                     **metric, "trialJobId": row["trialJobId"],
-                     **({"intermediate": json.dumps(row["intermediate"])} if "intermediate" in row else {})})
-    columns: list[str] = []
-    for r in flat:
-        columns.extend(k for k in r if k not in columns)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(flat)
-
-
-def import_rows(store: ExperimentStore, data: Any) -> int:
-    """Import ``[{parameter, value}]`` as NNI's importData: told to the tuner on every (re)start, never
-    trials of the experiment (no budget, not a best trial). All items or none: the first bad one is a
-    ``ValueError`` naming it and the field."""
-    if not isinstance(data, list):
-        raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
-    config = stored_config(store)
-    items = []
-    for i, item in enumerate(data):
-        if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
-            raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
-        if not isinstance(item["parameter"], dict):
-            raise ValueError(f"item {i}: 'parameter' must be an object of parameter values")
-        try:
-            raw = config.raw_values(item["parameter"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"item {i}: 'parameter' does not fit the search space: {exc}") from None
-        try:
-            value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
-            extract_scalar(value)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"item {i}: 'value' must be a finite number or a dict with a numeric 'default' "
-                             f"({exc})") from None
-        items.append((item["parameter"], raw, value))
-    return store.add_imported(items)
 
 
 def running_table(root: Path | None = None) -> Table:

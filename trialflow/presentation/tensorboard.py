@@ -22,9 +22,10 @@ from pathlib import Path
 
 import requests
 
-from .platforms import PlatformError, TrainingService, TrialHandle
-from .store import ExperimentStore
-from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, write_atomic
+from ..platforms import PlatformError, TrainingService, TrialHandle
+from ..store import ExperimentStore
+from ..trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, write_atomic
+from ..user_errors import UserError
 
 FOLDER = "tensorboard"  # under each trial's NNI_OUTPUT_DIR, as NNI
 STATE = "server.json"
@@ -32,7 +33,7 @@ START_TIMEOUT = 90.0
 _URL = re.compile(r"(https?://[^\s/]+:\d+/)")
 
 
-class TensorBoardError(RuntimeError):
+class TensorBoardError(UserError, RuntimeError):
     """TensorBoard cannot start or stop; the message says why and what to do."""
 
 

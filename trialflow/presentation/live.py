@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .experiments import open_store
-from .flows.run_control import clear_interrupt, interrupt, interrupted
-from .kept_server import flow_run_page
-from .results import best_trial, maximizes, outcome_line, trial_value
-from .status import TrialStatus
+from ..experiments import open_store
+from ..flows.run_control import clear_interrupt, interrupt, interrupted
+from ..kept_server import flow_run_page
+from ..results import best_trial, maximizes, outcome_line, trial_value
+from ..status import TrialStatus
 
 
 def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
@@ -81,7 +81,7 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
                       ) -> tuple[str, str | None]:
     """Run the experiment here with its live table; (final status, the run's failure message when no
     trial succeeded, else None)."""
-    from .flows.experiment import final_status, run_experiment_flow
+    from ..flows.experiment import final_status, run_experiment_flow
 
     # The live table shows each trial's end and the CLI prints one line when the run fails: Prefect's
     # flow/task-run logs (tracebacks, one per failed trial) and its own chatter (the temporary server's

@@ -35,11 +35,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from .optuna_logging import quietly
-from .search_space import Option, Param, SearchSpace
-from .status import TrialStatus
-from .store import ExperimentStore, TrialRecord
-from .tuners import scalar_or_none
+from ..optuna_logging import quietly
+from ..search_space import Option, Param, SearchSpace
+from ..status import TrialStatus
+from ..store import ExperimentStore, TrialRecord
+from ..tuners import scalar_or_none
 
 TRIAL_ID_ATTR = "trialflow_trial_id"
 _FAILED = TrialState.FAIL

@@ -23,9 +23,9 @@ from typing import Any
 
 import optuna
 
+from ..status import TrialStatus
+from ..store import ExperimentStore, TrialRecord
 from .dashboard import open_mirror, plots_module
-from .status import TrialStatus
-from .store import ExperimentStore, TrialRecord
 
 MIN_FOR_IMPORTANCE = 4
 

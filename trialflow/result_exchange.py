@@ -1,0 +1,91 @@
+"""Export and import of an experiment's results in nnictl's shapes, for the CLI and the Python API.
+
+Export: JSON rows ``{parameter, value, trialJobId}`` (plus ``trainingService`` on hybrid experiments
+and ``intermediate`` on request); CSV columns are the parameters, then ``reward`` or the dict
+metric's keys, then ``trialJobId``. Import: NNI's importData, ``[{parameter, value}]``, told to the
+tuner on every (re)start and never counted as trials. Import is all or nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from .experiments import stored_config
+from .platforms import service_name
+from .store import ExperimentStore
+from .tuners import extract_scalar
+
+
+def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:
+    rows = []
+    per_trial: dict[str, list[Any]] = {}
+    if intermediate:
+        for m in store.metrics(type="PERIODICAL"):
+            per_trial.setdefault(m.trial_id, []).append(m.value)
+    for t in store.trials():
+        if t.final is None:
+            continue
+        row: dict[str, Any] = {"parameter": t.parameters, "value": json.dumps(t.final), "trialJobId": t.id}
+        if service_name(t.handle):
+            row["trainingService"] = service_name(t.handle)
+        if intermediate:
+            row["intermediate"] = per_trial.get(t.id, [])
+        rows.append(row)
+    return rows
+
+
+def export_results(store: ExperimentStore, path: Path, kind: str, intermediate: bool = False) -> int:
+    """Write the experiment's results to ``path`` as ``kind`` (``json`` or ``csv``); returns how many
+    trials were written. Raises ``OSError`` when the file cannot be written."""
+    rows = export_rows(store, intermediate)
+    if kind == "json":
+        path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    else:
+        write_csv(path, rows)
+    return len(rows)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    flat = []
+    for row in rows:
+        value = json.loads(row["value"])
+        metric = value if isinstance(value, dict) else {"reward": value}
+        flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
+                     **metric, "trialJobId": row["trialJobId"],
+                     **({"intermediate": json.dumps(row["intermediate"])} if "intermediate" in row else {})})
+    columns: list[str] = []
+    for r in flat:
+        columns.extend(k for k in r if k not in columns)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(flat)
+
+
+def import_rows(store: ExperimentStore, data: Any) -> int:
+    """Import ``[{parameter, value}]`` as NNI's importData: told to the tuner on every (re)start, never
+    trials of the experiment (no budget, not a best trial). All items or none: the first bad one is a
+    ``ValueError`` naming it and the field."""
+    if not isinstance(data, list):
+        raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
+    config = stored_config(store)
+    items = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
+            raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
+        if not isinstance(item["parameter"], dict):
+            raise ValueError(f"item {i}: 'parameter' must be an object of parameter values")
+        try:
+            raw = config.raw_values(item["parameter"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"item {i}: 'parameter' does not fit the search space: {exc}") from None
+        try:
+            value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
+            extract_scalar(value)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"item {i}: 'value' must be a finite number or a dict with a numeric 'default' "
+                             f"({exc})") from None
+        items.append((item["parameter"], raw, value))
+    return store.add_imported(items)
