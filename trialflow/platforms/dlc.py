@@ -123,12 +123,12 @@ class DLCTrainingService(RestJobService[DlcConfig]):
             text = getattr(exc, "message", None) or str(exc)
             text = _SIGNATURE.sub(r"\1**********", scrub(str(text), self._secrets))[:500]
             shown = f"PAI-DLC {what} at {self.platform_address()}"
-            # the SDK's error codes say what its statuses may not: throttled, or the key refused
-            if code.startswith("Throttling"):
-                status = 429
-            elif code.startswith(("InvalidAccessKey", "SignatureDoesNotMatch", "Forbidden")):
-                status = 403
-            raise http_error(status, f"{shown}: HTTP {status} {code or type(exc).__name__}: {text}",
+            # classified by what the SDK's error code says where its status may not (throttled, the key
+            # refused); the message keeps the status the service answered
+            kind = (429 if code.startswith("Throttling") else
+                    403 if code.startswith(("InvalidAccessKey", "SignatureDoesNotMatch", "Forbidden")) else status)
+            answered = f"HTTP {status} " if status else ""
+            raise http_error(kind, f"{shown}: {answered}{code or type(exc).__name__}: {text}",
                              f"{shown} refused the AccessKey (HTTP {status} {code}: {text}); check accessKeyId / "
                              "accessKeySecret or the PAI-DLC credentials block, and the RAM user's PAI-DLC "
                              "permissions") from None

@@ -81,7 +81,7 @@ class JobPlatformService(TrainingService[ConfigT]):
         self.experiment_id = self.experiment_dir.name
         self.channel = getattr(config, "metric_channel", "http")
         self.metrics = MetricChannel(self.channel, config.nni_manager_ip, self.experiment_dir)
-        self.reuse = bool(getattr(config, "reuse_mode", False)) and self.reuse_supported
+        self.reuse = config.reuse_mode and self.reuse_supported
         self.storage = self.make_storage()
         self._cancelled: dict[str, TrialStatus] = {}
         self.environments = EnvironmentPool(self)
@@ -176,7 +176,7 @@ class JobPlatformService(TrainingService[ConfigT]):
         return self.storage.container_path("runtime", runtime_key())
 
     def upload_code(self, code_dir: Path) -> CodeRef:
-        digest = self.storage.install_code(code_dir, self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
+        digest = self.storage.install_code(code_dir, self.experiment_dir)
         return CodeRef(self.storage.container_path("code", digest), digest)
 
     # ---- submit ----------------------------------------------------------------------------

@@ -11,7 +11,13 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config.platforms import AdlConfig, FrameworkControllerConfig, KubeflowConfig
+from ..config.platforms import (
+    AdlConfig,
+    FrameworkControllerConfig,
+    FrameworkStorageConfig,
+    K8sStorageConfig,
+    KubeflowConfig,
+)
 from .base import TrialStatus
 from .job_platform import JobPlatformService
 from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
@@ -124,11 +130,15 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
 
     # ---- Secrets shared by an experiment's jobs (Kubeflow, FrameworkController) -------------------
 
+    def _storage(self) -> K8sStorageConfig | FrameworkStorageConfig | None:
+        """The config's ``storage`` section (Kubeflow, FrameworkController); None for AdaptDL (NFS only)."""
+        return None if isinstance(self.config, AdlConfig) else self.config.storage
+
     def registry_secret_name(self) -> str:
         return f"nni-registry-{self.experiment_id}"
 
     def azure_secret_name(self) -> str | None:
-        storage = None if isinstance(self.config, AdlConfig) else self.config.storage  # AdaptDL: NFS only
+        storage = self._storage()
         return f"nni-azure-{self.experiment_id}" if storage and storage.storage_type == "azureStorage" else None
 
     def create_shared_secrets(self, auth_paths: list[Any]) -> None:
@@ -139,7 +149,7 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
                 self.api.ensure_secret(self.registry_secret_name(), {".dockerconfigjson": path.read_text()}, base,
                                        kind="kubernetes.io/dockerconfigjson")
                 break
-        storage = None if isinstance(self.config, AdlConfig) else self.config.storage
+        storage = self._storage()
         if storage is not None and storage.storage_type == "azureStorage":
             key = azure_storage_key(storage.key_vault_name, storage.key_vault_key)
             self.api.ensure_secret(str(self.azure_secret_name()), {"azurestorageaccountname": storage.azure_account,

@@ -12,9 +12,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from ..codebundle import CodeDirError, scan_code_dir
 from .errors import PlatformError
-from .trialdir import LOCAL, install_code, install_tree
+from .trialdir import LOCAL, install_code, install_tree, scan_bundle
 
 
 class MountedShare:
@@ -71,13 +70,9 @@ class MountedShare:
     def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:
         install_tree(LOCAL, str(self.path("runtime", key)), files)
 
-    def install_code(self, code_dir: Path, cache_file: Path) -> str:
+    def install_code(self, code_dir: Path, experiment_dir: Path) -> str:
         """Extract the code bundle once per content hash; returns the hash."""
-        try:
-            bundle = scan_code_dir(code_dir)
-        except CodeDirError as exc:
-            raise PlatformError(str(exc)) from None
-        digest = bundle.content_hash(cache_file)
+        bundle, digest = scan_bundle(code_dir, experiment_dir)
         with self._lock:
             install_code(LOCAL, str(self.path("code", digest)), digest, bundle.stream)
         return digest

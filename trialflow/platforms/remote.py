@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..codebundle import CodeDirError, scan_code_dir
 from ..config import RemoteConfig
 from ..trial.keeper import assign_gpus
 from ..trial.procs import stat_alive, stat_fields
@@ -68,7 +67,7 @@ from .remote_machine import Placements, RemoteMachine, machine_key
 from .runtime_files import check_version
 from .share import OUTPUT_DIR, Share
 from .ssh import SshConnection, machine_target
-from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs
+from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs, scan_bundle
 
 log = logging.getLogger("trialflow.platforms")
 LIVENESS_SECONDS = 3.0
@@ -180,13 +179,8 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
 
     def upload_code(self, code_dir: Path) -> CodeRef:
         if self.share is not None:  # extracted once on the share: every machine sees it, nothing is sent
-            digest = self.share.install_code(code_dir, self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
-            return CodeRef(str(code_dir), digest)
-        try:
-            bundle = scan_code_dir(code_dir)
-        except CodeDirError as exc:
-            raise PlatformError(str(exc)) from None
-        digest = bundle.content_hash(self.experiment_dir.parent / ".cache" / "bundle-hashes.json")
+            return CodeRef(str(code_dir), self.share.install_code(code_dir, self.experiment_dir))
+        bundle, digest = scan_bundle(code_dir, self.experiment_dir)
         for machine in self.machines:
             self.uploaded_bytes += install_code(machine.fs, posixpath.join(machine.root, "code", digest), digest,
                                                 bundle.stream)

@@ -80,9 +80,9 @@ class Share:
     def trial_dir(self, trial_id: str) -> Path:
         return self.local(self.experiment_id, "trials", trial_id)
 
-    def install_code(self, code_dir: Path, cache_file: Path) -> str:
+    def install_code(self, code_dir: Path, experiment_dir: Path) -> str:
         """Extract the code bundle on the share once per content hash (no upload to any machine)."""
-        return self.storage.install_code(code_dir, cache_file)
+        return self.storage.install_code(code_dir, experiment_dir)
 
     # ---- mounting and checking ----------------------------------------------------------------
 

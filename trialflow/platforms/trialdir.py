@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..codebundle import CodeBundle, CodeDirError, scan_code_dir
 from ..trial.protocol import (
     HEARTBEAT,
     HOLD,
@@ -33,7 +34,7 @@ from ..trial.protocol import (
     WORKER_INFO,
 )
 from ..trial.records import MetricRecord, parse_file_frames
-from .base import TrialStatus, TrialUpdate
+from .base import PlatformError, TrialStatus, TrialUpdate
 from .trialfs import READ_CHUNK, Feed, LocalFS, TrialFS
 
 STDERR_TAIL_BYTES = 2000
@@ -162,6 +163,16 @@ def install_tree(fs: TrialFS, target: str, files: list[tuple[str, Path]]) -> Non
         fs.remove_tree(partial)
         if fs.listdir(target) is None:
             raise
+
+
+def scan_bundle(code_dir: Path, experiment_dir: Path) -> tuple[CodeBundle, str]:
+    """The code directory as a bundle and its content hash (cached in ``.cache`` beside the
+    experiment folders); a directory over the upload limits is a ``PlatformError`` naming why."""
+    try:
+        bundle = scan_code_dir(code_dir)
+    except CodeDirError as exc:
+        raise PlatformError(str(exc)) from None
+    return bundle, bundle.content_hash(experiment_dir.parent / ".cache" / "bundle-hashes.json")
 
 
 def install_code(fs: TrialFS, target: str, digest: str, feed: Feed) -> int:
