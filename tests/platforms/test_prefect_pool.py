@@ -83,3 +83,26 @@ def test_a_retried_submit_returns_the_same_flow_run(tmp_path, on_pool):
 def test_a_missing_work_pool_is_a_clear_error(tmp_path, on_pool):
     with pytest.raises(PlatformError, match="work pool 'nope' does not exist .*prefect work-pool create nope"):
         service_of(tmp_path, prefect_section(on_pool, workPool="nope")).prepare()
+
+
+def test_a_run_whose_process_died_before_its_first_heartbeat_fails_its_trial(tmp_path, on_pool, monkeypatch):
+    """Prefect sets a run Running before the flow's first heartbeat: a worker killed in between left
+    the trial RUNNING for ever. On a pool no worker polls, the run is put Running by hand, as a worker
+    that died right after starting it would leave it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Running
+
+    import trialflow.platforms.prefect_pool as prefect_pool
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="trialflow-no-worker", type="process"), overwrite=True)
+    monkeypatch.setattr(prefect_pool, "STALE_SECONDS", 3.0)
+    svc, handle = _run_one(tmp_path, on_pool, "Died1", SLEEPING_TRIAL, workPool="trialflow-no-worker")
+    (run,) = _flow_run(on_pool, handle.data["job"])
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Running(), force=True)
+    assert poll_until_terminal(svc, handle, timeout=60)[0][-1] == TrialStatus.FAILED
+    (run,) = _flow_run(on_pool, handle.data["job"])
+    assert run.state.type.value == "CRASHED" and "stopped beating" in run.state.message
+    svc.close()

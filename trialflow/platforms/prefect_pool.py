@@ -20,8 +20,9 @@ A restarted controller finds its runs again by name.
 
 Liveness. Prefect shows a run Running until its process reports, so a run whose worker or
 infrastructure died would stay Running for ever. The runner flow touches a heartbeat file beside its
-run script every 2 s; a Running run whose heartbeat is older than :data:`STALE_SECONDS` is set
-Crashed in Prefect and ends its trial as FAILED (the row CRASHED below).
+run script every 2 s; a Running run whose heartbeat is older than :data:`STALE_SECONDS` -- or that
+has not beaten once that long after entering Running -- is set Crashed in Prefect and ends its trial
+as FAILED (the row CRASHED below).
 
 State table (the flow run's state type):
 
@@ -202,7 +203,7 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             return None
         state = run.state
         kind = state.type.value if state is not None else "SCHEDULED"
-        if kind == "RUNNING" and self._stopped_beating(name):
+        if kind == "RUNNING" and self._stopped_beating(name, state.timestamp.timestamp()):
             from prefect.states import Crashed
 
             message = (f"flow run {run.name} stopped beating for {STALE_SECONDS:.0f} s while Running: its worker "
@@ -212,13 +213,17 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             return self.outcome(name, "CRASHED", STATES, message)
         return self.outcome(name, kind, STATES, state.message if state is not None else None)
 
-    def _stopped_beating(self, name: str) -> bool:
+    def _stopped_beating(self, name: str, running_since: float) -> bool:
+        """Whether job ``name``, Running in Prefect since ``running_since`` (epoch seconds), has not beaten
+        for :data:`STALE_SECONDS`. A run that never beat counts from when it entered Running: its
+        process may have died between Prefect's Running and the flow's first beat."""
         kind, ident = name.removeprefix(f"nni_exp_{self.experiment_id}_").split("_", 1)
         beat = self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident, HEARTBEAT_FILE)
         try:
-            return time.time() - beat.stat().st_mtime > STALE_SECONDS
-        except FileNotFoundError:  # not started yet (or a runner deployed by an older trialflow)
-            return False
+            last = beat.stat().st_mtime
+        except FileNotFoundError:
+            last = running_since
+        return time.time() - last > STALE_SECONDS
 
     def delete_job(self, name: str) -> None:
         from prefect.exceptions import ObjectNotFound
