@@ -20,6 +20,7 @@ from typing import Any
 from .assessors import Assessor, create_assessor
 from .config import ExperimentConfig
 from .platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
+from .platforms.hybrid import HybridService
 from .store import ExperimentStore
 from .tuners import Tuner, create_tuner
 
@@ -99,7 +100,8 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
         _CONTEXTS[experiment_id] = ctx
     try:
         # a hybrid service retries each member with its own platform's policy
-        retry = RetryPolicy(retries=0) if config.is_hybrid else platform(config.services[0].platform).retry
+        hybrid = isinstance(service, HybridService)
+        retry = RetryPolicy(retries=0) if hybrid else platform(service.config.platform).retry
         retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
             "preparing %s failed (%s); retrying in %.0f s", service.platform, exc, delay))
         yield ctx

@@ -220,9 +220,9 @@ class _Loop:
         self.submit = submit_trial.with_options(**retry_options(experiment_retry(ctx.config)))
         self.capacity = ctx.service.capacity()
         self.cap: PlatformCap | None = None
-        service_cfg = ctx.config.services[0]
-        if service_cfg.platform_concurrency:
-            self.cap = PlatformCap(service_cfg.cap_name, service_cfg.platform_concurrency).ensure()
+        cap = ctx.service.concurrency_cap()
+        if cap is not None:
+            self.cap = PlatformCap(*cap).ensure()
             ctx.on_trial_end.append(self.cap.release)
 
     def elapsed(self) -> float:
@@ -261,7 +261,7 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
     """The experiment loop: (DONE, None), or (STOPPED, why) when asked to stop."""
     loop = _Loop(ctx)
     watch = StopWatch()
-    upload_code(ctx.experiment_id, str(ctx.config.services[0].trial_code_directory))
+    upload_code(ctx.experiment_id, str(ctx.service.code_directory()))
     resubmit = _reattach(ctx, loop)
     try:
         while True:

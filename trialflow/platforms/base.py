@@ -99,6 +99,25 @@ class TrainingService(ABC, Generic[ConfigT]):
     def upload_code(self, code_dir: Path) -> CodeRef:
         """Make the code directory available to trials; idempotent per content."""
 
+    def code_directory(self) -> Path:
+        """The code directory its trials run: this service's ``trialCodeDirectory``."""
+        return Path(self.config.trial_code_directory)
+
+    def trial_spec(self, experiment_id: str, trial_id: str, sequence: int, parameter_id: int,
+                   parameters: dict[str, Any]) -> TrialSpec:
+        """The spec of a stored trial to :meth:`submit` here: the command, code directory and GPUs of
+        this service's own config section. Raises :class:`PlatformError` when the service cannot take
+        the trial now (a hybrid experiment whose members are all full: transient)."""
+        cfg = self.config
+        return TrialSpec(experiment_id, trial_id, sequence, parameter_id, parameters, cfg.trial_command,
+                         self.code_directory(), cfg.trial_gpu_number)
+
+    def concurrency_cap(self) -> tuple[str, int] | None:
+        """The Prefect global concurrency limit its trials share with other experiments (name, slots),
+        when the config asks for one (``platformConcurrency``)."""
+        cfg = self.config
+        return (cfg.cap_name, cfg.platform_concurrency) if cfg.platform_concurrency else None
+
     @abstractmethod
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         """Start (or queue) the trial and return at once."""

@@ -20,7 +20,6 @@ becomes unreachable later only fails its own trials; the others keep taking new 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -120,16 +119,32 @@ class HybridService(TrainingService):
             raise TransientPlatformError("every training service of the hybrid experiment is at its maxConcurrency")
         return max(healthy, key=lambda m: (m.weight * m.free(), -len(m.running), -m.index))
 
-    def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+    def _place(self, trial_id: str) -> Member:
+        """The member the trial runs on: the one its first attempt chose, else the best with room now
+        (it holds a slot there until :meth:`abandon`)."""
         with self._lock:
-            name = self._placed.get(spec.trial_id)
+            name = self._placed.get(trial_id)
             member = self.members[name] if name else self._choose()
-            self._placed[spec.trial_id] = member.name
-            member.running.add(spec.trial_id)
-        own = dataclasses.replace(spec, command=member.config.trial_command, gpu_number=member.config.trial_gpu_number,
-                                  code_dir=Path(member.config.trial_code_directory))
+            self._placed[trial_id] = member.name
+            member.running.add(trial_id)
+        return member
+
+    def code_directory(self) -> Path:
+        """The first section's; :meth:`upload_code` uploads each member's own."""
+        return next(iter(self.members.values())).service.code_directory()
+
+    def trial_spec(self, experiment_id: str, trial_id: str, sequence: int, parameter_id: int,
+                   parameters: dict[str, Any]) -> TrialSpec:
+        """Places the trial, and its spec is the chosen member's (that section's command, code and GPUs)."""
+        return self._place(trial_id).service.trial_spec(experiment_id, trial_id, sequence, parameter_id, parameters)
+
+    def concurrency_cap(self) -> tuple[str, int] | None:
+        return None  # refused in a hybrid config: members cap their share with maxConcurrency
+
+    def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+        member = self._place(spec.trial_id)
         try:
-            handle = member.service.submit(own, member.code or code)
+            handle = member.service.submit(spec, member.code or code)
         except PlatformError as exc:
             with self._lock:
                 member.failed_at = time.monotonic()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -33,7 +32,6 @@ from ..platforms import (
     RetryPolicy,
     TransientPlatformError,
     TrialHandle,
-    TrialSpec,
     TrialStatus,
     TrialUpdate,
 )
@@ -58,10 +56,9 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
     if ctx.code is None:
         raise PlatformError("no code was uploaded for the experiment: run upload_code first")
     record = ctx.store.trial(trial_id)
-    service_cfg = ctx.config.services[0]
-    spec = TrialSpec(experiment_id, trial_id, record.sequence, record.parameter_id, record.parameters,
-                     service_cfg.trial_command, Path(ctx.code.location), service_cfg.trial_gpu_number)
     try:
+        spec = ctx.service.trial_spec(experiment_id, trial_id, record.sequence, record.parameter_id,
+                                      record.parameters)
         handle = ctx.service.submit(spec, ctx.code)
     except PlatformError as exc:
         ctx.submit_errors[trial_id] = str(exc)
