@@ -254,6 +254,9 @@ def test_the_python_api_updates_kills_and_stops_an_experiment_whose_controller_w
     assert store.controls()["max_experiment_duration"] == 7200
     with pytest.raises(trialflow.UserError, match="bad concurrency value 0: must be from 1 to 1000"):
         trialflow.update_experiment(exp_id, "concurrency", 0, root=tmp_path / "w")
+    with pytest.raises(trialflow.UserError, match=f"experiment {exp_id} is running; stop it first"):
+        trialflow.delete_experiment(exp_id, root=tmp_path / "w")
+    assert (tmp_path / "w" / exp_id / "trials" / first).is_dir()  # refused: nothing deleted
     os.kill(int(store.experiment().controller_pid), signal.SIGKILL)
     keeper = read_json(str(tmp_path / "w" / exp_id / "trials" / second / ".nni" / "keeper.pid"))
     result = trialflow.stop_experiment(exp_id, root=tmp_path / "w", wait=5)
@@ -263,3 +266,18 @@ def test_the_python_api_updates_kills_and_stops_an_experiment_whose_controller_w
     with pytest.raises(KeyError):
         trialflow.kill_trial(exp_id, "nosuchtrial", root=tmp_path / "w")
     store.close()
+
+
+def test_the_python_api_deletes_a_finished_experiment_and_forgets_its_config(tmp_path):
+    import trialflow
+    from trialflow.experiments import LIVE_CONFIGS
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n")
+    result = trialflow.run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1))
+    exp_id = result.experiment_id
+    assert result.status == "DONE" and exp_id in LIVE_CONFIGS  # kept after the run: it holds the secrets
+    assert trialflow.delete_experiment(exp_id, root=tmp_path / "w") == tmp_path / "w" / exp_id
+    assert not (tmp_path / "w" / exp_id).exists() and exp_id not in LIVE_CONFIGS
+    with pytest.raises(trialflow.UserError, match=f"no experiment '{exp_id}'"):
+        trialflow.delete_experiment(exp_id, root=tmp_path / "w")

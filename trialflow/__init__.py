@@ -18,6 +18,7 @@ _EXPORTS = {
     "kill_trial": "trialflow.api",
     "update_experiment": "trialflow.api",
     "update_search_space": "trialflow.api",
+    "delete_experiment": "trialflow.api",
     "UserError": "trialflow.user_errors",
     "ExperimentConfig": "trialflow.config",
     "ConfigError": "trialflow.config",

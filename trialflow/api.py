@@ -137,6 +137,19 @@ def update_search_space(experiment_id: str, space: dict[str, Any], root: Path | 
         store.close()
 
 
+def delete_experiment(experiment_id: str, root: Path | None = None) -> Path:
+    """Delete a finished experiment's folder (trials, logs, store), as ``trialflow experiment delete``
+    does; returns the folder. Raises ``ExperimentNotFound``, and ``ExperimentRunning`` (a
+    ``UserError``) while it runs."""
+    from .control import delete_experiment as delete
+
+    base, store = find_experiment(experiment_id, root)
+    try:
+        return delete(store, base)
+    finally:
+        store.close()
+
+
 class ExperimentSession:
     """An experiment opened for a user's own flow: the tasks of ``trialflow.tasks`` find it by
     :attr:`id`. A trial added by hand is recorded like a suggested one and, when it ends, told to the

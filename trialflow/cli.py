@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -624,19 +623,18 @@ def experiment_delete(experiment_id: ExpIdArg = None, root: RootOpt = None,
     else:
         base, store = _store(experiment_id, root)
         if _control.controller_alive(store):
-            raise CliError(f"experiment {store.experiment_id} is running; stop it first")
+            raise _control.ExperimentRunning(f"experiment {store.experiment_id} is running; stop it first")
         targets = [(base, store)]
-    folders = [base / store.experiment_id for base, store in targets]
-    for _, store in targets:
-        store.close()
-    if not folders:
+    if not targets:
         console.print("no experiment to delete")
         return
-    if not yes and not typer.confirm(f"delete {', '.join(map(str, folders))}?"):
+    folders = ", ".join(str(base / store.experiment_id) for base, store in targets)
+    if not yes and not typer.confirm(f"delete {folders}?"):
+        for _, store in targets:
+            store.close()
         raise typer.Exit(1)
-    for folder in folders:
-        shutil.rmtree(folder)
-        console.print(f"deleted {folder.name}")
+    for base, store in targets:
+        console.print(f"deleted {_control.delete_experiment(store, base).name}")
 
 
 @experiment_app.command("status")

@@ -81,6 +81,22 @@ def controller_alive(store: ExperimentStore) -> bool:
     return bool(pid) and pid != os.getpid() and pid_alive(int(pid))  # type: ignore[arg-type]
 
 
+class ExperimentRunning(UserError, RuntimeError):
+    """The operation needs the experiment's controller to be gone."""
+
+
+def delete_experiment(store: ExperimentStore, base: Path) -> Path:
+    """Delete a finished experiment: its folder (trials, logs, embedded store) and this process's copy
+    of its config; closes ``store`` and returns the folder. Raises :class:`ExperimentRunning` while
+    its controller runs (nothing is deleted) and OSError."""
+    from .experiments import delete_experiment_folder
+
+    if controller_alive(store):
+        raise ExperimentRunning(f"experiment {store.experiment_id} is running; stop it first")
+    store.close()
+    return delete_experiment_folder(base, store.experiment_id)
+
+
 def open_service(store: ExperimentStore, base: Path) -> TrainingService:
     """The experiment's training service, for work done without its controller (kill, logs);
     the caller closes it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ CONTROLLER_LOG = Path("log") / "experiment.log"  # the controller's log records,
 log = logging.getLogger("trialflow.experiment")
 
 # Configs of experiments created in this process (the Python API): they keep their secrets, which
-# the stored copy masks.
+# the stored copy masks. An entry outlives the run (reading a shared store's records afterwards needs
+# its password) and goes with the experiment (delete_experiment_folder).
 LIVE_CONFIGS: dict[str, ExperimentConfig] = {}
 
 
@@ -120,6 +122,15 @@ def _write_private(path: Path, text: str) -> None:
 
 def _has_store(exp_dir: Path) -> bool:
     return (exp_dir / DB_RELATIVE_PATH).is_file() or (exp_dir / STORE_URL_FILE).is_file()
+
+
+def delete_experiment_folder(working_directory: Path, experiment_id: str) -> Path:
+    """Delete the experiment's folder (trials, logs, embedded store) and this process's copy of its
+    config; returns the folder. The caller makes sure no controller runs it. Raises OSError."""
+    folder = Path(working_directory) / experiment_id
+    shutil.rmtree(folder)
+    LIVE_CONFIGS.pop(experiment_id, None)
+    return folder
 
 
 def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
