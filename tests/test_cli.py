@@ -277,7 +277,7 @@ def test_the_python_api_deletes_a_finished_experiment_and_forgets_its_config(tmp
     result = trialflow.run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1))
     exp_id = result.experiment_id
     assert result.status == "DONE" and exp_id in LIVE_CONFIGS  # kept after the run: it holds the secrets
-    assert trialflow.delete_experiment(exp_id, root=tmp_path / "w") == tmp_path / "w" / exp_id
+    assert trialflow.delete_experiment(exp_id, root=str(tmp_path / "w")) == tmp_path / "w" / exp_id  # text too
     assert not (tmp_path / "w" / exp_id).exists() and exp_id not in LIVE_CONFIGS
     with pytest.raises(trialflow.UserError, match=f"no experiment '{exp_id}'"):
         trialflow.delete_experiment(exp_id, root=tmp_path / "w")

@@ -51,6 +51,7 @@ class ExperimentResult:
 
 
 ConfigLike = str | os.PathLike[str] | dict[str, Any] | ExperimentConfig
+RootLike = str | os.PathLike[str] | None  # where experiments are: a folder, as a path or text
 
 
 def _as_config(config: ConfigLike) -> tuple[ExperimentConfig, str | None]:
@@ -83,7 +84,7 @@ def result_of(root: Path, experiment_id: str, status: str | None = None) -> Expe
                             best_trial(trials, maximizes(record)))
 
 
-def stop_experiment(experiment_id: str, root: Path | None = None, wait: float = 60.0) -> ExperimentResult:
+def stop_experiment(experiment_id: str, root: RootLike = None, wait: float = 60.0) -> ExperimentResult:
     """Stop an experiment (its running trials end USER_CANCELED, it ends STOPPED unless it had already
     ended) and return its result. Raises ``ExperimentNotFound``; warnings (a trial the platform could
     not stop) go to the ``trialflow`` logger."""
@@ -98,7 +99,7 @@ def stop_experiment(experiment_id: str, root: Path | None = None, wait: float = 
     return result_of(base, experiment_id)
 
 
-def kill_trial(experiment_id: str, trial_id: str, root: Path | None = None) -> TrialRecord:
+def kill_trial(experiment_id: str, trial_id: str, root: RootLike = None) -> TrialRecord:
     """Cancel one trial (USER_CANCELED; a trial that already ended keeps its status) and return its
     record. Raises ``ExperimentNotFound``, and ``KeyError`` for a trial the experiment does not have."""
     from .control import kill_trial as kill
@@ -112,7 +113,7 @@ def kill_trial(experiment_id: str, trial_id: str, root: Path | None = None) -> T
         store.close()
 
 
-def update_experiment(experiment_id: str, what: str, value: str | int, root: Path | None = None) -> int:
+def update_experiment(experiment_id: str, what: str, value: str | int, root: RootLike = None) -> int:
     """Set a running experiment's ``concurrency``, ``trialnum`` or ``duration`` (``'2h'``, seconds), as
     ``trialflow update`` does; returns the stored number. Raises ``ExperimentNotFound`` and
     ``UpdateError`` (a bad value, named with what is allowed)."""
@@ -125,7 +126,7 @@ def update_experiment(experiment_id: str, what: str, value: str | int, root: Pat
         store.close()
 
 
-def update_search_space(experiment_id: str, space: dict[str, Any], root: Path | None = None) -> None:
+def update_search_space(experiment_id: str, space: dict[str, Any], root: RootLike = None) -> None:
     """Replace a running experiment's search space (later trials use it). Raises
     ``ExperimentNotFound`` and ``SearchSpaceError``."""
     from .control import update_search_space as update
@@ -137,7 +138,7 @@ def update_search_space(experiment_id: str, space: dict[str, Any], root: Path | 
         store.close()
 
 
-def delete_experiment(experiment_id: str, root: Path | None = None) -> Path:
+def delete_experiment(experiment_id: str, root: RootLike = None) -> Path:
     """Delete a finished experiment's folder (trials, logs, store), as ``trialflow experiment delete``
     does; returns the folder. Raises ``ExperimentNotFound``, and ``ExperimentRunning`` (a
     ``UserError``) while it runs."""

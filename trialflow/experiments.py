@@ -231,12 +231,13 @@ class ExperimentEntry:
     record: ExperimentRecord
 
 
-def search_roots(root: Path | None = None) -> list[Path]:
-    """Where experiments are looked for, as absolute paths (a relative ``root`` is taken from here)."""
-    return [root.resolve()] if root is not None else [default_root().resolve(), *_registered_roots()]
+def search_roots(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where experiments are looked for, as absolute paths (a relative ``root`` is taken from here;
+    a notebook may pass it as text)."""
+    return [Path(root).resolve()] if root is not None else [default_root().resolve(), *_registered_roots()]
 
 
-def find_experiment(experiment_id: str, root: Path | None = None) -> tuple[Path, ExperimentStore]:
+def find_experiment(experiment_id: str, root: str | os.PathLike[str] | None = None) -> tuple[Path, ExperimentStore]:
     """The working directory and store of an experiment (default root, then registered roots)."""
     for base in search_roots(root):
         if _has_store(base / experiment_id):
