@@ -30,7 +30,7 @@ export PREFECT_HOME="${PREFECT_HOME:-$(mktemp -d)}"
 
 python3 -m ruff check trialflow tests benchmarks || exit 1
 python3 -m mypy trialflow || exit 1
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=30 "$@"  # the slowest tests in the log: the run must stay under 30 min
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2
