@@ -145,10 +145,7 @@ def delete_experiment(experiment_id: str, root: RootLike = None) -> Path:
     from .control import delete_experiment as delete
 
     base, store = find_experiment(experiment_id, root)
-    try:
-        return delete(store, base)
-    finally:
-        store.close()
+    return delete(store, base)  # closes the store
 
 
 class ExperimentSession:

@@ -622,8 +622,7 @@ def experiment_delete(experiment_id: ExpIdArg = None, root: RootOpt = None,
         targets = [(base, store) for base, store in targets if not _control.controller_alive(store)]
     else:
         base, store = _store(experiment_id, root)
-        if _control.controller_alive(store):
-            raise _control.ExperimentRunning(f"experiment {store.experiment_id} is running; stop it first")
+        _control.ensure_not_running(store)  # before asking; delete_experiment checks again after
         targets = [(base, store)]
     if not targets:
         console.print("no experiment to delete")

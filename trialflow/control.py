@@ -85,15 +85,22 @@ class ExperimentRunning(UserError, RuntimeError):
     """The operation needs the experiment's controller to be gone."""
 
 
-def delete_experiment(store: ExperimentStore, base: Path) -> Path:
-    """Delete a finished experiment: its folder (trials, logs, embedded store) and this process's copy
-    of its config; closes ``store`` and returns the folder. Raises :class:`ExperimentRunning` while
-    its controller runs (nothing is deleted) and OSError."""
-    from .experiments import delete_experiment_folder
-
+def ensure_not_running(store: ExperimentStore) -> None:
+    """Raises :class:`ExperimentRunning` while the experiment's controller runs."""
     if controller_alive(store):
         raise ExperimentRunning(f"experiment {store.experiment_id} is running; stop it first")
-    store.close()
+
+
+def delete_experiment(store: ExperimentStore, base: Path) -> Path:
+    """Delete a finished experiment: its folder (trials, logs, embedded store) and this process's copy
+    of its config; returns the folder. ``store`` is closed in every case. Raises
+    :class:`ExperimentRunning` while its controller runs (nothing is deleted) and OSError."""
+    from .experiments import delete_experiment_folder
+
+    try:
+        ensure_not_running(store)
+    finally:
+        store.close()
     return delete_experiment_folder(base, store.experiment_id)
 
 

@@ -138,8 +138,8 @@ class RawHistoryTuner(Tuner):
         self.observe(parameter_id, value)
 
 
-class RecordingChooser:
-    """A chooser that draws raw values with ``draw_*`` and records them by key."""
+class RecordingChooser(ABC):
+    """A chooser that draws raw values with ``draw_*`` (each tuner's own rule) and records them by key."""
 
     def __init__(self) -> None:
         self.raw: dict[str, Any] = {}
@@ -156,14 +156,17 @@ class RecordingChooser:
         self.raw[key] = value = self.draw_unit(key)
         return value
 
+    @abstractmethod
     def draw_categorical(self, key: str, n: int) -> int:
-        raise NotImplementedError
+        """An index in ``range(n)`` for the choice ``key``."""
 
+    @abstractmethod
     def draw_integer(self, key: str, low: int, high: int) -> int:
-        raise NotImplementedError
+        """An integer from ``low`` to ``high`` (both included) for ``key``."""
 
+    @abstractmethod
     def draw_unit(self, key: str) -> float:
-        raise NotImplementedError
+        """A float in [0, 1) for ``key``: the internal form of every continuous type."""
 
 
 class RandomChooser(RecordingChooser):
