@@ -40,6 +40,10 @@ class TrainingServiceConfig(ConfigModel):
     platform_concurrency_name: str | None = Field(
         default=None, min_length=1, description="name of that limit (default: trialflow-<platform>); experiments "
         "naming the same limit share its slots")
+    max_interruptions: int = Field(
+        default=3, ge=0, description="how many times a trial is resubmitted with the same parameters after an "
+        "infrastructure event ended its run (preemption, node failure, a requeue); these are not trial failures "
+        "and are counted apart (platforms that report them: docs/platforms.md#interruptions)")
 
     # the experiment's top-level sharedStorage, set on each section when the config loads
     shared_storage: Any = Field(default=None, exclude=True)

@@ -40,6 +40,7 @@ class TrialSpec:
     command: str
     code_dir: Path
     gpu_number: int | None = None
+    attempt: int = 0  # resubmissions after infrastructure interruptions; platforms name each run apart
 
     def parameter_record(self) -> str:
         """The exact ``parameter.cfg`` content NNI trial code expects (docs/nni.md#parameters)."""
@@ -71,6 +72,10 @@ class TrialUpdate:
     exit_code: int | None = None
     message: str | None = None
     errors: list[str] = field(default_factory=list)  # rejected metric lines, reported not fatal
+    # Set (with status WAITING) when an infrastructure event -- preemption, node loss, a requeue --
+    # ended this run of the trial: not the trial's failure. The flow resubmits it with the same
+    # parameters (``TrialSpec.attempt`` + 1); see :meth:`TrainingService.interrupted`.
+    interrupted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,20 @@ class TrainingService(ABC, Generic[ConfigT]):
                 if len(data) > offsets.get(name, 0):
                     out[name] = data[offsets.get(name, 0):]
         return out
+
+    def interrupted(self, handle: TrialHandle, why: str, records: list[MetricRecord] | None = None,
+                    cursor: dict[str, Any] | None = None) -> TrialUpdate:
+        """The update of a trial whose run an infrastructure event ended (``why``): to be resubmitted
+        with the same parameters while this section's ``maxInterruptions`` allows, FAILED (naming the
+        events) once it is used up. The count lives in the handle (``attempt``), apart from failures;
+        the tuner sees only the trial's final outcome."""
+        used = int(handle.data.get("attempt", 0))
+        limit = self.config.max_interruptions
+        if used >= limit:
+            return TrialUpdate(TrialStatus.FAILED, records or [], cursor or {}, None,
+                               f"{why}; the trial was already resubmitted {used} times after interruptions "
+                               f"(maxInterruptions: {limit})")
+        return TrialUpdate(TrialStatus.WAITING, records or [], cursor or {}, interrupted=why)
 
     def abandon(self, trial_id: str) -> None:
         """The trial's follower is done with it (ended, or its submission or polling failed for

@@ -17,6 +17,7 @@ The trial's slot is released as soon as its end is recorded, before the task run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ from ..platforms import (
     TrialHandle,
     TrialStatus,
     TrialUpdate,
+    experiment_retry,
 )
 from ..results import exited_by_itself
 from ..store import Metric
@@ -163,6 +165,13 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
         cursor = update.cursor
         output.pump()
         fresh = _absorb(ctx, trial_id, update, history)
+        if update.interrupted is not None:
+            resubmitted = _resubmit(ctx, trial_id, handle, update.interrupted)
+            if isinstance(resubmitted, TrialUpdate):
+                return _end(ctx, trial_id, resubmitted, history, absorbed=True)
+            handle = output.handle = resubmitted
+            cursor = {}
+            continue
         if update.status.is_terminal:
             if record.start_time is None and _ran(update, history):
                 ctx.store.set_started(trial_id, last_seen)
@@ -177,6 +186,37 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
         ctx.service.wait(handle, ctx.poll_interval)
+
+
+def _resubmit(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, why: str) -> TrialHandle | TrialUpdate:
+    """An infrastructure event ended the trial's run (its platform said so, within the section's
+    ``maxInterruptions``): whatever is left of that run is cancelled and the trial is submitted again
+    with the same parameters, as attempt n + 1 (stored in the handle before this returns, so a resumed
+    controller follows the new run). The tuner and assessor are not told. Returns the new handle, or
+    the FAILED update when the new submission fails for good."""
+    attempt = int(handle.data.get("attempt", 0)) + 1
+    log.warning("trial %s: %s; not the trial's failure: resubmitting it with the same parameters (interruption "
+                "%d)", trial_id, why, attempt)
+    output_logger().warning("trial %s: %s; resubmitted with the same parameters (interruption %d)", trial_id, why,
+                            attempt)
+    try:
+        ctx.service.cancel(handle, TrialStatus.SYS_CANCELED)
+    except PlatformError as exc:  # the new run goes ahead; the platform names each run apart
+        log.warning("trial %s: what is left of the interrupted run was not cancelled: %s", trial_id, exc)
+    record = ctx.store.trial(trial_id)
+
+    def submit() -> TrialHandle:
+        spec = ctx.service.trial_spec(ctx.experiment_id, trial_id, record.sequence, record.parameter_id,
+                                      record.parameters)
+        return ctx.service.submit(dataclasses.replace(spec, attempt=attempt), ctx.code)  # type: ignore[arg-type]
+
+    try:
+        fresh = experiment_retry(ctx.config).call(submit)
+    except PlatformError as exc:
+        return TrialUpdate(TrialStatus.FAILED, message=f"{why}; resubmitting it failed: {exc}")
+    fresh = TrialHandle(fresh.trial_id, fresh.platform, {**fresh.data, "attempt": attempt})
+    ctx.store.set_handle(trial_id, fresh.to_dict())
+    return fresh
 
 
 def _ran(update: TrialUpdate, history: list[Any]) -> bool:
