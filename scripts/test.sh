@@ -18,11 +18,15 @@ fi
 if ! command -v chromium >/dev/null; then
   missing="$missing chromium"
 fi
+# The Slurm tests start a throwaway single-node cluster on 127.0.0.1 (Debian's slurm-wlm and munge).
+if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || ! command -v sbatch >/dev/null || [ ! -x /usr/sbin/munged ]; then
+  missing="$missing slurm-wlm munge"
+fi
 if [ -n "$missing" ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing \
-    >/dev/null || { echo "could not install $missing (needed by the remote, store and dashboard tests)" >&2; exit 1; }
+    >/dev/null || { echo "could not install $missing (needed by the remote, store, dashboard and Slurm tests)" >&2; exit 1; }
 fi
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL

@@ -197,6 +197,31 @@ def sshd_servers(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node Slurm cluster (munged, slurmctld, slurmd) on 127.0.0.1, stopped at the end
+    (and with the test process, should it die)."""
+    from trialflow.testing.slurm import LoopbackSlurm, SlurmUnavailable
+
+    try:
+        cluster = LoopbackSlurm(tmp_path_factory.mktemp("slurm")).start()
+    except SlurmUnavailable as exc:
+        pytest.fail(f"{exc}: run the README test command (bash scripts/test.sh), which installs them")
+    yield cluster
+    cluster.stop()
+
+
+def slurm_section(cluster, workdir: Path, server=None, **fields) -> dict:
+    """A ``platform: slurm`` section for the test cluster: this machine as the login node, or
+    ``server`` (a test sshd) reached over SSH, where ``loginCommand`` points Slurm's commands at it."""
+    section = {"platform": "slurm", "remoteWorkingDirectory": str(workdir), "pythonPath": os.path.dirname(PYTHON),
+               "timeLimit": "10", **fields}
+    if server is not None:
+        section.update(host="127.0.0.1", port=server.port, user=server.user, sshKeyFile=str(server.key_file),
+                       loginCommand=f"export SLURM_CONF={cluster.conf}")
+    return section
+
+
 @pytest.fixture
 def known_hosts(sshd_servers, tmp_path):
     """A known_hosts file trusting both test servers."""

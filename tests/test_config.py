@@ -115,7 +115,7 @@ def test_secrets_are_never_printed(tmp_path):
 
 
 def test_unknown_platform_lists_the_allowed_ones(tmp_path):
-    found = problems(minimal(tmp_path, trainingService={"platform": "slurm"}))
+    found = problems(minimal(tmp_path, trainingService={"platform": "sge"}))
     assert any("platform must be one of local, remote, openpai, aml, dlc, kubeflow" in p for p in found), found
 
 

@@ -7,12 +7,22 @@ the registry in ``trialflow.platforms`` says which ones can run.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import Discriminator, Field, PlainValidator, SecretStr, Tag, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    PlainValidator,
+    SecretStr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ._base import ConfigModel, ConfigPath, GpuIndices, SizeMB, canonical_key, resolve_path
 
@@ -558,10 +568,87 @@ class PrefectPoolConfig(TrainingServiceConfig):
     metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
 
 
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
+_SLURM_OWN_OPTIONS = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--parsable", "--open-mode", "--chdir",
+                      "-D", "--wrap")
+
+
+class SlurmConfig(TrainingServiceConfig):
+    """A Slurm cluster: each trial a batch job (``reuseMode: true``: jobs that host trial after trial).
+    Without ``host`` this machine is a login node; with ``host`` the controller reaches one over SSH
+    (the remote platform's fields: ``user``, ``sshKeyFile`` or ``password``, or a ``credentials`` block)."""
+
+    platform: Literal["slurm"] = "slurm"
+    host: str | None = Field(default=None, min_length=1, description="a login node reached over SSH (default: "
+                             "this machine is one)")
+    port: int = Field(default=22, gt=0, lt=65536)
+    user: str | None = None
+    password: SecretStr | None = None
+    ssh_key_file: ConfigPath | None = None
+    ssh_passphrase: SecretStr | None = None
+    credentials: str | None = Field(default=None, description="name of a trialflow SSH credentials block")
+    trust_unknown_hosts: bool = Field(default=False, description="trust SSH host keys on first use")
+    known_hosts_file: ConfigPath = Field(default="~/.ssh/known_hosts", validate_default=True,  # type: ignore[assignment]
+                                         description="OpenSSH known_hosts file checked (and, on first use, extended)")
+    python_path: str | None = Field(default=None, description="folder of the python3 the login and compute nodes "
+                                    "run the trial runtime with")
+    remote_working_directory: str = Field(
+        default="~/trialflow-experiments", min_length=1,
+        description="a folder on the cluster's shared filesystem (same path on every node) for code, the trial "
+        "runtime and trial directories")
+    login_command: str | None = Field(default=None, description="shell lines run before each Slurm command on the "
+                                      "login node (module load slurm; export SLURM_CONF=...)")
+    prepare_command: str | None = Field(default=None, description="shell lines each job runs before the trial "
+                                        "(module load, conda activate)")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = Field(default=None, description="each job's --time (minutes, HH:MM:SS, D-HH:MM...)")
+    gpus_per_trial: int | None = Field(default=None, ge=0, description="GPUs per job (--gres=gpu:N; default "
+                                       "trialGpuNumber)")
+    cpus_per_trial: int = Field(default=1, gt=0, description="--cpus-per-task of each job")
+    memory: str | None = Field(default=None, pattern=r"^\d+[KMGT]?$", description="--mem of each job, e.g. 8G")
+    sbatch_options: list[str] = Field(default_factory=list, description="more sbatch options, one per item "
+                                      "(--constraint=a100)")
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time(cls, value: Any) -> Any:
+        value = str(value) if isinstance(value, int) else value
+        if isinstance(value, str) and not _SLURM_TIME.match(value.strip()):
+            raise ValueError(f"timeLimit {value!r} is not a Slurm time: use minutes, HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @field_validator("sbatch_options")
+    @classmethod
+    def _own_options(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if option.split("=")[0].strip() in _SLURM_OWN_OPTIONS:
+                raise ValueError(f"sbatchOptions: {option!r} is set by trialflow for each job; remove it")
+        return value
+
+    @model_validator(mode="after")
+    def _login(self) -> SlurmConfig:
+        if self.host:
+            self.login_machine()
+        return self
+
+    def login_machine(self) -> RemoteMachineConfig:
+        """The login node as a remote machine (``host`` given). Raises ValueError naming what is wrong."""
+        fields = {"host": self.host, "port": self.port, "user": self.user, "password": self.password,
+                  "ssh_key_file": self.ssh_key_file, "ssh_passphrase": self.ssh_passphrase,
+                  "credentials": self.credentials, "python_path": self.python_path,
+                  "remote_working_directory": self.remote_working_directory}
+        try:
+            return RemoteMachineConfig.model_validate({k: v for k, v in fields.items() if v is not None})
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
 PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {
     str(model.model_fields["platform"].default): model
     for model in (LocalConfig, RemoteConfig, OpenpaiConfig, AmlConfig, DlcConfig, KubeflowConfig,
-                  FrameworkControllerConfig, AdlConfig, DltsConfig, PrefectPoolConfig)
+                  FrameworkControllerConfig, AdlConfig, DltsConfig, PrefectPoolConfig, SlurmConfig)
 }
 
 

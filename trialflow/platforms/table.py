@@ -38,6 +38,7 @@ from ..config.platforms import (
     OpenpaiConfig,
     PrefectPoolConfig,
     RemoteConfig,
+    SlurmConfig,
 )
 from .adaptdl import AdaptDLTrainingService
 from .aml import AzureMLTrainingService
@@ -51,6 +52,7 @@ from .local import LocalTrainingService
 from .openpai import OpenPAITrainingService
 from .prefect_pool import PrefectWorkPoolService
 from .remote import RemoteTrainingService
+from .slurm import SlurmTrainingService
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ _ROWS = (
     Platform(AmlConfig, AzureMLTrainingService, AzureMLCredentials, "aml"),
     Platform(DlcConfig, DLCTrainingService, PAIDLCCredentials, "dlc"),
     Platform(PrefectPoolConfig, PrefectWorkPoolService),  # the controller's own Prefect API: no credentials
+    Platform(SlurmConfig, SlurmTrainingService, SSHCredentials),  # the block: its SSH route to a login node
 )
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
 

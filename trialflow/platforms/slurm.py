@@ -1,0 +1,509 @@
+"""Slurm: each trial is a batch job on a Slurm cluster; with ``reuseMode: true`` long-running jobs
+(environments) host trial after trial through the reuse worker.
+
+Reaching the cluster. Without ``host`` this machine is a login node: ``sbatch``, ``squeue`` and
+``scancel`` run here and the files are local. With ``host`` the controller logs in to a login node
+over SSH with the remote platform's machinery (host keys checked, credentials inline or from an
+``SSHCredentials`` block, files over SFTP). ``loginCommand`` (``module load slurm``) runs before
+each Slurm command there. Slurm's own CLIs are called (submitit pickles Python functions and calls
+``sbatch`` only on the machine it runs on: it fits neither shell trial commands nor the SSH route).
+
+Files live under ``remoteWorkingDirectory`` on the cluster's shared filesystem, laid out as on a
+remote machine (``runtime/``, ``code/<hash>/``, ``<experiment>/trials/<id>/``,
+``<experiment>/envs/<id>/``); compute nodes must see that folder at the same path.
+
+Lifecycle. ``prepare()`` logs in, finds Python, installs the trial runtime once per version and
+asks Slurm for its partitions (a cluster that does not answer fails here with a hint).
+``upload_code()`` extracts the code bundle once per content hash. ``submit`` writes the trial
+directory, then its batch script, then calls ``sbatch`` for a job named ``tf-<experiment>-<trial>``
+(``-r<n>`` for the n-th resubmission): a retried submit finds the job by that name first, and the
+script claims the trial before running it, so a requeued job never runs a trial twice. ``poll``
+reads Slurm's view of every job of the experiment (one ``squeue`` per second, taken before the
+trial's files are read) and the trial's files; ``cancel`` is ``scancel`` (reuse: a kill request to
+the environment's worker). ``close()`` stops the idle environments; running trials are not touched.
+
+State table: Slurm's job state, with the trial's own record (its keeper's exit code):
+
+============================================  ==================================================
+Slurm job state                               trial
+============================================  ==================================================
+PENDING, CONFIGURING, REQUEUE_HOLD            WAITING
+RUNNING, COMPLETING, SUSPENDED, STOPPED       RUNNING once the trial started, else WAITING; a
+                                              trial killed by a signal waits for Slurm's verdict
+COMPLETED, or gone from ``squeue``            the trial's record: SUCCEEDED on exit 0, else FAILED
+FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE    FAILED with Slurm's state and reason
+TIMEOUT                                       FAILED: the job reached its time limit
+CANCELLED                                     the stop trialflow asked for, else SYS_CANCELED
+PREEMPTED, NODE_FAIL, REQUEUED, a restart     interrupted: resubmitted with the same parameters
+============================================  ==================================================
+
+A record of exit 0 always wins. A job gone from ``squeue`` (after ``MinJobAge``) with no record
+ends SYS_CANCELED.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from .. import __version__
+from ..config.platforms import RemoteMachineConfig, SlurmConfig
+from ..trial.protocol import HEARTBEAT_SECONDS, META_DIR, STARTED, WORKER_IDLE_TIMEOUT
+from .base import (
+    CodeRef,
+    LostHandleError,
+    PlatformError,
+    TrainingService,
+    TransientPlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialStatus,
+    TrialUpdate,
+)
+from .local import trial_env
+from .remote_machine import RemoteMachine
+from .runtime_files import check_version
+from .ssh import SshConnection, machine_target
+from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs, scan_bundle, tail_text
+from .trialfs import LocalFS
+
+log = logging.getLogger("trialflow.platforms")
+_q = shlex.quote
+SNAPSHOT_SECONDS = 1.0
+WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+INTERRUPTED_STATES = {"PREEMPTED", "NODE_FAIL", "REQUEUED", "REQUEUE_FED"}
+FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT"}
+SQUEUE_FIELDS = "JobID:|,Name:|,State:|,Reason:|,RestartCnt:|"
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One line of ``squeue``: what Slurm says about a job now."""
+
+    id: str
+    name: str
+    state: str
+    reason: str
+    restarts: int
+
+    def describe(self) -> str:
+        return f"Slurm job {self.id} is {self.state}" + (f" ({self.reason})" if self.reason not in ("None", "") else "")
+
+
+class LocalShell:
+    """The login node is this machine: commands run in ``/bin/sh`` here (what :class:`RemoteMachine`
+    uses of an SSH connection)."""
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float = 120.0) -> tuple[int, str, str]:
+        try:
+            done = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TransientPlatformError(f"`{command}` did not finish within {timeout:.0f} s") from exc
+        return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+
+    def close(self) -> None:
+        return None
+
+
+class LocalLoginNode(RemoteMachine):
+    """This machine as the login node: a :class:`RemoteMachine` whose files are local."""
+
+    def __post_init__(self) -> None:
+        self.fs = LocalFS()  # type: ignore[assignment]  # the same TrialFS contract as SFTP
+
+
+def login_node(config: SlurmConfig) -> RemoteMachine:
+    """The login node of the section: over SSH with ``host``, else this machine."""
+    if config.host:
+        machine = config.login_machine()
+        conn = SshConnection(machine_target(machine), config.known_hosts_file, config.trust_unknown_hosts)
+        return RemoteMachine(0, machine, conn, f"{machine.user or machine.credentials}@{machine.host}:{machine.port}")
+    machine = RemoteMachineConfig.model_construct(host="localhost", python_path=config.python_path,
+                                                  remote_working_directory=config.remote_working_directory)
+    return LocalLoginNode(0, machine, cast(SshConnection, LocalShell()), "this machine")
+
+
+@dataclass
+class SlurmEnvironment:
+    """A reuse-mode job running the worker; it runs one trial at a time."""
+
+    id: str
+    job: str
+    job_id: str = ""
+    trial: str | None = None
+    ended: str | None = None
+
+
+class SlurmTrainingService(TrainingService[SlurmConfig]):
+    platform = "slurm"
+
+    def __init__(self, config: SlurmConfig, experiment_dir: Path,
+                 worker_idle_timeout: float = WORKER_IDLE_TIMEOUT) -> None:
+        self.config = config
+        self.experiment_dir = Path(experiment_dir)
+        self.experiment_id = self.experiment_dir.name
+        self.reuse = bool(config.reuse_mode)
+        self.worker_idle_timeout = worker_idle_timeout
+        self.login = login_node(config)
+        self.envs: dict[str, SlurmEnvironment] = {}
+        self._cancelled: dict[str, TrialStatus] = {}
+        self._lock = threading.Lock()
+        self._snapshot: dict[str, SlurmJob] = {}
+        self._snapshot_at = 0.0
+        self._ready = False
+        self._last_heartbeat = 0.0
+
+    # ---- the login node and Slurm's commands -------------------------------------------------
+
+    def _ensure_login(self) -> RemoteMachine:
+        """The login node, probed and with the runtime (also for CLI commands without ``prepare()``)."""
+        if not self._ready:
+            with self._lock:
+                if not self._ready:
+                    self.login.probe()
+                    self.login.install_runtime()
+                    self._ready = True
+        return self.login
+
+    def slurm(self, command: str, timeout: float = 60.0) -> str:
+        """A Slurm command on the login node (after ``loginCommand``); its stdout. Raises
+        ``PlatformError`` with Slurm's message when it fails; a controller Slurm cannot reach now
+        (``slurm_load_*`` errors, timeouts) is transient."""
+        prefix = f"{self.config.login_command}\n" if self.config.login_command else ""
+        status, out, err = self.login.conn.run(prefix + command, None, timeout)
+        if status != 0:
+            said = " / ".join(line.strip() for line in (err or out).strip().splitlines()[-3:])[-500:]
+            message = f"`{command.split()[0]}` failed on {self.login.key} (exit {status}): {said}"
+            if "Unable to contact" in err or "Socket timed out" in err or "Connection refused" in err:
+                raise TransientPlatformError(message)
+            raise PlatformError(message)
+        return out
+
+    def jobs(self, fresh: bool = False) -> dict[str, SlurmJob]:
+        """The experiment's jobs Slurm knows, by name (one ``squeue`` per second at most)."""
+        with self._lock:
+            if not fresh and time.monotonic() - self._snapshot_at < SNAPSHOT_SECONDS:
+                return self._snapshot
+        taken = time.monotonic()
+        out = self.slurm(f"squeue --me -h -t all -O {_q(SQUEUE_FIELDS)}")
+        prefix = f"tf-{self.experiment_id}-"
+        found: dict[str, SlurmJob] = {}
+        for line in out.splitlines():
+            fields = [f.strip() for f in line.split("|")]
+            if len(fields) >= 5 and fields[1].startswith(prefix):
+                job = SlurmJob(fields[0], fields[1], fields[2].split()[0], fields[3],
+                               int(fields[4]) if fields[4].isdigit() else 0)
+                if job.name not in found or int(job.id) > int(found[job.name].id):
+                    found[job.name] = job
+        with self._lock:
+            if taken >= self._snapshot_at:
+                self._snapshot, self._snapshot_at = found, taken
+        return found
+
+    def job(self, name: str) -> SlurmJob | None:
+        """Slurm's view of the job ``name``; a job missing from the last listing is looked up afresh."""
+        return self.jobs().get(name) or self.jobs(fresh=True).get(name)
+
+    def sbatch(self, name: str, script: str, options: list[str]) -> str:
+        """Submit ``script`` as job ``name`` unless a job of that name exists; returns its id."""
+        existing = self.jobs(fresh=True).get(name)
+        if existing is not None:
+            return existing.id
+        cfg = self.config
+        args = ["sbatch", "--parsable", f"--job-name={name}", *options]
+        for flag, value in (("--partition", cfg.partition), ("--account", cfg.account), ("--qos", cfg.qos),
+                            ("--time", cfg.time_limit), ("--mem", cfg.memory)):
+            if value:
+                args.append(f"{flag}={value}")
+        args.append(f"--cpus-per-task={cfg.cpus_per_trial}")
+        gpus = cfg.gpus_per_trial if cfg.gpus_per_trial is not None else cfg.trial_gpu_number
+        if gpus:
+            args.append(f"--gres=gpu:{gpus}")
+        args += [*cfg.sbatch_options, script]
+        return self.slurm(" ".join(_q(a) for a in args)).strip().split(";")[0]
+
+    def scancel(self, job_id: str) -> None:
+        if job_id:
+            self.slurm(f"scancel {_q(job_id)}")
+
+    def batch_script(self, workdir: str, body: str) -> str:
+        """A batch script: ``prepareCommand`` in the job's own shell (modules, conda), then ``body``."""
+        prepare = self.config.prepare_command
+        lines = ["#!/bin/sh", "# written by trialflow: a Slurm batch script", f"cd {_q(workdir)} || exit 1"]
+        if prepare:
+            lines.append(f"{{ {prepare}\n}} || {{ echo 'trialflow: prepareCommand failed' >&2; exit 1; }}")
+        return "\n".join([*lines, body, ""])
+
+    def runtime_command(self, module: str, *args: str) -> str:
+        """The batch script's last line: a runtime module replacing the script's shell."""
+        login = self.login
+        return (f"PYTHONPATH={_q(login.runtime)} exec {_q(login.python)} -S -m trialflow.trial.{module} "
+                + " ".join(_q(a) for a in args))
+
+    # ---- prepare and code --------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        try:
+            login = self._ensure_login()
+        except TransientPlatformError as exc:
+            raise PlatformError(f"{exc} -- check host, port and that sshd runs there") from None
+        check_version(login.run(login.command("keeper", "--version")).strip(), f"the trial keeper on {login.key}",
+                      f"remove {login.runtime} there so that this controller installs its own", __version__)
+        try:
+            partitions = self.slurm("sinfo -h -o %P").split()
+        except PlatformError as exc:
+            raise PlatformError(f"Slurm does not answer on {login.key}: {exc} -- check that slurmctld runs and, "
+                                "when Slurm's commands need a module or SLURM_CONF, set loginCommand") from None
+        wanted = self.config.partition
+        if wanted and wanted not in {p.rstrip("*") for p in partitions}:
+            raise PlatformError(f"partition {wanted!r} is not on the cluster (partitions: "
+                                f"{', '.join(p.rstrip('*') for p in partitions)}); fix partition")
+
+    def upload_code(self, code_dir: Path) -> CodeRef:
+        login = self._ensure_login()
+        bundle, digest = scan_bundle(code_dir, self.experiment_dir)
+        install_code(login.fs, posixpath.join(login.root, "code", digest), digest, bundle.stream)
+        return CodeRef(str(bundle.root), digest)
+
+    # ---- submit ------------------------------------------------------------------------------
+
+    def _trial_dir(self, trial_id: str) -> str:
+        return posixpath.join(self.login.root, self.experiment_id, "trials", trial_id)
+
+    def job_name(self, ident: str, attempt: int = 0) -> str:
+        return f"tf-{self.experiment_id}-{ident}" + (f"-r{attempt}" if attempt else "")
+
+    def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
+        login = self._ensure_login()
+        trial_dir = self._trial_dir(spec.trial_id)
+        code_dir = posixpath.join(login.root, "code", str(code.content_hash))
+        env = trial_env(spec, self.platform, trial_dir, code_dir, None)
+        env["PYTHONPATH"] = f"{posixpath.join(login.runtime, 'trialflow', 'trial', 'nni_shim')}:{login.runtime}"
+        keeper = {"command": spec.command, "cwd": code_dir, "env": env, "attempt": spec.attempt}
+        payload = {"trial_dir": trial_dir, "parameter": spec.parameter_record(), "keeper": keeper}
+        meta = posixpath.join(trial_dir, META_DIR)
+        if spec.attempt:  # the interrupted run's records move aside; the new run starts clean
+            earlier = read_json(login.fs, posixpath.join(meta, "keeper.json")) or {}
+            if int(earlier.get("attempt", 0)) < spec.attempt and login.fs.exists(meta):
+                login.fs.rename(meta, f"{meta}-{earlier.get('attempt', 0)}")
+        if self.reuse:
+            return self._enqueue(spec, payload)
+        login.run(login.command("keeper", "--submit"), json.dumps(dict(payload, hold=True)).encode())
+        login.fs.write(posixpath.join(meta, "attempt"), str(spec.attempt).encode())
+        script = posixpath.join(meta, f"slurm-{spec.attempt}.sh")
+        login.fs.write(script, self.batch_script(trial_dir, "\n".join([
+            f'[ "$(cat .nni/attempt 2>/dev/null)" = {spec.attempt} ] || exit 0  # a later attempt took over',
+            "if ! (set -C; : > .nni/keeper.lock) 2>/dev/null; then",
+            "  echo 'trialflow: this trial was started by an earlier run of this job; not twice' >&2; exit 0",
+            "fi",
+            self.runtime_command("keeper", trial_dir)])).encode(), 0o700)
+        name = self.job_name(spec.trial_id, spec.attempt)
+        job_id = self.sbatch(name, script, [f"--output={meta}/slurm-{spec.attempt}.log", "--open-mode=append"])
+        return TrialHandle(spec.trial_id, self.platform, {"job": name, "job_id": job_id, "trial_dir": trial_dir,
+                                                          "reuse": False})
+
+    def _enqueue(self, spec: TrialSpec, payload: dict[str, Any]) -> TrialHandle:
+        """Reuse: queue the trial to an idle environment, or to a new one (named after its first
+        trial, so a retried submit finds the same job)."""
+        with self._lock:
+            env = next((e for e in self.envs.values() if e.trial == spec.trial_id), None) or \
+                next((e for e in self.envs.values() if e.trial is None and e.ended is None), None)
+            if env is None:
+                ident = spec.trial_id + (f"-r{spec.attempt}" if spec.attempt else "")
+                env = self.envs[ident] = SlurmEnvironment(ident, self.job_name(f"env-{ident}"))
+            env.trial = spec.trial_id
+        files = self._env_files(env)
+        if not env.job_id:
+            try:
+                files.fs.makedirs(files.path)
+                files.heartbeat()
+                script = self.batch_script(files.path, self.runtime_command(
+                    "worker", "--foreground", files.path, str(self.worker_idle_timeout)))
+                files.fs.write(posixpath.join(files.path, "job.sh"), script.encode(), 0o700)
+                env.job_id = self.sbatch(env.job, posixpath.join(files.path, "job.sh"),
+                                         [f"--output={files.path}/slurm.log", "--open-mode=append"])
+            except PlatformError:
+                with self._lock:
+                    env.trial = None
+                raise
+        files.enqueue(spec.trial_id, payload)
+        return TrialHandle(spec.trial_id, self.platform, {"job": env.job, "job_id": env.job_id, "env": env.id,
+                                                          "trial_dir": payload["trial_dir"], "reuse": True})
+
+    def _env_files(self, env: SlurmEnvironment) -> EnvironmentDir:
+        return EnvironmentDir(self.login.fs, posixpath.join(self.login.root, self.experiment_id, "envs", env.id))
+
+    def _environment(self, handle: TrialHandle) -> SlurmEnvironment:
+        """The environment a reuse handle names, running its trial (known again after a restart)."""
+        with self._lock:
+            env = self.envs.get(handle.data["env"])
+            if env is None:
+                env = self.envs[handle.data["env"]] = SlurmEnvironment(handle.data["env"], handle.data["job"],
+                                                                        handle.data.get("job_id", ""))
+            env.trial = handle.trial_id
+            return env
+
+    # ---- poll --------------------------------------------------------------------------------
+
+    def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
+        login = self._ensure_login()
+        reuse, trial_dir = bool(handle.data.get("reuse")), str(handle.data.get("trial_dir", ""))
+        job = self.job(str(handle.data.get("job", "")))  # before the files: an ended job's record is there
+        if reuse:
+            self._heartbeat()
+        found = read_trial(login.fs, trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
+        cursor = {"metrics_offset": found.offset}
+        names, state, cancelled = found.names, found.state, self._cancelled.get(handle.trial_id)
+
+        def update(status: TrialStatus, message: str | None = None) -> TrialUpdate:
+            return TrialUpdate(status, found.records, cursor, None, message, found.errors)
+
+        if names is None and not reuse:
+            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir or '?'} no longer exists on "
+                                  f"{login.key}")
+        if state is not None and (state.get("exit_code") == 0 or cancelled is not None):
+            return self._ended(handle, found.update(cursor, cancelled))
+        if job is not None and cancelled is None and job.id == str(handle.data.get("job_id") or job.id) and (
+                job.state in INTERRUPTED_STATES or job.restarts > 0):
+            self._ended(handle, None)
+            return self.interrupted(handle, f"{job.describe()}, restarts: {job.restarts}", found.records, cursor)
+        if job is None or job.state == "COMPLETED":
+            if state is not None:
+                return self._ended(handle, found.update(cursor))
+            return self._ended(handle, update(cancelled or TrialStatus.SYS_CANCELED, (
+                f"its environment's job {handle.data.get('job')} ended before the trial ran" if reuse else
+                f"Slurm no longer knows job {handle.data.get('job')} and the trial recorded no end")))
+        if job.state in FAILED_STATES or job.state == "CANCELLED":
+            return self._ended(handle, self._job_ended(handle, job, state, cancelled, found.records, cursor,
+                                                       found.errors))
+        code = state.get("exit_code") if state else None
+        if code is not None and int(code) < 128:  # the trial's own failure (a signal waits for Slurm's verdict)
+            return self._ended(handle, found.update(cursor))
+        return update(TrialStatus.RUNNING if STARTED in (names or ()) else TrialStatus.WAITING)
+
+    def _job_ended(self, handle: TrialHandle, job: SlurmJob, state: dict[str, Any] | None,
+                   cancelled: TrialStatus | None, records: list[Any], cursor: dict[str, Any],
+                   errors: list[str]) -> TrialUpdate:
+        """A job Slurm ended (not COMPLETED with a record): its state and reason are the cause."""
+        code = state.get("exit_code") if state else None
+        if job.state == "CANCELLED":
+            return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, code,
+                               None if cancelled else f"{job.describe()}: cancelled outside trialflow (scancel)",
+                               errors)
+        if job.state == "TIMEOUT":
+            limit = self.config.time_limit or "the partition's default"
+            why = f"{job.describe()}: the job reached its time limit (timeLimit: {limit})"
+        else:
+            why = job.describe()
+        log_tail = tail_text(posixpath.join(handle.data.get("trial_dir", ""), META_DIR,
+                                            f"slurm-{handle.data.get('attempt', 0)}.log"), fs=self.login.fs)
+        stderr = tail_text(posixpath.join(handle.data.get("trial_dir", ""), "trial.stderr"), fs=self.login.fs)
+        tail = stderr or log_tail
+        return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code,
+                           (f"exit code {code}; " if code is not None else "") + why +
+                           (f"; stderr tail:\n{tail}" if tail else ""), errors)
+
+    def _ended(self, handle: TrialHandle, update: TrialUpdate | None) -> TrialUpdate:
+        """Free the trial's environment (reuse) once its end is known."""
+        with self._lock:
+            env = self.envs.get(str(handle.data.get("env")))
+            if env is not None and env.trial == handle.trial_id:
+                env.trial = None
+                if update is None:  # the environment itself was interrupted: it takes no more trials
+                    env.ended = "interrupted"
+        return update  # type: ignore[return-value]
+
+    def _heartbeat(self) -> None:
+        if time.monotonic() - self._last_heartbeat < HEARTBEAT_SECONDS:
+            return
+        self._last_heartbeat = time.monotonic()
+        for env in list(self.envs.values()):
+            if env.ended is None:
+                try:
+                    self._env_files(env).heartbeat()
+                except PlatformError as exc:  # the worker leaves only after its idle timeout
+                    log.warning("environment %s: heartbeat not written (%s)", env.id, exc)
+
+    # ---- cancel, adopt, logs, close ----------------------------------------------------------
+
+    def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
+        self._ensure_login()
+        self._cancelled[handle.trial_id] = reason
+        if handle.data.get("reuse"):
+            env = self._environment(handle)
+            files = self._env_files(env)
+            files.dequeue(handle.trial_id)
+            files.kill(handle.trial_id, handle.data["trial_dir"])
+            job = self.job(env.job)
+            if job is not None and (job.state in INTERRUPTED_STATES or job.restarts > 0 or job.state in WAITING_STATES):
+                env.ended = env.ended or "cancelled"
+                self.scancel(job.id)  # an interrupted or never-started environment is of no further use
+            return
+        self.scancel(str(handle.data.get("job_id", "")))
+        # a trial whose job had not started yet is claimed here, so no late (or requeued) run starts it
+        meta = posixpath.join(str(handle.data.get("trial_dir", "")), META_DIR)
+        self.login.conn.run(f"cd {_q(meta)} 2>/dev/null && (set -C; : > keeper.lock) 2>/dev/null && "
+                            f"echo '{{\"exit_code\": null, \"never_started\": true}}' > state.tmp && "
+                            "mv state.tmp state")
+
+    def adopt(self, handle: TrialHandle) -> None:
+        """Re-attach after a restart: a reuse trial's environment is known again."""
+        self._ensure_login()
+        if handle.data.get("reuse"):
+            self._environment(handle)
+
+    def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
+        """The trial's logs, copied into the local trial directory first (over SFTP with ``host``)."""
+        login = self._ensure_login()
+        local_dir = self.experiment_dir / "trials" / handle.trial_id
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("trial.stdout", "trial.stderr", "trial.log"):
+            source = posixpath.join(handle.data["trial_dir"], name)
+            if isinstance(login.fs, LocalFS):
+                if Path(source).is_file():
+                    shutil.copyfile(source, local_dir / name)
+            else:
+                login.fs.download(source, local_dir / name)
+        return read_trial_logs(local_dir, tail)
+
+    output_read_seconds = 1.0
+
+    def read_output(self, handle: TrialHandle, offsets: dict[str, int]) -> dict[str, bytes]:
+        out = {}
+        for name in ("trial.stdout", "trial.stderr"):
+            data = self.login.fs.read(posixpath.join(handle.data["trial_dir"], name), offsets.get(name, 0))
+            if data:
+                out[name] = data
+        return out
+
+    def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
+        login = self._ensure_login()
+        source = posixpath.join(handle.data["trial_dir"], name)
+        if isinstance(login.fs, LocalFS):
+            return Path(source)
+        target = self.experiment_dir / "trials" / handle.trial_id / name
+        login.fs.download(source, target)
+        return target
+
+    def close(self) -> None:
+        """Stop the idle environments (their jobs end); busy ones leave after their idle timeout once
+        no heartbeat comes. Close the login connection."""
+        for env in list(self.envs.values()):
+            if env.trial is None and env.ended is None:
+                try:
+                    self._env_files(env).stop()
+                except PlatformError as exc:
+                    log.warning("environment %s was not asked to stop (%s); it leaves after %.0f s without a "
+                                "heartbeat", env.id, exc, self.worker_idle_timeout)
+        self.envs.clear()
+        self.login.conn.close()
