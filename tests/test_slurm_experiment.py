@@ -129,8 +129,10 @@ def test_scancel_time_limit_and_requeue_are_told_apart(tmp_path, slurm_cluster, 
 
 def test_controller_sigkill_and_resume_over_ssh_reattach_running_jobs(tmp_path, slurm_cluster, sshd_servers,
                                                                       known_hosts, prefect_server):
+    """Over the SSH route with reuse: the resumed controller re-attaches the trials running in the
+    environments the first one started, and takes new trials in them."""
     config = slurm_experiment(tmp_path, slurm_cluster, sleep=1.0, server=sshd_servers[0], trialConcurrency=2,
-                              maxTrialNumber=4, service={"knownHostsFile": str(known_hosts)})
+                              maxTrialNumber=4, service={"knownHostsFile": str(known_hosts), "reuseMode": True})
     exp_id, exp_dir, store = run_until_running_then_sigkill(parse_config(config), prefect_server)
     assert store.trials(["RUNNING"])
     second = start_controller(exp_id, exp_dir.parent, prefect_server)
@@ -141,3 +143,4 @@ def test_controller_sigkill_and_resume_over_ssh_reattach_running_jobs(tmp_path, 
     assert _starts(tmp_path) == Counter(t.id for t in trials), "a Slurm trial ran twice or not at all"
     for trial in trials:
         assert len(store.metrics(trial.id, "PERIODICAL")) == 3 and len(store.metrics(trial.id, "FINAL")) == 1
+    assert len({t.handle["data"]["env"] for t in trials}) < 4  # environments hosted several trials

@@ -38,7 +38,7 @@ def slurm_service(tmp_path: Path, cluster, server=None, known_hosts=None, **fiel
     return SlurmTrainingService(SlurmConfig.model_validate(section), tmp_path / "exp" / secrets.token_hex(4))
 
 
-@pytest.fixture(params=["login-node", "login-node-reuse", "ssh", "ssh-reuse"])
+@pytest.fixture(params=["login-node", "login-node-reuse", "ssh"])  # SSH + reuse: test_slurm_experiment.py
 def service(request, tmp_path, slurm_cluster, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
     server = known = None
@@ -119,7 +119,7 @@ def test_a_retried_submit_finds_its_job_and_a_requeued_job_never_runs_the_trial_
     ({"sbatchOptions": ["--output=/tmp/x"]}, "'--output=/tmp/x' is set by trialflow for each job; remove it"),
     ({"host": "login.example", "user": "me", "sshKeyFile": "/nonexistent/key"}, 'sshKeyFile "/nonexistent/key" is '
      "not a file"),
-    ({"memory": "lots"}, "memory"),
+    ({"memory": "16 GB"}, "memory '16 GB' is not a Slurm size: use a number with K, M, G or T, e.g. 16G"),
 ])
 def test_bad_sections_are_refused_naming_the_field(tmp_path, fields, message):
     (tmp_path / "code").mkdir()

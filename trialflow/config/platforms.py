@@ -607,7 +607,7 @@ class SlurmConfig(TrainingServiceConfig):
     gpus_per_trial: int | None = Field(default=None, ge=0, description="GPUs per job (--gres=gpu:N; default "
                                        "trialGpuNumber)")
     cpus_per_trial: int = Field(default=1, gt=0, description="--cpus-per-task of each job")
-    memory: str | None = Field(default=None, pattern=r"^\d+[KMGT]?$", description="--mem of each job, e.g. 8G")
+    memory: str | None = Field(default=None, description="--mem of each job, e.g. 8G")
     sbatch_options: list[str] = Field(default_factory=list, description="more sbatch options, one per item "
                                       "(--constraint=a100)")
 
@@ -618,6 +618,13 @@ class SlurmConfig(TrainingServiceConfig):
         if isinstance(value, str) and not _SLURM_TIME.match(value.strip()):
             raise ValueError(f"timeLimit {value!r} is not a Slurm time: use minutes, HH:MM:SS or D-HH:MM:SS")
         return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"\d+[KMGT]?", value.strip()):
+            raise ValueError(f"memory {value!r} is not a Slurm size: use a number with K, M, G or T, e.g. 16G")
+        return value.strip() if value else value
 
     @field_validator("sbatch_options")
     @classmethod
