@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, slurm_section
+from tests.conftest import base_config, slurm_section, wait_for
 from trialflow.config import ConfigError, parse_config
 from trialflow.config.platforms import SlurmConfig
 from trialflow.platforms import PlatformError, TrialHandle, TrialStatus
@@ -112,6 +112,23 @@ def test_a_retried_submit_finds_its_job_and_a_requeued_job_never_runs_the_trial_
     done = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "not twice" in done.stderr
     svc.close()
+
+
+def test_close_leaves_no_allocation_for_idle_environments_or_cancelled_trials(tmp_path, slurm_cluster, monkeypatch):
+    """Reuse: after a Ctrl-C (cancel, then close) no environment job is left holding an allocation;
+    an environment whose trial still runs is left alone."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    svc = prepared(slurm_service(tmp_path, slurm_cluster, reuseMode=True), tmp_path / "code")
+    cancelled, running = _running(svc, "Gone1"), _running(svc, "Stay1")
+    svc.cancel(cancelled, TrialStatus.USER_CANCELED)
+    svc.close()
+
+    def state(handle):
+        return slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%T", "-j", handle.data["job_id"]).strip()
+
+    wait_for(lambda: state(cancelled) in ("CANCELLED", "COMPLETED"), timeout=30)
+    assert state(running) == "RUNNING"
+    slurm_cluster.run("scancel", running.data["job_id"])
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -20,7 +20,8 @@ directory, then its batch script, then calls ``sbatch`` for a job named ``tf-<ex
 script claims the trial before running it, so a requeued job never runs a trial twice. ``poll``
 reads Slurm's view of every job of the experiment (one ``squeue`` per second, taken before the
 trial's files are read) and the trial's files; ``cancel`` is ``scancel`` (reuse: a kill request to
-the environment's worker). ``close()`` stops the idle environments; running trials are not touched.
+the environment's worker). ``close()`` stops the idle environments and cancels those of
+cancelled trials; running trials are not touched.
 
 State table: Slurm's job state, with the trial's own record (its keeper's exit code):
 
@@ -496,14 +497,19 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         return target
 
     def close(self) -> None:
-        """Stop the idle environments (their jobs end); busy ones leave after their idle timeout once
-        no heartbeat comes. Close the login connection."""
+        """Stop the idle environments (their workers leave and their jobs end) and cancel the jobs of
+        those whose trial was cancelled (a Ctrl-C or stop leaves no allocation behind); environments
+        running a trial are left alone and leave after their idle timeout once no heartbeat comes.
+        Close the login connection."""
         for env in list(self.envs.values()):
-            if env.trial is None and env.ended is None:
-                try:
-                    self._env_files(env).stop()
-                except PlatformError as exc:
-                    log.warning("environment %s was not asked to stop (%s); it leaves after %.0f s without a "
-                                "heartbeat", env.id, exc, self.worker_idle_timeout)
+            if env.ended is not None or (env.trial is not None and env.trial not in self._cancelled):
+                continue
+            try:
+                self._env_files(env).stop()
+                if env.trial is not None:
+                    self.scancel(env.job_id)
+            except PlatformError as exc:
+                log.warning("environment %s was not stopped (%s); it leaves after %.0f s without a heartbeat",
+                            env.id, exc, self.worker_idle_timeout)
         self.envs.clear()
         self.login.conn.close()
