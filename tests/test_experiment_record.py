@@ -447,13 +447,13 @@ TIMED_TRIAL = textwrap.dedent("""
     for i in range(rng.randint(0, 4)):
         time.sleep(rng.choice([0, 0, 0.01, 0.05, 0.1, 0.19, 0.21, 0.3]))
         value = rng.random()
+        note(kind="PERIODICAL", value=value)  # noted first: a kill between the two leaves the journal ahead
         nni.report_intermediate_result(value)
-        note(kind="PERIODICAL", value=value)
     time.sleep(rng.choice([0, 0, 0.02, 0.2]))
     if rng.random() < 0.7:
         final = rng.random()
-        nni.report_final_result(final)
         note(kind="FINAL", value=final)
+        nni.report_final_result(final)
     code = rng.choice([0, 0, 0, 1, 2, 3])
     note(kind="exit", code=code)
     if rng.random() < 0.5:
