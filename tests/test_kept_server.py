@@ -68,6 +68,16 @@ def _get(url: str) -> tuple[int, bytes]:
         return response.status, response.read()
 
 
+def _final_task_runs(api: str, flow_run_id: str) -> set[str]:
+    """Names of the flow run's task runs in a final state, as the server has them."""
+    body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode()
+    request = urllib.request.Request(f"{api}/task_runs/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        runs = json.loads(response.read())
+    return {r["name"] for r in runs if r["state_type"] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")}
+
+
 def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stops_it(tmp_path, home):
     first = _cli(home, "create", "--config", str(_config(tmp_path, "one")))
     assert first.returncode == 0, first.stdout + first.stderr
@@ -88,6 +98,10 @@ def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stop
         store = open_store(tmp_path / "w", exp_id)
         wait_for(lambda store=store: store.experiment().status == "DONE", timeout=120)
         assert store.experiment().prefect_api == server.url
+        # task-run states reach the server as events, which it writes in batches: each trial's three
+        # task runs are there, final, within seconds
+        expected = {f"{kind}-{t.id}" for t in store.trials() for kind in ("submit", "trial")}
+        wait_for(lambda f=flow_run_id, e=expected: e <= _final_task_runs(server.url, f), timeout=30)
     status = _cli(home, "server", "status")
     assert status.returncode == 0 and f"UI http://127.0.0.1:{server.port}" in status.stdout
     stopped = _cli(home, "server", "stop")
