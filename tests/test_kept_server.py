@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import open_store
-from trialflow.kept_server import running_server, stop_server
+from trialflow.kept_server import DATABASE_MARK, ensure_server, running_server, server_home, stop_server
 from trialflow.trial.procs import pid_alive, stop_with
 
 pytestmark = pytest.mark.timeout(300)
@@ -187,3 +187,30 @@ def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home):
         waiting = _processes_of(home, b"trialflow.controller_launch")
     _guard(home)  # the controller may have started the server already: it is kept for the next create
     assert not waiting  # the controller started beside the config check ended with it
+
+
+def _migrates_on_start(api: str) -> bool:
+    with urllib.request.urlopen(f"{api}/admin/settings", timeout=10) as response:
+        return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
+
+
+def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_version_runs_it(home):
+    """A cold start (server stopped, database kept) skips Prefect's migration check when the database
+    was last served by the same Prefect version; a database last served by another version is migrated."""
+    first = ensure_server(home, port=0)
+    _guard(home)
+    assert _migrates_on_start(first.url)  # a new database: created and migrated
+    stop_server(home)
+    again = ensure_server(home, port=0)
+    _guard(home)
+    assert again.port == first.port and not _migrates_on_start(again.url)
+    flows = urllib.request.Request(f"{again.url}/flows/filter", data=b"{}", method="POST",
+                                   headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(flows, timeout=10) as response:  # the database serves as before
+        assert response.status == 200
+    stop_server(home)
+    (server_home(home) / DATABASE_MARK).write_text(json.dumps({"prefect": "3.0.0"}))  # as after an upgrade
+    upgraded = ensure_server(home, port=0)
+    _guard(home)
+    assert _migrates_on_start(upgraded.url)
+    assert json.loads((server_home(home) / DATABASE_MARK).read_text())["prefect"] == upgraded.prefect

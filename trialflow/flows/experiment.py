@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.context import FlowRunContext
 from prefect.exceptions import Abort, CancelledRun, TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, Completed, Failed, State
@@ -247,14 +248,39 @@ class _Loop:
         return sum(1 for t in self.running if t not in self.ctx.ended)
 
     def prune(self) -> None:
-        """Forget trials whose task run has closed."""
-        for trial_id in [t for t, f in self.running.items() if f.wrapped_future.done()]:  # type: ignore[attr-defined]
+        """Forget trials whose task run has closed, and Prefect's links to finished task runs' results."""
+        closed = [t for t, f in self.running.items() if f.wrapped_future.done()]  # type: ignore[attr-defined]
+        for trial_id in closed:
             del self.running[trial_id]
             self.ctx.ended.discard(trial_id)
+        if closed:
+            _forget_finished_results()
 
     def close(self) -> None:
         if self.cap is not None:
             self.cap.close()
+
+
+def _forget_finished_results() -> None:
+    """Drop what the flow run's context keeps of finished task runs and this flow never reads back;
+    kept, it grew by about 9 KB a trial (over 10,000 trials, 90 MB of the controller's memory):
+
+    * ``run_results``, links from finished task runs' results to their states (a result passed to a
+      later task becomes an edge of the run graph when that task is submitted): this flow hands later
+      tasks the trial ids it holds, never a finished task's result;
+    * ``task_run_assets`` entries with no asset: an empty set adds nothing to a downstream task's
+      upstream assets, exactly as a missing entry.
+    """
+    context = FlowRunContext.get()
+    if context is None:
+        return
+    # list() copies the items in one step; task threads add entries meanwhile
+    for key, (state, *_) in list(context.run_results.items()):
+        if state.is_final():
+            context.run_results.pop(key, None)
+    for task_run_id, assets in list(context.task_run_assets.items()):
+        if not assets:
+            context.task_run_assets.pop(task_run_id, None)
 
 
 def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
