@@ -103,6 +103,26 @@ def _task_runs(client, experiment_id: str, expected: int, timeout: float = 60.0)
     return runs
 
 
+def test_the_run_graph_links_every_trial_to_its_suggest_and_submit_runs(server, client, tmp_path):
+    """Trials that end while later ones are still being created (the flow forgets a closed trial's
+    task runs then) keep every edge of the run graph: suggest -> submit -> trial."""
+    config = _config(tmp_path, "graph", maxTrialNumber=8, trialConcurrency=2,
+                     searchSpace={"x": {"_type": "choice", "_value": [1, 4, 5, 6, 7, 8, 9, 10]}},
+                     tuner={"name": "GridSearch"})
+    _run(server, tmp_path, f"import trialflow; trialflow.run_experiment({str(config)!r})", "graph")
+    exp = _experiment(tmp_path, "graph")
+    trials = open_store(tmp_path / "w", exp.record.id).trials()
+    assert len(trials) == 8 and all(t.status == "SUCCEEDED" for t in trials)
+    runs = _task_runs(client, exp.record.id, 1 + 8 * 3)
+    names = {r.id: r.name for r in runs}
+    inputs = {r.name: {key: sorted(names[i.id] for i in value) for key, value in r.task_inputs.items() if value}
+              for r in runs}
+    for trial in trials:
+        suggest = f"suggest-#{trial.sequence + 1}"  # suggest runs count from 1, sequences from 0
+        assert inputs[f"submit-{trial.id}"] == {"trial_id": [suggest]}
+        assert inputs[f"trial-{trial.id}"] == {"trial_id": [suggest], "wait_for": [f"submit-{trial.id}"]}
+
+
 def test_each_trial_is_a_suggest_a_submit_and_a_poll_task_run_whose_state_mirrors_it(server, client, tmp_path):
     config = _config(tmp_path, "shape", maxTrialNumber=3, trialConcurrency=3, maxTrialDuration="3s",
                      searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3]}}, tuner={"name": "GridSearch"})

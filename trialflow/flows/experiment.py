@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
@@ -212,6 +213,7 @@ class _Loop:
     def __init__(self, ctx: ExperimentContext) -> None:
         self.ctx = ctx
         self.running: dict[str, PrefectFuture[Any]] = {}
+        self.task_runs: dict[str, list[UUID]] = {}  # each running trial's task runs (suggest, submit, poll)
         self.exhausted = False
         controls = ctx.store.controls()
         self.elapsed_before = float(controls.get("elapsed_seconds", 0.0))
@@ -237,8 +239,14 @@ class _Loop:
 
     def start(self, trial_id: str, submit: bool) -> None:
         """Submit (unless re-attached) and follow the trial, each in its own task run."""
-        wait_for = [allow_failure(self.submit.submit(self.ctx.experiment_id, trial_id))] if submit else None
+        runs = self.task_runs.setdefault(trial_id, [])
+        wait_for = None
+        if submit:
+            submitted = self.submit.submit(self.ctx.experiment_id, trial_id)
+            runs.append(submitted.task_run_id)
+            wait_for = [allow_failure(submitted)]
         future = poll_trial.submit(self.ctx.experiment_id, trial_id, wait_for=wait_for)  # type: ignore[call-overload]
+        runs.append(future.task_run_id)
         self.running[trial_id] = future
         # The wrapped concurrent future answers locally; PrefectFuture.state asks the API every time.
         future.wrapped_future.add_done_callback(lambda _: self.ctx.slot_freed.set())  # type: ignore[attr-defined]
@@ -248,26 +256,27 @@ class _Loop:
         return sum(1 for t in self.running if t not in self.ctx.ended)
 
     def prune(self) -> None:
-        """Forget trials whose task run has closed, and Prefect's links to finished task runs' results."""
+        """Forget trials whose task run has closed, and what the flow run's context keeps of their task runs."""
         closed = [t for t, f in self.running.items() if f.wrapped_future.done()]  # type: ignore[attr-defined]
         for trial_id in closed:
             del self.running[trial_id]
             self.ctx.ended.discard(trial_id)
         if closed:
-            _forget_finished_results()
+            _forget_task_runs({run for trial_id in closed for run in self.task_runs.pop(trial_id, ())})
 
     def close(self) -> None:
         if self.cap is not None:
             self.cap.close()
 
 
-def _forget_finished_results() -> None:
-    """Drop what the flow run's context keeps of finished task runs and this flow never reads back;
-    kept, it grew by about 9 KB a trial (over 10,000 trials, 90 MB of the controller's memory):
+def _forget_task_runs(task_runs: set[UUID]) -> None:
+    """Drop what the flow run's context keeps of a closed trial's task runs (``task_runs``) and never
+    reads again; kept, it grew by about 8 KB a trial (over 10,000 trials, 80 MB of the controller's
+    memory; benchmarks/scale.py):
 
-    * ``run_results``, links from finished task runs' results to their states (a result passed to a
-      later task becomes an edge of the run graph when that task is submitted): this flow hands later
-      tasks the trial ids it holds, never a finished task's result;
+    * ``run_results``, links from their results to their states, by which a result passed to a later
+      task becomes an edge of the run graph (suggest -> submit -> trial). Every task of the trial has
+      been created with its inputs once its last task run closed, and no later task is given them;
     * ``task_run_assets`` entries with no asset: an empty set adds nothing to a downstream task's
       upstream assets, exactly as a missing entry.
     """
@@ -276,7 +285,7 @@ def _forget_finished_results() -> None:
         return
     # list() copies the items in one step; task threads add entries meanwhile
     for key, (state, *_) in list(context.run_results.items()):
-        if state.is_final():
+        if state.state_details.task_run_id in task_runs:
             context.run_results.pop(key, None)
     for task_run_id, assets in list(context.task_run_assets.items()):
         if not assets:
@@ -367,9 +376,12 @@ def _suggest(ctx: ExperimentContext, loop: _Loop) -> dict[str, Any] | None:
             loop.exhausted = True
         return None
     loop.suggested += 1
-    suggestion = suggest_parameters(ctx.experiment_id, ctx.store.count_trials() + 1)
+    state = suggest_parameters(ctx.experiment_id, ctx.store.count_trials() + 1, return_state=True)
+    suggestion: dict[str, Any] | None = state.result()
     if suggestion is None:
         loop.exhausted = True
+    elif state.state_details.task_run_id is not None:
+        loop.task_runs[suggestion["trial_id"]] = [state.state_details.task_run_id]
     return suggestion
 
 
