@@ -213,7 +213,7 @@ def _spawn(folder: Path, port: int) -> KeptServer:
                PREFECT__SERVER_FINAL="1")
     env = {**SERVER_DEFAULTS, **env}
     version = _prefect_version()
-    if _database_at(folder, version, env):
+    if _database_at(folder, prefect_home, version, env):
         env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
@@ -243,14 +243,14 @@ def _prefect_version() -> str | None:
         return None
 
 
-def _database_at(folder: Path, version: str | None, env: dict[str, str]) -> bool:
+def _database_at(folder: Path, prefect_home: Path, version: str | None, env: dict[str, str]) -> bool:
     """Whether the kept server's own database was last served, healthy, by this Prefect ``version``:
     then Prefect's migration check at start-up (~0.2 s of a cold start) has nothing to do. Never for
     a database or a migration setting the environment chose."""
     if version is None or any(key.endswith(("_DATABASE_CONNECTION_URL", "_DATABASE_MIGRATE_ON_START"))
                               for key in env):
         return False
-    return (folder / "prefect" / "prefect.db").exists() and read_json(str(folder / DATABASE_MARK)) == {
+    return (prefect_home / "prefect.db").exists() and read_json(str(folder / DATABASE_MARK)) == {
         "prefect": version}
 
 
