@@ -9,7 +9,9 @@
 * with ``--nni-venv`` (``pip install nni==3.0``; ``--install-nni`` creates it): NNI 3.0's
   ``nnictl create`` to its first trial, on the same trial and machine.
 
-Medians over ``--repeat`` runs (default 3).
+Medians over ``--repeat`` runs (default 3). trialflow is run as its console script beside this Python
+and its trial by this Python's path (as NNI's ``nnictl`` and trial run from its venv), not through a PATH
+wrapper such as pyenv's shims (~0.2 s each).
 
     python benchmarks/startup.py [--repeat 3] [--nni-venv DIR [--install-nni]]
 """
@@ -35,12 +37,21 @@ TRIAL = ("import time\nopen({stamp!r}, 'a').write(f'{{time.time()}}\\n')\nimport
          "nni.get_next_parameter()\nnni.report_final_result(1.0)\n")
 
 
+def _console_script() -> list[str]:
+    script = Path(sys.executable).with_name("trialflow")
+    return [str(script)] if script.exists() else ["trialflow"]
+
+
+TRIALFLOW = _console_script()  # the command that runs trialflow (an A/B may point it elsewhere)
+
+
 def _write_experiment(folder: Path, stamp: Path) -> Path:
     code = folder / "code"
     code.mkdir(parents=True, exist_ok=True)
     (code / "trial.py").write_text(TRIAL.format(stamp=str(stamp)))
-    config = {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": "python3 trial.py",
-              "trialCodeDirectory": str(code), "trialConcurrency": 1, "maxTrialNumber": 1,
+    config = {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+              "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+              "trialConcurrency": 1, "maxTrialNumber": 1,
               "tuner": {"name": "TPE"}, "trainingService": {"platform": "local"},
               "experimentWorkingDirectory": str(folder / "w")}
     path = folder / "config.json"
@@ -59,7 +70,9 @@ def _first_trial_after(start: float, stamp: Path, timeout: float = 120.0) -> flo
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    # bytecode cached as a user's Python does (a PYTHONDONTWRITEBYTECODE here would compile every
+    # changed module at every start)
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PYTHONDONTWRITEBYTECODE")}
     return {**env, "TRIALFLOW_HOME": str(home), "TRIALFLOW_PREFECT_SERVER": "kept"}
 
 
@@ -68,7 +81,7 @@ def trialflow_first_trial(folder: Path, home: Path, foreground: bool) -> float:
     stamp = folder / "stamp"
     stamp.unlink(missing_ok=True)
     config = _write_experiment(folder, stamp)
-    args = ["trialflow", "create", "--config", str(config), *(["--foreground"] if foreground else [])]
+    args = [*TRIALFLOW, "create", "--config", str(config), *(["--foreground"] if foreground else [])]
     start = time.time()
     proc = subprocess.Popen(args, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -81,7 +94,7 @@ def help_seconds(repeat: int) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run(["trialflow", "--help"], check=True, capture_output=True)
+        subprocess.run([*TRIALFLOW, "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -90,7 +103,7 @@ def _wait_done(folder: Path, home: Path) -> None:
     """Let the experiment end before the next run (its controller would compete for the CPU)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        out = subprocess.run(["trialflow", "experiment", "list", "--root", str(folder / "w")], env=_env(home),
+        out = subprocess.run([*TRIALFLOW, "experiment", "list", "--root", str(folder / "w")], env=_env(home),
                              capture_output=True, text=True).stdout
         if "RUNNING" not in out and "INITIALIZED" not in out:
             return

@@ -31,9 +31,15 @@ def _env(home: Path) -> dict[str, str]:
     return {**env, "TRIALFLOW_HOME": str(home), "TRIALFLOW_PREFECT_SERVER": "kept", "COLUMNS": "200"}
 
 
-def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True,
-                          env=_env(home), timeout=180)
+# what the installed `trialflow` command runs (it starts the server and a background controller before
+# the CLI's imports); `python -m trialflow.cli` starts them from the CLI
+CONSOLE_SCRIPT = [sys.executable, "-c", "import sys; sys.argv[0] = 'trialflow'; "
+                  "from trialflow.console_script import main; main()"]
+MODULE = [sys.executable, "-m", "trialflow.cli"]
+
+
+def _cli(home: Path, *args: str, entry: list[str] = CONSOLE_SCRIPT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*entry, *args], capture_output=True, text=True, env=_env(home), timeout=180)
 
 
 QUICK = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
@@ -172,11 +178,12 @@ def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(
     assert json.loads(body)["state"]["type"] == "CANCELLED"
 
 
-def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home):
+@pytest.mark.parametrize("entry", [CONSOLE_SCRIPT, MODULE], ids=["console-script", "module"])
+def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home, entry):
     bad = tmp_path / "bad.yml"
     bad.write_text(yaml.safe_dump({"trialCommand": "python3 trial.py", "trainingService": {"platform": "local"},
                                    "trialConcurency": 2}))
-    proc = _cli(home, "create", "--config", str(bad))
+    proc = _cli(home, "create", "--config", str(bad), entry=entry)
     assert proc.returncode == 1
     assert proc.stdout.startswith("error: Invalid experiment config")
     assert "did you mean 'trialConcurrency'" in proc.stdout

@@ -6,6 +6,8 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from .startup_gc import collector_paused
+
 
 class LazyModule(ModuleType):
     """Stands for module ``name`` and imports it at the first attribute read. Raises what the import
@@ -19,7 +21,8 @@ class LazyModule(ModuleType):
         if attribute.startswith("__") or attribute == "_module":
             raise AttributeError(attribute)
         if self._module is None:
-            self._module = importlib.import_module(self.__name__)
+            with collector_paused():
+                self._module = importlib.import_module(self.__name__)
         return getattr(self._module, attribute)
 
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ._lazy import lazy_module
-from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, start_controller
+from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, take_controller
 from .ids import looks_like_experiment_id
 from .status import EXPERIMENT_LIVE, ExperimentStatus
 from .user_errors import UserError
@@ -188,7 +188,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
             raise CliError(failure or f"experiment {experiment_id} ended {status}")
         return
     log_path = root / experiment_id / _experiments.CONTROLLER_LOG
-    controller = controller or start_controller()
+    controller = controller or take_controller()
     controller.run(experiment_id, root, config_path)
     console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {controller.pid})", markup=True)
     console.print(f"  Prefect UI: {_run_page(experiment_id, root, controller)}", soft_wrap=True)
@@ -241,7 +241,7 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     # the kept server (when it must start) and a background controller start at once: their start-up
     # overlaps the config's checks here
     _use_kept_server()
-    controller = None if foreground else start_controller()
+    controller = None if foreground else take_controller()
     try:
         cfg = _config.load_config(config)
         experiment_id, exp_dir = _experiments.create_experiment(cfg, str(config.resolve()))  # checks the tuner first
@@ -1048,9 +1048,10 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 def main() -> None:
     """Console entry point: one-line errors, exit code 1."""
+    from .console_script import set_process_defaults
+
     warnings.showwarning = _show_warning
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()
     try:
         code = app(standalone_mode=False)
     except UserError as exc:  # CliError and every domain error a user can fix: one line, exit 1

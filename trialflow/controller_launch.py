@@ -64,6 +64,25 @@ def start_controller() -> PendingController:
     return PendingController(proc, Path(spool))
 
 
+_started_early: PendingController | None = None  # by the console script, for the command to take
+
+
+def start_controller_early() -> None:
+    """Start the controller a command will take (:func:`take_controller`) before the CLI's own imports:
+    the console script's first step for a command that runs an experiment in the background. Raises
+    OSError when it cannot start."""
+    global _started_early
+    _started_early = start_controller()
+
+
+def take_controller() -> PendingController:
+    """The controller started early for this command, else one started now. Raises OSError when it
+    cannot start. One not taken ends by itself when this process exits (its stdin closes)."""
+    global _started_early
+    controller, _started_early = _started_early, None
+    return controller if controller is not None else start_controller()
+
+
 def _move_output(spool: Path, log_path: Path) -> None:
     """From now on this process's stdout/stderr append to ``log_path``, after what the spool holds."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,10 +108,13 @@ def _main() -> int:
         problem = None
     except ServerError as exc:
         problem = exc
-    from .experiments import CONTROLLER_LOG, open_store
-    from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
-    from .results import end_experiment
-    from .status import ExperimentStatus
+    from .startup_gc import collector_paused
+
+    with collector_paused():
+        from .experiments import CONTROLLER_LOG, open_store
+        from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
+        from .results import end_experiment
+        from .status import ExperimentStatus
 
     line = sys.stdin.readline()
     if not line.strip():  # the config was refused: nothing to run

@@ -3,11 +3,19 @@ local server, or Prefect's temporary server (``TRIALFLOW_PREFECT_SERVER=temporar
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..kept_server import ensure_server, running_server, wants_temporary_server
+from ..startup_gc import collector_paused
 from .temporary_server import start_temporary_server
+
+# What a flow run imports on its first steps (Prefect's engines, the FastAPI encoder its parameters go
+# through, the artifact client, the async backend of its threads): imported before the wait for a
+# server still starting instead of after it, they leave a cold start's critical path (~0.3 s here).
+FIRST_RUN_IMPORTS = ("prefect.flow_engine", "prefect.task_engine", "prefect.utilities.visualization",
+                     "fastapi.encoders", "prefect.artifacts", "anyio._backends._asyncio", "numpy.random")
 
 
 @contextmanager
@@ -18,6 +26,9 @@ def experiment_api() -> Iterator[str | None]:
     (yields its URL). Raises :class:`ServerError` when the kept server cannot start."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    with collector_paused():
+        for module in FIRST_RUN_IMPORTS:
+            importlib.import_module(module)
     if PREFECT_API_URL.value():
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting

@@ -25,6 +25,7 @@ from ..experiments import open_store
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
 from ..kept_server import flow_run_page
 from ..results import best_trial, maximizes, outcome_line, trial_value
+from ..startup_gc import collector_paused
 from ..status import TrialStatus
 
 
@@ -81,7 +82,8 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
                       ) -> tuple[str, str | None]:
     """Run the experiment here with its live table; (final status, the run's failure message when no
     trial succeeded, else None)."""
-    from ..flows.experiment import final_status, run_experiment_flow
+    with collector_paused():
+        from ..flows.experiment import final_status, run_experiment_flow
 
     # The live table shows each trial's end and the CLI prints one line when the run fails: Prefect's
     # flow/task-run logs (tracebacks, one per failed trial) and its own chatter (the temporary server's

@@ -1,0 +1,50 @@
+"""The ``trialflow`` console script: for a command about to run an experiment it starts the kept
+Prefect server (when none runs) and, for a background run, the controller that will run it, before the
+CLI's own imports; then it hands over to :func:`trialflow.cli.main`.
+
+The server's start-up is the longest step of a cold ``trialflow create`` (~3 s here) and the
+controller's imports the longest of a warm one (~1.3 s); begun before the CLI imports Typer and Rich,
+each ends ~0.1 s sooner. Standard library only until the hand-over.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# commands that run an experiment in this process or in a controller it starts
+RUNNING_COMMANDS = frozenset({"create", "resume"})
+HELP_FLAGS = frozenset({"--help", "-h"})
+FOREGROUND_FLAGS = frozenset({"--foreground", "-f"})
+
+
+def set_process_defaults() -> None:
+    """Settings every trialflow command runs with unless the environment sets them: no analytics from
+    a Prefect server it starts, and no server logs in the user's terminal."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+
+
+def runs_an_experiment(args: list[str]) -> bool:
+    """Whether the command line ``args`` (without the program) is a command that runs an experiment."""
+    return bool(args) and args[0] in RUNNING_COMMANDS and not HELP_FLAGS.intersection(args)
+
+
+def main() -> None:
+    """Console entry point. A server or controller that cannot start is left for the command to meet
+    and report; a controller the command does not take ends by itself."""
+    set_process_defaults()
+    args = sys.argv[1:]
+    if runs_an_experiment(args):
+        from .controller_launch import start_controller_early
+        from .kept_server import ServerError, point_this_process_at_kept_server
+
+        try:
+            point_this_process_at_kept_server()
+            if not FOREGROUND_FLAGS.intersection(args):
+                start_controller_early()
+        except (ServerError, OSError):
+            pass
+    from .cli import main as cli_main
+
+    cli_main()

@@ -1,0 +1,102 @@
+"""The kept server's ASGI app: Prefect's server app (what ``prefect server start`` serves) with requests
+that failed only because SQLite was busy run again at once, inside the server.
+
+Why: Prefect's server answers a write that met SQLite's lock (``database is locked``: a deferred
+transaction that must become a writer while another connection writes; SQLite fails it at once instead
+of waiting) with a retryable 503, and Prefect's client retries it after 2 s, then 4 s, ... Right after a
+start, the server's services write while the first experiment creates its flow run: measured on this
+2-core machine, 3 of 8 cold starts took 2.3 s longer for that one retry. Run again here after a few
+milliseconds, the write goes through; after :data:`REPLAYS` tries the 503 goes to the client, whose own
+back-off then applies as before.
+
+Lifecycle: uvicorn calls :func:`create_app` once (``--factory``); the wrapper holds no state between
+requests. Standard library only (besides Prefect's app factory, imported when called).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+REPLAYS = 4  # tries inside the server before the 503 goes to the client
+PAUSES = (0.01, 0.05, 0.1)  # seconds before the 2nd, 3rd and 4th try (a lock is held for milliseconds)
+RETRYABLE = 503  # Prefect's answer to a SQLite busy error (and other errors a client may retry)
+
+
+class ReplayBusyWrites:
+    """ASGI middleware: an HTTP request the app answers with 503 is run again (its body replayed) up to
+    :data:`REPLAYS` times; any other answer, and the last try's, goes to the client unchanged. A
+    response is held only until its status is known. WebSockets and lifespan pass through."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        for attempt in range(REPLAYS):
+            last = attempt == REPLAYS - 1
+            # a fresh copy each try: routing writes into the scope (a mount's root_path and path)
+            if await _run_once(self.app, dict(scope), body, receive, send, pass_503=last):
+                return
+            await asyncio.sleep(PAUSES[min(attempt, len(PAUSES) - 1)])
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left: the app will see it too
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _run_once(app: App, scope: Scope, body: bytes, receive: Receive, send: Send, pass_503: bool) -> bool:
+    """Run the request once; False when it was answered 503 and that answer was dropped (not sent)."""
+    delivered = False
+    dropped = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # e.g. waiting for the client to disconnect
+
+    async def forward(message: Message) -> None:
+        nonlocal dropped
+        if message["type"] == "http.response.start" and message["status"] == RETRYABLE and not pass_503:
+            dropped = True
+        if not dropped:
+            await send(message)
+
+    try:
+        await app(scope, replay, forward)
+    except Exception:
+        if not dropped:
+            raise
+        # Starlette raises what it answered 503 for again after the answer (for the server's log); a
+        # dropped answer is tried again instead
+    return not dropped
+
+
+def create_app() -> App:
+    """Prefect's server app (API, services and UI), wrapped in :class:`ReplayBusyWrites`."""
+    from .startup_gc import collector_paused
+
+    with collector_paused():
+        from prefect.server.api.server import create_app as prefect_app
+
+        return ReplayBusyWrites(prefect_app())

