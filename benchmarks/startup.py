@@ -205,7 +205,7 @@ def main() -> None:
                  ["create -> first trial, warm server, --foreground", f"{f['warm foreground']:.2f}", "<= 2.0"],
                  ["create -> first trial, cold server (database exists)", f"{f['cold']:.2f}", "<= 6.0"],
                  ["create -> first trial, first use (new database)", f"{f['first use']:.2f}", "-"],
-                 *([["NNI 3.0: nnictl create -> first trial", f"{f['nni']:.2f}", "cold above it"]]
+                 *([["NNI 3.0: nnictl create -> first trial", f"{f['nni']:.2f}", "cold below it"]]
                    if "nni" in f else [])])
 
 

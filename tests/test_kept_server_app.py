@@ -1,10 +1,12 @@
 """The kept server's app runs a request that met a busy SQLite again inside the server, so the client
 never waits out its 2 s back-off for it. Checked on a Starlette app that fails as Prefect's server does
-(an exception handler answers 503, then Starlette raises the error again for the server's log)."""
+(an exception handler answers 503, then Starlette raises the error again for the server's log). And the
+garbage collector, paused for the server's start, runs again once the start has settled."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 
 import httpx
@@ -15,6 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 
 from trialflow.kept_server_app import REPLAYS, ReplayBusyWrites
+from trialflow.startup_gc import CollectorResumedAfterStart
 
 
 def _app(busy_times: int, seen: list[bytes], status_when_failing: int = 503) -> Starlette:
@@ -62,3 +65,40 @@ def test_other_failures_are_answered_once(status):
     response = _post(_app(busy_times=1, seen=seen, status_when_failing=status))
     assert response.status_code == status
     assert len(seen) == 1
+
+
+def _start(outcome: str, settle: float) -> tuple[bool, bool]:
+    """Run a lifespan start-up reporting ``outcome`` through CollectorResumedAfterStart with the collector
+    paused; (collector running right after the report, running ``settle`` + 0.1 s later)."""
+
+    async def app(scope, receive, send):
+        await receive()  # lifespan.startup
+        await send({"type": f"lifespan.startup.{outcome}"})
+
+    async def go() -> tuple[bool, bool]:
+        messages = [{"type": "lifespan.startup"}]
+
+        async def receive():
+            return messages.pop(0)
+
+        async def send(message):
+            pass
+
+        await CollectorResumedAfterStart(app, settle=settle)({"type": "lifespan"}, receive, send)
+        right_after = gc.isenabled()
+        await asyncio.sleep(settle + 0.1)
+        return right_after, gc.isenabled()
+
+    gc.disable()
+    try:
+        return asyncio.run(go())
+    finally:
+        gc.enable()
+
+
+def test_the_collector_paused_for_a_server_start_runs_again_once_it_settled():
+    assert _start("complete", settle=0.3) == (False, True)
+
+
+def test_the_collector_runs_again_at_once_when_the_start_failed():
+    assert _start("failed", settle=5.0) == (True, True)

@@ -16,6 +16,7 @@ requests. Standard library only (besides Prefect's app factory, imported when ca
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -93,10 +94,15 @@ async def _run_once(app: App, scope: Scope, body: bytes, receive: Receive, send:
 
 
 def create_app() -> App:
-    """Prefect's server app (API, services and UI), wrapped in :class:`ReplayBusyWrites`."""
-    from .startup_gc import collector_paused
+    """Prefect's server app (API, services and UI), wrapped in :class:`ReplayBusyWrites`. Imported,
+    created and started with the garbage collector paused (see :mod:`trialflow.startup_gc`)."""
+    from .startup_gc import CollectorResumedAfterStart
 
-    with collector_paused():
+    gc.disable()
+    try:
         from prefect.server.api.server import create_app as prefect_app
 
-        return ReplayBusyWrites(prefect_app())
+        return ReplayBusyWrites(CollectorResumedAfterStart(prefect_app()))
+    except BaseException:
+        gc.enable()
+        raise
