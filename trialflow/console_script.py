@@ -9,20 +9,14 @@ each ends ~0.1 s sooner. Standard library only until the hand-over.
 
 from __future__ import annotations
 
-import os
 import sys
+
+from .kept_server import set_process_defaults
 
 # commands that run an experiment in this process or in a controller it starts
 RUNNING_COMMANDS = frozenset({"create", "resume"})
 HELP_FLAGS = frozenset({"--help", "-h"})
 FOREGROUND_FLAGS = frozenset({"--foreground", "-f"})
-
-
-def set_process_defaults() -> None:
-    """Settings every trialflow command runs with unless the environment sets them: no analytics from
-    a Prefect server it starts, and no server logs in the user's terminal."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 
 
 def runs_an_experiment(args: list[str]) -> bool:

@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +88,8 @@ class KeptServer:
 
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when its API answers its health check."""
+        import urllib.request  # here, not at the top: `trialflow --help` imports this module
+
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as response:
                 return bool(response.status == 200)
@@ -278,6 +279,13 @@ def revive(api: str, home: Path | None = None) -> None:
     server, port = _read(server_home(home))
     if server is None and port is not None and api == f"http://{HOST}:{port}/api":
         ensure_server(home)
+
+
+def set_process_defaults() -> None:
+    """Settings every trialflow command runs with unless the environment sets them: no analytics from
+    a Prefect server it starts, and no server logs in the user's terminal."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 
 
 def wants_temporary_server() -> bool:
