@@ -26,6 +26,8 @@ from trialflow.platforms import service_name
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 # NNI trial code; each start and end is appended to a file the test reads ("mode" picks a behaviour).
+# Trials on the local service take {local_sleep} per step, so that in a hybrid experiment a fast local slot
+# cannot take nearly every trial while Slurm's environments are still starting.
 TRIAL = """
 import fcntl, json, os, time, nni
 p = nni.get_next_parameter()
@@ -40,7 +42,7 @@ rerun = os.path.exists(again)
 open(again, "a").close()
 for i in range(3):
     nni.report_intermediate_result(p.get("x", 0) + i)
-    time.sleep({sleep})
+    time.sleep({local_sleep} if os.environ["NNI_PLATFORM"] == "local" else {sleep})
 if p.get("mode") in ("scancel", "timeout") or (p.get("mode") == "requeue" and not rerun):
     time.sleep(600)
 nni.report_final_result(p.get("x", 0) * 10)
@@ -48,8 +50,10 @@ mark("end")
 """
 
 
-def slurm_experiment(tmp_path: Path, cluster, sleep: float = 0.1, server=None, service=None, **overrides) -> dict:
-    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep))
+def slurm_experiment(tmp_path: Path, cluster, sleep: float = 0.1, server=None, service=None, local_sleep: float = 1.0,
+                     **overrides) -> dict:
+    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=sleep,
+                                                local_sleep=local_sleep))
     section = slurm_section(cluster, tmp_path / "cluster", server, **(service or {}))
     return base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py", trainingService=section,
                        **overrides)
