@@ -389,6 +389,23 @@ def test_a_foreground_run_leaves_its_log_in_the_experiment_folder(tmp_path):
     assert "trial-" in log  # task runs are named
 
 
+def test_the_terminal_keeps_prefect_logging_level_while_the_log_keeps_info(tmp_path):
+    """run_experiment() from a script with PREFECT_LOGGING_LEVEL=WARNING: no INFO line per task run
+    ("Finished in state ...") in the terminal, while the experiment's log still has them."""
+    code = tmp_path / "code"
+    write_trial(code, "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n")
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2)))
+    script = f"from trialflow import run_experiment\nprint('id', run_experiment({str(path)!r}).experiment_id)\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    exp_id = proc.stdout.split("id ")[1].split()[0]
+    log = (tmp_path / "w" / exp_id / "log" / "experiment.log").read_text()
+    assert "Finished in state" in log and f"experiment {exp_id} DONE" in log
+    assert "Finished in state" not in proc.stderr and f"experiment {exp_id} DONE" not in proc.stderr, proc.stderr
+
+
 # ---- the audit itself ----------------------------------------------------------------------------
 
 @pytest.mark.breaks_records

@@ -220,11 +220,13 @@ def _spawn(folder: Path, port: int) -> KeptServer:
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
         # the Prefect CLI's own start-up: ~0.35 s less on every start; kept_server_app runs writes that
-        # met a busy SQLite again at once instead of after the client's 2 s back-off
+        # met a busy SQLite again at once instead of after the client's 2 s back-off. Its clients are on
+        # loopback, so the events websocket goes uncompressed (deflate costs CPU on both ends, per event)
         level = os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING").lower()
         command = [sys.executable, "-m", "uvicorn", "--factory", "trialflow.kept_server_app:create_app",
                    "--app-dir", str(Path(__file__).resolve().parent.parent),
-                   "--host", HOST, "--port", str(port), "--log-level", level, "--lifespan", "on"]
+                   "--host", HOST, "--port", str(port), "--log-level", level, "--lifespan", "on",
+                   "--ws-per-message-deflate", "false"]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True)
     start_time = process_start_time(proc.pid)

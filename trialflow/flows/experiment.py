@@ -177,23 +177,65 @@ class _RunFormatter(logging.Formatter):
         return super().format(record)
 
 
+class _TerminalLevel(logging.Filter):
+    """Keeps a terminal handler at the level the run's loggers had before :func:`_controller_log` lowered
+    them to INFO for the experiment's log: ``PREFECT_LOGGING_LEVEL=WARNING`` still means no INFO lines
+    in the terminal (three a trial, "Finished in state ...", formatted by Rich). ``levels``: logger name
+    -> the level it had; records of other loggers pass."""
+
+    def __init__(self, levels: dict[str, int]) -> None:
+        super().__init__()
+        self.levels = levels
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        while name:
+            if name in self.levels:
+                return record.levelno >= self.levels[name]
+            name = name.rpartition(".")[0]
+        return True
+
+
+def _terminal_handlers(loggers: list[logging.Logger], own: logging.Handler) -> list[logging.Handler]:
+    """The stream handlers (not files) that records of ``loggers`` reach by propagation."""
+    found: dict[int, logging.Handler] = {}
+    for logger in loggers:
+        current: logging.Logger | None = logger
+        while current is not None:
+            for handler in current.handlers:
+                if (handler is not own and isinstance(handler, logging.StreamHandler)
+                        and not isinstance(handler, logging.FileHandler)):
+                    found[id(handler)] = handler
+            current = current.parent if current.propagate else None
+    return list(found.values())
+
+
 @contextmanager
 def _controller_log(exp_dir: Path) -> Iterator[None]:
     """Send the run's log records to the experiment's log file while it runs (the background launcher's
-    raw output goes elsewhere, so nothing is written twice)."""
+    raw output goes elsewhere, so nothing is written twice). The file and Prefect's API get INFO; the
+    terminal keeps the level the user set."""
     path = exp_dir / CONTROLLER_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(_RunFormatter("[%(asctime)s] %(levelname)s (%(source)s) %(message)s"))
     loggers = [logging.getLogger(name) for name in LOGGED]
     levels = [logger.level for logger in loggers]
+    lowered = {logger.name: logger.getEffectiveLevel() for logger in loggers
+               if logger.getEffectiveLevel() > logging.INFO}  # e.g. PREFECT_LOGGING_LEVEL=WARNING
+    terminal = _TerminalLevel(lowered)
+    terminals = _terminal_handlers(loggers, handler) if lowered else []
     for logger in loggers:
         logger.addHandler(handler)
-        if logger.getEffectiveLevel() > logging.INFO:  # e.g. PREFECT_LOGGING_LEVEL=WARNING: the log keeps INFO
+        if logger.name in lowered:
             logger.setLevel(logging.INFO)
+    for stream in terminals:
+        stream.addFilter(terminal)
     try:
         yield
     finally:
+        for stream in terminals:
+            stream.removeFilter(terminal)
         for logger, level in zip(loggers, levels, strict=True):
             logger.removeHandler(handler)
             logger.setLevel(level)
