@@ -196,15 +196,15 @@ class _TerminalLevel(logging.Filter):
         return True
 
 
-def _terminal_handlers(loggers: list[logging.Logger], own: logging.Handler) -> list[logging.Handler]:
-    """The stream handlers (not files) that records of ``loggers`` reach by propagation."""
+def _terminal_handlers(loggers: list[logging.Logger]) -> list[logging.Handler]:
+    """The stream handlers (not files, so not the experiment's log) that records of ``loggers`` reach
+    by propagation."""
     found: dict[int, logging.Handler] = {}
     for logger in loggers:
         current: logging.Logger | None = logger
         while current is not None:
             for handler in current.handlers:
-                if (handler is not own and isinstance(handler, logging.StreamHandler)
-                        and not isinstance(handler, logging.FileHandler)):
+                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                     found[id(handler)] = handler
             current = current.parent if current.propagate else None
     return list(found.values())
@@ -221,10 +221,10 @@ def _controller_log(exp_dir: Path) -> Iterator[None]:
     handler.setFormatter(_RunFormatter("[%(asctime)s] %(levelname)s (%(source)s) %(message)s"))
     loggers = [logging.getLogger(name) for name in LOGGED]
     levels = [logger.level for logger in loggers]
-    lowered = {logger.name: logger.getEffectiveLevel() for logger in loggers
-               if logger.getEffectiveLevel() > logging.INFO}  # e.g. PREFECT_LOGGING_LEVEL=WARNING
+    lowered = {logger.name: level for logger in loggers
+               if (level := logger.getEffectiveLevel()) > logging.INFO}  # e.g. PREFECT_LOGGING_LEVEL=WARNING
     terminal = _TerminalLevel(lowered)
-    terminals = _terminal_handlers(loggers, handler) if lowered else []
+    terminals = _terminal_handlers(loggers) if lowered else []
     for logger in loggers:
         logger.addHandler(handler)
         if logger.name in lowered:
