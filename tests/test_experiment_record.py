@@ -375,11 +375,17 @@ def test_resume_with_a_relative_root_runs_its_trials(tmp_path):
 
 # ---- defect 11: every run leaves its controller log ----------------------------------------------
 
-def test_a_foreground_run_leaves_its_log_in_the_experiment_folder(tmp_path):
+def _two_trial_config(tmp_path: Path) -> Path:
+    """A config file for two trials that report one final result each, working under tmp_path/w."""
     code = tmp_path / "code"
     write_trial(code, "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n")
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2)))
+    return path
+
+
+def test_a_foreground_run_leaves_its_log_in_the_experiment_folder(tmp_path):
+    path = _two_trial_config(tmp_path)
     proc = cli("create", "--config", str(path), "--foreground", env={"TRIALFLOW_HOME": str(tmp_path / "w")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exp_id = proc.stdout.split("experiment id:")[1].split()[0]
@@ -392,10 +398,7 @@ def test_a_foreground_run_leaves_its_log_in_the_experiment_folder(tmp_path):
 def test_the_terminal_keeps_prefect_logging_level_while_the_log_keeps_info(tmp_path):
     """run_experiment() from a script with PREFECT_LOGGING_LEVEL=WARNING: no INFO line per task run
     ("Finished in state ...") in the terminal, while the experiment's log still has them."""
-    code = tmp_path / "code"
-    write_trial(code, "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n")
-    path = tmp_path / "config.yml"
-    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2)))
+    path = _two_trial_config(tmp_path)
     script = f"from trialflow import run_experiment\nprint('id', run_experiment({str(path)!r}).experiment_id)\n"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"})
