@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -159,11 +160,13 @@ def wait_for(predicate, timeout=90.0, interval=0.1):
     raise AssertionError("condition not reached in time")
 
 
-def start_controller(exp_id: str, root: Path, api_url: str) -> subprocess.Popen:
-    """The experiment flow of ``exp_id`` in its own process (to be SIGKILLed and resumed)."""
+def start_controller(exp_id: str, root: Path, api_url: str, output=subprocess.DEVNULL) -> subprocess.Popen:
+    """The experiment flow of ``exp_id`` in its own process (to be SIGKILLed and resumed); its stdout
+    and stderr go to ``output`` (an open file, or nowhere)."""
     env = {**os.environ, "PREFECT_API_URL": api_url}
     return subprocess.Popen([sys.executable, "-m", "trialflow.cli", "_run", exp_id, "--root", str(root)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=output, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def run_until_running_then_sigkill(config, api_url: str, running: int = 2, config_path: str | None = None):
@@ -173,13 +176,30 @@ def run_until_running_then_sigkill(config, api_url: str, running: int = 2, confi
     import signal
 
     from trialflow.experiments import create_experiment, open_store
+    from trialflow.status import EXPERIMENT_ENDED
 
     exp_id, exp_dir = create_experiment(config, config_path)
     store = open_store(exp_dir.parent, exp_id)
-    controller = start_controller(exp_id, exp_dir.parent, api_url)
-    wait_for(lambda: len(store.trials(["RUNNING"])) == running, timeout=120)
-    os.kill(controller.pid, signal.SIGKILL)
-    controller.wait()
+    with tempfile.TemporaryFile("w+") as output:
+        controller = start_controller(exp_id, exp_dir.parent, api_url, output)
+
+        def running_or_ended() -> str:
+            if len(store.trials(["RUNNING"])) == running:
+                return "running"
+            ended = controller.poll() is not None or store.experiment().status in EXPERIMENT_ENDED
+            return "ended" if ended else ""
+
+        try:
+            reached = wait_for(running_or_ended, timeout=120)
+        except AssertionError:
+            reached = "timed out"
+        os.kill(controller.pid, signal.SIGKILL)
+        controller.wait()
+        if reached != "running":  # say why, for a failure seen only on a loaded CI machine
+            output.seek(0)
+            raise AssertionError(f"{running} trials never ran at once ({reached}): experiment "
+                                 f"{store.experiment().status}, trials {[(t.id, t.status) for t in store.trials()]}; "
+                                 f"the controller's output ends:\n{output.read()[-3000:]}")
     return exp_id, exp_dir, store
 
 
@@ -517,14 +537,28 @@ def prefect_pool(tmp_path_factory):
         server.stop()
 
 
+def _drain_prefect_events() -> None:
+    """Stop Prefect's in-process events worker once its queue is sent. It keeps the API URL it started
+    with (its instances are not keyed by it, unlike the log worker's), so a test that switches
+    PREFECT_API_URL would otherwise send its task-run events -- from which a server records the task
+    runs -- to the previous test's server; the next event starts a worker on the URL then in force."""
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all(timeout=30, at_exit=False)
+
+
 @pytest.fixture
 def on_pool(prefect_pool, monkeypatch):
     """The work-pool server as this test's Prefect API (flows, the service and blocks use it)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_pool.url)
-    with temporary_settings(updates={PREFECT_API_URL: prefect_pool.url}):
-        yield prefect_pool
+    _drain_prefect_events()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: prefect_pool.url}):
+            yield prefect_pool
+    finally:
+        _drain_prefect_events()
 
 
 def prefect_section(pool, reuse: bool = False, channel: str = "http", **extra) -> dict:

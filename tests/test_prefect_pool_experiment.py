@@ -56,7 +56,10 @@ def test_six_trials_at_concurrency_three(tmp_path, on_pool, reuse):
 
 def test_controller_sigkill_and_trialflow_resume_reattach_running_flow_runs(tmp_path, on_pool):
     config_file = tmp_path / "config.yml"
-    config_file.write_text(yaml.safe_dump(pool_experiment(tmp_path, on_pool, sleep=1.5, trialConcurrency=2,
+    # each submission saves the trial's token as a Secret block, which `prefect server start` on SQLite
+    # often answers 503 (database is locked) and the client retries after ~2 s: the second trial may
+    # start seconds after the first, so trials last long enough (3 x 4 s) to be seen running together
+    config_file.write_text(yaml.safe_dump(pool_experiment(tmp_path, on_pool, sleep=4, trialConcurrency=2,
                                                           maxTrialNumber=4)))
     exp_id, exp_dir, store = run_until_running_then_sigkill(load_config(config_file), on_pool.url,
                                                             config_path=str(config_file))
