@@ -240,3 +240,38 @@ def test_classargs_refused_by_the_validator_stop_create_with_one_line(tmp_path, 
     assert out.strip().splitlines() == ["error: tuner CyclingTuner: classArgs rejected by CyclingValidator: "
                                         "log_file is required"]
     assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())  # no experiment left behind
+
+
+@pytest.mark.parametrize(("section", "source", "message"), [
+    ("tuner", "from nni.tuner import Tuner\nclass HalfTuner(Tuner):\n"
+              "    def update_search_space(self, space): pass\n"
+              "    def generate_parameters(self, parameter_id, **kwargs): return {'x': 1}\n",
+     "error: tuner half.HalfTuner: HalfTuner does not implement receive_trial_result; a customized tuner "
+     "subclasses nni.tuner.Tuner and implements it"),
+    ("tuner", "class NotATuner:\n    pass\n",
+     "error: tuner half.NotATuner: NotATuner does not implement generate_parameters or "
+     "generate_multiple_parameters, receive_trial_result, update_search_space; a customized tuner subclasses "
+     "nni.tuner.Tuner and implements them"),
+    ("assessor", "from nni.assessor import Assessor\nclass HalfAssessor(Assessor):\n"
+                 "    def trial_end(self, trial_job_id, success): pass\n",
+     "error: assessor half.HalfAssessor: HalfAssessor does not implement assess_trial; a customized assessor "
+     "subclasses nni.assessor.Assessor and implements it"),
+], ids=["tuner-without-receive_trial_result", "not-a-tuner", "assessor-without-assess_trial"])
+def test_a_customized_algorithm_missing_an_nni_method_stops_create_with_one_line(tmp_path, section, source,
+                                                                                 message):
+    """NNI's base classes raise NotImplementedError at the first call of a method a customized class
+    forgot, mid-experiment; trialflow names it at ``create``, before anything starts."""
+    algo = tmp_path / "algo"
+    algo.mkdir()
+    (algo / "half.py").write_text(source)
+    class_name = message.split(": ")[1].split(" ")[1]
+    spec = {"className": class_name, "codeDirectory": str(algo)}
+    config = _config(tmp_path, spec if section == "tuner" else {"name": "Random"},
+                     spec if section == "assessor" else None, searchSpace={"x": {"_type": "choice", "_value": [1, 2]}})
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "trialflow.cli", "create", "--config", str(path)],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"}, timeout=120)
+    assert proc.returncode == 1
+    assert (proc.stdout + proc.stderr).strip().splitlines() == [message]
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())  # no experiment left behind

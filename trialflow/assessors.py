@@ -244,9 +244,6 @@ def create_assessor(config: AlgorithmSpec) -> Assessor:
         custom = load_custom(config, "assessor")
         if issubclass(custom.cls, Assessor):
             return custom.instantiate()  # type: ignore[no-any-return]
-        if not callable(getattr(custom.cls, "assess_trial", None)):
-            raise TunerError(f"{custom.label}: {custom.cls.__name__} is not an assessor: subclass "
-                             "nni.assessor.Assessor and implement assess_trial")
         return NniAssessor(custom.instantiate())
     name = (config.name or "").lower()
     if name not in ASSESSORS:

@@ -187,7 +187,4 @@ def _custom_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
     custom = load_custom(config, "tuner")
     if issubclass(custom.cls, Tuner):
         return custom.cls(_parsed(search_space), **custom.class_args)  # type: ignore[no-any-return]
-    if not any(callable(getattr(custom.cls, m, None)) for m in ("generate_parameters", "generate_multiple_parameters")):
-        raise TunerError(f"{custom.label}: {custom.cls.__name__} is not a tuner: subclass nni.tuner.Tuner and "
-                         "implement generate_parameters and receive_trial_result")
     return NniTuner(custom.instantiate(), search_space, custom.label)

@@ -77,9 +77,41 @@ def load_custom(spec: Any, kind: str) -> CustomAlgorithm:
         class_name, code_dir, validator = entry.class_name, entry.code_directory, entry.class_args_validator
         label = f"{kind} {entry.builtin_name}"
     cls = load_class(class_name, code_dir, label)
+    _check_nni_contract(cls, kind, label)
     if validator:
         _validate(load_class(validator, code_dir, f"{label} classArgsValidator"), spec.class_args, label)
     return CustomAlgorithm(label, cls, dict(spec.class_args))
+
+
+# What a class written against NNI's API must implement itself, by kind: NNI's base class (module
+# ``nni.tuner`` or ``nni.assessor``, bundled or NNI's own) has each method raise NotImplementedError
+# at its first call; each entry lists alternatives. NNI calls all of them in every experiment.
+NNI_CONTRACT = {
+    "tuner": ("nni.tuner", "Tuner", (("generate_parameters", "generate_multiple_parameters"),
+                                     ("receive_trial_result",), ("update_search_space",))),
+    "assessor": ("nni.assessor", "Assessor", (("assess_trial",),)),
+}
+
+
+def _check_nni_contract(cls: type, kind: str, label: str) -> None:
+    """Raise :class:`TunerError` naming the methods of NNI's contract that ``cls`` lacks or leaves to
+    NNI's base class -- at load time (``trialflow create``), not at the experiment's first call. A
+    subclass of trialflow's own base (``trialflow.tuners.Tuner`` / ``trialflow.assessors.Assessor``)
+    is checked by that base instead."""
+    from ..assessors import Assessor
+
+    if issubclass(cls, (Tuner, Assessor)):
+        return
+    module, base, required = NNI_CONTRACT[kind]
+
+    def implemented(name: str) -> bool:
+        method = getattr(cls, name, None)
+        return callable(method) and getattr(method, "__module__", None) != module
+
+    missing = [" or ".join(names) for names in required if not any(implemented(n) for n in names)]
+    if missing:
+        raise TunerError(f"{label}: {cls.__name__} does not implement {', '.join(missing)}; a customized {kind} "
+                         f"subclasses {module}.{base} and implements {'them' if len(missing) > 1 else 'it'}")
 
 
 def load_class(dotted: str, code_directory: Any, label: str) -> type:
