@@ -47,6 +47,7 @@ def prefect_server(tmp_path_factory):
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = previous
+        _drain_prefect_events(logs=True)
         stop_server(home)
 
 
@@ -534,17 +535,23 @@ def prefect_pool(tmp_path_factory):
     finally:
         if getattr(server, "worker", None) is not None:
             stop_group(server.worker)
+        _drain_prefect_events(logs=True)
         server.stop()
 
 
-def _drain_prefect_events() -> None:
+def _drain_prefect_events(logs: bool = False) -> None:
     """Stop Prefect's in-process events worker once its queue is sent. It keeps the API URL it started
     with (its instances are not keyed by it, unlike the log worker's), so a test that switches
     PREFECT_API_URL would otherwise send its task-run events -- from which a server records the task
-    runs -- to the previous test's server; the next event starts a worker on the URL then in force."""
+    runs -- to the previous test's server; the next event starts a worker on the URL then in force.
+    ``logs``: send the queued API logs too (before a server stops, which would leave them to be
+    refused at interpreter exit)."""
     from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
 
     EventsWorker.drain_all(timeout=30, at_exit=False)
+    if logs:
+        APILogWorker.drain_all(timeout=30, at_exit=False)
 
 
 @pytest.fixture
