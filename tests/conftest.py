@@ -166,8 +166,7 @@ def start_controller(exp_id: str, root: Path, api_url: str, output=subprocess.DE
     and stderr go to ``output`` (an open file, or nowhere)."""
     env = {**os.environ, "PREFECT_API_URL": api_url}
     return subprocess.Popen([sys.executable, "-m", "trialflow.cli", "_run", exp_id, "--root", str(root)], env=env,
-                            stdout=output, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_until_running_then_sigkill(config, api_url: str, running: int = 2, config_path: str | None = None):

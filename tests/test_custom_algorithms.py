@@ -242,29 +242,28 @@ def test_classargs_refused_by_the_validator_stop_create_with_one_line(tmp_path, 
     assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())  # no experiment left behind
 
 
-@pytest.mark.parametrize(("section", "source", "message"), [
-    ("tuner", "from nni.tuner import Tuner\nclass HalfTuner(Tuner):\n"
+@pytest.mark.parametrize(("section", "class_name", "source", "message"), [
+    ("tuner", "half.HalfTuner", "from nni.tuner import Tuner\nclass HalfTuner(Tuner):\n"
               "    def update_search_space(self, space): pass\n"
               "    def generate_parameters(self, parameter_id, **kwargs): return {'x': 1}\n",
      "error: tuner half.HalfTuner: HalfTuner does not implement receive_trial_result; a customized tuner "
      "subclasses nni.tuner.Tuner and implements it"),
-    ("tuner", "class NotATuner:\n    pass\n",
+    ("tuner", "half.NotATuner", "class NotATuner:\n    pass\n",
      "error: tuner half.NotATuner: NotATuner does not implement generate_parameters or "
      "generate_multiple_parameters, receive_trial_result, update_search_space; a customized tuner subclasses "
      "nni.tuner.Tuner and implements them"),
-    ("assessor", "from nni.assessor import Assessor\nclass HalfAssessor(Assessor):\n"
+    ("assessor", "half.HalfAssessor", "from nni.assessor import Assessor\nclass HalfAssessor(Assessor):\n"
                  "    def trial_end(self, trial_job_id, success): pass\n",
      "error: assessor half.HalfAssessor: HalfAssessor does not implement assess_trial; a customized assessor "
      "subclasses nni.assessor.Assessor and implements it"),
 ], ids=["tuner-without-receive_trial_result", "not-a-tuner", "assessor-without-assess_trial"])
-def test_a_customized_algorithm_missing_an_nni_method_stops_create_with_one_line(tmp_path, section, source,
-                                                                                 message):
+def test_a_customized_algorithm_missing_an_nni_method_stops_create_with_one_line(tmp_path, section, class_name,
+                                                                                 source, message):
     """NNI's base classes raise NotImplementedError at the first call of a method a customized class
     forgot, mid-experiment; trialflow names it at ``create``, before anything starts."""
     algo = tmp_path / "algo"
     algo.mkdir()
     (algo / "half.py").write_text(source)
-    class_name = message.split(": ")[1].split(" ")[1]
     spec = {"className": class_name, "codeDirectory": str(algo)}
     config = _config(tmp_path, spec if section == "tuner" else {"name": "Random"},
                      spec if section == "assessor" else None, searchSpace={"x": {"_type": "choice", "_value": [1, 2]}})

@@ -235,13 +235,13 @@ def check_assessor(config: AlgorithmSpec) -> None:
     """The assessor's name and ``classArgs``, checked as NNI checks them at ``nnictl create`` (a
     customized one's class is loaded and its ``classArgsValidator`` run); nothing is built. Raises
     :class:`TunerError`."""
-    check_algorithm(config, "assessor", ASSESSORS, KNOWN_ASSESSORS)
+    check_algorithm(config, "assessor", Assessor, ASSESSORS, KNOWN_ASSESSORS)
 
 
 def create_assessor(config: AlgorithmSpec) -> Assessor:
     """The configured assessor: a built-in name, a ``className`` or a registered name."""
     if is_custom(config, ASSESSORS):
-        custom = load_custom(config, "assessor")
+        custom = load_custom(config, "assessor", Assessor)
         if issubclass(custom.cls, Assessor):
             return custom.instantiate()  # type: ignore[no-any-return]
         return NniAssessor(custom.instantiate())

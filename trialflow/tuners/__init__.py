@@ -153,7 +153,7 @@ def check_tuner(config: AlgorithmSpec) -> None:
     """What NNI checks at ``nnictl create``, before anything is written: the tuner's name, its
     ``classArgs`` (a customized one's through its ``classArgsValidator``; its class is loaded) and, for
     a built-in, the optional package it needs. Nothing is built. Raises :class:`TunerError`."""
-    name = check_algorithm(config, "tuner", TUNERS, KNOWN_TUNERS)
+    name = check_algorithm(config, "tuner", Tuner, TUNERS, KNOWN_TUNERS)
     if name in NEEDS:
         module, what, extra = NEEDS[name]
         try:
@@ -184,7 +184,7 @@ def _custom_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
     space and ``classArgs``; any other class (NNI's ``nni.tuner.Tuner`` API) is built with
     ``classArgs`` and gets the search space as written, unvalidated, as NNI hands it to customized
     tuners."""
-    custom = load_custom(config, "tuner")
+    custom = load_custom(config, "tuner", Tuner)
     if issubclass(custom.cls, Tuner):
         return custom.cls(_parsed(search_space), **custom.class_args)  # type: ignore[no-any-return]
     return NniTuner(custom.instantiate(), search_space, custom.label)

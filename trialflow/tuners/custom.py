@@ -49,13 +49,13 @@ def is_custom(spec: Any, builtin: dict[str, Any]) -> bool:
                                      and registered(spec.name) is not None)
 
 
-def check_algorithm(spec: Any, kind: str, builtin: dict[str, Any], known: str) -> str | None:
+def check_algorithm(spec: Any, kind: str, native: type, builtin: dict[str, Any], known: str) -> str | None:
     """NNI's check of a tuner or assessor at ``nnictl create``: a customized one's class is loaded and
-    its ``classArgsValidator`` run (returns None); a built-in's name and ``classArgs`` are checked
-    against ``builtin`` ({name: (factory, allowed args)}; returns its lowercase name). Nothing is built.
-    Raises :class:`TunerError`."""
+    checked (see :func:`load_custom`) and its ``classArgsValidator`` run (returns None); a built-in's
+    name and ``classArgs`` are checked against ``builtin`` ({name: (factory, allowed args)}; returns
+    its lowercase name). Nothing is built. Raises :class:`TunerError`."""
     if is_custom(spec, builtin):
-        load_custom(spec, kind)
+        load_custom(spec, kind, native)
         return None
     name = (spec.name or "").lower()
     if name not in builtin:
@@ -64,8 +64,10 @@ def check_algorithm(spec: Any, kind: str, builtin: dict[str, Any], known: str) -
     return name
 
 
-def load_custom(spec: Any, kind: str) -> CustomAlgorithm:
-    """The class a ``className`` or registered ``name`` stands for, its ``classArgs`` validated."""
+def load_custom(spec: Any, kind: str, native: type) -> CustomAlgorithm:
+    """The class a ``className`` or registered ``name`` stands for, its ``classArgs`` validated. Unless
+    it subclasses ``native`` (trialflow's own base for ``kind``, whose abstract methods Python checks),
+    it is held to NNI's contract (:data:`NNI_CONTRACT`). Raises :class:`TunerError`."""
     class_name, code_dir, validator = spec.class_name, spec.code_directory, None
     label = f"{kind} {class_name}"
     if not class_name:
@@ -77,7 +79,8 @@ def load_custom(spec: Any, kind: str) -> CustomAlgorithm:
         class_name, code_dir, validator = entry.class_name, entry.code_directory, entry.class_args_validator
         label = f"{kind} {entry.builtin_name}"
     cls = load_class(class_name, code_dir, label)
-    _check_nni_contract(cls, kind, label)
+    if not issubclass(cls, native):
+        _check_nni_contract(cls, kind, label)
     if validator:
         _validate(load_class(validator, code_dir, f"{label} classArgsValidator"), spec.class_args, label)
     return CustomAlgorithm(label, cls, dict(spec.class_args))
@@ -95,13 +98,7 @@ NNI_CONTRACT = {
 
 def _check_nni_contract(cls: type, kind: str, label: str) -> None:
     """Raise :class:`TunerError` naming the methods of NNI's contract that ``cls`` lacks or leaves to
-    NNI's base class -- at load time (``trialflow create``), not at the experiment's first call. A
-    subclass of trialflow's own base (``trialflow.tuners.Tuner`` / ``trialflow.assessors.Assessor``)
-    is checked by that base instead."""
-    from ..assessors import Assessor
-
-    if issubclass(cls, (Tuner, Assessor)):
-        return
+    NNI's base class -- at load time (``trialflow create``), not at the experiment's first call."""
     module, base, required = NNI_CONTRACT[kind]
 
     def implemented(name: str) -> bool:
