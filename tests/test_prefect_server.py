@@ -60,9 +60,9 @@ def _config(tmp_path: Path, name: str, **overrides) -> Path:
     return path
 
 
-def _run(server: PrefectServer, tmp_path: Path, script: str, name: str) -> None:
+def _run(server: PrefectServer, tmp_path: Path, script: str, name: str, *args: str) -> None:
     log = tmp_path / f"{name}.log"
-    proc = server.spawn([sys.executable, "-c", script], log, TRIALFLOW_HOME=str(tmp_path / "home"))
+    proc = server.spawn([sys.executable, "-c", script, *args], log, TRIALFLOW_HOME=str(tmp_path / "home"))
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
 
 
@@ -121,6 +121,40 @@ def test_the_run_graph_links_every_trial_to_its_suggest_and_submit_runs(server, 
         suggest = f"suggest-#{trial.sequence + 1}"  # suggest runs count from 1, sequences from 0
         assert inputs[f"submit-{trial.id}"] == {"trial_id": [suggest]}
         assert inputs[f"trial-{trial.id}"] == {"trial_id": [suggest], "wait_for": [f"submit-{trial.id}"]}
+
+
+LINEAGE = """
+import sys
+import trialflow
+from prefect import flow
+from trialflow.tasks import poll_trial, submit_trial, suggest_parameters, upload_code
+
+@flow(flow_run_name="lineage")
+def lineage(config: str, code: str) -> None:
+    with trialflow.experiment_session(config) as exp:
+        upload_code(exp.id, code)
+        trial = suggest_parameters(exp.id, 1)["trial_id"]
+        submitted = submit_trial.submit(exp.id, trial)
+        submitted.wait()  # the submit run has returned its handle before the poll run is created
+        poll_trial(exp.id, trial, wait_for=[submitted])
+
+lineage(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_a_trial_created_after_its_submit_returned_still_takes_its_id_from_the_suggest_run(server, client, tmp_path):
+    """The run graph does not depend on thread timing: a poll run created once its submit run has
+    returned the trial's handle (the flow's pool threads were busy) still links its trial id to the
+    suggest run, as one created at once does."""
+    config = _config(tmp_path, "lineage", maxTrialNumber=1, searchSpace={"x": {"_type": "choice", "_value": [1]}})
+    _run(server, tmp_path, LINEAGE, "lineage", str(config), str(tmp_path / "code-lineage"))
+    runs = _task_runs(client, "lineage", 4)
+    names = {r.id: r.name for r in runs}
+    inputs = {r.name: {key: sorted(names[i.id] for i in value) for key, value in r.task_inputs.items() if value}
+              for r in runs}
+    [trial] = [name.removeprefix("trial-") for name in inputs if name.startswith("trial-")]
+    assert inputs[f"submit-{trial}"] == {"trial_id": ["suggest-#1"]}
+    assert inputs[f"trial-{trial}"] == {"trial_id": ["suggest-#1"], "wait_for": [f"submit-{trial}"]}
 
 
 def test_each_trial_is_a_suggest_a_submit_and_a_poll_task_run_whose_state_mirrors_it(server, client, tmp_path):

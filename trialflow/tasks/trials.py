@@ -51,7 +51,8 @@ TRANSIENT_POLL_LIMIT = 30
 @task(name="submit_trial", cache_policy=NO_CACHE, task_run_name="submit-{trial_id}",
       **retry_options(RetryPolicy()))  # the flow applies its platform's policy with ``with_options``
 def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
-    """Submit the stored trial ``trial_id``; returns its handle (also stored)."""
+    """Submit the stored trial ``trial_id``; returns its handle (also stored). Raises PlatformError
+    when the experiment is stopping, no code was uploaded, or the platform refused the trial."""
     ctx = get_context(experiment_id)
     if ctx.stop.is_set():
         raise PlatformError("the experiment is stopping")
@@ -69,7 +70,11 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
         raise
     ctx.submit_errors.pop(trial_id, None)
     ctx.store.set_handle(trial_id, handle.to_dict())
-    return handle.to_dict()
+    # Returned with the stored record's id, a string object of its own: Prefect links each value of a
+    # task's result to that task run by id(), so the caller's ``trial_id`` object in the result would
+    # make a poll run created after this one returned (pool threads busy) read as fed by the submit run
+    # rather than by the suggest run -- the run graph would depend on thread timing.
+    return {**handle.to_dict(), "trial_id": record.id}
 
 
 @task(name="poll_trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}")
