@@ -51,9 +51,9 @@ def client(server):
         yield c
 
 
-def _config(tmp_path: Path, name: str, **overrides) -> Path:
+def _config(tmp_path: Path, name: str, trial: str = TRIAL, **overrides) -> Path:
     code = tmp_path / f"code-{name}"
-    write_trial(code, TRIAL)
+    write_trial(code, trial)
     cfg = base_config(code, tmp_path / "w", experimentName=name, **overrides)
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(cfg))
@@ -238,7 +238,10 @@ def test_a_platform_cap_holds_across_two_experiments(server, client, tmp_path, r
 
         service = dlc_section(request.getfixturevalue("dlc_emulator"))
     service.update(platformConcurrency=cap, platformConcurrencyName=f"cap-test-{platform}")
-    configs = [_config(tmp_path, f"cap{i}", maxTrialNumber=4, trialConcurrency=3, searchSpace=space,
+    # 3 s trials: a slot runs its trial longer than a busy machine takes to start the next one, so two
+    # slots in use show as two trials running at once (0.5 s trials missed each other on a loaded CI)
+    trial = TRIAL.replace("time.sleep(0.5)", "time.sleep(3)")
+    configs = [_config(tmp_path, f"cap{i}", trial, maxTrialNumber=4, trialConcurrency=3, searchSpace=space,
                        tuner={"name": "GridSearch"}, trainingService=service) for i in range(2)]
     procs = [server.spawn(["trialflow", "create", "--config", str(c), "--foreground"], tmp_path / f"cap{i}.log",
                           TRIALFLOW_HOME=str(tmp_path / "home")) for i, c in enumerate(configs)]

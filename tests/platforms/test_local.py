@@ -86,6 +86,35 @@ time.sleep(120)
     assert not pid_alive(child), "a grandchild of the trial survived the cancel"
 
 
+def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill(service, make_spec, monkeypatch):
+    """The trial removes its own directory between two reads of one poll (its keeper's pid file goes
+    with it): the trial is lost (recorded FAILED), not "killed" or "never started" (SYS_CANCELED)."""
+    import shutil
+
+    import trialflow.platforms.local as local
+    from trialflow.platforms.base import LostHandleError
+    from trialflow.trial.procs import kill_group, read_json
+
+    handle = service.submit(make_spec("Gone1", "import time\ntime.sleep(60)\n", {}), service.code)
+    deadline = time.monotonic() + 20
+    while service.poll(handle, {}).status != TrialStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    keeper = read_json(os.path.join(handle.data["trial_dir"], ".nni", "keeper.pid"))["pid"]
+    read = local.read_trial
+
+    def read_then_remove(*args, **kwargs):
+        found = read(*args, **kwargs)
+        shutil.rmtree(handle.data["trial_dir"])
+        return found
+
+    monkeypatch.setattr(local, "read_trial", read_then_remove)
+    try:
+        with pytest.raises(LostHandleError, match="no longer exists"):
+            service.poll(handle, {})
+    finally:
+        kill_group(keeper, 0.5)
+
+
 def test_sigint_trapping_trial_is_escalated_to_sigkill(service, make_spec):
     body = """
 import signal, time, nni

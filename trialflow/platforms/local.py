@@ -142,18 +142,20 @@ class LocalTrainingService(TrainingService[LocalConfig]):
     def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
         """(pid, start time) of the trial's keeper once it was started. A keeper started by a
         request whose reply was lost writes its own ``keeper.pid`` at once, so it is waited for."""
-        path = os.path.join(handle.data["trial_dir"], META_DIR, KEEPER_PID)
+        meta = os.path.join(handle.data["trial_dir"], META_DIR)
+        path = os.path.join(meta, KEEPER_PID)
         info = read_json(path)
         deadline = time.monotonic() + KEEPER_PID_WAIT
-        while info is None and handle.trial_id in self._started and time.monotonic() < deadline:
+        while (info is None and handle.trial_id in self._started and time.monotonic() < deadline
+               and os.path.isdir(meta)):  # a removed trial directory never gets one
             time.sleep(0.02)
             info = read_json(path)
         return (int(info["pid"]), info.get("start_time")) if info else None
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
-        trial_dir = handle.data.get("trial_dir")
-        if not trial_dir or not os.path.isdir(trial_dir):
-            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists")
+        """The trial's status and new metrics. Raises LostHandleError when its directory is gone
+        (before or while it is read: a missing keeper or exit code is then no evidence of a kill)."""
+        trial_dir = self._existing_dir(handle)
         offset = int(cursor.get("metrics_offset", 0))
         if not self._try_start(handle):
             return TrialUpdate(TrialStatus.WAITING, cursor={"metrics_offset": offset})
@@ -164,6 +166,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             return found.update(new_cursor)
         meta = os.path.join(trial_dir, META_DIR)
         keeper = self._keeper(handle)
+        self._existing_dir(handle)
         if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, STATE)) is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
@@ -175,6 +178,14 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         started = STARTED in (found.names or ())
         return TrialUpdate(TrialStatus.RUNNING if started else TrialStatus.WAITING, records, new_cursor, None, None,
                            errors)
+
+    @staticmethod
+    def _existing_dir(handle: TrialHandle) -> str:
+        """The trial's directory; raises LostHandleError when it no longer exists."""
+        trial_dir = handle.data.get("trial_dir")
+        if not trial_dir or not os.path.isdir(trial_dir):
+            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists")
+        return str(trial_dir)
 
     def _finish(self, handle: TrialHandle) -> None:
         self._started.discard(handle.trial_id)
