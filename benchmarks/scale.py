@@ -11,6 +11,8 @@ concurrency C (default 16) on the local service with the Random tuner; ideal = c
 * per-trial bookkeeping around trials 1k / 5k / 10k (medians over a window of trials): launch
   (trial submitted -> its command started), collect (command exited -> end recorded), and the
   loop's turnaround (an end recorded -> the next trial submitted) -- flat means no O(n) per trial;
+  beside them the trial's own time beyond its sleep (command started -> exited, less ``--sleep``:
+  the interpreter's start-up, ``import nni``, reporting, exit);
 * TPE's suggestion time with the same numbers of finished trials (tuner_latency's measure);
 * the time to render ``trialflow trial ls`` and ``trialflow experiment export`` for the whole
   experiment, beside ``trialflow --help`` (the CLI's start-up alone).
@@ -94,8 +96,10 @@ def trial_timings(exp_dir: Path, store) -> list[dict[str, float]]:  # type: igno
     return sorted(rows, key=lambda r: r["sequence"])
 
 
-def bookkeeping(rows: list[dict[str, float]], concurrency: int, point: int) -> tuple[float, float, float]:
-    """Median ms of (launch, collect, turnaround) over the ``WINDOW`` trials before ``point``."""
+def bookkeeping(rows: list[dict[str, float]], concurrency: int, point: int,
+                sleep: float) -> tuple[float, float, float, float]:
+    """Median ms of (launch, collect, turnaround, the trial beyond its sleep) over the ``WINDOW``
+    trials before ``point``."""
     lo, hi = max(0, point - WINDOW), min(point, len(rows))
     window = rows[lo:hi]
     ends = sorted(r["recorded"] for r in rows)
@@ -105,7 +109,8 @@ def bookkeeping(rows: list[dict[str, float]], concurrency: int, point: int) -> t
                   if k + concurrency < len(submits)]
     return (1000 * statistics.median(r["started"] - r["submit"] for r in window),
             1000 * statistics.median(r["recorded"] - r["exited"] for r in window),
-            1000 * statistics.median(turnaround) if turnaround else float("nan"))
+            1000 * statistics.median(turnaround) if turnaround else float("nan"),
+            1000 * statistics.median(r["exited"] - r["started"] - sleep for r in window))
 
 
 def _cli_seconds(*args: str) -> float:
@@ -160,7 +165,7 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
         store.close()
         wall = max(r["recorded"] for r in rows) - min(r["submit"] for r in rows)
         points = sorted({p for p in (trials // 4, 1000, 5000, 10000, trials) if WINDOW <= p <= trials})
-        books = {p: bookkeeping(rows, concurrency, p) for p in points}
+        books = {p: bookkeeping(rows, concurrency, p, sleep) for p in points}
         cli_start = _cli_seconds("--help")
         ls = _cli_seconds("trial", "ls", exp_id, "--root", str(work))
         export = _cli_seconds("experiment", "export", exp_id, "--root", str(work), "-t", "csv", "-f",
@@ -191,9 +196,10 @@ def report(r: dict) -> None:
                  ["trialflow experiment export (csv)", f"{r['export']:.2f} s", "-"]])
     print()
     print_table("per-trial bookkeeping, median ms over the 200 trials before each point",
-                ["trials", "launch", "collect", "turnaround", "TPE suggest+store+observe"],
-                [[p, f"{a:.1f}", f"{b:.1f}", f"{c:.1f}", f"{r['tpe_ms'].get(p, float('nan')):.1f}"]
-                 for p, (a, b, c) in r["bookkeeping"].items()])
+                ["trials", "launch", "collect", "turnaround", "in the trial beyond its sleep",
+                 "TPE suggest+store+observe"],
+                [[p, f"{a:.1f}", f"{b:.1f}", f"{c:.1f}", f"{d:.1f}", f"{r['tpe_ms'].get(p, float('nan')):.1f}"]
+                 for p, (a, b, c, d) in r["bookkeeping"].items()])
 
 
 def summary(profile: str) -> list[list[object]]:
@@ -202,7 +208,7 @@ def summary(profile: str) -> list[list[object]]:
     r = run(trials, 16, 1.0, tpe=False)
     name = f"scale ({trials:,} x 1 s, C=16)"
     first, last = min(r["bookkeeping"]), max(r["bookkeeping"])
-    book = [sum(r["bookkeeping"][p]) for p in (first, last)]
+    book = [sum(r["bookkeeping"][p][:3]) for p in (first, last)]
     return [summary_row(name, "wall, first submit -> last end", r["wall"], "s", "ideal", r["ideal"], 1.15),
             summary_row(name, "controller peak RSS", r["controller_mb"], "MB", "300 MB budget", 300.0, 1.0),
             *[summary_row(name, f"CPU per trial: {where}", ms, "ms", "-", None)
