@@ -128,6 +128,10 @@ def test_v1_warnings_print_once_and_only_for_fields_that_asked_for_something(tmp
     assert [w for w in warned if "multiThread" in w] == [
         "warning: multiThread: tuner calls are serialised in the controller; multiThread has no effect (a v1 field)"]
     assert not [w for w in warned if "multiPhase" in w or "gpuNum" in w]
+    assert [w for w in warned if "legacy v1" in w] == [  # one line, not Python's warning with a source line
+        "warning: converted a legacy v1 (NNI 1.x/2.x) config to the v2 schema; `trialflow config convert` prints "
+        "the v2 equivalent"]
+    assert "UserWarning" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("args", [["create", "--config", "{config}", "--port", "9000"],

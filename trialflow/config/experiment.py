@@ -329,7 +329,7 @@ def parse_config(data: Any, base_dir: str | os.PathLike[str] | None = None, sour
     if is_v1(data):
         data = convert_v1(data)
         warnings.warn("converted a legacy v1 (NNI 1.x/2.x) config to the v2 schema; "
-                      "`trialflow config convert` prints the v2 equivalent", stacklevel=2)
+                      "`trialflow config convert` prints the v2 equivalent", ConfigWarning, stacklevel=2)
     context = {"base_dir": os.fspath(base_dir) if base_dir is not None else os.getcwd()}
     try:
         return ExperimentConfig.model_validate(data, context=context)
