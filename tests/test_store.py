@@ -30,6 +30,31 @@ while True:
 """
 
 
+OPENER = """
+import os, sys, time
+from trialflow.store import ExperimentStore
+while not os.path.exists(sys.argv[2]):  # all start opening together
+    time.sleep(0.001)
+ExperimentStore(sys.argv[1], "raceexp").close()
+"""
+
+
+def test_processes_opening_a_new_store_at_once_all_open_it(store_url, tmp_path):
+    """``create`` makes the store while ``experiment list``, a dashboard or the controller opens it:
+    the one that loses the race to create a table is not told the file is damaged."""
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", OPENER, store_url, str(go)], stderr=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    time.sleep(3)  # the openers have imported and wait for the go
+    go.touch()
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, "\n".join(e for e in errors if e)[-2000:]
+    store = ExperimentStore(store_url, "raceexp")
+    store.create_experiment("race", {})
+    assert store.experiment().name == "race"
+    store.close()
+
+
 def test_sigkill_mid_stream_loses_nothing_committed(store_url):
     proc = subprocess.Popen([sys.executable, "-c", WRITER, store_url], stdout=subprocess.PIPE, text=True)
     confirmed = []

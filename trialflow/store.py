@@ -224,6 +224,26 @@ def _engine(url: str) -> Engine:
         raise ImportError(f"the store URL needs a database driver ({exc}); pip install 'trialflow[postgres]'") from None
 
 
+SCHEMA_ATTEMPTS = 5
+
+
+def _prepare(engine: Engine, url: str) -> None:
+    """Create the store's missing tables and bring it to :data:`SCHEMA_VERSION`. Another process may
+    do the same at the same moment (``create`` while ``experiment list``, a dashboard or the controller
+    opens the new store): the loser of that race meets "table already exists" and its next try finds
+    the work done. Raises the database's error when every try fails (a damaged file), and
+    :class:`StoreUnreadable` from :func:`_upgrade`."""
+    for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+        try:
+            _meta.create_all(engine)
+            _upgrade(engine, url)
+            return
+        except sa.exc.DBAPIError:
+            if attempt == SCHEMA_ATTEMPTS:
+                raise
+            time.sleep(0.02 * attempt)  # racers that lost together retry apart
+
+
 def _upgrade(engine: Engine, url: str) -> None:
     """Bring a store written by an earlier version to :data:`SCHEMA_VERSION`; refuse one written by a
     newer trialflow (its tables may mean what this version cannot read). Raises :class:`StoreUnreadable`."""
@@ -292,8 +312,7 @@ class ExperimentStore:
         self._insert_metric = self._insert(metrics).on_conflict_do_nothing().returning(metrics.c.sequence)
         self._lock = threading.RLock()
         try:
-            _meta.create_all(self.engine)
-            _upgrade(self.engine, url)
+            _prepare(self.engine, url)
             # One connection per store, used under the lock: a pool checkout per statement costs more
             # than the statement itself. Every use is a short transaction, so other processes' writes
             # (the CLI's controls) are seen at once.
