@@ -225,21 +225,25 @@ def _engine(url: str) -> Engine:
 
 
 SCHEMA_ATTEMPTS = 5
+RACE_ERRORS = ("already exists", "duplicate", "database is locked")  # what two creators of one store meet
 
 
 def _prepare(engine: Engine, url: str) -> None:
     """Create the store's missing tables and bring it to :data:`SCHEMA_VERSION`. Another process may
     do the same at the same moment (``create`` while ``experiment list``, a dashboard or the controller
-    opens the new store): the loser of that race meets "table already exists" and its next try finds
-    the work done. Raises the database's error when every try fails (a damaged file), and
-    :class:`StoreUnreadable` from :func:`_upgrade`."""
+    opens the new store): the loser of that race meets "table already exists" (SQLite, PostgreSQL), a
+    duplicate type or column, or SQLite's "database is locked" (switching a new file to WAL does not
+    wait), and its next try finds the work done. Any other error (a damaged file, an unreachable
+    server) is raised at once, as is the race's after the last try; :func:`_upgrade` raises
+    :class:`StoreUnreadable`."""
     for attempt in range(1, SCHEMA_ATTEMPTS + 1):
         try:
             _meta.create_all(engine)
             _upgrade(engine, url)
             return
-        except sa.exc.DBAPIError:
-            if attempt == SCHEMA_ATTEMPTS:
+        except sa.exc.DBAPIError as exc:
+            reason = str(exc.orig).lower()
+            if attempt == SCHEMA_ATTEMPTS or not any(race in reason for race in RACE_ERRORS):
                 raise
             time.sleep(0.02 * attempt)  # racers that lost together retry apart
 

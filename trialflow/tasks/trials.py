@@ -69,12 +69,13 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
             log.warning("trial %s: submission failed (%s)", trial_id, exc)
         raise
     ctx.submit_errors.pop(trial_id, None)
-    ctx.store.set_handle(trial_id, handle.to_dict())
+    stored = handle.to_dict()
+    ctx.store.set_handle(trial_id, stored)
     # Returned with the stored record's id, a string object of its own: Prefect links each value of a
     # task's result to that task run by id(), so the caller's ``trial_id`` object in the result would
     # make a poll run created after this one returned (pool threads busy) read as fed by the submit run
     # rather than by the suggest run -- the run graph would depend on thread timing.
-    return {**handle.to_dict(), "trial_id": record.id}
+    return {**stored, "trial_id": record.id}
 
 
 @task(name="poll_trial", cache_policy=NO_CACHE, task_run_name="trial-{trial_id}")
