@@ -1,5 +1,5 @@
 """One entry point for every benchmark: ``python -m benchmarks [--profile short|full] [--only a,b]
-[--nni-venv DIR]`` runs each with the chosen profile and prints one table: each measure beside the
+[--nni-venv DIR] [--venv DIR]`` runs each with the chosen profile and prints one table: each measure beside the
 baseline measured in the same run (bare subprocess pool, scp, Optuna in-memory ask/tell, NNI 3.0 when
 ``--nni-venv`` holds it, the ideal wall time), their ratio, and the verdict against the target.
 Results recorded in ``benchmarks/README.md``."""
@@ -29,6 +29,7 @@ from benchmarks import (  # noqa: E402
     upload,
 )
 from benchmarks._stats import print_table  # noqa: E402
+from benchmarks._venv import rerun_in  # noqa: E402
 
 HEADER = ["benchmark", "measure", "value", "baseline", "baseline value", "ratio", "target", "verdict"]
 
@@ -40,7 +41,10 @@ def main() -> None:
                         "startup,artifacts")
     parser.add_argument("--nni-venv", type=Path,
                         help="virtualenv holding nni==3.0 (overhead and startup compare with it)")
+    parser.add_argument("--venv", type=Path, help="run trialflow in this clean virtualenv (created when missing; "
+                        "see benchmarks/_venv.py)")
     args = parser.parse_args()
+    rerun_in(args.venv)
     for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL"),
                         ("PREFECT_LOGGING_LEVEL", "WARNING")):
         os.environ.setdefault(name, value)

@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table  # noqa: E402
+from benchmarks._venv import create_venv  # noqa: E402
 from benchmarks.overhead import _free_port, install_nni  # noqa: E402
 
 MAX_STEPS = 27  # R / max_budget / max_t: the longest a trial trains
@@ -311,8 +312,7 @@ def ray_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dic
 
 
 def install_ray(venv: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "ray[tune]", "hpbandster", "ConfigSpace"], check=True)
+    create_venv(venv, "ray[tune]", "hpbandster", "ConfigSpace")
 
 
 # -- the table ----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from benchmarks._venv import create_venv  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep(0.5)\nnni.report_final_result(1.0)\n"
 
@@ -99,8 +100,7 @@ def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency:
 
 
 def install_nni(venv: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "nni==3.0"], check=True)
+    create_venv(venv, "nni==3.0")
 
 
 def measure(trials: int, concurrency: int, nni_venv: Path | None = None) -> dict[str, float]:

@@ -19,7 +19,11 @@ concurrency C (default 16) on the local service with the Random tuner; ideal = c
 
 The controller runs in its own process (``--controller``), so its peak RSS is its own.
 
-    python benchmarks/scale.py [--trials 10000] [--concurrency 16] [--sleep 1.0]
+    python benchmarks/scale.py [--trials 10000] [--concurrency 16] [--sleep 1.0] [--venv DIR]
+
+Every trial is a Python process, so what this Python's ``site`` imports at start-up counts per trial
+(reported: ``python -c pass``). ``--venv DIR`` runs the benchmark in a clean virtualenv holding this
+checkout (created when missing), as a user's ``pip install`` would have it; see ``benchmarks/_venv.py``.
 
 ``SCALE_SERVER=temporary`` runs it on Prefect's temporary server instead of the kept one (its CPU then
 counts in "the rest").
@@ -43,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from benchmarks._venv import interpreter_start_ms, rerun_in  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep({sleep})\nnni.report_final_result(1.0)\n"
 WINDOW = 200  # trials per bookkeeping point
@@ -179,7 +184,7 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
                                  "trials and the rest":
                                      1000 * (busy - summary["controller_cpu"] - server_cpu) / trials},
             "tpe_ms": dict(zip(points, tpe_suggestion_ms(points), strict=True)) if tpe else {},
-            "cli_start": cli_start, "trial_ls": ls, "export": export}
+            "cli_start": cli_start, "trial_ls": ls, "export": export, "python_start_ms": interpreter_start_ms()}
 
 
 def report(r: dict) -> None:
@@ -191,6 +196,7 @@ def report(r: dict) -> None:
                  ["controller peak RSS", f"{r['controller_mb']:.0f} MB", "<= 300 MB"],
                  ["kept Prefect server peak RSS", f"{r['server_mb']:.0f} MB", "-"],
                  *[[f"CPU per trial: {where}", f"{ms:.1f} ms", "-"] for where, ms in r["cpu_ms_per_trial"].items()],
+                 ["this Python's start-up (python -c pass), CPU", f"{r['python_start_ms']:.0f} ms", "-"],
                  ["trialflow --help (CLI start-up)", f"{r['cli_start']:.2f} s", "-"],
                  ["trialflow trial ls", f"{r['trial_ls']:.2f} s", "-"],
                  ["trialflow experiment export (csv)", f"{r['export']:.2f} s", "-"]])
@@ -216,7 +222,8 @@ def summary(profile: str) -> list[list[object]]:
             summary_row(name, f"bookkeeping per trial at {last:,}", book[1], "ms", f"same at {first:,}", book[0]),
             summary_row(name, "trialflow trial ls", r["trial_ls"], "s", "CLI start-up (--help)", r["cli_start"]),
             summary_row(name, "trialflow experiment export", r["export"], "s", "CLI start-up (--help)",
-                        r["cli_start"])]
+                        r["cli_start"]),
+            summary_row(name, "this Python's start-up, CPU", r["python_start_ms"], "ms", "-", None)]
 
 
 def main() -> None:
@@ -225,8 +232,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=1.0)
     parser.add_argument("--json", help="also write the measured figures to this file")
+    parser.add_argument("--venv", type=Path, help="run in this clean virtualenv (created when missing; "
+                        "see benchmarks/_venv.py)")
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    rerun_in(args.venv)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     if args.controller:

@@ -13,7 +13,10 @@ Medians over ``--repeat`` runs (default 3). trialflow is run as its console scri
 and its trial by this Python's path (as NNI's ``nnictl`` and trial run from its venv), not through a PATH
 wrapper such as pyenv's shims (~0.2 s each).
 
-    python benchmarks/startup.py [--repeat 3] [--nni-venv DIR [--install-nni]]
+    python benchmarks/startup.py [--repeat 3] [--nni-venv DIR [--install-nni]] [--venv DIR]
+
+``--venv DIR`` runs trialflow from a clean virtualenv holding this checkout, as NNI runs from its own
+(``benchmarks/_venv.py`` says why it matters).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from benchmarks._venv import rerun_in  # noqa: E402
 
 TRIAL = ("import time\nopen({stamp!r}, 'a').write(f'{{time.time()}}\\n')\nimport nni\n"
          "nni.get_next_parameter()\nnni.report_final_result(1.0)\n")
@@ -192,7 +196,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--nni-venv", type=Path)
     parser.add_argument("--install-nni", action="store_true")
+    parser.add_argument("--venv", type=Path, help="run trialflow in this clean virtualenv (created when missing; "
+                        "see benchmarks/_venv.py)")
     args = parser.parse_args()
+    rerun_in(args.venv)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if args.install_nni and args.nni_venv:
         from benchmarks.overhead import install_nni

@@ -86,9 +86,10 @@ def load_custom(spec: Any, kind: str, native: type) -> CustomAlgorithm:
     return CustomAlgorithm(label, cls, dict(spec.class_args))
 
 
-# What a class written against NNI's API must implement itself, by kind: NNI's base class (module
-# ``nni.tuner`` or ``nni.assessor``, bundled or NNI's own) has each method raise NotImplementedError
-# at its first call; each entry lists alternatives. NNI calls all of them in every experiment.
+# What a class written against NNI's API must implement itself, by kind (each entry lists
+# alternatives; NNI calls all of them in every experiment): the bundled base class (module
+# ``nni.tuner`` or ``nni.assessor``) leaves them out, and NNI's own defines placeholders that fail at
+# their first call, mid-experiment.
 NNI_CONTRACT = {
     "tuner": ("nni.tuner", "Tuner", (("generate_parameters", "generate_multiple_parameters"),
                                      ("receive_trial_result",), ("update_search_space",))),

@@ -3,12 +3,14 @@
 trialflow calls ``assess_trial(trial_job_id, trial_history)`` after each new intermediate result of
 a running trial (the history holds every intermediate result so far, in order); ``AssessResult.Bad``
 stops the trial as EARLY_STOPPED. ``trial_end(trial_job_id, success)`` follows once per trial.
+
+A subclass defines ``assess_trial`` itself. This class leaves it out (NNI's own defines a placeholder
+that fails at its first call, mid-experiment); ``trialflow create`` refuses a class that lacks it.
 """
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from .recoverable import Recoverable
 
@@ -21,9 +23,8 @@ class AssessResult(Enum):
 
 
 class Assessor(Recoverable):
-    def assess_trial(self, trial_job_id: str, trial_history: list[Any]) -> AssessResult:
-        """Whether the trial should go on (``Good``) or be stopped early (``Bad``)."""
-        raise NotImplementedError("Assessor: assess_trial not implemented")
+    """Subclasses define ``assess_trial(trial_job_id, trial_history)``: whether the trial should go on
+    (``AssessResult.Good``) or be stopped early (``AssessResult.Bad``)."""
 
     def trial_end(self, trial_job_id: str, success: bool) -> None:
         """A trial ended: ``success`` is False when it failed or was cancelled."""

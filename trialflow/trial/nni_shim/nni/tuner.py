@@ -6,6 +6,11 @@ experiment; then ``generate_multiple_parameters([id])`` for each new trial (the 
 ``generate_parameters``; an empty list or ``nni.NoMoreTrialError`` ends suggestion);
 ``receive_trial_result(id, parameters, value)`` with the reported final result as the trial sent
 it, and ``trial_end(id, success)`` when a trial ends. Calls are serialised (never concurrent).
+
+A subclass defines ``generate_parameters`` (or ``generate_multiple_parameters``),
+``receive_trial_result`` and ``update_search_space`` itself: NNI calls all three in every experiment.
+This class leaves them out (NNI's own defines placeholders that fail at their first call, mid-experiment);
+``trialflow create`` refuses a class that lacks one, naming it, before anything starts.
 """
 
 from __future__ import annotations
@@ -18,33 +23,27 @@ __all__ = ["Tuner"]
 
 
 class Tuner(Recoverable):
-    def generate_parameters(self, parameter_id: int, **kwargs: Any) -> Any:
-        """Parameters of the new trial ``parameter_id`` (override this or
-        :meth:`generate_multiple_parameters`); raise ``nni.NoMoreTrialError`` when there are no more."""
-        raise NotImplementedError("Tuner: generate_parameters not implemented")
+    """Subclasses define (see the module doc): ``generate_parameters(parameter_id, **kwargs)``, the new
+    trial's parameters, raising ``nni.NoMoreTrialError`` when there are no more (or
+    ``generate_multiple_parameters`` instead); ``receive_trial_result(parameter_id, parameters, value,
+    **kwargs)``, the final result a trial reported (a number, or a dict with a ``default`` key); and
+    ``update_search_space(search_space)``, the search space as written in the config."""
 
     def generate_multiple_parameters(self, parameter_id_list: list[int], **kwargs: Any) -> list[Any]:
-        """One set of parameters per id, until ``generate_parameters`` raises ``NoMoreTrialError``."""
+        """One set of parameters per id, until the subclass's ``generate_parameters`` raises
+        ``NoMoreTrialError``."""
         from . import NoMoreTrialError
 
         result = []
         for parameter_id in parameter_id_list:
             try:
-                result.append(self.generate_parameters(parameter_id, **kwargs))
+                result.append(self.generate_parameters(parameter_id, **kwargs))  # type: ignore[attr-defined]
             except NoMoreTrialError:
                 break
         return result
 
-    def receive_trial_result(self, parameter_id: int, parameters: Any, value: Any, **kwargs: Any) -> None:
-        """The final result a trial reported (a number, or a dict with a ``default`` key)."""
-        raise NotImplementedError("Tuner: receive_trial_result not implemented")
-
     def trial_end(self, parameter_id: int, success: bool, **kwargs: Any) -> None:
         """A trial ended: ``success`` is False when it failed or was cancelled."""
-
-    def update_search_space(self, search_space: Any) -> None:
-        """The experiment's search space, as written in the config."""
-        raise NotImplementedError("Tuner: update_search_space not implemented")
 
     def import_data(self, data: list[dict[str, Any]]) -> None:
         """Finished trials (``{"parameter": ..., "value": ...}``) from before a resume, or imported."""
