@@ -29,7 +29,7 @@ from benchmarks import (  # noqa: E402
     upload,
 )
 from benchmarks._stats import print_table  # noqa: E402
-from benchmarks._venv import rerun_in  # noqa: E402
+from benchmarks._venv import add_venv_option, rerun_in  # noqa: E402
 
 HEADER = ["benchmark", "measure", "value", "baseline", "baseline value", "ratio", "target", "verdict"]
 
@@ -41,8 +41,7 @@ def main() -> None:
                         "startup,artifacts")
     parser.add_argument("--nni-venv", type=Path,
                         help="virtualenv holding nni==3.0 (overhead and startup compare with it)")
-    parser.add_argument("--venv", type=Path, help="run trialflow in this clean virtualenv (created when missing; "
-                        "see benchmarks/_venv.py)")
+    add_venv_option(parser)
     args = parser.parse_args()
     rerun_in(args.venv)
     for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL"),

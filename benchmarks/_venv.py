@@ -12,6 +12,7 @@ still runs the checkout's code.
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import statistics
@@ -32,22 +33,31 @@ def create_venv(venv: Path, *pip_args: str) -> None:
 def trialflow_venv(venv: Path) -> Path:
     """``venv`` holding trialflow's dependencies and this checkout on its path; created when missing.
     Returns its Python."""
-    if not (venv / "bin" / "trialflow").exists():
+    if not (venv / "bin" / "trialflow").exists():  # the console script: pip finished
         create_venv(venv, "-e", str(REPO), "--config-settings", "editable_mode=compat")
     return venv / PYTHON
 
 
-def rerun_in(venv: Path | None, flag: str = "--venv") -> None:
+FLAG = "--venv"
+
+
+def add_venv_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--venv DIR`` option of the benchmarks that run trialflow (pass its value to :func:`rerun_in`)."""
+    parser.add_argument(FLAG, type=Path, help="run trialflow in this clean virtualenv (created when missing; "
+                        "see benchmarks/_venv.py)")
+
+
+def rerun_in(venv: Path | None) -> None:
     """With ``venv`` given and this process not its Python: replace this process by the same command
-    line (less ``flag DIR``) run by the venv's Python, creating the venv first. Returns otherwise."""
+    line (less ``--venv DIR``) run by the venv's Python, creating the venv first. Returns otherwise."""
     if venv is None or Path(sys.prefix).resolve() == venv.resolve():
         return
     python = trialflow_venv(venv)
     argv, args = [], iter(sys.argv[1:])
     for arg in args:
-        if arg == flag:
+        if arg == FLAG:
             next(args, None)
-        elif not arg.startswith(f"{flag}="):
+        elif not arg.startswith(f"{FLAG}="):
             argv.append(arg)
     main = sys.modules["__main__"]
     head = ["-m", main.__spec__.name] if getattr(main, "__spec__", None) else [sys.argv[0]]

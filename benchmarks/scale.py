@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
-from benchmarks._venv import interpreter_start_ms, rerun_in  # noqa: E402
+from benchmarks._venv import add_venv_option, interpreter_start_ms, rerun_in  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep({sleep})\nnni.report_final_result(1.0)\n"
 WINDOW = 200  # trials per bookkeeping point
@@ -232,8 +232,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=1.0)
     parser.add_argument("--json", help="also write the measured figures to this file")
-    parser.add_argument("--venv", type=Path, help="run in this clean virtualenv (created when missing; "
-                        "see benchmarks/_venv.py)")
+    add_venv_option(parser)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rerun_in(args.venv)

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
-from benchmarks._venv import rerun_in  # noqa: E402
+from benchmarks._venv import add_venv_option, rerun_in  # noqa: E402
 
 TRIAL = ("import time\nopen({stamp!r}, 'a').write(f'{{time.time()}}\\n')\nimport nni\n"
          "nni.get_next_parameter()\nnni.report_final_result(1.0)\n")
@@ -196,8 +196,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--nni-venv", type=Path)
     parser.add_argument("--install-nni", action="store_true")
-    parser.add_argument("--venv", type=Path, help="run trialflow in this clean virtualenv (created when missing; "
-                        "see benchmarks/_venv.py)")
+    add_venv_option(parser)
     args = parser.parse_args()
     rerun_in(args.venv)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -1,8 +1,9 @@
 """``nni.assessor``: the base class of NNI customized assessors.
 
 trialflow calls ``assess_trial(trial_job_id, trial_history)`` after each new intermediate result of
-a running trial (the history holds every intermediate result so far, in order); ``AssessResult.Bad``
-stops the trial as EARLY_STOPPED. ``trial_end(trial_job_id, success)`` follows once per trial.
+a running trial (the history holds every intermediate result so far, in order); ``AssessResult.Good``
+lets it go on, ``AssessResult.Bad`` stops it as EARLY_STOPPED. ``trial_end(trial_job_id, success)``
+follows once per trial.
 
 A subclass defines ``assess_trial`` itself. This class leaves it out (NNI's own defines a placeholder
 that fails at its first call, mid-experiment); ``trialflow create`` refuses a class that lacks it.
@@ -23,8 +24,7 @@ class AssessResult(Enum):
 
 
 class Assessor(Recoverable):
-    """Subclasses define ``assess_trial(trial_job_id, trial_history)``: whether the trial should go on
-    (``AssessResult.Good``) or be stopped early (``AssessResult.Bad``)."""
+    """The base of NNI customized assessors; the method a subclass defines is in the module doc."""
 
     def trial_end(self, trial_job_id: str, success: bool) -> None:
         """A trial ended: ``success`` is False when it failed or was cancelled."""

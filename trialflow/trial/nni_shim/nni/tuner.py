@@ -5,7 +5,8 @@ in the config; ``import_data([{"parameter", "value"}, ...])`` with the finished 
 experiment; then ``generate_multiple_parameters([id])`` for each new trial (the default calls
 ``generate_parameters``; an empty list or ``nni.NoMoreTrialError`` ends suggestion);
 ``receive_trial_result(id, parameters, value)`` with the reported final result as the trial sent
-it, and ``trial_end(id, success)`` when a trial ends. Calls are serialised (never concurrent).
+it (a number, or a dict with a ``default`` key), and ``trial_end(id, success)`` when a trial ends.
+Calls are serialised (never concurrent).
 
 A subclass defines ``generate_parameters`` (or ``generate_multiple_parameters``),
 ``receive_trial_result`` and ``update_search_space`` itself: NNI calls all three in every experiment.
@@ -23,11 +24,7 @@ __all__ = ["Tuner"]
 
 
 class Tuner(Recoverable):
-    """Subclasses define (see the module doc): ``generate_parameters(parameter_id, **kwargs)``, the new
-    trial's parameters, raising ``nni.NoMoreTrialError`` when there are no more (or
-    ``generate_multiple_parameters`` instead); ``receive_trial_result(parameter_id, parameters, value,
-    **kwargs)``, the final result a trial reported (a number, or a dict with a ``default`` key); and
-    ``update_search_space(search_space)``, the search space as written in the config."""
+    """The base of NNI customized tuners; the methods a subclass defines are in the module doc."""
 
     def generate_multiple_parameters(self, parameter_id_list: list[int], **kwargs: Any) -> list[Any]:
         """One set of parameters per id, until the subclass's ``generate_parameters`` raises
