@@ -117,17 +117,41 @@ def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stop
     assert after.returncode == 1 and "not running" in after.stdout
 
 
-def test_server_stop_refuses_while_an_experiment_reports_to_it(tmp_path, home):
-    path = _config(tmp_path, "long", "import nni, time\nnni.get_next_parameter()\ntime.sleep(60)\n", maxTrialNumber=1)
-    created = _cli(home, "create", "--config", str(path))
+SLEEPER = "import nni, time\nnni.get_next_parameter()\ntime.sleep(60)\n"
+
+
+def _create_sleeper(tmp_path: Path, home: Path, name: str, trials: int) -> tuple[str, str]:
+    """``trialflow create`` (background) of trials that sleep a minute: what it printed, and the id."""
+    created = _cli(home, "create", "--config", str(_config(tmp_path, name, SLEEPER, maxTrialNumber=trials)))
     assert created.returncode == 0, created.stdout + created.stderr
     _guard(home)
-    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    return created.stdout, created.stdout.split("experiment id: ")[1].split()[0]
+
+
+def test_server_stop_refuses_while_an_experiment_reports_to_it(tmp_path, home):
+    _, exp_id = _create_sleeper(tmp_path, home, "long", 1)
     refused = _cli(home, "server", "stop")
     assert refused.returncode == 1
     assert refused.stderr.strip() == "" and refused.stdout.strip() == (
         f"error: experiment(s) {exp_id} report to this server: stop them first, or --force")
     assert running_server(home) is not None
+    assert _cli(home, "stop", exp_id).returncode == 0
+
+
+def test_resume_in_the_background_prints_the_page_of_its_new_flow_run(tmp_path, home):
+    created, exp_id = _create_sleeper(tmp_path, home, "again", 3)
+    first_run = PAGE.search(created).group(3)
+    assert _cli(home, "stop", exp_id).returncode == 0
+    resumed = _cli(home, "resume", exp_id, "--root", str(tmp_path / "w"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    page, _, resumed_run = PAGE.search(resumed.stdout).groups()
+    assert resumed_run != first_run  # the stopped run's page would show none of the resumed trials
+    assert resumed_run == open_store(tmp_path / "w", exp_id).experiment().flow_run_id
+    server = running_server(home)
+    assert server is not None
+    status, body = _get(f"{server.url}/flow_runs/{resumed_run}")
+    assert status == 200 and json.loads(body)["name"] == exp_id
+    assert _get(page)[0] == 200
     assert _cli(home, "stop", exp_id).returncode == 0
 
 
@@ -153,13 +177,8 @@ def _servers_of(home: Path) -> list[int]:
 
 
 def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(tmp_path, home):
-    path = _config(tmp_path, "killed", "import nni, time\nnni.get_next_parameter()\ntime.sleep(60)\n",
-                   maxTrialNumber=1)
-    created = _cli(home, "create", "--config", str(path))
-    assert created.returncode == 0, created.stdout + created.stderr
-    _guard(home)
-    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
-    controller = int(re.search(r"in the background \(pid (\d+)\)", created.stdout).group(1))
+    created, exp_id = _create_sleeper(tmp_path, home, "killed", 1)
+    controller = int(re.search(r"in the background \(pid (\d+)\)", created).group(1))
     store = open_store(tmp_path / "w", exp_id)
     wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
     server = running_server(home)

@@ -189,9 +189,10 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         return
     log_path = root / experiment_id / _experiments.CONTROLLER_LOG
     controller = controller or take_controller()
+    earlier_run = _recorded_flow_run(experiment_id, root)  # a resumed experiment's last run: not this one's page
     controller.run(experiment_id, root, config_path)
     console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {controller.pid})", markup=True)
-    console.print(f"  Prefect UI: {_run_page(experiment_id, root, controller)}", soft_wrap=True)
+    console.print(f"  Prefect UI: {_run_page(experiment_id, root, controller, earlier_run)}", soft_wrap=True)
     console.print(f"  progress:   trialflow trial ls {experiment_id}   log: {log_path}", soft_wrap=True)
     console.print(f"  stop:       trialflow stop {experiment_id}")
     if live is not None:
@@ -209,9 +210,19 @@ def _use_kept_server() -> None:
 RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
 
 
-def _run_page(experiment_id: str, root: Path, controller: PendingController) -> str:
+def _recorded_flow_run(experiment_id: str, root: Path) -> str | None:
+    """The flow run the experiment's record names now (a resumed experiment's previous run; None at first)."""
+    store = _experiments.open_store(root, experiment_id)
+    try:
+        return store.experiment().flow_run_id
+    finally:
+        store.close()
+
+
+def _run_page(experiment_id: str, root: Path, controller: PendingController, earlier_run: str | None) -> str:
     """The Prefect UI page of the background controller's flow run, once it has recorded it (as nnictl
-    prints its web UI's address). Raises :class:`CliError` when the controller ends before that."""
+    prints its web UI's address): a run other than ``earlier_run``, the one a resumed experiment had.
+    Raises :class:`CliError` when the controller ends before that."""
     from .kept_server import flow_run_page
 
     store = _experiments.open_store(root, experiment_id)
@@ -219,7 +230,7 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController) -> 
     try:
         while time.monotonic() < deadline:
             record = store.experiment()
-            if record.flow_run_id:
+            if record.flow_run_id and record.flow_run_id != earlier_run:
                 return flow_run_page(record.prefect_api, record.flow_run_id) or (
                     "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)")
             if controller.proc.poll() is not None:
