@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,9 +27,9 @@ pytestmark = pytest.mark.timeout(300)
 PAGE = re.compile(r"Prefect UI: (http://127\.0\.0\.1:(\d+)/runs/flow-run/([0-9a-f-]{36}))")
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    return {**env, "TRIALFLOW_HOME": str(home), "TRIALFLOW_PREFECT_SERVER": "kept", "COLUMNS": "200"}
+    return {**env, "TRIALFLOW_HOME": str(home), "TRIALFLOW_PREFECT_SERVER": "kept", "COLUMNS": "200", **extra}
 
 
 # what the installed `trialflow` command runs (it starts the server and a background controller before
@@ -38,8 +39,8 @@ CONSOLE_SCRIPT = [sys.executable, "-c", "import sys; sys.argv[0] = 'trialflow'; 
 MODULE = [sys.executable, "-m", "trialflow.cli"]
 
 
-def _cli(home: Path, *args: str, entry: list[str] = CONSOLE_SCRIPT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*entry, *args], capture_output=True, text=True, env=_env(home), timeout=180)
+def _cli(home: Path, *args: str, entry: list[str] = CONSOLE_SCRIPT, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*entry, *args], capture_output=True, text=True, env=_env(home, **env), timeout=180)
 
 
 QUICK = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
@@ -153,6 +154,31 @@ def test_resume_in_the_background_prints_the_page_of_its_new_flow_run(tmp_path, 
     assert status == 200 and json.loads(body)["name"] == exp_id
     assert _get(page)[0] == 200
     assert _cli(home, "stop", exp_id).returncode == 0
+
+
+def test_a_configured_api_that_does_not_answer_is_one_line_and_resume_runs_the_experiment_later(tmp_path, home):
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}/api"
+    path = _config(tmp_path, "unreached")
+    ids = []
+    for mode in ([], ["--foreground"]):
+        refused = _cli(home, "create", "--config", str(path), *mode, PREFECT_API_URL=dead)
+        exp_id = refused.stdout.split("experiment id: ")[1].split()[0]
+        ids.append(exp_id)
+        why = (f"the Prefect API at {dead} (PREFECT_API_URL) does not answer ([Errno 111] Connection refused): "
+               "start that server, or unset PREFECT_API_URL to report to trialflow's local Prefect server")
+        assert refused.returncode == 1 and refused.stderr == ""  # no traceback
+        assert refused.stdout.splitlines()[-1] == (f"error: experiment {exp_id} "
+                                                   f"{'could not run' if mode else 'ended at once (ERROR)'}: {why}")
+        record = open_store(tmp_path / "w", exp_id).experiment()
+        assert (record.status, record.message) == ("ERROR", why)  # kept, with the reason
+    assert running_server(home) is None  # a configured API is used as it is: no local server instead
+    resumed = _cli(home, "resume", ids[0], "--root", str(tmp_path / "w"), "--foreground")  # the API unset
+    _guard(home)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    store = open_store(tmp_path / "w", ids[0])
+    assert store.experiment().status == "DONE" and [t.status for t in store.trials()] == ["SUCCEEDED"] * 2
 
 
 def _processes_of(home: Path, *marks: bytes) -> list[int]:

@@ -24,6 +24,7 @@ from rich.markup import escape
 from ._lazy import lazy_module
 from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, take_controller
 from .ids import looks_like_experiment_id
+from .kept_server import ServerError
 from .status import EXPERIMENT_LIVE, ExperimentStatus
 from .user_errors import UserError
 
@@ -171,7 +172,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
             if live is not None:
                 live.stop()
             # stored as ERROR with it too
-            if isinstance(exc, _platforms.PlatformError | _config.ConfigError | _tuners.TunerError):
+            if isinstance(exc, _platforms.PlatformError | _config.ConfigError | _tuners.TunerError | ServerError):
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
             signum = _run_control.signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
             if signum is None:

@@ -111,10 +111,8 @@ def _main() -> int:
     from .startup_gc import collector_paused
 
     with collector_paused():
-        from .experiments import CONTROLLER_LOG, open_store
-        from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
-        from .results import end_experiment
-        from .status import ExperimentStatus
+        from .experiments import CONTROLLER_LOG
+        from .flows import experiment  # imported while `create` checks the config
 
     line = sys.stdin.readline()
     if not line.strip():  # the config was refused: nothing to run
@@ -125,11 +123,13 @@ def _main() -> int:
     _move_output(spool, root / job["experiment_id"] / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT)
     if problem is not None:  # recorded: `create` reports the experiment's message
         print(problem, file=sys.stderr)
-        store = open_store(root, job["experiment_id"])
-        end_experiment(store, ExperimentStatus.ERROR, str(problem))
-        store.close()
+        experiment.record_unstarted_run(root, job["experiment_id"], problem)
         return 1
-    return run_to_exit_code(job["experiment_id"], root, job["config"])
+    try:
+        return run_to_exit_code(job["experiment_id"], root, job["config"])
+    except ServerError as exc:  # recorded already: `create` reports it in one line
+        print(exc, file=sys.stderr)
+        return 1
 
 
 def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) -> int:

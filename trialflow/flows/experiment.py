@@ -45,6 +45,7 @@ from prefect.utilities.annotations import allow_failure
 from ..config import load_config
 from ..context import ExperimentContext, open_context
 from ..experiments import CONTROLLER_LOG, create_experiment, find_experiment, load_experiment_config, open_store
+from ..kept_server import ServerError
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
@@ -146,9 +147,27 @@ def run_experiment_flow(config_path: str | None, experiment_id: str | None, root
     PREFECT_API_URL it reports to trialflow's kept local server (:mod:`trialflow.kept_server`), started
     first when needed, or to Prefect's temporary server when that is asked for. Either runs in a session
     of its own: a Ctrl-C in this terminal stops the experiment, never its API. Raises
-    :class:`~trialflow.kept_server.ServerError` when the kept server cannot start."""
-    with experiment_api():
+    :class:`~trialflow.kept_server.ServerError` when the kept server cannot start or a configured API
+    does not answer; a stored experiment (``experiment_id``) is then recorded ERROR with that message
+    (``trialflow resume`` runs it once the API is back), a new one is not created."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(experiment_api())
+        except ServerError as exc:
+            if experiment_id is not None:
+                record_unstarted_run(Path(root) if root else find_experiment(experiment_id)[0], experiment_id, exc)
+            raise
         return experiment_flow(config_path, experiment_id, root, return_state=True)
+
+
+def record_unstarted_run(root: Path, experiment_id: str, problem: ServerError) -> None:
+    """Record a stored experiment whose run could not begin, for want of a Prefect API: ERROR, with the
+    one line that says what to do (what ``create`` prints of a background run)."""
+    store = open_store(root, experiment_id)
+    try:
+        end_experiment(store, ExperimentStatus.ERROR, str(problem))
+    finally:
+        store.close()
 
 
 def _configured_api() -> str | None:

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..kept_server import ensure_server, running_server, wants_temporary_server
+from ..kept_server import ServerError, ensure_server, running_server, wants_temporary_server
 from ..startup_gc import collector_paused
 from .temporary_server import start_temporary_server
 
@@ -23,7 +23,8 @@ def experiment_api() -> Iterator[str | None]:
     """While an experiment runs in this process: the configured Prefect API as it is (yields None); with
     ``TRIALFLOW_PREFECT_SERVER=temporary`` Prefect's temporary server, started in a session of its own
     (yields None); else the kept server, started if needed, set as this context's PREFECT_API_URL
-    (yields its URL). Raises :class:`ServerError` when the kept server cannot start."""
+    (yields its URL). Raises :class:`ServerError` when the kept server cannot start or a configured API
+    does not answer."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with collector_paused():
@@ -33,6 +34,8 @@ def experiment_api() -> Iterator[str | None]:
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
             server.wait_until_healthy()
+        else:
+            _check_answers(PREFECT_API_URL.value())
         yield None
         return
     if wants_temporary_server():
@@ -42,3 +45,19 @@ def experiment_api() -> Iterator[str | None]:
     server = ensure_server()
     with temporary_settings(updates={PREFECT_API_URL: server.url}):
         yield server.url
+
+
+def _check_answers(api: str) -> None:
+    """Raise :class:`ServerError` when the configured API ``api`` cannot be reached at all (refused, no
+    such host, timed out), in one line instead of the traceback of the flow run's first request. Asked
+    through Prefect's own client, so its proxy, TLS and auth settings apply; any HTTP answer counts as
+    reachable (Prefect Cloud's workspaces need not serve ``/health``)."""
+    import httpx
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if isinstance(problem, httpx.TransportError):
+        raise ServerError(f"the Prefect API at {api} (PREFECT_API_URL) does not answer "
+                          f"({str(problem) or type(problem).__name__}): start that server, or unset "
+                          "PREFECT_API_URL to report to trialflow's local Prefect server")
