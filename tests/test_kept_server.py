@@ -181,6 +181,35 @@ def test_a_configured_api_that_does_not_answer_is_one_line_and_resume_runs_the_e
     assert store.experiment().status == "DONE" and [t.status for t in store.trials()] == ["SUCCEEDED"] * 2
 
 
+def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controller_end(tmp_path, home):
+    # Prefect's client retries a refused call twice here (2 + 4 s of back-off; 62 s by default): enough
+    # for a stall per cancel check, and for minutes of undeliverable events at exit, to show
+    one_second = "import nni, time\nnni.get_next_parameter()\ntime.sleep(1)\nnni.report_final_result(1)\n"
+    path = _config(tmp_path, "orphaned", one_second, maxTrialNumber=6)
+    assert _cli(home, "server", "start").returncode == 0
+    created = _cli(home, "create", "--config", str(path), PREFECT_CLIENT_MAX_RETRIES="2")
+    assert created.returncode == 0, created.stdout + created.stderr
+    _guard(home)
+    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    controller = int(re.search(r"in the background \(pid (\d+)\)", created.stdout).group(1))
+    store = open_store(tmp_path / "w", exp_id)
+    wait_for(lambda: any(t.status == "RUNNING" for t in store.trials()), timeout=60)
+    assert _cli(home, "server", "stop", "--force").returncode == 0
+    stopped = time.monotonic()
+    # six 1 s trials two at a time: ~3 s of trials, not a 6 s stall at every look at the run's state
+    wait_for(lambda: store.experiment().status == "DONE", timeout=60)
+    assert time.monotonic() - stopped < 12
+    assert [t.status for t in store.trials()] == ["SUCCEEDED"] * 6
+    log = (tmp_path / "w" / exp_id / "log" / "experiment.log").read_text()
+    assert log.count("the cancel check: a call to the Prefect API failed") == 1  # said once, not every 2 s
+    # its last Prefect calls fail; what Prefect queued is given 10 s, not 7 s per event
+    done = time.monotonic()
+    wait_for(lambda: not pid_alive(controller), timeout=90, interval=0.5)
+    assert time.monotonic() - done < 40
+    output = (tmp_path / "w" / exp_id / "log" / "controller.out").read_text()
+    assert "the Prefect API does not answer ([Errno 111] Connection refused)" in output
+
+
 def _processes_of(home: Path, *marks: bytes) -> list[int]:
     """Pids of processes started with this TRIALFLOW_HOME whose command line holds one of ``marks``."""
     found = []

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 CONTROLLER_OUTPUT = "controller.out"  # in the experiment's log/ folder: a background controller's raw output
@@ -125,11 +126,18 @@ def _main() -> int:
         print(problem, file=sys.stderr)
         experiment.record_unstarted_run(root, job["experiment_id"], problem)
         return 1
+    from .flows.run_api import exit_now_if_api_gone
+
     try:
-        return run_to_exit_code(job["experiment_id"], root, job["config"])
+        code = run_to_exit_code(job["experiment_id"], root, job["config"])
     except ServerError as exc:  # recorded already: `create` reports it in one line
         print(exc, file=sys.stderr)
         return 1
+    except Exception:  # e.g. the run's final state could not reach an API gone meanwhile
+        exit_now_if_api_gone(1, traceback.format_exc())
+        raise
+    exit_now_if_api_gone(code)
+    return code
 
 
 def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) -> int:

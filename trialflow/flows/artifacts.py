@@ -19,11 +19,11 @@ from ..platforms import service_name
 from ..results import best_trial, maximizes, outcome_counts, trial_value
 from ..status import TrialStatus
 from ..store import TERMINAL, TrialRecord
+from .run_api import OptionalCalls, next_try_after
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)
 SNAPSHOT_INTERVAL = 300.0  # seconds between new versions of the trials table and the summary
-MAX_SHARE = 20
 MAX_TABLE_ROWS = 500
 log = logging.getLogger("trialflow.flows.artifacts")
 
@@ -60,7 +60,7 @@ class ArtifactReporter:
         self.key = f"experiment-{ctx.experiment_id}"
         self._next_progress = 0.0
         self._next_snapshot = 0.0
-        self._interval = PROGRESS_INTERVAL
+        self._calls = OptionalCalls("the Prefect UI artifacts", log)
         self._progress_id: Any = None
         self._progress: float | None = None
         self._written: dict[str, Any] = {}  # artifact key -> the content of its latest version
@@ -74,14 +74,15 @@ class ArtifactReporter:
     def update(self, final: bool = False) -> None:
         started = time.monotonic()
         try:
-            self._publish(final or started >= self._next_snapshot)
+            with self._calls.once(unless_answering=final):
+                self._publish(final or started >= self._next_snapshot)
         except Exception as exc:  # the UI must never stop an experiment
-            log.warning("could not update the Prefect UI artifacts: %s", exc)
+            self._calls.failed(exc)
+        else:
+            self._calls.answered()
         # A snapshot reads every trial: with thousands of them it takes longer, so the progress is
-        # looked at less often after one, and publishing never takes more than ~1/MAX_SHARE of the
-        # controller's time.
-        self._interval = max(PROGRESS_INTERVAL, (time.monotonic() - started) * MAX_SHARE)
-        self._next_progress = time.monotonic() + self._interval
+        # looked at less often after one (as after an API that did not answer at once).
+        self._next_progress = next_try_after(PROGRESS_INTERVAL, started)
 
     def _publish(self, snapshot_due: bool) -> None:
         from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..experiments import ExperimentNotFound, find_experiment
 from ..ids import looks_like_experiment_id
+from .run_api import OptionalCalls, next_try_after
 
 log = logging.getLogger("trialflow.experiment")
 
@@ -116,21 +117,26 @@ class StopWatch:
         run = _this_run()
         self.flow_run_id = str(run.id) if run is not None else None
         self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
+        self.calls = OptionalCalls("the cancel check", log)
 
     def reason(self) -> str | None:
         if (signum := interrupted()) is not None:
             return stop_reason(signum)
         if self.flow_run_id is None or time.monotonic() < self.next_check:
             return None
-        self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
+        started = time.monotonic()
         from prefect import get_client
 
         try:
-            with get_client(sync_client=True) as client:
+            with self.calls.once(), get_client(sync_client=True) as client:
                 state = _state_type(client, self.flow_run_id)
         except Exception as exc:  # noqa: BLE001 -- asked again next time
-            log.debug("could not read the state of flow run %s: %s", self.flow_run_id, exc)
+            self.calls.failed(exc)
             return None
+        else:
+            self.calls.answered()
+        finally:
+            self.next_check = next_try_after(CANCEL_CHECK_SECONDS, started)
         return "the flow run was cancelled" if state in ("CANCELLING", "CANCELLED") else None
 
 
