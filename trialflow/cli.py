@@ -176,7 +176,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
             signum = _run_control.signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
             if signum is None:
-                from .flows.run_api import exit_now_if_api_gone
+                from .flows.api_outage import exit_now_if_api_gone
 
                 exit_now_if_api_gone(1, f"error: experiment {experiment_id}: {type(exc).__name__}: {exc}")
                 raise

@@ -126,7 +126,7 @@ def _main() -> int:
         print(problem, file=sys.stderr)
         experiment.record_unstarted_run(root, job["experiment_id"], problem)
         return 1
-    from .flows.run_api import exit_now_if_api_gone
+    from .flows.api_outage import exit_now_if_api_gone
 
     try:
         code = run_to_exit_code(job["experiment_id"], root, job["config"])

@@ -19,7 +19,7 @@ from ..platforms import service_name
 from ..results import best_trial, maximizes, outcome_counts, trial_value
 from ..status import TrialStatus
 from ..store import TERMINAL, TrialRecord
-from .run_api import OptionalCalls, next_try_after
+from .api_outage import OptionalCalls, next_try_after
 
 DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)

@@ -1,20 +1,15 @@
 """Which Prefect API an experiment run in this process reports to: a configured one, trialflow's kept
-local server, or Prefect's temporary server (``TRIALFLOW_PREFECT_SERVER=temporary``); and how the run's
-own optional calls to it (the cancel check, the UI artifacts) behave when it stops answering."""
+local server, or Prefect's temporary server (``TRIALFLOW_PREFECT_SERVER=temporary``)."""
 
 from __future__ import annotations
 
 import importlib
-import logging
-import os
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from typing import Any
+from contextlib import contextmanager
 
 from ..kept_server import ServerError, ensure_server, running_server, wants_temporary_server
 from ..startup_gc import collector_paused
+from .api_outage import unreachable
 from .temporary_server import start_temporary_server
 
 # What a flow run imports on its first steps (Prefect's engines, the FastAPI encoder its parameters go
@@ -53,109 +48,11 @@ def experiment_api() -> Iterator[str | None]:
         yield server.url
 
 
-def _unreachable(retries: bool = True) -> BaseException | None:
-    """Why this context's Prefect API cannot be reached at all (refused, no such host, timed out), or
-    None. Asked through Prefect's own client, so its proxy, TLS and auth settings apply; any HTTP answer
-    counts as reachable (Prefect Cloud's workspaces need not serve ``/health``)."""
-    import httpx
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-    with (nullcontext() if retries else temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0})), \
-            get_client(sync_client=True) as client:
-        problem = client.api_healthcheck()
-    return problem if isinstance(problem, httpx.TransportError) else None
-
-
 def _check_answers(api: str) -> None:
     """Raise :class:`ServerError` when the configured API ``api`` cannot be reached at all, in one line
     instead of the traceback of the flow run's first request."""
-    problem = _unreachable()
+    problem = unreachable()
     if problem is not None:
         raise ServerError(f"the Prefect API at {api} (PREFECT_API_URL) does not answer "
                           f"({str(problem) or type(problem).__name__}): start that server, or unset "
                           "PREFECT_API_URL to report to trialflow's local Prefect server")
-
-
-EXIT_DRAIN_SECONDS = 10.0  # how long a run's last events and logs may take to reach an API that is gone
-
-
-def exit_now_if_api_gone(code: int, failure: str | None = None) -> None:
-    """After an experiment's run, with its record written (``failure``: what ended the run instead, such
-    as Prefect's client failing to set its final state): return when the Prefect API answers (the
-    process then exits as usual, Prefect's client delivering what it queued). When it does not, that
-    client would try each queued event for seconds at exit -- hours after a long outage -- so it gets
-    ``EXIT_DRAIN_SECONDS``, ``failure`` is printed, and the process ends now with ``code``, without
-    the exit handlers."""
-    problem = _unreachable(retries=False)
-    if problem is None:
-        return
-    if failure:
-        print(failure, file=sys.stderr)
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    print(f"the Prefect API does not answer ({problem}): what is left of this run's events and logs is "
-          f"dropped after {EXIT_DRAIN_SECONDS:.0f} s", file=sys.stderr)  # the controller's output file
-    deadline = time.monotonic() + EXIT_DRAIN_SECONDS
-    for worker in (APILogWorker, EventsWorker):
-        worker.drain_all(timeout=max(0.0, deadline - time.monotonic()), at_exit=False)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-# Calls that are asked again anyway take at most 1/API_SHARE of the controller's time: after a slow or
-# failed one, the next waits API_SHARE times as long as it took.
-API_SHARE = 20
-
-
-def next_try_after(interval: float, started: float) -> float:
-    """When (``time.monotonic()``) to make a repeated optional call again, that began at ``started``
-    and is made every ``interval`` seconds at most: later when it took long (see ``API_SHARE``)."""
-    now = time.monotonic()
-    return now + max(interval, (now - started) * API_SHARE)
-
-
-class OptionalCalls:
-    """Prefect calls a running experiment can do without: each is made once, without the Prefect
-    client's retries (which back off up to a minute in all when the API is gone, so a stopped server
-    would stall the run between trials), and an outage is logged once when it begins and once when it
-    ends, as ``what`` (e.g. "the cancel check").
-
-    Lifecycle: made inside the flow run (it keeps that settings context: the run's API); ``with
-    calls.once():`` around each attempt; :meth:`failed` or :meth:`answered` after it. Raises nothing
-    of its own."""
-
-    def __init__(self, what: str, log: logging.Logger) -> None:
-        from prefect.context import get_settings_context
-        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
-
-        settings = get_settings_context()
-        self._profile = settings.profile
-        self._settings = settings.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0})
-        self.what = what
-        self.log = log
-        self.failing = False
-
-    def once(self, unless_answering: bool = False) -> Any:
-        """A settings context in which Prefect's client tries once (entering it costs microseconds);
-        with ``unless_answering``, Prefect's retries stay while the API answered the last call (a call
-        that must not be lost to a blip, such as the last one)."""
-        from prefect.context import SettingsContext
-
-        if unless_answering and not self.failing:
-            return nullcontext()
-        return SettingsContext(profile=self._profile, settings=self._settings)
-
-    def failed(self, exc: BaseException) -> None:
-        if not self.failing:
-            self.log.warning("%s: a call to the Prefect API failed (%s); the experiment goes on and tries "
-                             "again, and what Prefect shows of it may lag or miss parts until then", self.what, exc)
-        self.failing = True
-
-    def answered(self) -> None:
-        if self.failing:
-            self.log.info("%s: the Prefect API answers again", self.what)
-        self.failing = False

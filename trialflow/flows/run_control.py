@@ -19,7 +19,7 @@ from typing import Any
 
 from ..experiments import ExperimentNotFound, find_experiment
 from ..ids import looks_like_experiment_id
-from .run_api import OptionalCalls, next_try_after
+from .api_outage import OptionalCalls, next_try_after
 
 log = logging.getLogger("trialflow.experiment")
 
