@@ -158,9 +158,11 @@ def _stopped_by_signal(experiment_id: str, signum: int) -> None:
 
 
 def _launch(experiment_id: str, root: Path, config_path: str | None, foreground: bool, dashboard: bool = False,
-            port: int = DEFAULT_DASHBOARD_PORT, controller: PendingController | None = None) -> None:
+            port: int = DEFAULT_DASHBOARD_PORT, controller: PendingController | None = None,
+            earlier_run: str | None = None) -> None:
     """Run the experiment here (``foreground``) or in a background controller (``controller``: one
-    started already, waiting for it)."""
+    started already, waiting for it). ``earlier_run``: the flow run a resumed experiment recorded
+    last, whose page is not this run's."""
     live = _start_dashboard(experiment_id, root, port) if dashboard else None
     if foreground:
         _use_kept_server()
@@ -193,7 +195,6 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         return
     log_path = root / experiment_id / _experiments.CONTROLLER_LOG
     controller = controller or take_controller()
-    earlier_run = _recorded_flow_run(experiment_id, root)  # a resumed experiment's last run: not this one's page
     controller.run(experiment_id, root, config_path)
     console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {controller.pid})", markup=True)
     console.print(f"  Prefect UI: {_run_page(experiment_id, root, controller, earlier_run)}", soft_wrap=True)
@@ -212,15 +213,6 @@ def _use_kept_server() -> None:
 
 
 RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
-
-
-def _recorded_flow_run(experiment_id: str, root: Path) -> str | None:
-    """The flow run the experiment's record names now (a resumed experiment's previous run; None at first)."""
-    store = _experiments.open_store(root, experiment_id)
-    try:
-        return store.experiment().flow_run_id
-    finally:
-        store.close()
 
 
 def _run_page(experiment_id: str, root: Path, controller: PendingController, earlier_run: str | None) -> str:
@@ -386,7 +378,7 @@ def resume(experiment_id: str, root: RootOpt = None,
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
     store.set_control("stop", False)
     store.set_control("kill", [])
-    _launch(experiment_id, base, None, foreground, dashboard, port)
+    _launch(experiment_id, base, None, foreground, dashboard, port, earlier_run=store.experiment().flow_run_id)
 
 
 @app.command("_run", hidden=True)

@@ -124,7 +124,7 @@ def _main() -> int:
     _move_output(spool, root / job["experiment_id"] / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT)
     if problem is not None:  # recorded: `create` reports the experiment's message
         print(problem, file=sys.stderr)
-        experiment.record_unstarted_run(root, job["experiment_id"], problem)
+        experiment.record_unstarted_run(job["experiment_id"], problem, root)
         return 1
     from .flows.api_outage import exit_now_if_api_gone
 

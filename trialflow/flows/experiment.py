@@ -155,15 +155,16 @@ def run_experiment_flow(config_path: str | None, experiment_id: str | None, root
             stack.enter_context(experiment_api())
         except ServerError as exc:
             if experiment_id is not None:
-                record_unstarted_run(Path(root) if root else find_experiment(experiment_id)[0], experiment_id, exc)
+                record_unstarted_run(experiment_id, exc, root)
             raise
         return experiment_flow(config_path, experiment_id, root, return_state=True)
 
 
-def record_unstarted_run(root: Path, experiment_id: str, problem: ServerError) -> None:
-    """Record a stored experiment whose run could not begin, for want of a Prefect API: ERROR, with the
-    one line that says what to do (what ``create`` prints of a background run)."""
-    store = open_store(root, experiment_id)
+def record_unstarted_run(experiment_id: str, problem: ServerError, root: str | Path | None = None) -> None:
+    """Record a stored experiment (under ``root``, else where it is found) whose run could not begin,
+    for want of a Prefect API: ERROR, with the one line that says what to do (what ``create`` prints of
+    a background run)."""
+    _, store = find_experiment(experiment_id, root)
     try:
         end_experiment(store, ExperimentStatus.ERROR, str(problem))
     finally:
