@@ -30,11 +30,14 @@ if [ -n "$missing" ]; then
 fi
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL
-export PREFECT_HOME="${PREFECT_HOME:-$(mktemp -d)}"
 
 python3 -m ruff check trialflow tests benchmarks || exit 1
 python3 -m mypy trialflow || exit 1
-python3 -m pytest -q --durations=30 "$@"  # the slowest tests in the log: the run must stay under 30 min
+# TRIALFLOW_TEST_WORKERS=3 runs on three pytest-xdist workers (~16 min instead of ~31 on two cores; the
+# work pool's, the Slurm cluster's and the kept-server tests each stay on one worker). It stays 0, one
+# process, until the tests that fail only under that load are fixed (docs/testing.md#parallel-workers).
+# The 30 slowest tests go to the log.
+python3 -m pytest -q -n "${TRIALFLOW_TEST_WORKERS:-0}" --dist loadgroup --durations=30 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2

@@ -1,13 +1,18 @@
-"""Shared fixtures: an isolated Prefect test server (one per session), isolated homes, trial scripts."""
+"""Shared fixtures: an isolated Prefect test server (one per session and worker), isolated homes,
+trial scripts, and the markers that say what a test starts (see :data:`SERVICE_MARKERS`)."""
 
 from __future__ import annotations
 
+import atexit
+import contextvars
 import os
+import shutil
 import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -17,8 +22,16 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")  # the emulators are on loopback, never behind a proxy
+# This process's Prefect home (Prefect reads it once, at import): never the user's, and never shared with
+# another xdist worker (a temporary server's SQLite database there is this process's alone). Each test
+# also gets its own (``isolated_home``), which the processes it starts use.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="trialflow-tests-prefect-")
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 PYTHON = sys.executable
+# Trial commands say `python3`: this interpreter's own, not a version manager's shim found first on PATH
+# (a shim is a shell script that costs each trial interpreter tens of milliseconds).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(PYTHON), os.environ.get("PATH", "")])
 
 
 # A test that runs a flow without the fixture below gets Prefect's temporary server, which dies with
@@ -51,9 +64,57 @@ def prefect_server(tmp_path_factory):
         stop_server(home)
 
 
+# What a test starts, from the fixtures it uses: fixture -> marker. `pytest -m "not slurm"` runs without
+# Slurm, `-m "not e2e"` is the quick loop (every test that starts a server, a cluster, a browser or a
+# kernel, or runs an experiment, is e2e). Session-scoped services start once per xdist worker; those
+# that cannot be shared cheaply are kept on one worker (:data:`ONE_WORKER`).
+SERVICE_MARKERS = {
+    "prefect_server": "prefect", "prefect_pool": "pool", "on_pool": "pool", "sshd_servers": "sshd",
+    "known_hosts": "sshd", "slurm_cluster": "slurm", "postgres_server": "postgres", "chromium": "chromium",
+    "jupyter_kernel": "jupyter", "k8s_emulator": "emulator", "openpai_emulator": "emulator",
+    "dlts_emulator": "emulator", "dlc_emulator": "emulator", "aml_emulator": "emulator",
+}
+ONE_WORKER = {"pool", "slurm"}  # a work pool's server and worker, a Slurm cluster: one of each per run
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks each test by the services its fixtures start (:data:`SERVICE_MARKERS`), every such test
+    and every test already marked ``e2e`` as ``e2e``, and keeps the :data:`ONE_WORKER` services'
+    tests on one xdist worker each; channel-only variants of the job-platform contract run only the
+    tests about channels (:meth:`JobPlatformContract.runs_on_variant`)."""
+    from trialflow.testing.contract import JobPlatformContract
+
+    kept, dropped = [], []
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        services = {SERVICE_MARKERS[name] for name in fixtures if name in SERVICE_MARKERS}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("store_url") == "postgresql":
+            services.add("postgres")
+        for name in sorted(services):
+            item.add_marker(name)
+        if services or item.get_closest_marker("e2e"):
+            item.add_marker("e2e")
+        for name in sorted(services & ONE_WORKER):
+            item.add_marker(pytest.mark.xdist_group(name))
+        cls = getattr(item, "cls", None)
+        if (cls is not None and issubclass(cls, JobPlatformContract) and callspec is not None
+                and not cls.runs_on_variant(item.originalname, callspec.id)):
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIALFLOW_HOME", str(tmp_path / "experiments"))
+    """Every test's own HOME, experiments home, config folder and Prefect home: nothing a test does
+    reads or writes the user's, and nothing another test left is seen."""
+    for variable, folder in (("HOME", "home"), ("TRIALFLOW_HOME", "experiments"),
+                             ("TRIALFLOW_CONFIG_DIR", "config"), ("PREFECT_HOME", "prefect")):
+        monkeypatch.setenv(variable, str(tmp_path / folder))
     return tmp_path
 
 
@@ -103,11 +164,20 @@ def audited_experiments(request, isolated_home):
 LATE_PROBLEMS: list[str] = []
 
 
+def _is_xdist_controller(config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Audit what module- and session-scoped fixtures left behind (no single test owns it): a broken
-    record there fails the run."""
+    record there fails the run. An xdist worker audits its own and hands the counts and problems to
+    the controller (:func:`pytest_testnodedown`), which fails the run on them."""
     from trialflow.testing.audit import check_folder
 
+    if _is_xdist_controller(session.config):
+        if LATE_PROBLEMS and session.exitstatus == 0:
+            session.exitstatus = 1
+        return
     base = session.config._tmp_path_factory.getbasetemp()
     for folder in _experiments_under(base):
         if str(folder) in AUDITED:
@@ -119,6 +189,16 @@ def pytest_sessionfinish(session, exitstatus):
             LATE_PROBLEMS.append(f"{folder}: the record cannot be read ({type(exc).__name__}: {exc})")
     if LATE_PROBLEMS and session.exitstatus == 0:
         session.exitstatus = 1
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["audit"] = {"audited": AUDITED, "late": LATE_PROBLEMS}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """On the xdist controller: one worker's audit joins the run's."""
+    audit = getattr(node, "workeroutput", {}).get("audit", {})
+    AUDITED.update(audit.get("audited", {}))
+    LATE_PROBLEMS.extend(audit.get("late", []))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -159,6 +239,18 @@ def wait_for(predicate, timeout=90.0, interval=0.1):
             return value
         time.sleep(interval)
     raise AssertionError("condition not reached in time")
+
+
+def run_in_thread(function) -> tuple[threading.Thread, dict]:
+    """Start ``function()`` in a thread that sees this context's Prefect settings (a new thread gets
+    the settings Prefect read at import, so an experiment run in it would miss the session's server
+    and start Prefect's temporary one); returns the thread and a dict holding ``result`` once the
+    call returned."""
+    outcome: dict = {}
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=lambda: outcome.update(result=context.run(function)))
+    thread.start()
+    return thread, outcome
 
 
 def start_controller(exp_id: str, root: Path, api_url: str, output=subprocess.DEVNULL) -> subprocess.Popen:
@@ -277,6 +369,15 @@ NFS_SERVER, NFS_PATH = "nfs.cluster.local", "/exports/nni"
 
 
 @pytest.fixture(scope="session")
+def chromium() -> str:
+    """Headless Chromium's executable (Debian's chromium)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.fail("chromium is not installed: run the README test command (bash scripts/test.sh), which installs it")
+    return found
+
+
+@pytest.fixture(scope="session")
 def postgres_server():
     """One throwaway PostgreSQL server on 127.0.0.1 for the session (Debian's postgresql)."""
     from trialflow.testing.postgres import LocalPostgres
@@ -322,8 +423,9 @@ def k8s_emulator(tmp_path_factory):
 
 @pytest.fixture
 def k8s(k8s_emulator, monkeypatch):
-    """The emulator, with KUBECONFIG pointing at it for this test."""
+    """The emulator, with KUBECONFIG pointing at it for this test, and no fault an earlier test left."""
     monkeypatch.setenv("KUBECONFIG", str(k8s_emulator.kubeconfig))
+    k8s_emulator.clear_faults()
     return k8s_emulator
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,13 +26,14 @@ from trialflow.presentation.dashboard import LiveDashboard, open_mirror
 from trialflow.presentation.report import write_report
 from trialflow.store import Metric
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TRIAL = """\
-import time, nni
+import os, sys, time, nni
 p = nni.get_next_parameter()
+while os.path.exists(sys.argv[1]):  # held until the dashboard has looked once
+    time.sleep(0.1)
 for step in range(3):
     nni.report_intermediate_result(p['x'] * step)
-    time.sleep(1.0)  # still running while the dashboard starts: the study is seen growing
+    time.sleep(1.0)  # the study is seen growing
 if p['x'] > 0.9:
     raise SystemExit(3)
 nni.report_final_result(p['x'])
@@ -45,9 +45,8 @@ def _get(url: str) -> dict:
         return json.loads(response.read())
 
 
-def _dump_dom(url: str, tmp_path: Path) -> str:
-    assert CHROMIUM, "chromium is not installed (scripts/test.sh installs Debian's chromium)"
-    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+def _dump_dom(chromium: str, url: str, tmp_path: Path) -> str:
+    proc = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                            f"--user-data-dir={tmp_path / 'chromium'}", "--virtual-time-budget=15000",
                            "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -55,11 +54,14 @@ def _dump_dom(url: str, tmp_path: Path) -> str:
 
 
 @pytest.mark.timeout(600)
-def test_dashboard_follows_a_running_experiment_and_renders_in_chromium(tmp_path, prefect_server):
+def test_dashboard_follows_a_running_experiment_and_renders_in_chromium(tmp_path, prefect_server, chromium):
     code = tmp_path / "code"
     write_trial(code, TRIAL)
+    hold = tmp_path / "hold"
+    hold.touch()
     config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=6, experimentName="charts")))
+    config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=6, experimentName="charts",
+                                                 trialCommand=f"{sys.executable} trial.py {hold}")))
     env = {"PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "home")}
     created = cli("create", "--config", str(config), env=env)
     assert created.returncode == 0, created.stdout + created.stderr
@@ -80,6 +82,7 @@ def test_dashboard_follows_a_running_experiment_and_renders_in_chromium(tmp_path
             finished = [t for t in detail["trials"] if t["state"] in ("Complete", "Fail", "Pruned")]
             if not seen or len(finished) != seen[-1]:
                 seen.append(len(finished))
+            hold.unlink(missing_ok=True)  # the trials go on once the dashboard has answered
             if len(finished) == 6:
                 break
             time.sleep(0.3)
@@ -95,7 +98,7 @@ def test_dashboard_follows_a_running_experiment_and_renders_in_chromium(tmp_path
             if expected == "Complete":
                 assert shown["values"] == [pytest.approx(x)]
         # the page itself, rendered by a real browser
-        dom = _dump_dom(f"{base}/dashboard/studies/{study_id}", tmp_path)
+        dom = _dump_dom(chromium, f"{base}/dashboard/studies/{study_id}", tmp_path)
         assert f"charts ({exp_id})" in dom
         assert store.controls()["dashboard_url"] == f"{base}/dashboard/studies/{study_id}"
     finally:
@@ -205,7 +208,7 @@ def _figures(page: str) -> list[tuple[list, dict]]:
     return figures
 
 
-def test_report_of_fifty_trials_holds_every_chart_and_opens_offline(tmp_path):
+def test_report_of_fifty_trials_holds_every_chart_and_opens_offline(tmp_path, chromium):
     store = _fifty_trials(tmp_path)
     out = tmp_path / "report.html"
     drawn = write_report(store, out)
@@ -227,7 +230,7 @@ def test_report_of_fifty_trials_holds_every_chart_and_opens_offline(tmp_path):
     assert sum(len(t["x"]) for t in durations) == 50 and {t["name"] for t in durations} == {"SUCCEEDED",
                                                                                            "EARLY_STOPPED"}
     # and a browser with no network draws them
-    dom = _dump_dom(out.as_uri(), tmp_path)
+    dom = _dump_dom(chromium, out.as_uri(), tmp_path)
     assert dom.count('class="main-svg"') >= 2 * len(figures)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,10 +18,10 @@ import yaml
 
 from tests.conftest import base_config, write_trial
 from tests.test_cli import cli
+from tests.test_results import SKLEARN_LIKE
 from trialflow.config import load_config, parse_config
 from trialflow.experiments import ConfigMismatch, create_experiment, open_store
 from trialflow.flows.experiment import experiment_flow, final_status
-from trialflow.results import optimize_mode_of
 from trialflow.store import ExperimentStore
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -94,22 +93,7 @@ def test_a_running_trial_stopped_by_the_assessor_records_the_kill_exit_code(tmp_
 
 
 # ---- defect 2: one stored direction, NNI's rule --------------------------------------------------
-
-@pytest.mark.parametrize("config,mode", [
-    ({}, "maximize"),
-    ({"tuner": {"name": "Random"}, "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "minimize"}}},
-     "minimize"),
-    ({"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "minimize"}},
-      "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}}}, "minimize"),
-    ({"advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "minimize"}}}, "minimize"),
-    ({"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "sideways"}}}, "maximize"),
-])
-def test_the_direction_follows_nni_tuner_then_advisor_then_assessor_else_maximize(config, mode):
-    assert optimize_mode_of(config) == mode
-
-
-SKLEARN_LIKE = "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['accuracy'])\n"
-
+# (the rule itself, without a server: tests/test_results.py)
 
 def test_nni_sklearn_example_shape_names_the_highest_accuracy_best_everywhere(tmp_path):
     """NNI's sklearn-classification.yml: Random tuner without optimize_mode, Medianstop maximize."""
@@ -136,23 +120,6 @@ def test_nni_sklearn_example_shape_names_the_highest_accuracy_best_everywhere(tm
     assert best_id in head and "0.8822" not in head
     tail = cli("trial", "ls", exp_id, "--tail", "1", env=env).stdout
     assert "0.8822" in tail
-
-
-def test_experiments_stored_before_the_direction_was_open_with_it(tmp_path):
-    code = tmp_path / "code"
-    write_trial(code, SKLEARN_LIKE)
-    config = parse_config(base_config(code, tmp_path / "w", assessor={"name": "Medianstop", "classArgs": {
-        "optimize_mode": "minimize"}}, searchSpace={"accuracy": {"_type": "choice", "_value": [1]}}))
-    exp_id, exp_dir = create_experiment(config)
-    db = sqlite3.connect(exp_dir / "db" / "trialflow.sqlite")
-    db.execute("ALTER TABLE experiments DROP COLUMN optimize_mode")
-    db.execute("ALTER TABLE experiments DROP COLUMN best_trial")
-    db.commit()
-    db.close()
-    record = open_store(exp_dir.parent, exp_id).experiment()  # the columns come back, empty
-    assert record.optimize_mode is None and record.best_trial is None
-    from trialflow.results import maximizes
-    assert maximizes(record) is False  # the same rule over the stored config
 
 
 # ---- defect 3: a stored experiment runs with its own config --------------------------------------
@@ -407,51 +374,6 @@ def test_the_terminal_keeps_prefect_logging_level_while_the_log_keeps_info(tmp_p
     log = (tmp_path / "w" / exp_id / "log" / "experiment.log").read_text()
     assert "Finished in state" in log and f"experiment {exp_id} DONE" in log
     assert "Finished in state" not in proc.stderr and f"experiment {exp_id} DONE" not in proc.stderr, proc.stderr
-
-
-# ---- the audit itself ----------------------------------------------------------------------------
-
-@pytest.mark.breaks_records
-def test_the_audit_names_every_kind_of_broken_record(tmp_path):
-    from trialflow.testing.audit import check_experiment
-
-    code = tmp_path / "code"
-    write_trial(code, SKLEARN_LIKE)
-    exp_id, exp_dir = create_experiment(parse_config(base_config(
-        code, tmp_path / "w", maxTrialNumber=3, searchSpace={"accuracy": {"_type": "choice", "_value": [1]}})))
-    store = ExperimentStore.embedded(exp_dir, exp_id)
-    assert check_experiment(exp_dir) == []
-    from trialflow.store import Metric
-
-    for i, tid in enumerate(["AAAAA", "BBBBB", "CCCCC", "DDDDD"]):
-        store.add_trial(tid, None, i, {"accuracy": 1}, {"accuracy": 0})
-    store.add_metrics([Metric("AAAAA", "FINAL", 0, 0.9, 1.0)])
-    store.set_status("AAAAA", "EARLY_STOPPED", exit_code=0, when=2.0)  # its own exit, and no start time
-    store.set_status("BBBBB", "RUNNING", when=5.0)
-    store.add_metrics([Metric("BBBBB", "FINAL", 0, 0.5, 50.0)])
-    store.set_status("BBBBB", "SUCCEEDED", exit_code=2, when=10.0)  # exit 2, metric after the end
-    store.set_status("CCCCC", "RUNNING", when=1.0)
-    store.set_status("CCCCC", "SUCCEEDED", exit_code=0, when=3.0)
-    db = sqlite3.connect(exp_dir / "db" / "trialflow.sqlite")
-    db.execute("UPDATE trials SET sequence = 0 WHERE id = 'DDDDD'")
-    db.execute("UPDATE metrics SET trial_id = 'CCCCC' WHERE trial_id = 'BBBBB'")
-    db.execute("INSERT INTO metrics VALUES (?, 'BBBBB', 'FINAL', 0, '0.5', 50.0)", (exp_id,))
-    db.commit()
-    store.set_experiment(status="DONE", best_trial="AAAAA")
-    problems = "\n".join(check_experiment(exp_dir))
-    for expected in ["DDDDD (#0): WAITING in an experiment that is DONE",
-                     "AAAAA (#0): ran (exit code 0) but has no start time",
-                     "AAAAA (#0): EARLY_STOPPED though it exited by itself with code 0",
-                     "BBBBB (#1): SUCCEEDED with exit code 2",
-                     "BBBBB (#1): 1 metric(s) stored after its end",
-                     "CCCCC (#2): SUCCEEDED without the final result it reported",
-                     "4 trials for a budget of 3",
-                     "trial sequences are not 0..3: duplicated [0], missing [3]"]:
-        assert expected in problems
-    db = sqlite3.connect(exp_dir / "db" / "trialflow.sqlite")
-    db.execute("UPDATE trials SET status = 'USER_CANCELED', end_time = 4 WHERE id = 'DDDDD'")
-    db.commit()
-    assert "recorded best trial AAAAA but the best under maximize is BBBBB" in "\n".join(check_experiment(exp_dir))
 
 
 # ---- the randomized timing test ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import base_config, k8s_section, machine, start_controller, wait_for, write_trial
+from tests.conftest import base_config, k8s_section, machine, run_in_thread, start_controller, wait_for, write_trial
 from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import create_experiment, open_store
@@ -135,11 +135,7 @@ def test_a_service_going_away_mid_run_leaves_the_others_running(tmp_path, k8s):
                   "machineList": [machine(server, tmp_path / "remote0")], "maxConcurrency": 2}
         config = hybrid_config(tmp_path, [server], known, k8s.nfs_dir, sleep=0.4, trialConcurrency=4,
                                maxTrialNumber=16, services=[local, remote])
-        outcome: dict = {}
-        import threading
-
-        runner = threading.Thread(target=lambda: outcome.update(result=run_experiment(config)))
-        runner.start()
+        runner, outcome = run_in_thread(lambda: run_experiment(config))
         wait_for(lambda: any(e["via"] == "remote" and e["kind"] == "start" for e in _events(tmp_path)), timeout=120)
         server.drop_connections()
         server.stop(remove=False)  # the machine is unreachable: connections cut, nothing listens

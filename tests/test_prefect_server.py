@@ -20,7 +20,7 @@ from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import list_experiments, open_store
 from trialflow.testing.prefect_server import PrefectServer, stop_group
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e]  # each starts Prefect servers of its own
 REPO = Path(__file__).resolve().parents[1]
 TRIAL = """
 import nni, sys, time

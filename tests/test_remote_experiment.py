@@ -6,13 +6,20 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import base_config, machine, run_until_running_then_sigkill, start_controller, wait_for, write_trial
+from tests.conftest import (
+    base_config,
+    machine,
+    run_in_thread,
+    run_until_running_then_sigkill,
+    start_controller,
+    wait_for,
+    write_trial,
+)
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import open_store
 
@@ -84,9 +91,7 @@ def test_twelve_trials_on_two_machines_at_concurrency_four(tmp_path, sshd_server
 def test_dropped_connections_and_an_sshd_restart_lose_nothing(tmp_path, sshd_servers, known_hosts):
     config = remote_experiment(tmp_path, sshd_servers, known_hosts, sleep=0.7, trialConcurrency=4,
                                maxTrialNumber=8)
-    outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=run_experiment(config)))
-    runner.start()
+    runner, outcome = run_in_thread(lambda: run_experiment(config))
     wait_for(lambda: len([e for e in _events(tmp_path) if e["kind"] == "start"]) >= 3)
     sshd_servers[0].drop_connections()
     sshd_servers[1].restart()  # listener down and up again; its sessions killed as well

@@ -5,7 +5,6 @@ a requeue) in one experiment, and a SIGKILLed controller resumed over the SSH ro
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from tests.conftest import (
     base_config,
+    run_in_thread,
     run_until_running_then_sigkill,
     slurm_section,
     start_controller,
@@ -103,9 +103,7 @@ def test_scancel_time_limit_and_requeue_are_told_apart(tmp_path, slurm_cluster, 
     config = slurm_experiment(tmp_path, slurm_cluster, trialConcurrency=4, maxTrialNumber=4,
                               searchSpace={"mode": {"_type": "choice", "_value": modes}},
                               tuner={"name": "GridSearch"}, service={"timeLimit": "1"})
-    outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=run_experiment(config)))
-    runner.start()
+    runner, outcome = run_in_thread(lambda: run_experiment(config))
     started = wait_for(lambda: (lambda e: e if len(e) == 4 else None)(
         {e["mode"]: e for e in _events(tmp_path) if e["kind"] == "start"}), timeout=120)
     jobs = dict(line.split() for line in slurm_cluster.run("squeue", "-h", "-o", "%j %i").splitlines())

@@ -13,11 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import list_experiments, open_store
 from trialflow.store import ExperimentStore
+
+pytestmark = pytest.mark.e2e  # each runs an experiment and stops it
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # rich's colours and cursor moves
 HOLD = "import os, time, nni\np = nni.get_next_parameter()\nwhile os.path.exists({hold!r}):\n    time.sleep(0.2)\n" \

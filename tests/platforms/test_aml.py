@@ -20,6 +20,8 @@ from trialflow.testing.contract import (
     wait_for_status,
 )
 
+pytestmark = pytest.mark.usefixtures("aml_emulator")  # its contract's service fixture starts it
+
 VARIANTS = {"aml": (False, "http"), "aml-reuse": (True, "http"), "aml-file": (False, "file")}
 
 

@@ -29,6 +29,8 @@ from trialflow.testing.contract import (
     wait_for_status,
 )
 
+pytestmark = pytest.mark.usefixtures("dlc_emulator")  # its contract's service fixture starts it
+
 VARIANTS = {"dlc": (False, "http"), "dlc-reuse": (True, "http"), "dlc-file": (False, "file")}
 
 

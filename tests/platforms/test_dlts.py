@@ -31,6 +31,8 @@ from trialflow.testing.contract import (
 )
 from trialflow.testing.emulators.platform_specs import dlts_body_errors
 
+pytestmark = pytest.mark.usefixtures("dlts_emulator")  # its contract's service fixture starts it
+
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
 VARIANTS = {"dlts": (False, "http"), "dlts-reuse": (True, "http"), "dlts-file": (False, "file")}
 

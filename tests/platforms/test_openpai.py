@@ -34,6 +34,8 @@ from trialflow.testing.contract import (
 from trialflow.testing.emulators.openpai import OpenPAIEmulator
 from trialflow.testing.emulators.platform_specs import openpai_protocol_errors, openpai_response_errors
 
+pytestmark = pytest.mark.usefixtures("openpai_emulator")  # its contract's service fixture starts it
+
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
 VARIANTS = {"openpai": (False, "http"), "openpai-reuse": (True, "http"), "openpai-file": (False, "file"),
             "openpai-reuse-logs": (True, "logs")}

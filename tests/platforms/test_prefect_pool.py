@@ -14,7 +14,7 @@ from trialflow.testing.contract import SLEEPING_TRIAL, JobPlatformContract, poll
 
 VARIANTS = {"prefect": (False, "http"), "prefect-reuse": (True, "http")}
 pool_service, service, _run_one = job_platform(prefect_section, "on_pool", VARIANTS)
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("on_pool")]
 
 
 class TestPrefectPoolContract(JobPlatformContract):

@@ -302,6 +302,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.e2e
 def test_a_sigkilled_controller_leaves_no_temporary_prefect_server(tmp_path):
     from trialflow.experiments import open_store
 

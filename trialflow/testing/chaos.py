@@ -73,6 +73,8 @@ class FaultyApi(Protocol):
 
     def drop_next(self, count: int, method: str | None = None, after: bool = False) -> None: ...
 
+    def clear_faults(self) -> None: ...
+
 
 def write_chaos_trial(code_dir: Path, ledger: Path, reports: int = 3, sleep: float = 0.15) -> None:
     code_dir.mkdir(parents=True, exist_ok=True)
@@ -159,6 +161,8 @@ class ChaosDriver:
             if controller.poll() is None:
                 os.killpg(controller.pid, signal.SIGKILL)
                 controller.wait()
+            if self.api is not None:  # faults the experiment ended before meeting are not left to others
+                self.api.clear_faults()
 
     def _api_fault(self, rng: random.Random) -> None:
         """The API's faults in turn (5xx answers, dropped connections, a create whose answer is lost),

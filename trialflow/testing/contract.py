@@ -259,6 +259,19 @@ class JobPlatformContract(TrainingServiceContract):
     a platform's module provides only the ``service`` fixture (its trial command
     :data:`SCRIPT_PER_TRIAL`); ``make_spec`` writes each trial's script into its code directory."""
 
+    # A variant that differs from a base one only in its metric channel (its id names the channel:
+    # ``tfjob-file``, ``pytorchjob-logs-only``) runs the tests in which the channel carries something.
+    CHANNEL_TESTS = frozenset({"test_metrics_arrive_on_the_configured_channel",
+                               "test_lifecycle_and_metrics_in_order_without_duplicates",
+                               "test_adopt_reattaches_a_running_trial_after_a_controller_restart"})
+
+    @classmethod
+    def runs_on_variant(cls, test_name: str, variant_id: str) -> bool:
+        """Whether ``test_name`` runs on the ``service`` variant ``variant_id``: every test on a base or
+        reuse variant, :data:`CHANNEL_TESTS` on a channel-only one."""
+        channel_only = any(part in ("file", "logs") for part in variant_id.split("-"))
+        return not channel_only or test_name in cls.CHANNEL_TESTS
+
     @pytest.fixture
     def make_spec(self, service):
         return spec_maker(service, Path(service.config.trial_code_directory))

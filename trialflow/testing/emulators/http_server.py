@@ -5,7 +5,8 @@ A platform emulator subclasses :class:`EmulatorServer` and implements :meth:`Emu
 (one request in, status and payload out) and :meth:`EmulatorServer.fault_body` (what its server
 answers when it fails). Fault knobs: :meth:`~FaultKnobs.fail_next` (an HTTP error on the next
 calls), :meth:`~FaultKnobs.drop_next` (close the connection without an answer, before or after the
-request took effect), ``latency`` (seconds before each answer).
+request took effect), ``latency`` (seconds before each answer); :meth:`~FaultKnobs.clear_faults`
+withdraws what no request has met yet.
 
 Lifecycle: ``start()`` binds a free loopback port and serves from a daemon thread (so the server also
 ends with the test process), and runs :meth:`EmulatorServer.tick` (the emulated platform's launcher:
@@ -80,6 +81,12 @@ class FaultKnobs:
         once the request took effect (a create that happened although the client saw an error)."""
         with self._fault_lock:
             self._faults.append(Fault(count, None, method, after, path))
+
+    def clear_faults(self) -> None:
+        """Withdraw the faults no request has met yet, and end a storm: the next requests are answered."""
+        with self._fault_lock:
+            self._faults.clear()
+            self._storm = None
 
     def take_fault(self, method: str, path: str) -> Fault | None:
         with self._fault_lock:
