@@ -269,9 +269,6 @@ def stop_server(home: Path | None = None, grace: float = 10.0) -> KeptServer | N
         if server is None:
             return None
         kill_group(server.pid, grace / 2)
-        deadline = time.monotonic() + grace  # a SIGKILLed process ends when the kernel gets to it
-        while group_alive(server.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
         if group_alive(server.pid):
             raise ServerError(f"the local Prefect server (pid {server.pid}) did not stop")
         write_atomic(str(_record_path(folder)), {"port": server.port})

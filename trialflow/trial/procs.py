@@ -109,8 +109,10 @@ def group_alive(pgid: int) -> bool:
 
 
 def kill_group(pgid: int, grace: float) -> None:
-    """SIGINT, SIGTERM, then SIGKILL to the process group ``pgid``, ``grace`` seconds apart."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    """SIGINT, SIGTERM, then SIGKILL to the process group ``pgid``, ``grace`` seconds apart, and up to
+    ``grace`` more for the group to end after the SIGKILL (the kernel ends a killed process when it gets
+    to it: later on a busy machine). Returns once the group is gone or that time is up."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -120,10 +122,6 @@ def kill_group(pgid: int, grace: float) -> None:
             if not group_alive(pgid):
                 return
             time.sleep(0.02)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # A watchdog: waits for the owner's death (pidfd, or polling), then stops the watched process group (or
