@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv  # noqa: E402
-from benchmarks.overhead import _free_port, install_nni  # noqa: E402
+from benchmarks.overhead import install_nni  # noqa: E402
+from trialflow.testing.ports import free_port  # noqa: E402
 
 MAX_STEPS = 27  # R / max_budget / max_t: the longest a trial trains
 PBT_STEPS = 3  # steps per PBT generation
@@ -272,7 +273,7 @@ def nni_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dic
               "trainingService": {"platform": "local"}}
     path = run_dir / "config.json"
     path.write_text(json.dumps(config))
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api/v1/nni"
     start = time.time()
     subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],

@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
 from benchmarks._venv import create_venv  # noqa: E402
+from trialflow.testing.ports import free_port  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep(0.5)\nnni.report_final_result(1.0)\n"
 
@@ -61,12 +61,6 @@ def trialflow_run(code_dir: Path, workdir: Path, trials: int, concurrency: int) 
     return last - first, total
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency: int) -> tuple[float, float]:
     """(wall time of the trials, wall time from `nnictl create` to DONE) on NNI 3.0's local platform."""
     python, nnictl = venv / "bin" / "python", venv / "bin" / "nnictl"
@@ -77,7 +71,7 @@ def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency:
     cfg = workdir / "nni-config.json"
     workdir.mkdir(parents=True, exist_ok=True)
     cfg.write_text(json.dumps(config))
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api/v1/nni"
     start = time.perf_counter()
     subprocess.run([str(nnictl), "create", "--config", str(cfg), "--port", str(port)], check=True,

@@ -152,7 +152,7 @@ def measure(repeat: int, nni_venv: Path | None = None) -> dict[str, float]:
 
 def nni_first_trial(venv: Path, folder: Path) -> float:
     """Seconds from ``nnictl create`` starting to NNI 3.0's first trial writing its stamp."""
-    from benchmarks.overhead import _free_port
+    from trialflow.testing.ports import free_port
 
     stamp = folder / "stamp"
     code = folder / "code"
@@ -164,7 +164,7 @@ def nni_first_trial(venv: Path, folder: Path) -> float:
               "trainingService": {"platform": "local"}, "experimentWorkingDirectory": str(folder / "nni")}
     path = folder / "config.json"
     path.write_text(json.dumps(config))
-    port = _free_port()
+    port = free_port()
     start = time.time()
     subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],
                    check=True, capture_output=True, timeout=120)

@@ -151,7 +151,7 @@ def test_a_service_going_away_mid_run_leaves_the_others_running(tmp_path, k8s):
 
 
 def test_a_service_that_cannot_start_fails_the_experiment_naming_it(tmp_path, known_hosts, k8s):
-    from trialflow.testing.sshd import free_port
+    from trialflow.testing.ports import free_port
 
     dead = {"host": "127.0.0.1", "port": free_port(), "user": "nobody", "password": "pw-123456"}
     remote = {"platform": "remote", "knownHostsFile": str(known_hosts), "trialCommand": "python3 trial.py remote",

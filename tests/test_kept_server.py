@@ -21,6 +21,7 @@ import yaml
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import open_store
 from trialflow.kept_server import DATABASE_MARK, ensure_server, running_server, server_home, stop_server
+from trialflow.testing.ports import free_port
 from trialflow.trial.procs import pid_alive, stop_with
 
 # each starts Prefect servers of its own: one at a time (one worker), as a user's machine runs them
@@ -158,9 +159,7 @@ def test_resume_in_the_background_prints_the_page_of_its_new_flow_run(tmp_path, 
 
 
 def test_a_configured_api_that_does_not_answer_is_one_line_and_resume_runs_the_experiment_later(tmp_path, home):
-    with socket.socket() as probe:  # a loopback port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{probe.getsockname()[1]}/api"
+    dead = f"http://127.0.0.1:{free_port()}/api"  # a loopback port nothing listens on
     path = _config(tmp_path, "unreached")
     ids = []
     for mode in ([], ["--foreground"]):
@@ -237,7 +236,7 @@ def _processes_of(home: Path, *marks: bytes) -> list[int]:
 
 def _servers_of(home: Path) -> list[int]:
     """Pids of Prefect servers started with this TRIALFLOW_HOME (kept or temporary)."""
-    return _processes_of(home, b"server start", b"create_app")
+    return _processes_of(home, b"server start", b"create_app", b"trialflow.kept_server_app")
 
 
 def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(tmp_path, home):
@@ -304,3 +303,21 @@ def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_v
     _guard(home)
     assert _migrates_on_start(upgraded.url)
     assert json.loads((server_home(home) / DATABASE_MARK).read_text())["prefect"] == upgraded.prefect
+
+
+def test_the_port_is_the_servers_from_its_choice_on_and_a_taken_one_moves_it(home):
+    """Nothing can take the server's port while it starts (its import takes seconds; another program
+    binding the port meanwhile made it exit with no output), and a port someone else holds is not used."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        server = ensure_server(home, wait=False, port=taken)
+        _guard(home)
+        assert server.port != taken
+        with socket.socket() as late, pytest.raises(OSError):
+            late.bind(("127.0.0.1", server.port))  # what another program would do before the server listens
+        assert server.wait_until_healthy() is server
+    finally:
+        holder.close()

@@ -4,7 +4,6 @@ local and remote (copied over SFTP), on 127.0.0.1."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import requests
 
 from tests.conftest import base_config, machine, wait_for, write_trial
 from trialflow import run_experiment
+from trialflow.testing.ports import free_port
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -38,14 +38,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=180)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_and_check(result, root: Path, trials: list) -> None:
-    port = _free_port()
+    port = free_port()
     chosen = ",".join(t.id for t in trials)
     started = _cli("tensorboard", "start", result.experiment_id, "--root", str(root), "--trials", chosen,
                    "--port", str(port))

@@ -168,27 +168,30 @@ def _locked(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _port_free(port: int) -> bool:
-    """Whether the server could bind ``port``: SO_REUSEADDR as uvicorn sets it, so a port left in
-    TIME_WAIT by the server's last run counts as free (else a restart would move it)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
+def _bound(port: int) -> socket.socket | None:
+    """A TCP socket bound to ``port`` on loopback (0: any free port), not yet listening; None when the
+    port is taken. SO_REUSEADDR as uvicorn sets it, so a port left in TIME_WAIT by the server's last
+    run counts as free (else a restart would move it)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((HOST, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
-def _choose_port(last: int | None, preferred: int) -> int:
-    """The port used last time, else ``preferred`` (0: none), when free (UI addresses printed earlier
-    stay valid); else any free port."""
-    for port in (last, preferred):
-        if port and _port_free(port):
-            return port
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+def _bind_port(last: int | None, preferred: int) -> socket.socket:
+    """The server's socket, bound here and handed to its process, so that nothing else can take the
+    port between its choice and the server's start: the port used last time, else ``preferred`` (0:
+    none), when free (UI addresses printed earlier stay valid); else any free port. Raises
+    :class:`ServerError` when no port can be bound."""
+    for port in [p for p in (last, preferred) if p] + [0]:
+        sock = _bound(port)
+        if sock is not None:
+            return sock
+    raise ServerError(f"no free port on {HOST} for the local Prefect server")
 
 
 def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: int | None = None,
@@ -201,34 +204,35 @@ def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: in
     with _locked(folder):
         server, last_port = _read(folder)
         if server is None:
-            server = _spawn(folder, _choose_port(last_port, port))
+            with _bind_port(last_port, port) as sock:
+                server = _spawn(folder, sock)
             if stop_with_pid is not None:
                 stop_with(stop_with_pid, server.pid)
     return server.wait_until_healthy() if wait else server
 
 
-def _spawn(folder: Path, port: int) -> KeptServer:
+def _spawn(folder: Path, sock: socket.socket) -> KeptServer:
+    """Start the server process on ``sock`` (bound, not listening; the caller closes its copy)."""
+    port = int(sock.getsockname()[1])
     prefect_home = folder / "prefect"
     prefect_home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    package_root = str(Path(__file__).resolve().parent.parent)  # trialflow imports as it does here
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api",
-               PREFECT__SERVER_FINAL="1")
+               PREFECT__SERVER_FINAL="1",
+               PYTHONPATH=os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p))
     env = {**SERVER_DEFAULTS, **env}
     version = _prefect_version()
     if _database_at(folder, prefect_home, version, env):
         env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
-        # the Prefect CLI's own start-up: ~0.35 s less on every start; kept_server_app runs writes that
-        # met a busy SQLite again at once instead of after the client's 2 s back-off. Its clients are on
-        # loopback, so the events websocket goes uncompressed (deflate costs CPU on both ends, per event)
+        # the Prefect CLI's own start-up: ~0.35 s less on every start (see kept_server_app)
         level = os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING").lower()
-        command = [sys.executable, "-m", "uvicorn", "--factory", "trialflow.kept_server_app:create_app",
-                   "--app-dir", str(Path(__file__).resolve().parent.parent),
-                   "--host", HOST, "--port", str(port), "--log-level", level, "--lifespan", "on",
-                   "--ws-per-message-deflate", "false"]
+        command = [sys.executable, "-m", "trialflow.kept_server_app", "--fd", str(sock.fileno()),
+                   "--log-level", level]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, pass_fds=(sock.fileno(),))
     start_time = process_start_time(proc.pid)
     if start_time is None:  # exited at once: its log says why
         proc.wait()

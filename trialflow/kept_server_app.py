@@ -15,8 +15,10 @@ creation, its lifespan start-up and :data:`SETTLE_SECONDS` after it (its service
 routes FastAPI builds on the first requests): the server answers its first request ~0.45 s sooner so
 (median of six starts each).
 
-Lifecycle: uvicorn calls :func:`create_app` once (``--factory``); the wrapper holds no state between
-requests. Standard library only (besides Prefect's app factory, imported when called).
+Lifecycle: ``python -m trialflow.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.kept_server`
+starts) serves the app under uvicorn on the socket its parent bound; uvicorn calls :func:`create_app`
+once; the wrapper holds no state between requests. Standard library only at import (uvicorn and
+Prefect's app factory are imported when called).
 """
 
 from __future__ import annotations
@@ -135,3 +137,30 @@ def create_app() -> App:
     except BaseException:
         gc.enable()
         raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve :func:`create_app` under uvicorn until a signal stops it: ``--fd``, a TCP socket bound by the
+    parent (which chose the port and keeps no one else from taking it before the server listens),
+    ``--log-level`` uvicorn's. The events websocket goes uncompressed: its clients are on loopback,
+    where deflate costs CPU on both ends for every event."""
+    import argparse
+    import socket
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m trialflow.kept_server_app")
+    parser.add_argument("--fd", type=int, required=True, help="a bound TCP socket to listen on")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)  # family and protocol read from the socket (TCP_NODELAY applies)
+    config = uvicorn.Config(create_app, factory=True, lifespan="on", log_level=args.log_level,
+                            ws_per_message_deflate=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down on SIGINT, then raised it again: stopped as asked
+        pass
+
+
+if __name__ == "__main__":
+    main()

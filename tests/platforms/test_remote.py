@@ -159,7 +159,7 @@ def test_missing_key_file_is_a_config_error(tmp_path, sshd_servers):
 
 
 def test_unreachable_host_is_a_clear_error_at_start(tmp_path, sshd_servers, known_hosts):
-    from trialflow.testing.sshd import free_port
+    from trialflow.testing.ports import free_port
 
     entry = {**machine(sshd_servers[0], tmp_path / "r"), "port": free_port()}
     svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=[entry])

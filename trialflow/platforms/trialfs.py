@@ -119,9 +119,16 @@ class LocalFS(TrialFS):
     def listdir(self, path: str) -> dict[str, int] | None:
         try:
             with os.scandir(path) as entries:
-                return {e.name: e.stat().st_size for e in entries}
+                found = list(entries)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        sizes = {}
+        for entry in found:
+            try:
+                sizes[entry.name] = entry.stat().st_size
+            except FileNotFoundError:  # renamed or removed since the listing (a writer's temporary file)
+                continue
+        return sizes
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -9,11 +9,12 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from .ports import free_port
 
 USER = "trialflow"
 
@@ -30,18 +31,12 @@ def _bin_dir() -> Path:
     return Path(found[-1]).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class LocalPostgres:
     """``with LocalPostgres() as pg: pg.url`` -- a SQLAlchemy URL (psycopg) of an empty database."""
 
     def __init__(self) -> None:
         self.bin = _bin_dir()
-        self.port = _free_port()
+        self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="trialflow-pg-"))
         self.proc: subprocess.Popen[bytes] | None = None
         self._as: list[str] = []

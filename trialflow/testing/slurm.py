@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .sshd import free_port
+from .ports import free_port
 
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld", "slurmd": "/usr/sbin/slurmd"}
 

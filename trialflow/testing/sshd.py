@@ -18,18 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from .ports import free_port
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
 
 
 class SshdUnavailable(RuntimeError):
     """OpenSSH's server is not installed (Debian: ``apt-get install openssh-server``)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _keygen(path: Path, passphrase: str = "") -> None:
