@@ -156,3 +156,23 @@ def test_unpack_command_reports_a_traversal_archive(tmp_path):
                           input=_tar([_member("../evil.txt")]).read(), capture_output=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert proc.returncode == 3 and b"refused" in proc.stderr and b"'..'" in proc.stderr
+
+
+def test_withheld_files_are_found_by_path_and_by_content_across_read_chunks(tmp_path, monkeypatch):
+    from pydantic import SecretStr
+
+    from trialflow import withheld
+    from trialflow.config.platforms import RemoteMachineConfig
+
+    for name in ("_files", "_secrets", "_announced"):  # this process's registry, for this test only
+        monkeypatch.setattr(withheld, name, set())
+    monkeypatch.setattr(withheld, "READ_CHUNK", 7)  # the secret spans two reads
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "run.yml").write_text("anything")
+    (code / "split.bin").write_bytes(b"xxxxxs3cr3t-valuexxxx")
+    (code / "short.txt").write_text("pw")  # a value that short is everywhere: not looked for
+    (code / "clean.py").write_text("print(1)")
+    machine = RemoteMachineConfig(host="h", user="u", password=SecretStr("s3cr3t-value"), ssh_passphrase="pw")
+    withheld.withhold(machine, code / "run.yml")
+    assert [e.rel for e in scan_code_dir(code).entries] == ["clean.py", "short.txt"]

@@ -84,9 +84,15 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
     assert running_only.returncode == 1 and "no experiment is running" in running_only.stdout
     assert exp_id not in ok("experiment", "list", env=env) and exp_id in ok("experiment", "list", "--all", env=env)
 
-    # save and load into another working directory, code included
+    # save, and load as another machine would (its own TRIALFLOW_HOME), code included; here, where the
+    # experiment is known, a second copy is refused
     ok("experiment", "save", exp_id, "--path", str(tmp_path / "pkg"), "--saveCodeDir", env=env)
     package = tmp_path / "pkg" / f"trialflow_experiment_{exp_id}.tar.gz"
+    twice = nnictl("experiment", "load", "-p", str(package), "-c", str(tmp_path / "code2"), "-l", str(tmp_path / "w2"),
+                   env=env)
+    assert twice.returncode == 1 and f"experiment {exp_id} is already in" in twice.stderr
+    assert len(twice.stderr.strip().splitlines()) == 1 and not (tmp_path / "w2").exists()
+    env = {**env, "TRIALFLOW_HOME": str(tmp_path / "other-machine")}
     ok("experiment", "load", "-p", str(package), "-c", str(tmp_path / "code2"), "-l", str(tmp_path / "w2"), env=env)
     assert (tmp_path / "code2" / "trial.py").is_file()
     loaded = open_store(tmp_path / "w2", exp_id)

@@ -202,3 +202,22 @@ def test_stop_without_a_controller_kills_remote_trials(tmp_path, sshd_servers, k
 
     wait_for(lambda: not any(group_alive(pid) for pid in pids), timeout=15)
     assert not [e for e in _events(tmp_path) if e["kind"] == "end"]
+
+
+def test_the_config_file_and_files_holding_its_secrets_stay_out_of_the_uploaded_code(tmp_path, sshd_servers,
+                                                                                     known_hosts):
+    """The quickstart's layout: the config sits in the code folder, with a secret inline."""
+    config = remote_experiment(tmp_path, sshd_servers[:1], known_hosts, maxTrialNumber=1)
+    config["trainingService"]["machineList"][0]["sshPassphrase"] = "passphrase-4242"  # the key has none: unused
+    path = tmp_path / "code" / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    (tmp_path / "code" / "notes.txt").write_text("the passphrase is passphrase-4242\n")
+    (tmp_path / "code" / "data.txt").write_text("nothing secret\n")
+    result = run_experiment(str(path))
+    assert result.status == "DONE"
+    [uploaded] = (tmp_path / "remote0" / "code").iterdir()
+    assert sorted(p.name for p in uploaded.iterdir()) == ["data.txt", "trial.py"]
+    log = (tmp_path / "w" / result.experiment_id / "log" / "experiment.log").read_text()
+    assert f"{path} is left out of the code the trials get: it is the experiment's config file" in log
+    assert "notes.txt is left out of the code the trials get: it holds one of the experiment's secrets" in log
+    assert "passphrase-4242" not in log

@@ -494,6 +494,8 @@ def update_searchspace(experiment_id: ExpIdArg = None,
         _control.update_search_space(store, json.loads(filename.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise CliError(f"file {filename} does not exist") from None
+    except RecursionError:
+        raise CliError(f"{filename} is not a valid search space: it nests deeper than can be read") from None
     except (ValueError, SearchSpaceError) as exc:
         raise CliError(f"{filename} is not a valid search space: {exc}") from None
     console.print(f"search space of {store.experiment_id} updated from {filename}; later trials use it",

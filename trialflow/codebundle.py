@@ -2,7 +2,8 @@
 
 :func:`scan_code_dir` walks ``trialCodeDirectory`` honouring ``.nniignore`` files at any depth
 (gitignore syntax through pathspec; a deeper file overrides a shallower one, ``!`` re-includes),
-refuses symbolic links that leave the directory, and enforces NNI's limits of 2000 files and
+refuses symbolic links that leave the directory, leaves out the running experiment's config file and
+files holding its secrets (:mod:`trialflow.withheld`), and enforces NNI's limits of 2000 files and
 300 MB with an error listing the biggest offenders and the ``.nniignore`` lines that fix it.
 
 A :class:`CodeBundle` streams itself as an uncompressed tar whose bytes depend only on the
@@ -26,6 +27,7 @@ import pathspec
 
 from .trial.protocol import MAX_CODE_BYTES, MAX_CODE_FILES
 from .user_errors import UserError
+from .withheld import is_withheld
 
 MAX_FILES = MAX_CODE_FILES
 MAX_BYTES = MAX_CODE_BYTES
@@ -106,6 +108,8 @@ def scan_code_dir(code_dir: Path | str, max_files: int = MAX_FILES, max_bytes: i
                 entries.append(BundleEntry(rel, child.path, "dir"))
                 walk(child.path, rel)
             elif stat.S_ISREG(st.st_mode):
+                if is_withheld(child.path, st.st_size):
+                    continue
                 entries.append(BundleEntry(rel, child.path, "file", st.st_size, bool(st.st_mode & 0o111),
                                            mtime_ns=st.st_mtime_ns))
                 files += 1

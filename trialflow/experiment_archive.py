@@ -10,17 +10,20 @@ stored paths (trial folders, code and working directory) to where the experiment
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 
-from .experiments import open_store, register_root
-from .store import ExperimentStore
+from .experiments import has_store, open_store, register_root, search_roots
+from .ids import looks_like_experiment_id
+from .store import DB_RELATIVE_PATH, ExperimentStore
 from .user_errors import UserError
 
 MANIFEST = "manifest.json"
+MANIFEST_LIMIT = 1 << 20  # bytes of the manifest read (it is a few hundred)
 
 
 class ArchiveError(UserError, ValueError):
@@ -56,22 +59,34 @@ def save_experiment(store: ExperimentStore, experiment_dir: Path, folder: Path, 
 
 def load_experiment(package: Path, code_dir: Path, root: Path, search_space_file: Path | None = None) -> str:
     """Unpack ``package`` as an experiment under ``root`` whose trial code is ``code_dir`` (filled from
-    the package when it holds the code); returns the experiment id. Raises :class:`ArchiveError` when
-    the package is not one, is unsafe, or the experiment is already there."""
+    the package when it holds the code); returns the experiment id. Nothing is written before the
+    package is checked: its manifest names an experiment id (never a path) that no known working
+    directory holds yet, and it fits in the free space under ``root``; once unpacked (in a temporary
+    folder under ``root``), the store inside must hold that experiment. Raises :class:`ArchiveError`
+    when the package is not one, is unsafe, or the experiment is already there; nothing is left."""
     root, code_dir = root.resolve(), code_dir.resolve()
+    experiment_id, size = _checked_package(package)
+    taken = [base for base in [root, *search_roots()] if has_store(base / experiment_id)]
+    if taken:
+        raise ArchiveError(f"experiment {experiment_id} is already in {taken[0]}; delete it first "
+                           "(`trialflow experiment delete`) or keep the one there")
+    free = shutil.disk_usage(_existing_ancestor(root)).free
+    if size > free:
+        raise ArchiveError(f"no space left on {root} for {package}: it unpacks to {_mib(size)}, {_mib(free)} "
+                           "are free; free space or load into another folder (--logDir)")
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         try:
             with tarfile.open(package, "r:gz") as tar:
                 tar.extractall(tmp, filter="data")
-            manifest = json.loads((Path(tmp) / MANIFEST).read_text(encoding="utf-8"))
-            experiment_id, old_dir = str(manifest["id"]), str(manifest["directory"])
-        except (OSError, tarfile.TarError, ValueError, KeyError) as exc:
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise ArchiveError(f"no space left on {root} while unpacking {package}: free space or load into "
+                                   "another folder (--logDir)") from None
+            raise ArchiveError(f"{package} could not be unpacked ({exc})") from None
+        except tarfile.TarError as exc:
             raise ArchiveError(f"{package} is not a trialflow experiment package ({exc})") from None
-        target = root / experiment_id
-        if target.exists():
-            raise ArchiveError(f"experiment {experiment_id} is already in {root}; delete it first or load "
-                               "into another folder (--logDir)")
+        old_dir = _stored_experiment(Path(tmp), experiment_id, package)
         if (Path(tmp) / "code").is_dir():
             if code_dir.exists() and any(code_dir.iterdir()):
                 raise ArchiveError(f"{code_dir} is not empty; give an empty or new folder as --codeDir")
@@ -80,6 +95,7 @@ def load_experiment(package: Path, code_dir: Path, root: Path, search_space_file
         elif not code_dir.is_dir():
             raise ArchiveError(f"the package holds no code and {code_dir} is not a folder: give the trial code's "
                                "folder as --codeDir")
+        target = root / experiment_id
         shutil.move(Path(tmp) / "experiment", target)
     store = open_store(root, experiment_id)
     try:
@@ -95,3 +111,53 @@ def load_experiment(package: Path, code_dir: Path, root: Path, search_space_file
         store.close()
     register_root(experiment_id, root)
     return experiment_id
+
+
+def _checked_package(package: Path) -> tuple[str, int]:
+    """(the experiment id its manifest names, its unpacked size in bytes), read without unpacking.
+    Raises :class:`ArchiveError` when it is no package or its id is not an experiment id."""
+    try:
+        with tarfile.open(package, "r:gz") as tar:
+            members = tar.getmembers()
+            manifest_file = tar.extractfile(MANIFEST)
+            if manifest_file is None:
+                raise KeyError(MANIFEST)
+            manifest = json.loads(manifest_file.read(MANIFEST_LIMIT))
+        experiment_id = manifest["id"]
+        str(manifest["directory"])
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
+        raise ArchiveError(f"{package} is not a trialflow experiment package ({exc!r})") from None
+    if not isinstance(experiment_id, str) or not looks_like_experiment_id(experiment_id):
+        raise ArchiveError(f"{package} names {str(experiment_id)[:40]!r} as its experiment, which is no experiment "
+                           "id (8 lowercase letters and digits): it was not written by `experiment save`")
+    return experiment_id, sum(m.size for m in members if m.isfile())
+
+
+def _stored_experiment(unpacked: Path, experiment_id: str, package: Path) -> str:
+    """The folder the experiment was saved from, once the unpacked store is seen to hold
+    ``experiment_id``. Raises :class:`ArchiveError` otherwise (a manifest that lies)."""
+    if not (unpacked / "experiment" / DB_RELATIVE_PATH).is_file():
+        raise ArchiveError(f"{package} holds no experiment store: it was not written by `experiment save`")
+    try:
+        store = ExperimentStore.embedded(unpacked / "experiment", experiment_id)
+    except UserError:
+        raise ArchiveError(f"{package} holds a store that cannot be read: it is damaged or was not written by "
+                           "`experiment save`") from None
+    try:
+        store.experiment()
+    except (KeyError, UserError):
+        raise ArchiveError(f"{package} names experiment {experiment_id}, but its store does not hold it: it was "
+                           "not written by `experiment save`") from None
+    finally:
+        store.close()
+    return str(json.loads((unpacked / MANIFEST).read_text(encoding="utf-8"))["directory"])
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"

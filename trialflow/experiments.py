@@ -120,7 +120,8 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def _has_store(exp_dir: Path) -> bool:
+def has_store(exp_dir: Path) -> bool:
+    """Whether an experiment folder holds a store (embedded, or the address of a shared one)."""
     return (exp_dir / DB_RELATIVE_PATH).is_file() or (exp_dir / STORE_URL_FILE).is_file()
 
 
@@ -240,7 +241,7 @@ def search_roots(root: str | os.PathLike[str] | None = None) -> list[Path]:
 def find_experiment(experiment_id: str, root: str | os.PathLike[str] | None = None) -> tuple[Path, ExperimentStore]:
     """The working directory and store of an experiment (default root, then registered roots)."""
     for base in search_roots(root):
-        if _has_store(base / experiment_id):
+        if has_store(base / experiment_id):
             return base, open_store(base, experiment_id)
     raise ExperimentNotFound(f"no experiment {experiment_id!r} found; `trialflow experiment list` shows the "
                              "known ones (use --root for another working directory)")
@@ -253,7 +254,7 @@ def list_experiments(root: Path | None = None, unreadable: list[str] | None = No
     for base in search_roots(root):
         if not base.is_dir():
             continue
-        for exp_dir in sorted(d for d in base.iterdir() if _has_store(d)):
+        for exp_dir in sorted(d for d in base.iterdir() if has_store(d)):
             exp_id = exp_dir.name
             if any(e.id == exp_id for e in out):
                 continue

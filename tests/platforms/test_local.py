@@ -64,6 +64,25 @@ nni.report_final_result({"default": 1, "env": {k: os.environ[k] for k in keys}, 
     assert (tmp_path / "exp" / "trials" / "EnvT1" / "parameter.cfg").is_file()
 
 
+def test_a_trial_inherits_the_users_environment_but_not_the_controllers_credentials(tmp_path, make_spec,
+                                                                                   monkeypatch):
+    secrets = {"PGPASSWORD": "pg-pass-123", "PREFECT_API_KEY": "pnu_key", "PREFECT_API_AUTH_STRING": "admin:pw",
+               "PREFECT_SERVER_API_AUTH_STRING": "admin:pw"}
+    for name, value in {**secrets, "MY_OWN_TOKEN": "kept"}.items():
+        monkeypatch.setenv(name, value)
+    service = _local(tmp_path)  # its trials' environment is taken when it starts
+    service.prepare()
+    body = ("import json, os, nni\nnni.get_next_parameter()\n"
+            "nni.report_final_result({'default': 1, 'env': dict(os.environ)})\n")
+    try:
+        _, metrics, _ = poll_until_terminal(service, service.submit(make_spec("EnvS1", body, {}),
+                                                                    service.upload_code(tmp_path / "code")))
+    finally:
+        service.close()
+    seen = metrics[-1].value["env"]
+    assert seen["MY_OWN_TOKEN"] == "kept" and not set(secrets) & set(seen)
+
+
 def test_cancel_kills_the_whole_process_group(service, make_spec, tmp_path):
     body = """
 import subprocess, sys, time, nni, pathlib

@@ -21,6 +21,7 @@ from trialflow.platforms.slurm import SlurmTrainingService
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
     TrainingServiceContract,
+    poll_until_terminal,
     prepared,
     spec_maker,
     wait_for_status,
@@ -95,6 +96,24 @@ def test_a_requeue_is_an_interruption_within_the_budget_and_a_failure_beyond(tmp
     assert update.status == TrialStatus.FAILED and "(maxInterruptions: 3)" in update.message
     svc.cancel(spent, TrialStatus.SYS_CANCELED)
     svc.close()
+
+
+def test_a_job_submitted_from_this_login_node_does_not_carry_the_controllers_credentials(tmp_path, slurm_cluster,
+                                                                                          monkeypatch):
+    """sbatch hands the submitting environment on to the job: the controller's own secrets stay out."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.setenv("PGPASSWORD", "pg-pass-123")
+    monkeypatch.setenv("MY_OWN_TOKEN", "kept")
+    svc = prepared(slurm_service(tmp_path, slurm_cluster), tmp_path / "code")
+    body = ("import os, nni\nnni.get_next_parameter()\n"
+            "nni.report_final_result({'default': 1, 'env': dict(os.environ)})\n")
+    try:
+        handle = svc.submit(spec_maker(svc, tmp_path / "code")("EnvS1", body, {}), svc.code)
+        _, metrics, _ = poll_until_terminal(svc, handle)
+    finally:
+        svc.close()
+    seen = metrics[-1].value["env"]
+    assert seen.get("MY_OWN_TOKEN") == "kept" and "PGPASSWORD" not in seen
 
 
 def test_a_retried_submit_finds_its_job_and_a_requeued_job_never_runs_the_trial_twice(tmp_path, slurm_cluster,

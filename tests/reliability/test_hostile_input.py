@@ -160,6 +160,25 @@ def test_an_import_file_nested_too_deeply_is_one_line(tmp_path):
     assert proc.returncode == 1 and "is not valid JSON" in proc.stdout and "Traceback" not in proc.stderr
 
 
+def test_a_config_search_space_or_update_nested_too_deeply_is_one_line(tmp_path):
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.json").write_text(deep)
+    config = tmp_path / "deep.yml"
+    config.write_text(f"trialCommand: x\ntrialConcurrency: 1\nextra: {'[' * 5000}{']' * 5000}\n")
+    space = tmp_path / "space.yml"
+    space.write_text(f"searchSpaceFile: {tmp_path / 'deep.json'}\ntrialCommand: x\ntrialConcurrency: 1\n"
+                     "tuner: {name: Random}\ntrainingService: {platform: local}\n")
+    for path in (config, space):
+        proc = cli("create", "--config", str(path), env=env)
+        assert proc.returncode == 1 and "nests lists or mappings deeper than can be read" in proc.stdout, proc.stdout
+        assert "Traceback" not in proc.stdout + proc.stderr
+    exp_id, _ = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
+    proc = cli("update", "searchspace", exp_id, "-f", str(tmp_path / "deep.json"), env=env)
+    assert proc.returncode == 1 and "nests deeper than can be read" in proc.stdout, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_the_dashboard_answers_only_loopback_host_names(tmp_path):
     pytest.importorskip("optuna_dashboard")
     import optuna
@@ -328,6 +347,33 @@ def test_a_sigkilled_controller_leaves_no_temporary_prefect_server(tmp_path):
             controller.kill()
     # the trial the dead controller left runs on (as a killed controller's trials do); stop it
     cli("stop", exp_id, "--root", str(exp_dir.parent), env={"TRIALFLOW_HOME": str(tmp_path / "w")})
+
+
+@pytest.mark.e2e
+def test_a_controller_sigkilled_while_its_temporary_server_starts_leaves_no_server(tmp_path):
+    """The window before the flow runs: the server's process exists, its API does not answer yet."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    controller = subprocess.Popen(
+        [sys.executable, "-c", "from trialflow.flows.temporary_server import start_temporary_server; "
+         "start_temporary_server(); import time; time.sleep(60)"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        servers: list[int] = []
+
+        def server_started() -> bool:
+            servers[:] = [p for p in _children(controller.pid) if "create_app" in _cmdline(p)]
+            return bool(servers)
+
+        wait_for(server_started, timeout=60, interval=0.01)
+        controller.kill()  # before the server answers: Prefect's start waits seconds for its health
+        controller.wait()
+        wait_for(lambda: not _cmdline(servers[0]), timeout=15)  # gone, by the watchdog
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+        for pid in servers:
+            if _cmdline(pid):
+                os.kill(pid, 9)
 
 
 # ---- fuzzing: YAML anchors and aliases, raw requests to the receiver -----------------------------

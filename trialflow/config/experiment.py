@@ -296,11 +296,18 @@ def _load_yaml(text: str, what: str) -> Any:
     """``yaml.safe_load`` of a config or search-space text, refusing one too big once expanded."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"{what} is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}")
-    data = yaml.safe_load(text)
+    try:
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise ValueError(_too_deep(what)) from None
     if not _expanded_size_ok(data):
         raise ValueError(f"{what} expands to more than {MAX_CONFIG_VALUES} values (YAML anchors and aliases "
                          "repeat what they name at every use): write the values out, or reuse fewer")
     return data
+
+
+def _too_deep(what: str) -> str:
+    return f"{what} nests lists or mappings deeper than can be read (about a thousand levels): flatten it"
 
 
 def load_search_space_file(path: Path) -> Any:
@@ -315,6 +322,8 @@ def load_search_space_file(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         pass
+    except RecursionError:
+        raise ValueError(_too_deep(f'searchSpaceFile "{path}"')) from None
     try:
         return _load_yaml(text, f'searchSpaceFile "{path}"')
     except yaml.YAMLError as exc:

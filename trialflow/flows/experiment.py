@@ -53,6 +53,7 @@ from ..status import ExperimentStatus, TrialStatus
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
+from ..withheld import withhold
 from .artifacts import ArtifactReporter
 from .run_api import experiment_api
 from .run_control import StopWatch, label_run, retried_experiment, run_tags, signal_of, stop_reason
@@ -107,6 +108,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     with ExitStack() as stack:
         stack.enter_context(_controller_log(exp_dir))
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
+        withhold(config, config_path or store.experiment().config_path)  # out of the code bundles
         tuner = config.tuner.name or config.tuner.class_name if config.tuner else None
         flow_run_id = label_run(experiment_id, run_tags(experiment_id, [s.platform for s in config.services],
                                                         tuner))

@@ -9,9 +9,10 @@ therefore starts it first, in a session of its own (Prefect then reuses it: one 
 A controller killed with SIGKILL never reaches Prefect's exit hook, and the server (~200 MB) would
 stay. So each temporary server of this process gets a watchdog: a small process in a session of its
 own that waits for the controller's death and then stops the server -- the same server, checked by
-its start time, never a process that took its pid later. Lifecycle: :func:`guard_temporary_servers`
-is called once the flow runs (the server is up by then); it is idempotent, and a watchdog ends by
-itself once its server is gone.
+its start time, never a process that took its pid later. Lifecycle: a server started by
+:func:`start_temporary_server` is watched from the moment its process exists; one Prefect started by
+itself is watched by :func:`guard_temporary_servers`, called once the flow runs (idempotent). A
+watchdog ends by itself once its server is gone.
 """
 
 from __future__ import annotations
@@ -57,23 +58,35 @@ def start_temporary_server() -> str | None:
 
 
 def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(*args, start_new_session=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+    """The server's process, in a session of its own and watched from its first moment: a controller
+    SIGKILLed while the server starts up (seconds, more on a busy machine) must not leave it behind."""
+    process: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
+        *args, start_new_session=True, **kwargs)
+    _guard(process)
+    return process
 
 
 def guard_temporary_servers() -> None:
-    """Give each temporary Prefect server of this process that runs a watchdog (once)."""
+    """Give each temporary Prefect server of this process that runs a watchdog (once): those Prefect
+    started by itself, not through :func:`start_temporary_server`."""
     module = sys.modules.get("prefect.server.api.server")
     if module is None:  # never imported (a configured or kept server): no temporary server to guard
         return
     SubprocessASGIServer = module.SubprocessASGIServer
     for server in list(SubprocessASGIServer._instances.values()):
         process = getattr(server, "server_process", None)
-        if process is None or process.pid in _GUARDED or process.poll() is not None:
-            continue
-        try:
-            if not stop_with(os.getpid(), process.pid):
-                continue
-        except OSError as exc:  # the experiment runs on; only a SIGKILL would leave the server behind
-            log.warning("could not watch the temporary Prefect server (pid %s): %s", process.pid, exc)
-            continue
-        _GUARDED.add(process.pid)
+        if process is not None:
+            _guard(process)
+
+
+def _guard(process: subprocess.Popen[bytes]) -> None:
+    """A watchdog for ``process``, unless it has one or has ended."""
+    if process.pid in _GUARDED or process.poll() is not None:
+        return
+    try:
+        if not stop_with(os.getpid(), process.pid):
+            return
+    except OSError as exc:  # the experiment runs on; only a SIGKILL would leave the server behind
+        log.warning("could not watch the temporary Prefect server (pid %s): %s", process.pid, exc)
+        return
+    _GUARDED.add(process.pid)

@@ -38,6 +38,7 @@ from .base import (
     TrialUpdate,
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
+from .inherited_env import inherited_environment
 from .share import OUTPUT_DIR, Share
 from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 
@@ -76,7 +77,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         self._lock = threading.Lock()
         paths = [NNI_SHIM_DIR, RUNTIME_ROOT, os.environ.get("PYTHONPATH", "")]
         self._pythonpath = os.pathsep.join(p for p in paths if p)
-        self._forkserver = ForkServer({**os.environ, "PYTHONPATH": self._pythonpath},
+        self._forkserver = ForkServer({**inherited_environment(), "PYTHONPATH": self._pythonpath},
                                       str(self.trials_dir.parent / "forkserver.log"))
         self.gpu: GpuScheduler | None = None
         if config.trial_gpu_number:

@@ -70,6 +70,7 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
+from .inherited_env import inherited_environment
 from .local import trial_env
 from .remote_machine import RemoteMachine
 from .runtime_files import check_version
@@ -107,7 +108,8 @@ class LocalShell:
 
     def run(self, command: str, stdin: bytes | None = None, timeout: float = 120.0) -> tuple[int, str, str]:
         try:
-            done = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=timeout)
+            done = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=timeout,
+                                  env=inherited_environment())  # sbatch hands it on to the job
         except subprocess.TimeoutExpired as exc:
             raise TransientPlatformError(f"`{command}` did not finish within {timeout:.0f} s") from exc
         return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")

@@ -1,0 +1,107 @@
+"""Files no code bundle of this process carries: the experiment's config file and any file holding
+one of its secrets.
+
+A config often sits in ``trialCodeDirectory`` (the quickstart's own layout) and may hold passwords,
+passphrases and tokens inline. Bundles go to remote machines, shared storage and Slurm clusters,
+where other users may read them; so before an experiment uploads its code, :func:`withhold` names its
+config file and the values of its secret fields, and :func:`scan_code_dir
+<trialflow.codebundle.scan_code_dir>` leaves out that file and every file whose bytes contain one of
+those values (values shorter than :data:`MIN_SECRET_BYTES` are too common to look for: the config
+file itself is still left out by its path).
+
+Lifecycle: what is withheld stays withheld for the life of the process (a notebook that runs several
+experiments keeps all of their secrets out of every bundle); each left-out file is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, SecretStr
+
+log = logging.getLogger("trialflow.experiment")
+
+MIN_SECRET_BYTES = 6
+READ_CHUNK = 1 << 20
+
+_lock = threading.Lock()
+_files: set[str] = set()  # real paths
+_secrets: set[bytes] = set()
+_announced: set[str] = set()
+
+
+def secret_values(value: Any) -> list[str]:
+    """Every :class:`SecretStr` value inside a config (models, lists and mappings, at any depth), with
+    the password of a URL-shaped one (a store URL) on its own as well."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, SecretStr):
+            text = item.get_secret_value()
+            found.append(text)
+            try:
+                password = urlsplit(text).password
+            except ValueError:
+                password = None
+            if password:
+                found.append(password)
+        elif isinstance(item, BaseModel):
+            stack.extend(getattr(item, name) for name in type(item).model_fields)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return found
+
+
+def withhold(config: BaseModel, config_path: str | os.PathLike[str] | None) -> None:
+    """Keep ``config_path`` (the file the experiment runs from) and files holding ``config``'s secrets
+    out of every bundle this process makes from now on."""
+    values = {v.encode() for v in secret_values(config) if len(v.encode()) >= MIN_SECRET_BYTES}
+    with _lock:
+        if config_path is not None:
+            _files.add(os.path.realpath(config_path))
+        _secrets.update(values)
+
+
+def is_withheld(path: str, size: int) -> bool:
+    """Whether the regular file at ``path`` (``size`` bytes) stays out of bundles; logs the first time
+    a file is left out. A file that cannot be read is not withheld here (the bundle reports it)."""
+    with _lock:
+        files, secrets = set(_files), tuple(_secrets)
+    real = os.path.realpath(path)
+    why = None
+    if real in files:
+        why = "it is the experiment's config file"
+    elif secrets and size >= MIN_SECRET_BYTES and _holds_any(path, secrets):
+        why = "it holds one of the experiment's secrets"
+    if why is None:
+        return False
+    with _lock:
+        first = real not in _announced
+        _announced.add(real)
+    if first:
+        log.warning("%s is left out of the code the trials get: %s", path, why)
+    return True
+
+
+def _holds_any(path: str, secrets: Iterable[bytes]) -> bool:
+    wanted = tuple(secrets)
+    overlap = max(len(s) for s in wanted) - 1
+    tail = b""
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(READ_CHUNK):
+                window = tail + chunk
+                if any(s in window for s in wanted):
+                    return True
+                tail = window[-overlap:] if overlap else b""
+    except OSError:
+        return False
+    return False
