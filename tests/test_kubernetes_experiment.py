@@ -93,6 +93,7 @@ def test_file_metric_channel_end_to_end_and_log_trial_of_a_kubernetes_trial(tmp_
     share = k8s.nfs_dir / "nni"
     assert (share / result.experiment_id / "trials").is_dir() and (share / "code").is_dir()
     (share / "someone-elses").mkdir(exist_ok=True)
+    (share / "abcd1234" / "trials").mkdir(parents=True, exist_ok=True)  # named and shaped like trialflow's
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(config))
     clean = subprocess.run(["trialflow", "platform", "clean", "-c", str(path), "-y"], capture_output=True, text=True,
@@ -100,6 +101,7 @@ def test_file_metric_channel_end_to_end_and_log_trial_of_a_kubernetes_trial(tmp_
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert not (share / result.experiment_id).exists() and not (share / "code").exists()
     assert not (share / "runtime").exists() and (share / "someone-elses").is_dir()
+    assert (share / "abcd1234" / "trials").is_dir()  # not marked as trialflow's: not removed
     assert (tmp_path / "w" / result.experiment_id / "db").is_dir()
 
 

@@ -215,9 +215,56 @@ def test_the_config_file_and_files_holding_its_secrets_stay_out_of_the_uploaded_
     (tmp_path / "code" / "data.txt").write_text("nothing secret\n")
     result = run_experiment(str(path))
     assert result.status == "DONE"
-    [uploaded] = (tmp_path / "remote0" / "code").iterdir()
+    [uploaded] = [p for p in (tmp_path / "remote0" / "code").iterdir() if p.is_dir()]
     assert sorted(p.name for p in uploaded.iterdir()) == ["data.txt", "trial.py"]
     log = (tmp_path / "w" / result.experiment_id / "log" / "experiment.log").read_text()
     assert f"{path} is left out of the code the trials get: it is the experiment's config file" in log
     assert "notes.txt is left out of the code the trials get: it holds one of the experiment's secrets" in log
     assert "passphrase-4242" not in log
+
+
+def test_platform_clean_lists_first_and_removes_only_what_trialflow_made(tmp_path, sshd_servers, known_hosts,
+                                                                        prefect_server):
+    """A remoteWorkingDirectory shared with the user's own folders (named like trialflow's, holding
+    `trials` or `env-*`) and links to folders elsewhere."""
+    root, outside = tmp_path / "remote0", tmp_path / "outside"
+    users = {"code/myproject/a.py": "mine", "clinical/trials/p.csv": "mine", "webapp/env-production/s": "mine",
+             "zzzz9999/notes": "mine"}
+    for rel, text in users.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    outside.mkdir()
+    (outside / ".trialflow-made").write_text("crafted")
+    (outside / "keep.txt").write_text("not trialflow's")
+    (root / "abcd1234").symlink_to(outside, target_is_directory=True)
+    (root / "runtime").symlink_to(outside, target_is_directory=True)
+    config = remote_experiment(tmp_path, sshd_servers[:1], known_hosts, maxTrialNumber=1)
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    result = run_experiment(str(path))  # the runtime goes where the user's `runtime` link points
+    assert result.status == "DONE"
+
+    def clean(*flags: str, answer: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trialflow.cli", "platform", "clean", "--config", str(path),
+                               *flags], input=answer, capture_output=True, text=True, env=env, timeout=120)
+
+    mine = sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_relative_to(root / "code"))
+    declined = clean(answer="n\n")
+    listed = [line.rsplit(":", 1)[-1].strip() for line in declined.stdout.splitlines() if "trialflow's:" in line]
+    assert declined.returncode == 1 and sorted(listed) == sorted(
+        str(root / name) for name in (result.experiment_id,)), declined.stdout
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_relative_to(root / "code")) == mine
+    done = clean("--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rel, text in users.items():
+        assert (root / rel).read_text() == text
+    assert (outside / "keep.txt").is_file() and (root / "abcd1234").is_symlink() and (root / "runtime").is_symlink()
+    assert not (root / result.experiment_id).exists()
+    assert (root / "code" / "myproject" / "a.py").is_file()  # the user's code folder, used but not claimed
+
+    home = {**config, "trainingService": {**config["trainingService"], "machineList": [
+        {**config["trainingService"]["machineList"][0], "remoteWorkingDirectory": "~"}]}}
+    path.write_text(yaml.safe_dump(home))
+    refused = clean("--yes")
+    assert refused.returncode == 1 and "is a home folder" in refused.stdout and "Traceback" not in refused.stderr

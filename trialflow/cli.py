@@ -942,25 +942,30 @@ def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
 def platform_clean(config: Annotated[Path, typer.Option("--config", "-c", help="the experiment config naming the "
                                                         "platform (its machines, cluster storage)")],
                    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False) -> None:
-    """Remove what trialflow left on the config's platform for every experiment: on remote machines the
-    code bundles, runtimes and trial folders under remoteWorkingDirectory. Trials still running there
-    lose their folders: stop them first."""
+    """Remove what trialflow made on the config's platform for every experiment (the code bundles,
+    runtimes and experiment folders it marked as its own under remoteWorkingDirectory or on the share),
+    after listing them. Nothing else there is touched. Trials still running there lose their folders:
+    stop them first."""
     import tempfile
 
     cfg = _config.load_config(config)
     names = ", ".join(s.platform for s in cfg.services)
-    if not yes and not typer.confirm(f"remove every experiment's files trialflow left on {names}?"):
-        raise typer.Exit(1)
     with tempfile.TemporaryDirectory() as scratch:
         service = _platforms.experiment_service(cfg, Path(scratch) / "platform-clean")
         try:
+            planned = service.clean(dry_run=True)
+            if not planned:
+                console.print(f"{names}: nothing there is trialflow's to remove", highlight=False)
+                return
+            for where in planned:
+                console.print(f"trialflow's: {where}", soft_wrap=True, highlight=False)
+            if not yes and not typer.confirm(f"remove the {len(planned)} listed above?"):
+                raise typer.Exit(1)
             removed = service.clean()
         finally:
             service.close()
     for where in removed:
-        console.print(f"removed trialflow's files at {where}", soft_wrap=True)
-    if not removed:
-        console.print(f"{names}: trialflow keeps nothing there outside the experiment folders", highlight=False)
+        console.print(f"removed {where}", soft_wrap=True, highlight=False)
 
 
 @algo_app.command("show")

@@ -192,11 +192,13 @@ class TrainingService(ABC, Generic[ConfigT]):
         reach it (default)."""
         return None
 
-    def clean(self) -> list[str]:
-        """Remove what trialflow left on the platform for every experiment (``trialflow platform clean``):
-        code bundles, runtimes, trial folders; returns what was removed. Running trials there lose their
-        folders: the caller makes sure none run. Default: nothing is kept outside the experiment folder.
-        Raises :class:`PlatformError` when the platform cannot be reached."""
+    def clean(self, dry_run: bool = False) -> list[str]:
+        """Remove what trialflow made on the platform for every experiment (``trialflow platform clean``):
+        code bundles, runtimes, trial folders, each marked as trialflow's when made
+        (:mod:`~trialflow.platforms.ownership`), never anything else; returns what was (with ``dry_run``:
+        would be) removed. Running trials there lose their folders: the caller makes sure none run.
+        Default: nothing is kept outside the experiment folder. Raises :class:`PlatformError` when the
+        platform cannot be reached or its working directory is not one trialflow may clean."""
         return []
 
     def close(self) -> None:

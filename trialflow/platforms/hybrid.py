@@ -204,8 +204,8 @@ class HybridService(TrainingService):
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
         return self._member(handle).service.output_folder(handle, name)
 
-    def clean(self) -> list[str]:
-        return [where for member in self.members.values() for where in member.service.clean()]
+    def clean(self, dry_run: bool = False) -> list[str]:
+        return [where for member in self.members.values() for where in member.service.clean(dry_run)]
 
     def close(self) -> None:
         for member in self.members.values():

@@ -100,9 +100,9 @@ class JobPlatformService(TrainingService[ConfigT]):
     def receiver(self, receiver: MetricsReceiver | None) -> None:
         self.metrics.receiver = receiver
 
-    def clean(self) -> list[str]:
+    def clean(self, dry_run: bool = False) -> list[str]:
         """trialflow's folders on the share (runtimes, code bundles, experiments' trial folders)."""
-        return self.storage.clean()
+        return self.storage.clean(dry_run)
 
     # ---- what a platform implements -----------------------------------------------------------
 
@@ -167,6 +167,7 @@ class JobPlatformService(TrainingService[ConfigT]):
     def prepare(self) -> None:
         self.check_platform()
         self.storage.check()
+        self.storage.claim(self.experiment_id)
         self.storage.install_runtime(runtime_key(), runtime_files())
         self.prepare_platform()
         self.metrics.start()

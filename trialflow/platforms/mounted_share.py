@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from .errors import PlatformError
+from .ownership import claim, owned_folders
 from .trialdir import LOCAL, install_code, install_tree, scan_bundle
 
 
@@ -53,18 +54,21 @@ class MountedShare:
     def container_path(self, *parts: str) -> str:
         return "/".join([self.container, "nni", *parts])
 
-    def clean(self) -> list[str]:
-        """Remove trialflow's folders from the share: the runtimes, the code bundles and every
-        experiment's folder (one holding ``trials`` or ``envs``); nothing else under ``nni/``. Returns
-        what was removed."""
+    def claim(self, experiment_id: str) -> None:
+        """Mark ``nni/code``, ``nni/runtime`` and the experiment's folder as trialflow's (what
+        :meth:`clean` may remove)."""
+        claim(LOCAL, str(self.path()), experiment_id)
+
+    def clean(self, dry_run: bool = False) -> list[str]:
+        """Remove trialflow's marked folders from ``nni/`` on the share (runtimes, code bundles, the
+        experiments' folders; see :mod:`~trialflow.platforms.ownership`), nothing else. Returns what
+        was (``dry_run``: would be) removed."""
         self.check()
-        root = self.path()
         removed = []
-        for child in sorted(root.iterdir()) if root.is_dir() else []:
-            if child.is_dir() and (child.name in ("code", "runtime") or (child / "trials").is_dir()
-                                   or (child / "envs").is_dir()):
-                shutil.rmtree(child)
-                removed.append(f"{self.what}: {child}")
+        for folder in owned_folders(LOCAL, str(self.path())):
+            if not dry_run:
+                shutil.rmtree(folder)
+            removed.append(f"{self.what}: {folder}")
         return removed
 
     def install_runtime(self, key: str, files: list[tuple[str, Path]]) -> None:

@@ -63,9 +63,10 @@ from .base import (
 )
 from .gpu import GpuError
 from .local import trial_env
+from .ownership import claim, owned_folders
 from .remote_machine import Placements, RemoteMachine, machine_key
 from .runtime_files import check_version
-from .share import OUTPUT_DIR, Share
+from .share import MOUNT_CONFIG, OUTPUT_DIR, Share
 from .ssh import SshConnection, machine_target
 from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs, scan_bundle
 
@@ -129,6 +130,7 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
     def _prepare_machine(self, machine: RemoteMachine, errors: list[PlatformError]) -> None:
         try:
             machine.probe()
+            claim(machine.fs, machine.root, self.experiment_id)
             machine.install_runtime()
             check_version(machine.run(machine.command("keeper", "--version")).strip(),
                           f"the trial keeper on {machine.key}",
@@ -363,20 +365,33 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         machine.fs.download(posixpath.join(handle.data["trial_dir"], name), target)
         return target
 
-    def clean(self) -> list[str]:
-        """On each machine, trialflow's folders under its ``remoteWorkingDirectory``: the code bundles,
-        the runtimes and every experiment's folder (nothing else there is touched; the folder itself
-        goes when that leaves it empty)."""
-        self.prepare()
-        script = ('cd "$1" 2>/dev/null || exit 0; rm -rf code runtime; '
-                  'for d in */; do if [ -d "$d/trials" ] || ls -d "$d"env-* >/dev/null 2>&1; then rm -rf "$d"; fi; '
-                  'done; '
-                  'rm -f .blobfuse-*.cfg; cd / && rmdir "$1" 2>/dev/null; true')
-        removed = []
+    def clean(self, dry_run: bool = False) -> list[str]:
+        """On each machine, trialflow's marked folders under its ``remoteWorkingDirectory`` (the code
+        bundles, the runtimes, every experiment's folder; see :mod:`~trialflow.platforms.ownership`)
+        and the share's mount configs it wrote there; nothing else is touched, no link followed. The
+        folder itself goes when that leaves it empty. Raises :class:`PlatformError` for a working
+        directory that is ``/`` or a home folder: it is not trialflow's to clean."""
+        found: list[tuple[RemoteMachine, str]] = []
         for machine in self.machines:
-            machine.run(f"sh -c {_q(script)} trialflow-clean {_q(machine.root)}")
-            removed.append(f"{machine.key}:{machine.root}")
-        return removed
+            machine.probe()
+            shared = machine.shared_root()
+            if shared:
+                raise PlatformError(f"{machine.key}: remoteWorkingDirectory {machine.root} is {shared}; platform "
+                                    "clean removes only from a folder of trialflow's own: remove what trialflow "
+                                    "left there by hand")
+            names = machine.fs.listdir(machine.root) or {}
+            configs = [machine.fs.join(machine.root, n) for n in sorted(names) if MOUNT_CONFIG.fullmatch(n)]
+            found += [(machine, path) for path in owned_folders(machine.fs, machine.root) + configs
+                      if machine.fs.kind(path) in ("dir", "file")]
+        if not dry_run:
+            for machine, path in found:
+                if machine.fs.kind(path) == "dir":
+                    machine.fs.remove_tree(path)
+                else:
+                    machine.fs.remove(path)
+            for machine in {id(m): m for m, _ in found}.values():
+                machine.conn.run(f"rmdir {_q(machine.root)} 2>/dev/null; true")
+        return [f"{machine.key}:{path}" for machine, path in found]
 
     def close(self) -> None:
         """Ask reuse workers to leave and close the connections; running trials are not touched."""

@@ -88,6 +88,19 @@ class RemoteMachine:
             root = posixpath.join(home, root)
         self.root = posixpath.normpath(root)
 
+    def shared_root(self) -> str | None:
+        """Why the working directory is not trialflow's own to clean (``"/"``, a user's home folder, by
+        its real path), or None. Raises :class:`PlatformError` when the machine does not answer."""
+        script = ('r=$(cd "$1" 2>/dev/null && pwd -P) || exit 0; echo "$r"; '
+                  '{ echo "$HOME"; getent passwd 2>/dev/null | cut -d: -f6; } | while IFS= read -r h; do '
+                  '[ -n "$h" ] && [ -d "$h" ] && (cd "$h" 2>/dev/null && pwd -P); done; true')
+        lines = self.run(f"sh -c {_q(script)} trialflow-root {_q(self.root)}").splitlines()
+        if not lines:
+            return None
+        if lines[0] == "/":
+            return "the root folder"
+        return "a home folder" if lines[0] in lines[1:] else None
+
     def install_runtime(self) -> None:
         """The trial runtime under ``<root>/runtime/<version>-<hash>``, once per version."""
         self.runtime = posixpath.join(self.root, "runtime", runtime_key())

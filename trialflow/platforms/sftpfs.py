@@ -17,7 +17,7 @@ import paramiko
 
 from .errors import PlatformError
 from .ssh import SshConnection
-from .trialfs import READ_CHUNK, Feed, TrialFS
+from .trialfs import READ_CHUNK, Feed, TrialFS, mode_kind
 
 
 class SftpFS(TrialFS):
@@ -66,6 +66,15 @@ class SftpFS(TrialFS):
 
     def exists(self, path: str) -> bool:
         return bool(self._call(f"looking for {path}", lambda sftp: _exists(sftp, path)))
+
+    def kind(self, path: str) -> str | None:
+        def kind(sftp: paramiko.SFTPClient) -> str | None:
+            try:
+                return mode_kind(sftp.lstat(path).st_mode or 0)
+            except FileNotFoundError:
+                return None
+
+        return self._call(f"looking at {path}", kind)  # type: ignore[no-any-return]
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         def write(sftp: paramiko.SFTPClient) -> None:

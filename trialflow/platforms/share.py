@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import secrets
 import shlex
 import shutil
@@ -42,6 +43,7 @@ from .trialfs import TrialFS
 
 MARKER = ".trialflow-share"
 OUTPUT_DIR = "nnioutput"
+MOUNT_CONFIG = re.compile(r"\.blobfuse-\d+\.cfg")  # the AzureBlob key written for a mount (removed after it)
 
 
 class Share:
@@ -139,7 +141,7 @@ class Share:
         command, cfg = self.mount_command(mount_point)
         cfg_path = None
         if cfg is not None:  # the AzureBlob key: a 0600 file, removed right after the mount
-            cfg_path = posixpath.join(working_directory, f".blobfuse-{time.time_ns()}.cfg")
+            cfg_path = posixpath.join(working_directory, f".blobfuse-{time.time_ns()}.cfg")  # a MOUNT_CONFIG
             fs.write(cfg_path, cfg.encode(), mode=0o600)
             command = f"TRIALFLOW_BLOBFUSE_CFG={shlex.quote(cfg_path)}; export TRIALFLOW_BLOBFUSE_CFG; {command}"
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
+import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -53,6 +54,11 @@ class TrialFS(ABC):
 
     @abstractmethod
     def exists(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def kind(self, path: str) -> str | None:
+        """``"dir"``, ``"file"``, ``"link"`` or ``"other"`` for what ``path`` itself is (a link is not
+        followed); None when nothing is there."""
 
     @abstractmethod
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
@@ -133,6 +139,12 @@ class LocalFS(TrialFS):
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def kind(self, path: str) -> str | None:
+        try:
+            return mode_kind(os.lstat(path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
@@ -191,3 +203,12 @@ class LocalFS(TrialFS):
         elif os.path.isfile(path):
             local.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, local)
+
+
+def mode_kind(mode: int) -> str:
+    """What an ``lstat`` mode names: ``"dir"``, ``"file"``, ``"link"`` or ``"other"``."""
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "other"
