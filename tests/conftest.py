@@ -44,22 +44,24 @@ def prefect_server(tmp_path_factory):
     """trialflow's kept local Prefect server, in a throwaway home, for tests that run flows: started once
     per session (it stops with the session, also when pytest is killed); yields its API URL, which is
     PREFECT_API_URL meanwhile (for this process and the CLI processes tests start)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     from trialflow.kept_server import ensure_server, stop_server
 
     home = tmp_path_factory.mktemp("kept-server")
     server = ensure_server(home, stop_with_pid=os.getpid(), port=0)  # 4200 stays free for the user's
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = server.url
+    client = server.client_settings()  # its address and auth string
+    previous = {name: os.environ.get(name) for name in client}
+    os.environ.update(client)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth}):
             yield server.url
     finally:
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         _drain_prefect_events(logs=True)
         stop_server(home)
 

@@ -4,13 +4,16 @@ and a refused config that must leave no waiting controller behind."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -71,17 +74,23 @@ def _guard(home: Path) -> None:
         stop_with(os.getpid(), server.pid)  # a killed test session must not leave it running
 
 
-def _get(url: str) -> tuple[int, bytes]:
-    """GET as a browser asks (the UI answers deep links with its page for HTML requests only)."""
-    with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "text/html"}), timeout=10) as response:
+def _signed_in(server) -> dict[str, str]:
+    """The header a client of ``server`` sends (its API asks every caller for its auth string)."""
+    return {"Authorization": "Basic " + base64.b64encode(server.auth.encode()).decode()}
+
+
+def _get(url: str, server) -> tuple[int, bytes]:
+    """GET as a browser asks (the UI answers deep links with its page for HTML requests only), signed in."""
+    request = urllib.request.Request(url, headers={"Accept": "text/html", **_signed_in(server)})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return response.status, response.read()
 
 
-def _final_task_runs(api: str, flow_run_id: str) -> set[str]:
+def _final_task_runs(server, flow_run_id: str) -> set[str]:
     """Names of the flow run's task runs in a final state, as the server has them."""
     body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode()
-    request = urllib.request.Request(f"{api}/task_runs/filter", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{server.url}/task_runs/filter", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **_signed_in(server)})
     with urllib.request.urlopen(request, timeout=10) as response:
         runs = json.loads(response.read())
     return {r["name"] for r in runs if r["state_type"] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")}
@@ -99,9 +108,10 @@ def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stop
     for out in (first.stdout, second.stdout):
         page, port, flow_run_id = PAGE.search(out).groups()
         assert int(port) == server.port
-        status, body = _get(page)  # the address create printed answers with Prefect's UI
+        assert f"the page asks once for the auth string in {server_home(home) / 'auth'}" in out
+        status, body = _get(page, server)  # the address create printed answers with Prefect's UI
         assert status == 200 and b"<html" in body.lower()
-        status, body = _get(f"{server.url}/flow_runs/{flow_run_id}")
+        status, body = _get(f"{server.url}/flow_runs/{flow_run_id}", server)
         exp_id = out.split("experiment id: ")[1].split()[0]
         assert status == 200 and json.loads(body)["name"] == exp_id
         store = open_store(tmp_path / "w", exp_id)
@@ -110,7 +120,7 @@ def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stop
         # task-run states reach the server as events, which it writes in batches: each trial's three
         # task runs are there, final, within seconds
         expected = {f"{kind}-{t.id}" for t in store.trials() for kind in ("submit", "trial")}
-        wait_for(lambda f=flow_run_id, e=expected: e <= _final_task_runs(server.url, f), timeout=30)
+        wait_for(lambda f=flow_run_id, e=expected: e <= _final_task_runs(server, f), timeout=30)
     status = _cli(home, "server", "status")
     assert status.returncode == 0 and f"UI http://127.0.0.1:{server.port}" in status.stdout
     stopped = _cli(home, "server", "stop")
@@ -152,9 +162,9 @@ def test_resume_in_the_background_prints_the_page_of_its_new_flow_run(tmp_path, 
     assert resumed_run == open_store(tmp_path / "w", exp_id).experiment().flow_run_id
     server = running_server(home)
     assert server is not None
-    status, body = _get(f"{server.url}/flow_runs/{resumed_run}")
+    status, body = _get(f"{server.url}/flow_runs/{resumed_run}", server)
     assert status == 200 and json.loads(body)["name"] == exp_id
-    assert _get(page)[0] == 200
+    assert _get(page, server)[0] == 200
     assert _cli(home, "stop", exp_id).returncode == 0
 
 
@@ -256,7 +266,7 @@ def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(
     assert _cli(home, "stop", exp_id).returncode == 0
     revived = running_server(home)
     assert revived is not None and revived.port == server.port
-    status, body = _get(f"{revived.url}/flow_runs/{flow_run_id}")
+    status, body = _get(f"{revived.url}/flow_runs/{flow_run_id}", revived)
     assert json.loads(body)["state"]["type"] == "CANCELLED"
 
 
@@ -278,8 +288,9 @@ def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home, entry):
     assert not waiting  # the controller started beside the config check ended with it
 
 
-def _migrates_on_start(api: str) -> bool:
-    with urllib.request.urlopen(f"{api}/admin/settings", timeout=10) as response:
+def _migrates_on_start(server) -> bool:
+    request = urllib.request.Request(f"{server.url}/admin/settings", headers=_signed_in(server))
+    with urllib.request.urlopen(request, timeout=10) as response:
         return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
 
 
@@ -288,20 +299,20 @@ def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_v
     was last served by the same Prefect version; a database last served by another version is migrated."""
     first = ensure_server(home, port=0)
     _guard(home)
-    assert _migrates_on_start(first.url)  # a new database: created and migrated
+    assert _migrates_on_start(first)  # a new database: created and migrated
     stop_server(home)
     again = ensure_server(home, port=0)
     _guard(home)
-    assert again.port == first.port and not _migrates_on_start(again.url)
+    assert again.port == first.port and not _migrates_on_start(again)
     flows = urllib.request.Request(f"{again.url}/flows/filter", data=b"{}", method="POST",
-                                   headers={"Content-Type": "application/json"})
+                                   headers={"Content-Type": "application/json", **_signed_in(again)})
     with urllib.request.urlopen(flows, timeout=10) as response:  # the database serves as before
         assert response.status == 200
     stop_server(home)
     (server_home(home) / DATABASE_MARK).write_text(json.dumps({"prefect": "3.0.0"}))  # as after an upgrade
     upgraded = ensure_server(home, port=0)
     _guard(home)
-    assert _migrates_on_start(upgraded.url)
+    assert _migrates_on_start(upgraded)
     assert json.loads((server_home(home) / DATABASE_MARK).read_text())["prefect"] == upgraded.prefect
 
 
@@ -321,3 +332,57 @@ def test_the_port_is_the_servers_from_its_choice_on_and_a_taken_one_moves_it(hom
         assert server.wait_until_healthy() is server
     finally:
         holder.close()
+
+
+OTHER_USER = "trialflow-other"
+
+
+def _as_other_user(*command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run by a second Unix user of this machine (made once; the suite runs as root)."""
+    if subprocess.run(["id", OTHER_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", OTHER_USER],
+                       check=True, capture_output=True)
+    return subprocess.run(["runuser", "-u", OTHER_USER, "--", *command], capture_output=True, text=True, timeout=60)
+
+
+def _raw_request(port: int, method: str, path: str, body: str = "", **headers: str) -> str:
+    """What the other user's HTTP request to the server gets (bash's /dev/tcp: nothing to install)."""
+    head = {"Host": f"127.0.0.1:{port}", "Content-Type": "application/json", "Content-Length": str(len(body)),
+            "Connection": "close", **{k.replace("_", "-"): v for k, v in headers.items()}}
+    request = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n" + body
+    script = f'exec 3<>/dev/tcp/127.0.0.1/{port}; printf %s "$1" >&3; timeout 10 cat <&3'
+    return _as_other_user("bash", "-c", script, "request", request).stdout
+
+
+def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_kept_server():
+    """A shared login node: a second Unix user, and a web page in a browser, against the server."""
+    from prefect.blocks.system import Secret
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    home = Path(tempfile.mkdtemp(prefix="trialflow-shared-home-", dir="/tmp"))
+    home.chmod(0o755)  # a home others may enter, as most are
+    try:
+        server = ensure_server(home, port=0)
+        _guard(home)
+        with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth}):
+            Secret(value="s3cret-pass-7").save("mine")  # what the README says to keep in blocks
+        stolen = _raw_request(server.port, "POST", "/api/block_documents/filter", '{"include_secrets": true}')
+        assert stolen.startswith("HTTP/1.1 401") and "s3cret-pass-7" not in stolen, stolen[:300]
+        for path in ("/api/flow_runs/filter", "/api/logs/filter"):
+            assert _raw_request(server.port, "POST", path, "{}").startswith("HTTP/1.1 401")
+        assert _raw_request(server.port, "GET", "/api/health", Host="rebound.example:80").startswith("HTTP/1.1 421")
+        preflight = _raw_request(server.port, "OPTIONS", "/api/flow_runs/filter", Origin="http://evil.example",
+                                 Access_Control_Request_Method="POST")
+        assert "evil.example" not in preflight.lower() and "access-control-allow-origin: *" not in preflight.lower()
+        folder = server_home(home)
+        for private in (folder / "prefect" / "prefect.db", folder / "auth"):
+            assert private.exists() and _as_other_user("cat", str(private)).returncode != 0, private
+        assert (folder.stat().st_mode & 0o777, (folder / "auth").stat().st_mode & 0o777) == (0o700, 0o600)
+        signed = urllib.request.Request(f"{server.url}/block_documents/filter", data=b'{"include_secrets": true}',
+                                        method="POST", headers={"Content-Type": "application/json",
+                                                                **_signed_in(server)})
+        with urllib.request.urlopen(signed, timeout=10) as response:  # the user who started it still can
+            assert b"s3cret-pass-7" in response.read()
+    finally:
+        stop_server(home)
+        shutil.rmtree(home, ignore_errors=True)

@@ -90,8 +90,8 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
     package = tmp_path / "pkg" / f"trialflow_experiment_{exp_id}.tar.gz"
     twice = nnictl("experiment", "load", "-p", str(package), "-c", str(tmp_path / "code2"), "-l", str(tmp_path / "w2"),
                    env=env)
-    assert twice.returncode == 1 and f"experiment {exp_id} is already in" in twice.stderr
-    assert len(twice.stderr.strip().splitlines()) == 1 and not (tmp_path / "w2").exists()
+    assert twice.returncode == 1 and f"experiment {exp_id} is already in" in twice.stdout
+    assert len(twice.stdout.strip().splitlines()) == 1 and not (tmp_path / "w2").exists()
     env = {**env, "TRIALFLOW_HOME": str(tmp_path / "other-machine")}
     ok("experiment", "load", "-p", str(package), "-c", str(tmp_path / "code2"), "-l", str(tmp_path / "w2"), env=env)
     assert (tmp_path / "code2" / "trial.py").is_file()

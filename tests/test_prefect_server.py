@@ -435,13 +435,13 @@ def test_cancelling_the_flow_run_stops_the_experiment_in_every_launch_mode(serve
         run = client.read_flow_run(run_id)
         assert run.name == record.id
         assert {"trialflow", record.id, "local", "Random"} <= set(run.tags)
-        asked = time.monotonic()
         if stop_with == "cancel":
             subprocess.run(["prefect", "flow-run", "cancel", run_id], env=server.env, check=True,
                            capture_output=True, timeout=120)
         else:
             subprocess.run([sys.executable, "-m", "trialflow.cli", "stop", record.id, "--root", str(tmp_path / "w")],
                            env=server.env, check=True, capture_output=True, timeout=120)
+        asked = time.monotonic()  # the experiment's own reaction (a CLI's start takes seconds on a busy machine)
         wait_for(lambda: store.experiment().status == "STOPPED", timeout=30, interval=0.2)
         assert time.monotonic() - asked < 10
         assert [t.status for t in store.trials()] == ["USER_CANCELED", "USER_CANCELED"]  # none started after

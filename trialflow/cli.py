@@ -219,7 +219,7 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController, ear
     """The Prefect UI page of the background controller's flow run, once it has recorded it (as nnictl
     prints its web UI's address): a run other than ``earlier_run``, the one a resumed experiment had.
     Raises :class:`CliError` when the controller ends before that."""
-    from .kept_server import flow_run_page
+    from .kept_server import flow_run_page, sign_in_note
 
     store = _experiments.open_store(root, experiment_id)
     deadline = time.monotonic() + RUN_PAGE_WAIT
@@ -227,7 +227,8 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController, ear
         while time.monotonic() < deadline:
             record = store.experiment()
             if record.flow_run_id and record.flow_run_id != earlier_run:
-                return flow_run_page(record.prefect_api, record.flow_run_id) or (
+                page = flow_run_page(record.prefect_api, record.flow_run_id)
+                return page + sign_in_note(record.prefect_api) if page else (
                     "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)")
             if controller.proc.poll() is not None:
                 log = root / experiment_id / Path(_experiments.CONTROLLER_LOG).parent / CONTROLLER_OUTPUT
@@ -783,6 +784,8 @@ def _print_server(server: KeptServer, what: str) -> None:
     console.print(f"Prefect server {what}: UI [bold]{server.ui_url}[/]  API {server.url}  (pid {server.pid})",
                   markup=True, soft_wrap=True, highlight=False)
     console.print(f"  database and log: {server.home}", soft_wrap=True, highlight=False)
+    console.print(f"  private to you: the UI and API ask for the auth string in {server.home / 'auth'}",
+                  soft_wrap=True, highlight=False)
 
 
 @server_app.command("start")
@@ -925,11 +928,12 @@ def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
     (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
     from .flows.artifacts import DASHBOARD_URL_CONTROL
-    from .kept_server import flow_run_page
+    from .kept_server import flow_run_page, sign_in_note
 
     _, store = _store(experiment_id, root)
     record = store.experiment()
     page = flow_run_page(record.prefect_api, record.flow_run_id)
+    page = page and page + sign_in_note(record.prefect_api)
     console.print(f"Prefect UI: {page}" if page else "Prefect UI: none (the run used Prefect's temporary server, "
                   "which has no UI; without TRIALFLOW_PREFECT_SERVER=temporary runs get trialflow's kept "
                   "server and its UI)", soft_wrap=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ SERVER_SETTING = "TRIALFLOW_PREFECT_SERVER"  # "kept" (the default) or "temporar
 DEFAULT_PORT = 4200  # Prefect's own default port, when free
 HOST = "127.0.0.1"
 FOLDER = "prefect-server"
+AUTH_FILE = "auth"  # the API's auth string, 0600 in the 0700 server folder
 STARTUP_SECONDS = 120.0  # a first start creates the database (~10 s here); a busy machine takes longer
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
 DATABASE_MARK = "database.json"  # the Prefect version whose server last ran healthy on the kept database
@@ -78,6 +80,18 @@ class KeptServer:
     @property
     def ui_url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def auth(self) -> str | None:
+        """The auth string its API asks of clients (Prefect's ``PREFECT_API_AUTH_STRING``)."""
+        try:
+            return (self.home / AUTH_FILE).read_text().strip() or None
+        except OSError:
+            return None
+
+    def client_settings(self) -> dict[str, str]:
+        """The environment a client of this server needs: its address and auth string."""
+        return {"PREFECT_API_URL": self.url, **({"PREFECT_API_AUTH_STRING": self.auth} if self.auth else {})}
 
     @property
     def log_path(self) -> Path:
@@ -159,13 +173,49 @@ def running_server(home: Path | None = None) -> KeptServer | None:
 
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
+    _private(folder)
     with open(folder / "server.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _private(folder: Path) -> None:
+    """The server's folder, readable by its user only (its database holds the blocks' secrets and
+    their key; an older trialflow made it 0755)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_mode & 0o077:
+        folder.chmod(0o700)
+
+
+def _auth_string(folder: Path) -> str:
+    """The API's auth string (``<user>:<random>``, Prefect's basic auth), made once and kept 0600 in
+    :data:`AUTH_FILE`; the caller holds the folder's lock."""
+    path = folder / AUTH_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    value = f"trialflow:{secrets.token_urlsafe(24)}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    return value
+
+
+def auth_for(api: str | None, home: Path | None = None) -> str | None:
+    """The auth string a client sends to ``api`` when that is the kept server of ``home`` (its
+    recorded address), else None (another server's credentials are not trialflow's to send)."""
+    folder = server_home(home)
+    _, port = _read(folder)
+    if not api or port is None or api.rstrip("/") != f"http://{HOST}:{port}/api":
+        return None
+    try:
+        return (folder / AUTH_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _bound(port: int) -> socket.socket | None:
@@ -204,22 +254,27 @@ def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: in
     with _locked(folder):
         server, last_port = _read(folder)
         if server is None:
+            auth = _auth_string(folder)
             with _bind_port(last_port, port) as sock:
-                server = _spawn(folder, sock)
+                server = _spawn(folder, sock, auth)
             if stop_with_pid is not None:
                 stop_with(stop_with_pid, server.pid)
     return server.wait_until_healthy() if wait else server
 
 
-def _spawn(folder: Path, sock: socket.socket) -> KeptServer:
-    """Start the server process on ``sock`` (bound, not listening; the caller closes its copy)."""
+def _spawn(folder: Path, sock: socket.socket, auth: str) -> KeptServer:
+    """Start the server process on ``sock`` (bound, not listening; the caller closes its copy), private
+    to this user: every API call but the health check needs ``auth``, browsers may call it from its
+    own UI's origin only, and requests must name it by a loopback address (kept_server_app)."""
     port = int(sock.getsockname()[1])
     prefect_home = folder / "prefect"
     prefect_home.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
     package_root = str(Path(__file__).resolve().parent.parent)  # trialflow imports as it does here
+    origins = f"http://{HOST}:{port},http://localhost:{port}"
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api",
-               PREFECT__SERVER_FINAL="1",
+               PREFECT__SERVER_FINAL="1", PREFECT_SERVER_API_AUTH_STRING=auth, PREFECT_API_AUTH_STRING=auth,
+               PREFECT_SERVER_CORS_ALLOWED_ORIGINS=origins,
                PYTHONPATH=os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p))
     env = {**SERVER_DEFAULTS, **env}
     version = _prefect_version()
@@ -318,8 +373,16 @@ def point_this_process_at_kept_server(home: Path | None = None) -> KeptServer | 
     if os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api():
         return None
     server = ensure_server(home, wait=False)
-    os.environ["PREFECT_API_URL"] = server.url
+    os.environ.update(server.client_settings())
     return server
+
+
+def sign_in_note(api: str | None, home: Path | None = None) -> str:
+    """What a person opening the UI of ``api`` needs to know when that is the kept server (its UI asks
+    once for the auth string, kept in a file only this user reads); else nothing."""
+    if auth_for(api, home) is None:
+        return ""
+    return f" (the page asks once for the auth string in {server_home(home) / AUTH_FILE})"
 
 
 def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:

@@ -102,6 +102,29 @@ async def _run_once(app: App, scope: Scope, body: bytes, receive: Receive, send:
     return not dropped
 
 
+class LoopbackHostOnly:
+    """ASGI middleware: an HTTP or WebSocket request whose ``Host`` is not this server's loopback
+    address (``127.0.0.1``, ``localhost`` or ``[::1]``, with its port) is answered 421 and never reaches
+    the app. A web page that renamed its own host to 127.0.0.1 (DNS rebinding) sends its own name."""
+
+    def __init__(self, app: App, port: int) -> None:
+        self.app = app
+        self.allowed = {f"{name}:{port}".encode() for name in ("127.0.0.1", "localhost", "[::1]")}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = dict(scope.get("headers") or []).get(b"host", b"").lower()
+            if host not in self.allowed:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await send({"type": "http.response.start", "status": 421,
+                            "headers": [(b"content-type", b"text/plain")]})
+                await send({"type": "http.response.body", "body": b"this server answers to 127.0.0.1 only\n"})
+                return
+        await self.app(scope, receive, send)
+
+
 class CollectorResumedAfterStart:
     """ASGI middleware around an app imported and created with the collector paused (``gc.disable()``):
     the collector runs again ``settle`` seconds after the app reports its lifespan start-up complete, at
@@ -126,14 +149,16 @@ class CollectorResumedAfterStart:
         await self.app(scope, receive, started)
 
 
-def create_app() -> App:
+def create_app(port: int | None = None) -> App:
     """Prefect's server app (API, services and UI), wrapped in :class:`ReplayBusyWrites` and
-    :class:`CollectorResumedAfterStart`; imported, created and started with the collector paused."""
+    :class:`CollectorResumedAfterStart`, and with ``port`` in :class:`LoopbackHostOnly`; imported,
+    created and started with the collector paused."""
     gc.disable()
     try:
         from prefect.server.api.server import create_app as prefect_app
 
-        return ReplayBusyWrites(CollectorResumedAfterStart(prefect_app()))
+        app: App = ReplayBusyWrites(CollectorResumedAfterStart(prefect_app()))
+        return LoopbackHostOnly(app, port) if port is not None else app
     except BaseException:
         gc.enable()
         raise
@@ -154,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)  # family and protocol read from the socket (TCP_NODELAY applies)
-    config = uvicorn.Config(create_app, factory=True, lifespan="on", log_level=args.log_level,
+    port = int(sock.getsockname()[1])
+    config = uvicorn.Config(lambda: create_app(port), factory=True, lifespan="on", log_level=args.log_level,
                             ws_per_message_deflate=False)
     try:
         uvicorn.Server(config).run(sockets=[sock])

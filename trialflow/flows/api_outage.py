@@ -92,12 +92,21 @@ class OptionalCalls:
     would stall the run between trials), and an outage is logged once when it begins and once when it
     ends, as ``what`` (e.g. "the cancel check").
 
+    An outage is the API's, not one call's: once any of this process's optional calls to an API
+    failed, every one of them tries once until one of them is answered again (the last write of a run
+    does not wait out Prefect's retries against an API another call found gone).
+
     Lifecycle: made inside the flow run (it keeps that settings context: the run's API); ``with
     calls.once():`` around each attempt; :meth:`failed` or :meth:`answered` after it. Raises nothing
     of its own."""
 
+    _apis_down: set[str] = set()  # APIs whose last optional call, of any kind, failed
+
     def __init__(self, what: str, log: logging.Logger) -> None:
+        from prefect.settings import PREFECT_API_URL
+
         self._one_attempt = _without_retries()
+        self.api = str(PREFECT_API_URL.value() or "")
         self.what = what
         self.log = log
         self.failing = False
@@ -106,15 +115,18 @@ class OptionalCalls:
         """A settings context in which Prefect's client tries once (entering it costs microseconds);
         with ``unless_answering``, Prefect's retries stay while the API answered the last call (a call
         that must not be lost to a blip, such as the last one)."""
-        return nullcontext() if unless_answering and not self.failing else self._one_attempt()
+        answering = not self.failing and self.api not in OptionalCalls._apis_down
+        return nullcontext() if unless_answering and answering else self._one_attempt()
 
     def failed(self, exc: BaseException) -> None:
         if not self.failing:
             self.log.warning("%s: a call to the Prefect API failed (%s); the experiment goes on and tries "
                              "again, and what Prefect shows of it may lag or miss parts until then", self.what, exc)
         self.failing = True
+        OptionalCalls._apis_down.add(self.api)
 
     def answered(self) -> None:
         if self.failing:
             self.log.info("%s: the Prefect API answers again", self.what)
         self.failing = False
+        OptionalCalls._apis_down.discard(self.api)

@@ -26,7 +26,7 @@ def experiment_api() -> Iterator[str | None]:
     (yields None); else the kept server, started if needed, set as this context's PREFECT_API_URL
     (yields its URL). Raises :class:`ServerError` when the kept server cannot start or a configured API
     does not answer."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     with collector_paused():
         for module in FIRST_RUN_IMPORTS:
@@ -35,8 +35,10 @@ def experiment_api() -> Iterator[str | None]:
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
             server.wait_until_healthy()
-        else:
-            _check_answers(PREFECT_API_URL.value())
+            with temporary_settings(updates={PREFECT_API_AUTH_STRING: server.auth}):  # also when not set
+                yield None
+            return
+        _check_answers(PREFECT_API_URL.value())
         yield None
         return
     if wants_temporary_server():
@@ -44,7 +46,7 @@ def experiment_api() -> Iterator[str | None]:
         yield None
         return
     server = ensure_server()
-    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+    with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth}):
         yield server.url
 
 

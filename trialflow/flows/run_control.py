@@ -146,14 +146,15 @@ def cancel_flow_run(flow_run_id: str, api: str | None, message: str) -> bool:
     kept server is started again when it was stopped); True when it was changed. Raises nothing: an
     unreachable API is logged."""
     from prefect import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelled
 
-    from ..kept_server import revive
+    from ..kept_server import auth_for, revive
     from .temporary_server import start_temporary_server
 
-    settings = (temporary_settings(updates={PREFECT_API_URL: api}) if api
-                else temporary_settings(restore_defaults={PREFECT_API_URL}))
+    auth = auth_for(api)  # the kept server's, when ``api`` is its address
+    settings = (temporary_settings(updates={PREFECT_API_URL: api, **({PREFECT_API_AUTH_STRING: auth} if auth else {})})
+                if api else temporary_settings(restore_defaults={PREFECT_API_URL}))
     try:
         with settings:
             if api:

@@ -20,11 +20,12 @@ MARKER_TEXT = b"made by trialflow: `trialflow platform clean` removes this folde
 SHARED_FOLDERS = ("code", "runtime")  # besides one folder per experiment
 
 
-def claim(fs: TrialFS, root: str, experiment_id: str) -> None:
-    """Create and mark the folders an experiment works in under ``root`` (idempotent). A folder of that
-    name that is already there unmarked (the user's own ``code``, an older trialflow's) is used as it
-    is and stays unmarked: clean never removes it."""
-    for name in (*SHARED_FOLDERS, experiment_id):
+def claim(fs: TrialFS, root: str, experiment_id: str, shared: tuple[str, ...] = SHARED_FOLDERS) -> None:
+    """Create and mark the folders an experiment works in under ``root``: ``shared`` (those of
+    :data:`SHARED_FOLDERS` it uses there) and its own (idempotent). A folder of that name that is
+    already there unmarked (the user's own ``code``, an older trialflow's) is used as it is and stays
+    unmarked: clean never removes it."""
+    for name in (*shared, experiment_id):
         folder = fs.join(root, name)
         if fs.kind(folder) is None:
             fs.makedirs(folder)

@@ -130,7 +130,8 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
     def _prepare_machine(self, machine: RemoteMachine, errors: list[PlatformError]) -> None:
         try:
             machine.probe()
-            claim(machine.fs, machine.root, self.experiment_id)
+            # with a shared storage the code is on the share: nothing goes to the machine's code folder
+            claim(machine.fs, machine.root, self.experiment_id, ("runtime",) if self.share else ("code", "runtime"))
             machine.install_runtime()
             check_version(machine.run(machine.command("keeper", "--version")).strip(),
                           f"the trial keeper on {machine.key}",
