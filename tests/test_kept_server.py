@@ -108,7 +108,7 @@ def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stop
     for out in (first.stdout, second.stdout):
         page, port, flow_run_id = PAGE.search(out).groups()
         assert int(port) == server.port
-        assert f"the page asks once for the auth string in {server_home(home) / 'auth'}" in out
+        assert f"(sign in first at {server.ui_url} with the auth string in {server_home(home) / 'auth'})" in out
         status, body = _get(page, server)  # the address create printed answers with Prefect's UI
         assert status == 200 and b"<html" in body.lower()
         status, body = _get(f"{server.url}/flow_runs/{flow_run_id}", server)

@@ -378,11 +378,12 @@ def point_this_process_at_kept_server(home: Path | None = None) -> KeptServer | 
 
 
 def sign_in_note(api: str | None, home: Path | None = None) -> str:
-    """What a person opening the UI of ``api`` needs to know when that is the kept server (its UI asks
-    once for the auth string, kept in a file only this user reads); else nothing."""
-    if auth_for(api, home) is None:
+    """What a person opening the UI of ``api`` needs to know when that is the kept server: its UI's
+    login page (at its root; a page deeper in shows an error until then) takes the auth string, kept
+    in a file only this user reads. Else nothing."""
+    if not api or auth_for(api, home) is None:
         return ""
-    return f" (the page asks once for the auth string in {server_home(home) / AUTH_FILE})"
+    return f" (sign in first at {api.rstrip('/')[:-4]} with the auth string in {server_home(home) / AUTH_FILE})"
 
 
 def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
