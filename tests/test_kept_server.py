@@ -386,3 +386,21 @@ def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_ke
     finally:
         stop_server(home)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_resume_after_a_sigkilled_controller_marks_its_earlier_run_crashed(tmp_path, home):
+    """Else the UI shows that run Running for ever beside the resumed one."""
+    created, exp_id = _create_sleeper(tmp_path, home, "resumed", 2)
+    controller = int(re.search(r"in the background \(pid (\d+)\)", created).group(1))
+    store = open_store(tmp_path / "w", exp_id)
+    wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+    first_run = store.experiment().flow_run_id
+    os.kill(controller, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(controller), timeout=10)
+    resumed = _cli(home, "resume", exp_id, "--root", str(tmp_path / "w"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    server = running_server(home)
+    earlier = lambda: json.loads(_get(f"{server.url}/flow_runs/{first_run}", server)[1])["state"]  # noqa: E731
+    wait_for(lambda: earlier()["type"] == "CRASHED", timeout=60)
+    assert store.experiment().flow_run_id in earlier()["message"]
+    assert _cli(home, "stop", exp_id).returncode == 0

@@ -137,7 +137,7 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     """Stop the experiment: ask its controller (SIGTERM after ``wait`` seconds); without one, cancel
     what it left behind (USER_CANCELED) and its flow run. The experiment ends STOPPED unless it had
     already ended DONE or ERROR. Returns warnings."""
-    from .flows.run_control import cancel_flow_run  # Prefect's client: only when a run is cancelled here
+    from .flows.run_control import end_flow_run  # Prefect's client: only when a run is cancelled here
     from .results import end_experiment
 
     store.set_control("stop", True)
@@ -158,7 +158,7 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
         end_experiment(store, ExperimentStatus.STOPPED)
     record = store.experiment()
     if controller_gone and was_running and record.flow_run_id:
-        cancel_flow_run(record.flow_run_id, record.prefect_api, f"experiment {record.id} stopped by trialflow stop")
+        end_flow_run(record.flow_run_id, record.prefect_api, f"experiment {record.id} stopped by trialflow stop")
     return warnings
 
 

@@ -56,7 +56,15 @@ from ..tuners import TunerError, create_tuner, scalar_or_none
 from ..withheld import withhold
 from .artifacts import ArtifactReporter
 from .run_api import experiment_api
-from .run_control import StopWatch, label_run, retried_experiment, run_tags, signal_of, stop_reason
+from .run_control import (
+    StopWatch,
+    end_flow_run,
+    label_run,
+    retried_experiment,
+    run_tags,
+    signal_of,
+    stop_reason,
+)
 from .temporary_server import guard_temporary_servers
 
 TICK_SECONDS = 0.25
@@ -110,8 +118,14 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
         withhold(config, config_path or store.experiment().config_path)  # out of the code bundles
         tuner = config.tuner.name or config.tuner.class_name if config.tuner else None
+        previous = store.experiment()  # a resumed experiment's earlier run
         flow_run_id = label_run(experiment_id, run_tags(experiment_id, [s.platform for s in config.services],
                                                         tuner))
+        if previous.flow_run_id and previous.flow_run_id != flow_run_id and previous.prefect_api \
+                and previous.prefect_api == _configured_api():
+            # its controller is gone (resume refuses a live one): that run would say Running for ever
+            end_flow_run(previous.flow_run_id, previous.prefect_api, f"experiment {experiment_id}: its controller "
+                         f"ended without ending this run; the experiment goes on in run {flow_run_id}", crashed=True)
         # recorded at once: `create` prints the run's UI page as soon as it is known
         store.set_experiment(flow_run_id=flow_run_id, prefect_api=_configured_api())
         try:

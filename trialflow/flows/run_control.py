@@ -5,7 +5,7 @@ Lifecycle: inside the experiment flow, :func:`label_run` names the run by its ex
 once the id is known; :func:`retried_experiment` tells a retried run (the UI's Retry) which experiment
 it created, so it resumes that one; a :class:`StopWatch` is asked every loop tick whether the run must
 stop (a Ctrl-C noted by :func:`interrupt`, or the run Cancelling in Prefect: there is no worker to
-kill a run started from the CLI or a notebook). Outside the flow, :func:`cancel_flow_run` gives a run
+kill a run started from the CLI or a notebook). Outside the flow, :func:`end_flow_run` gives a run
 whose controller is gone a final state. Every Prefect call here is best effort: an unreachable API
 never stops the experiment, it is logged.
 """
@@ -140,14 +140,15 @@ class StopWatch:
         return "the flow run was cancelled" if state in ("CANCELLING", "CANCELLED") else None
 
 
-def cancel_flow_run(flow_run_id: str, api: str | None, message: str) -> bool:
-    """Put a flow run left Running or Cancelling by a controller that is gone into Cancelled, on the API
-    ``api`` it ran against (None: Prefect's temporary server, whose database is this Prefect home's; the
-    kept server is started again when it was stopped); True when it was changed. Raises nothing: an
+def end_flow_run(flow_run_id: str, api: str | None, message: str, crashed: bool = False) -> bool:
+    """Put a flow run left Running or Cancelling by a controller that is gone into Cancelled (a stop), or
+    Crashed (``crashed``: the run was given up, as when the experiment is resumed by a new run), on the
+    API ``api`` it ran against (None: Prefect's temporary server, whose database is this Prefect home's;
+    the kept server is started again when it was stopped); True when it was changed. Raises nothing: an
     unreachable API is logged."""
     from prefect import get_client
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
-    from prefect.states import Cancelled
+    from prefect.states import Cancelled, Crashed
 
     from ..kept_server import auth_for, revive
     from .temporary_server import start_temporary_server
@@ -164,8 +165,9 @@ def cancel_flow_run(flow_run_id: str, api: str | None, message: str) -> bool:
             with get_client(sync_client=True) as client:
                 if _state_type(client, flow_run_id) not in ("RUNNING", "CANCELLING", "PENDING", "SCHEDULED"):
                     return False
-                client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
-    except Exception as exc:  # noqa: BLE001 -- the experiment is stopped either way
-        log.warning("could not mark flow run %s cancelled: %s", flow_run_id, exc)
+                client.set_flow_run_state(flow_run_id, (Crashed if crashed else Cancelled)(message=message),
+                                          force=True)
+    except Exception as exc:  # noqa: BLE001 -- the experiment is stopped or resumed either way
+        log.warning("could not mark flow run %s %s: %s", flow_run_id, "crashed" if crashed else "cancelled", exc)
         return False
     return True
