@@ -404,3 +404,26 @@ def test_a_resume_after_a_sigkilled_controller_marks_its_earlier_run_crashed(tmp
     wait_for(lambda: earlier()["type"] == "CRASHED", timeout=60)
     assert store.experiment().flow_run_id in earlier()["message"]
     assert _cli(home, "stop", exp_id).returncode == 0
+
+
+def test_a_damaged_server_database_is_one_line_at_create_and_status_and_its_advice_works(tmp_path, home):
+    ensure_server(home, port=0)
+    _guard(home)
+    stop_server(home)
+    database = server_home(home) / "prefect" / "prefect.db"
+    for extra in database.parent.glob("prefect.db-*"):
+        extra.unlink()
+    database.write_bytes(b"\x13garbage" * 4096)  # the start skips the migration check: last served healthy
+    created = _cli(home, "create", "--config", str(_config(tmp_path, "damaged")))
+    _guard(home)
+    said = f"cannot read its database {database}: it is damaged or its disk is full"
+    assert created.returncode == 1 and said in created.stdout and "Traceback" not in created.stdout + created.stderr
+    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    assert open_store(tmp_path / "w", exp_id).experiment().status == "ERROR"
+    status = _cli(home, "server", "status")
+    assert status.returncode == 1 and said in status.stdout
+    assert _cli(home, "server", "stop").returncode == 0  # the advice: stop, move the file away, try again
+    database.rename(database.with_name("prefect.db.damaged"))
+    again = _cli(home, "create", "--config", str(_config(tmp_path, "fresh")), "--foreground")
+    _guard(home)
+    assert again.returncode == 0, again.stdout + again.stderr

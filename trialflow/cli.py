@@ -809,8 +809,11 @@ def server_status() -> None:
         console.print("Prefect server: not running (experiments start it; or: trialflow server start)")
         _configured_api_note()
         raise typer.Exit(1)
-    _print_server(server, "running" if server.healthy() else "starting or not answering")
+    healthy = server.healthy()
+    _print_server(server, "running" if healthy else "starting or not answering")
     _configured_api_note()
+    if healthy and not server.ready():
+        raise CliError(server.unreadable_database())
 
 
 @server_app.command("stop")

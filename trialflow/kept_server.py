@@ -110,13 +110,29 @@ class KeptServer:
         except (OSError, ValueError):
             return False
 
+    def ready(self, timeout: float = 10.0) -> bool:
+        """True when its API can read its database (Prefect's readiness check)."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.url}/ready", timeout=timeout) as response:
+                return bool(response.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def database(self) -> Path:
+        return self.home / "prefect" / "prefect.db"
+
     def wait_until_healthy(self, timeout: float = STARTUP_SECONDS) -> KeptServer:
-        """Returns itself once its API answers. Raises :class:`ServerError` when it exits first or does
-        not answer within ``timeout`` seconds."""
+        """Returns itself once its API answers and reads its database. Raises :class:`ServerError` when it
+        exits first, does not answer within ``timeout`` seconds, or cannot read its database."""
         deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
             if self.healthy():
+                if not self.ready():
+                    raise ServerError(self.unreadable_database())
                 self._note_database()
                 return self
             if not self.alive():
@@ -127,6 +143,12 @@ class KeptServer:
                                   f"{timeout:.0f} s: `trialflow server stop`, then try again; its log: {self.log_path}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.1)
+
+    def unreadable_database(self) -> str:
+        """The one line for a server whose database cannot be read (damaged, or its disk gone)."""
+        return (f"the local Prefect server (pid {self.pid}) cannot read its database {self.database}: it is damaged "
+                f"or its disk is full; `trialflow server stop`, move that file away (its runs, logs and blocks are "
+                f"lost; a new one is made at the next start), then try again")
 
     def _note_database(self) -> None:
         """Healthy, it has migrated its database to its Prefect version: noted, so that a later start
