@@ -427,3 +427,16 @@ def test_a_damaged_server_database_is_one_line_at_create_and_status_and_its_advi
     again = _cli(home, "create", "--config", str(_config(tmp_path, "fresh")), "--foreground")
     _guard(home)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_controller_pointed_at_the_kept_server_that_died_meanwhile_starts_it_again(tmp_path, home):
+    """`create` points its controllers at the kept server; the server dying before they run (killed,
+    the machine's OOM killer) must not end them with advice to unset a variable trialflow set."""
+    server = ensure_server(home, port=0)
+    _guard(home)
+    stop_server(home)
+    done = _cli(home, "create", "--config", str(_config(tmp_path, "restarted")), "--foreground",
+                **server.client_settings())
+    _guard(home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "unset PREFECT_API_URL" not in done.stdout and running_server(home).port == server.port

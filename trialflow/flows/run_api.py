@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..kept_server import ServerError, ensure_server, running_server, wants_temporary_server
+from ..kept_server import ServerError, ensure_server, revive, running_server, wants_temporary_server
 from ..startup_gc import collector_paused
 from .api_outage import unreachable
 from .temporary_server import start_temporary_server
@@ -21,7 +21,8 @@ FIRST_RUN_IMPORTS = ("prefect.flow_engine", "prefect.task_engine", "prefect.util
 
 @contextmanager
 def experiment_api() -> Iterator[str | None]:
-    """While an experiment runs in this process: the configured Prefect API as it is (yields None); with
+    """While an experiment runs in this process: the configured Prefect API as it is (yields None; when it
+    is the address of this home's kept server, stopped since, that server is started again); with
     ``TRIALFLOW_PREFECT_SERVER=temporary`` Prefect's temporary server, started in a session of its own
     (yields None); else the kept server, started if needed, set as this context's PREFECT_API_URL
     (yields its URL). Raises :class:`ServerError` when the kept server cannot start or a configured API
@@ -32,6 +33,9 @@ def experiment_api() -> Iterator[str | None]:
         for module in FIRST_RUN_IMPORTS:
             importlib.import_module(module)
     if PREFECT_API_URL.value():
+        # the kept server this process (or the CLI that started it) was pointed at, gone since: started
+        # again, as resume does, instead of the run failing against an address trialflow chose itself
+        revive(PREFECT_API_URL.value())
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
             server.wait_until_healthy()
