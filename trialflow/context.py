@@ -22,6 +22,7 @@ from .config import ExperimentConfig
 from .platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
 from .platforms.hybrid import HybridService
 from .store import ExperimentStore
+from .trial_output import OutputBudget
 from .tuners import Tuner, create_tuner
 
 
@@ -49,6 +50,7 @@ class ExperimentContext:
     ended: set[str] = field(default_factory=set)
     slot_freed: threading.Event = field(default_factory=threading.Event)
     on_trial_end: list[Any] = field(default_factory=list)  # callbacks(trial_id), e.g. a platform cap's release
+    output_budget: OutputBudget = field(default_factory=OutputBudget)  # its trials' output sent to Prefect
 
     def trial_ended(self, trial_id: str) -> None:
         self.ended.add(trial_id)

@@ -1,8 +1,12 @@
 """A trial's output in its ``trial-<id>`` task run's logs: what its command prints to stdout and stderr,
 line by line, read from the platform as the trial runs (the files stay the full record).
 
-Bounded: at most ``MAX_LINES`` lines and ``MAX_BYTES`` per trial, each line cut at ``MAX_LINE_CHARS``,
-read at most every ``service.output_read_seconds``; past the bound one line says where the rest is.
+Bounded: at most ``MAX_LINES`` lines and ``MAX_BYTES`` read per trial (a line without its newline
+counts as it arrives: ``\r`` progress bars and binary output are held at most ``MAX_LINE_BYTES``, the
+rest of that line dropped), at most ``EXPERIMENT_BYTES`` for all of an experiment's trials together
+(:class:`OutputBudget`), each line cut at ``MAX_LINE_CHARS`` and stripped of terminal control
+sequences, read at most every ``service.output_read_seconds``; past a bound one line says where the
+rest is.
 The lines go to Prefect's API only (not the controller's log or terminal), from the task run's context.
 The trial's parameters and a failure's message (real line breaks) go the same way.
 
@@ -14,6 +18,8 @@ cannot be read is tried again at the next pump, and logged at the end.
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
 
 from .platforms import TrainingService, TrialHandle
@@ -22,6 +28,28 @@ from .trial.protocol import STDERR_FILE
 MAX_LINES = 2000
 MAX_BYTES = 512 * 1024
 MAX_LINE_CHARS = 2000
+MAX_LINE_BYTES = 4 * MAX_LINE_CHARS  # held of a line whose newline has not come (UTF-8: 4 bytes a char at most)
+EXPERIMENT_BYTES = 64 * 1024 * 1024  # sent to Prefect for all of an experiment's trials: 10,000 trials
+# at MAX_BYTES each would put 5 GB into the server's database
+# terminal control: CSI (colours, cursor), OSC (window titles), other escapes, C0 controls but \t
+CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
+                     r"|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class OutputBudget:
+    """What an experiment's trials may still send to Prefect's logs, in bytes; shared by its trials'
+    :class:`TrialOutput` (any thread)."""
+
+    def __init__(self, total: int = EXPERIMENT_BYTES) -> None:
+        self.total = self.left = total
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> int:
+        """Take up to ``size`` bytes; returns how many were granted."""
+        with self._lock:
+            granted = min(size, self.left)
+            self.left -= granted
+            return granted
 LOGGER = "trialflow.trial_output"
 log = logging.getLogger("trialflow.trials")
 
@@ -53,11 +81,13 @@ def _readable_failures(record: logging.LogRecord) -> bool:
 class TrialOutput:
     """Follows one trial's output (see the module doc)."""
 
-    def __init__(self, service: TrainingService, handle: TrialHandle) -> None:
+    def __init__(self, service: TrainingService, handle: TrialHandle, budget: OutputBudget | None = None) -> None:
         self.service = service
         self.handle = handle
+        self.budget = budget or OutputBudget()
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, bytes] = {}
+        self.dropping: set[str] = set()  # streams whose current line was cut: the rest of it is dropped
         self.lines = 0
         self.bytes = 0
         self.next_read = 0.0
@@ -79,14 +109,25 @@ class TrialOutput:
         logger = output_logger()
         for name, data in chunks.items():
             self.offsets[name] = self.offsets.get(name, 0) + len(data)
-            text = self.partial.pop(name, b"") + data
-            lines = text.split(b"\n")
-            rest = lines.pop()
+            room = self.budget.take(min(len(data), MAX_BYTES - self.bytes))
+            over, data = room < len(data), data[:room]
+            self.bytes += len(data)
+            lines = (self.partial.pop(name, b"") + data).split(b"\n")
+            if name in self.dropping:  # the tail of a line already cut
+                lines.pop(0)
+                if lines:
+                    self.dropping.discard(name)
+            rest = lines.pop() if lines else b""
             if final and rest:
                 lines.append(rest)
+            elif len(rest) > MAX_LINE_BYTES:
+                lines.append(rest[:MAX_LINE_BYTES])
+                self.dropping.add(name)
             elif rest:
                 self.partial[name] = rest
             self._emit(logger, name, lines)
+            if over and not self.full:
+                self._stop(logger)
             if self.full:
                 return
 
@@ -94,14 +135,24 @@ class TrialOutput:
         level = logging.WARNING if name == STDERR_FILE else logging.INFO
         stream = "stderr" if name == STDERR_FILE else "stdout"
         for raw in lines:
-            if self.lines >= MAX_LINES or self.bytes >= MAX_BYTES:
-                logger.info("[trial output] more output than %d lines or %d KB: the rest is in the trial's files "
-                            "(trialflow log trial %s)", MAX_LINES, MAX_BYTES // 1024, self.handle.trial_id)
-                self.full = True
+            if self.lines >= MAX_LINES:
+                self._stop(logger)
                 return
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            if len(line) > MAX_LINE_CHARS:
+            # a progress bar rewrites its line after each \r: what a terminal would show is the last one
+            line = CONTROL.sub("", raw.decode("utf-8", "replace").rstrip("\r").rsplit("\r", 1)[-1])
+            if len(line) > MAX_LINE_CHARS or len(raw) >= MAX_LINE_BYTES:
                 line = line[:MAX_LINE_CHARS] + " [cut]"
             self.lines += 1
-            self.bytes += len(raw)
             logger.log(level, "[%s] %s", stream, line)
+
+    def _stop(self, logger: logging.Logger) -> None:
+        """Past a bound: one line says where the rest is, and the output is no longer read."""
+        if self.budget.left == 0 and self.bytes < MAX_BYTES and self.lines < MAX_LINES:
+            logger.info("[trial output] the experiment's trials sent %d KB of output, all its logs take: the rest "
+                        "of each is in its files (trialflow log trial %s)", self.budget.total // 1024,
+                        self.handle.trial_id)
+        else:
+            logger.info("[trial output] more output than %d lines or %d KB: the rest is in the trial's files "
+                        "(trialflow log trial %s)", MAX_LINES, MAX_BYTES // 1024, self.handle.trial_id)
+        self.full = True
+        self.partial.clear()

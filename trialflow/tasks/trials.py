@@ -136,7 +136,7 @@ def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> 
     A poll's terminal status is looked at before the assessor: a trial that has already ended keeps its
     own outcome (its exit code, its final result), the assessor only stops running trials. A trial
     seen ended without ever being seen RUNNING started after the poll before."""
-    output = TrialOutput(ctx.service, handle)
+    output = TrialOutput(ctx.service, handle, ctx.output_budget)
     try:
         return _follow(ctx, trial_id, handle, output)
     finally:
