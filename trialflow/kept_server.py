@@ -84,14 +84,12 @@ class KeptServer:
     @property
     def auth(self) -> str | None:
         """The auth string its API asks of clients (Prefect's ``PREFECT_API_AUTH_STRING``)."""
-        try:
-            return (self.home / AUTH_FILE).read_text().strip() or None
-        except OSError:
-            return None
+        return _recorded_auth(self.home)
 
     def client_settings(self) -> dict[str, str]:
         """The environment a client of this server needs: its address and auth string."""
-        return {"PREFECT_API_URL": self.url, **({"PREFECT_API_AUTH_STRING": self.auth} if self.auth else {})}
+        auth = self.auth
+        return {"PREFECT_API_URL": self.url, **({"PREFECT_API_AUTH_STRING": auth} if auth else {})}
 
     @property
     def log_path(self) -> Path:
@@ -102,20 +100,18 @@ class KeptServer:
 
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when its API answers its health check."""
-        import urllib.request  # here, not at the top: `trialflow --help` imports this module
-
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as response:
-                return bool(response.status == 200)
-        except (OSError, ValueError):
-            return False
+        return self._answers("health", timeout)
 
     def ready(self, timeout: float = 10.0) -> bool:
         """True when its API can read its database (Prefect's readiness check)."""
-        import urllib.request
+        return self._answers("ready", timeout)
+
+    def _answers(self, probe: str, timeout: float) -> bool:
+        """Whether the API's unauthenticated ``probe`` endpoint answers 200."""
+        import urllib.request  # here, not at the top: `trialflow --help` imports this module
 
         try:
-            with urllib.request.urlopen(f"{self.url}/ready", timeout=timeout) as response:
+            with urllib.request.urlopen(f"{self.url}/{probe}", timeout=timeout) as response:
                 return bool(response.status == 200)
         except (OSError, ValueError):
             return False
@@ -234,6 +230,12 @@ def auth_for(api: str | None, home: Path | None = None) -> str | None:
     _, port = _read(folder)
     if not api or port is None or api.rstrip("/") != f"http://{HOST}:{port}/api":
         return None
+    return _recorded_auth(folder)
+
+
+def _recorded_auth(folder: Path) -> str | None:
+    """The auth string kept in the server folder ``folder``; None when there is none (a server started
+    by an older trialflow, or none yet)."""
     try:
         return (folder / AUTH_FILE).read_text().strip() or None
     except OSError:
