@@ -26,6 +26,8 @@ def mark(kind):
         f.write(json.dumps({"trial": nni.get_trial_id(), "kind": kind, "t": time.time()}) + "\\n")
 mark("start")
 time.sleep(float(os.environ.get("TRIAL_SLEEP", "0.4")))
+while os.path.exists(os.environ.get("TRIAL_HOLD", "")):  # the test holds the trial until it has acted
+    time.sleep(0.05)
 nni.report_final_result(p["x"])
 mark("end")
 """
@@ -133,22 +135,28 @@ def test_invalid_final_metric_is_reported_and_experiment_goes_on(tmp_path):
 def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_server, store_url):
     code = tmp_path / "code"
     write_trial(code, INTERVAL_TRIAL)
-    os.environ["TRIAL_SLEEP"] = "2.5"
+    hold = tmp_path / "hold"  # while it exists, trials past their sleep wait: two run at the kill, however slow
+    os.environ.update(TRIAL_SLEEP="1", TRIAL_HOLD=str(hold))
     shared = {} if store_url.startswith("sqlite") else {"storeUrl": store_url}  # sqlite: the embedded default
     try:
         cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=5, **shared))
         exp_id, exp_dir = create_experiment(cfg)
         store = open_store(exp_dir.parent, exp_id)
         first = start_controller(exp_id, exp_dir.parent, prefect_server)
-        wait_for(lambda: len(store.trials(["RUNNING"])) == 2 and len(store.trials(["SUCCEEDED"])) >= 1)
+        wait_for(lambda: len(store.trials(["SUCCEEDED"])) >= 1)
+        hold.touch()
+        wait_for(lambda: len(store.trials(["RUNNING"])) == 2)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         alive = {t.id for t in store.trials(["RUNNING", "WAITING"])}
         assert alive, "no trial was running at the kill"
+        hold.unlink()
         second = start_controller(exp_id, exp_dir.parent, prefect_server)
         assert second.wait(timeout=120) == 0
     finally:
+        hold.unlink(missing_ok=True)
         os.environ.pop("TRIAL_SLEEP", None)
+        os.environ.pop("TRIAL_HOLD", None)
     trials = store.trials()
     assert store.experiment().status == "DONE"
     assert len(trials) == 5 and all(t.status == "SUCCEEDED" for t in trials)

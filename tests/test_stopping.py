@@ -57,6 +57,15 @@ class Terminal:
                 return found
         raise AssertionError(f"{pattern!r} not printed in {timeout} s:\n{self.read(0)}")
 
+    def wait_until(self, predicate, what: str, timeout: float) -> None:
+        """Reads the terminal while waiting, as a terminal does: a full one would block the command."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.read(0.1)
+            if predicate():
+                return
+        raise AssertionError(f"{what}: not reached in {timeout} s:\n{self.read(0)}")
+
     def ctrl_c(self) -> None:
         os.write(self.fd, b"\x03")  # the line discipline turns it into SIGINT for the foreground group
 
@@ -106,7 +115,7 @@ def _two_trials_running(tmp_path: Path) -> tuple[Terminal, str, ExperimentStore,
     term = Terminal(_trialflow("create", "--config", str(config), "--foreground"), env)
     exp_id = term.wait_for_text(r"experiment id: (\w+)", 60)[1]
     store = open_store(tmp_path / "w", exp_id)
-    wait_for(lambda: len(store.trials(["RUNNING"])) == 2, timeout=90)
+    term.wait_until(lambda: len(store.trials(["RUNNING"])) == 2, "two trials running", timeout=240)
     return term, exp_id, store, hold, env
 
 
