@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from ._lazy import lazy_module
 from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, take_controller
+from .disk_space import NoSpaceLeft, no_space
 from .ids import looks_like_experiment_id
 from .kept_server import ServerError
 from .status import EXPERIMENT_LIVE, ExperimentStatus
@@ -174,6 +175,8 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
             if live is not None:
                 live.stop()
             # stored as ERROR with it too
+            if isinstance(exc, NoSpaceLeft):  # one line as it is: it says what to do
+                raise
             if isinstance(exc, _platforms.PlatformError | _config.ConfigError | _tuners.TunerError | ServerError):
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
             signum = _run_control.signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
@@ -1081,6 +1084,10 @@ def main() -> None:
     except typer.Abort:
         sys.exit(1)
     except Exception as exc:
+        if (full := no_space(exc)) is not None:  # any command on a full disk: one line too
+            console.print(f"[red]error:[/] no space left on the device ({escape(str(full))}): free space, then run "
+                          "the command again", markup=True, highlight=False, soft_wrap=True)
+            sys.exit(1)
         if not (hasattr(exc, "show") and hasattr(exc, "exit_code")):
             raise
         exc.show()  # bad usage (click's exception, vendored by typer): its own message

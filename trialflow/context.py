@@ -26,6 +26,10 @@ from .trial_output import OutputBudget
 from .tuners import Tuner, create_tuner
 
 
+class FollowingHalted(Exception):
+    """The experiment was halted (:meth:`ExperimentContext.halt`): a trial's follower leaves it as it is."""
+
+
 @dataclass
 class ExperimentContext:
     experiment_id: str
@@ -51,6 +55,9 @@ class ExperimentContext:
     slot_freed: threading.Event = field(default_factory=threading.Event)
     on_trial_end: list[Any] = field(default_factory=list)  # callbacks(trial_id), e.g. a platform cap's release
     output_budget: OutputBudget = field(default_factory=OutputBudget)  # its trials' output sent to Prefect
+    # set when the controller cannot go on but its trials can (a full disk): followers leave their
+    # trials running and return, the loop ends with this error
+    halted: BaseException | None = None
 
     def trial_ended(self, trial_id: str) -> None:
         self.ended.add(trial_id)
@@ -60,6 +67,12 @@ class ExperimentContext:
 
     def request_cancel(self, trial_id: str, reason: TrialStatus) -> None:
         self.cancel_requests.setdefault(trial_id, reason)
+
+    def halt(self, error: BaseException) -> None:
+        """Stop following trials without stopping them (the first error is kept); wakes the loop."""
+        if self.halted is None:
+            self.halted = error
+        self.slot_freed.set()
 
 
 log = logging.getLogger("trialflow.experiment")

@@ -126,11 +126,12 @@ def _main() -> int:
         print(problem, file=sys.stderr)
         experiment.record_unstarted_run(job["experiment_id"], problem, root)
         return 1
+    from .disk_space import NoSpaceLeft
     from .flows.api_outage import exit_now_if_api_gone
 
     try:
         code = run_to_exit_code(job["experiment_id"], root, job["config"])
-    except ServerError as exc:  # recorded already: `create` reports it in one line
+    except (ServerError, NoSpaceLeft) as exc:  # recorded already (as far as space allowed), in one line
         print(exc, file=sys.stderr)
         return 1
     except Exception:  # e.g. the run's final state could not reach an API gone meanwhile

@@ -44,12 +44,14 @@ from prefect.utilities.annotations import allow_failure
 
 from ..config import load_config
 from ..context import ExperimentContext, open_context
+from ..disk_space import NoSpaceLeft, SpaceTolerantFileHandler, no_space, out_of_space
 from ..experiments import CONTROLLER_LOG, create_experiment, find_experiment, load_experiment_config, open_store
 from ..kept_server import ServerError
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
 from ..status import ExperimentStatus, TrialStatus
+from ..store import ExperimentStore
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
@@ -138,13 +140,21 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)
         try:
             status, why = _run(ctx)
+        except NoSpaceLeft as exc:  # its trials go on: the record stays RUNNING for resume to take up
+            _note_if_space(store, exc)
+            raise
         except BaseException as exc:
             ctx.stop.set()  # poll tasks cancel their trials
             stopped = _stopped_by_cancel(exc)
             signum = signal_of(exc)
             why = stop_reason(signum) if signum is not None else "the flow run was cancelled"
-            end_experiment(store, ExperimentStatus.STOPPED if stopped else ExperimentStatus.ERROR,
-                           why if stopped else f"{type(exc).__name__}: {exc}")
+            try:
+                end_experiment(store, ExperimentStatus.STOPPED if stopped else ExperimentStatus.ERROR,
+                               why if stopped else f"{type(exc).__name__}: {exc}")
+            except Exception as error:
+                if no_space(error) is None:
+                    raise
+                raise NoSpaceLeft.from_error(experiment_id, error, str(exp_dir)) from None
             raise
         end_experiment(store, status, why)
         trials = store.trials()
@@ -185,6 +195,15 @@ def record_unstarted_run(experiment_id: str, problem: ServerError, root: str | P
         end_experiment(store, ExperimentStatus.ERROR, str(problem))
     finally:
         store.close()
+
+
+def _note_if_space(store: ExperimentStore, exc: NoSpaceLeft) -> None:
+    """Record why the controller stopped, if the store can still be written."""
+    try:
+        store.set_experiment(message=str(exc), controller_pid=None)
+    except Exception as error:  # noqa: BLE001 -- only for want of space: resume finds the controller gone
+        if no_space(error) is None:
+            raise
 
 
 def _configured_api() -> str | None:
@@ -253,7 +272,7 @@ def _controller_log(exp_dir: Path) -> Iterator[None]:
     terminal keeps the level the user set."""
     path = exp_dir / CONTROLLER_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = SpaceTolerantFileHandler(path, encoding="utf-8")
     handler.setFormatter(_RunFormatter("[%(asctime)s] %(levelname)s (%(source)s) %(message)s"))
     loggers = [logging.getLogger(name) for name in LOGGED]
     levels = [logger.level for logger in loggers]
@@ -371,13 +390,18 @@ def _forget_task_runs(task_runs: set[UUID]) -> None:
 
 
 def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
-    """The experiment loop: (DONE, None), or (STOPPED, why) when asked to stop."""
+    """The experiment loop: (DONE, None), or (STOPPED, why) when asked to stop. Raises
+    :class:`NoSpaceLeft` when a disk filled up (the trials are left running)."""
     loop = _Loop(ctx)
     watch = StopWatch()
-    upload_code(ctx.experiment_id, str(ctx.service.code_directory()))
-    resubmit = _reattach(ctx, loop)
     try:
+        upload_code(ctx.experiment_id, str(ctx.service.code_directory()))
+        resubmit = _reattach(ctx, loop)
         while True:
+            if ctx.halted is None and (full := out_of_space(ctx.experiment_dir)) is not None:
+                ctx.halt(full)
+            if ctx.halted is not None:
+                raise NoSpaceLeft.from_error(ctx.experiment_id, ctx.halted, str(ctx.experiment_dir))
             ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
             controls = ctx.store.controls()
             why = "stopped by trialflow stop" if controls.get("stop") else watch.reason()
@@ -405,13 +429,21 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
             if not loop.running and no_more and not resubmit:
                 return ExperimentStatus.DONE, None
             ctx.slot_freed.wait(TICK_SECONDS)
+    except NoSpaceLeft:
+        raise
+    except Exception as exc:
+        if no_space(exc) is None:
+            raise
+        ctx.halt(exc)  # before the stop below: the followers leave their trials running
+        raise NoSpaceLeft.from_error(ctx.experiment_id, exc, str(ctx.experiment_dir)) from None
     finally:
         ctx.stop.set()
         for future in loop.running.values():
             future.wait()
         loop.close()
-        ctx.store.set_control("elapsed_seconds", loop.elapsed())
-        loop.reporter.update(final=True)
+        if ctx.halted is None:
+            ctx.store.set_control("elapsed_seconds", loop.elapsed())
+            loop.reporter.update(final=True)
 
 
 def _raise_if_algorithm_failed(ctx: ExperimentContext) -> None:

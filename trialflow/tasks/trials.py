@@ -13,6 +13,10 @@ Failed (exit code and stderr tail as the message), Cancelled, or Cancelled named
 (drawn apart from successes in the run graph). The trial's parameters, its output and a failure's
 message go to the task run's logs.
 The trial's slot is released as soon as its end is recorded, before the task run closes.
+
+When the controller cannot go on but the trials can (a full disk: ``ExperimentContext.halt``), every
+follower returns at once and leaves its trial as it is, WAITING or RUNNING (its task run Crashed), for
+``trialflow resume`` to re-attach.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled, Completed, Failed, State
+from prefect.states import Cancelled, Completed, Crashed, Failed, State
 
-from ..context import ExperimentContext, get_context
+from ..context import ExperimentContext, FollowingHalted, get_context
+from ..disk_space import no_space
 from ..platforms import (
     PlatformError,
     RetryPolicy,
@@ -68,6 +73,10 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
         if isinstance(exc, TransientPlatformError):
             log.warning("trial %s: submission failed (%s)", trial_id, exc)
         raise
+    except OSError as exc:
+        if no_space(exc) is not None:  # not the trial's failure: it stays WAITING, submitted again at resume
+            ctx.halt(exc)
+        raise
     ctx.submit_errors.pop(trial_id, None)
     stored = handle.to_dict()
     ctx.store.set_handle(trial_id, stored)
@@ -89,12 +98,19 @@ def poll_trial(experiment_id: str, trial_id: str) -> State:
                          json.dumps(trial.parameters, default=str))
     try:
         raw = trial.handle
+        if ctx.halted is not None:
+            raise FollowingHalted(trial_id)
         if raw is None:
             error = ctx.submit_errors.pop(trial_id, "it was never submitted")
             status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=f"submission failed: {error}"), [])
         else:
             status = follow_trial(ctx, trial_id, TrialHandle.from_dict(raw))
     except Exception as exc:
+        if isinstance(exc, FollowingHalted) or no_space(exc) is not None:
+            ctx.halt(exc)
+            why = ctx.halted or exc
+            return Crashed(message=f"trial {trial_id} left as it was: the controller stopped "
+                                   f"({no_space(why) or why}); resume re-attaches it")
         log.exception("trial %s: following it failed; it is stopped and recorded FAILED", trial_id)
         _stop_quietly(ctx, trial_id)
         status = _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=(
@@ -151,6 +167,8 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
     last_seen = record.start_time or time.time()  # the trial had not ended by then
     while True:
         reason = _cancel_reason(ctx, trial_id, record.start_time)
+        if ctx.halted is not None:  # looked at after: the stop that follows a halt never cancels the trial
+            raise FollowingHalted(trial_id)
         if reason is not None:
             return _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None)
         polled_at = time.time()
@@ -158,6 +176,8 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             update = ctx.service.poll(handle, cursor)
             transient = 0
         except Exception as exc:  # noqa: BLE001 -- whatever happens, the trial must not stay RUNNING
+            if no_space(exc) is not None:  # the controller's disk, not the trial: poll_trial halts
+                raise
             if isinstance(exc, PlatformError) and not isinstance(exc, TransientPlatformError):
                 return _end(ctx, trial_id, TrialUpdate(TrialStatus.FAILED, message=str(exc)), history)
             if not isinstance(exc, TransientPlatformError):

@@ -22,7 +22,8 @@ Files in ``<trial dir>/.nni/`` (written atomically):
   launches never run a trial twice);
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time"}`` once the command runs;
-* ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``).
+* ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``); on a
+  full disk the keeper waits until it can write it.
 The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper ignores
 SIGINT/SIGTERM so it can record the exit of a trial being stopped; ``--kill`` ends the whole group,
 keeper included, with SIGKILL at the end of the grace period.
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 
-from .procs import daemonize, kill_group, pid_alive, process_start_time, read_json, write_atomic
+from .procs import daemonize, kill_group, pid_alive, process_start_time, read_json, write_atomic, write_when_space
 from .protocol import (
     KEEPER_LOCK,
     KEEPER_PID,
@@ -108,13 +109,14 @@ def execute(trial_dir: str, tee: bool = False) -> int:
             err.write(f"trialflow keeper: cannot start the trial command: {exc}\n".encode())
             write_atomic(os.path.join(meta_dir, STATE), {"exit_code": 127, "end_time": time.time()})
             return 127
-        write_atomic(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
+        write_when_space(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
         copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
         for copier in copiers:
             copier.join()
     exit_code = 128 - code if code < 0 else code
-    write_atomic(os.path.join(meta_dir, STATE), {"exit_code": exit_code, "end_time": time.time()})
+    # on a full disk the keeper outlives its trial until the end is recorded (the trial reads RUNNING)
+    write_when_space(os.path.join(meta_dir, STATE), {"exit_code": exit_code, "end_time": time.time()})
     return exit_code
 
 

@@ -7,6 +7,8 @@ recycled pid (a pid plus its start time names one process for good).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import signal
@@ -17,11 +19,29 @@ from typing import Any
 def write_atomic(path: str, data: dict[str, Any] | str) -> None:
     """Write JSON (or text as it is) so that readers see the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(data if isinstance(data, str) else json.dumps(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(data if isinstance(data, str) else json.dumps(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk, say: no half-written file is left behind
+            os.unlink(tmp)
+        raise
+
+
+def write_when_space(path: str, data: dict[str, Any] | str, retry_seconds: float = 2.0) -> None:
+    """:func:`write_atomic`, waiting while the disk is full (or the quota spent) until it can write:
+    a trial's end must be recorded, however long the user takes to free space. Other errors raise."""
+    while True:
+        try:
+            write_atomic(path, data)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+        time.sleep(retry_seconds)
 
 
 def read_json(path: str) -> dict[str, Any] | None:
