@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from trialflow.trial.procs import pid_alive, stop_with
 
 # each starts Prefect servers of its own: one at a time (one worker), as a user's machine runs them
 pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e, pytest.mark.xdist_group("kept_server")]
-PAGE = re.compile(r"Prefect UI: (http://127\.0\.0\.1:(\d+)/runs/flow-run/([0-9a-f-]{36}))")
+PAGE = re.compile(r"Prefect UI: (http://127\.0\.0\.1:(\d+)/v2/runs/flow-run/([0-9a-f-]{36}))")  # the UI it opens
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -108,7 +109,7 @@ def test_the_kept_server_starts_once_serves_two_experiments_and_server_stop_stop
     for out in (first.stdout, second.stdout):
         page, port, flow_run_id = PAGE.search(out).groups()
         assert int(port) == server.port
-        assert f"(sign in first at {server.ui_url} with the auth string in {server_home(home) / 'auth'})" in out
+        assert f"(its login page asks for the auth string in {server_home(home) / 'auth'})" in out
         status, body = _get(page, server)  # the address create printed answers with Prefect's UI
         assert status == 200 and b"<html" in body.lower()
         status, body = _get(f"{server.url}/flow_runs/{flow_run_id}", server)
@@ -440,3 +441,61 @@ def test_a_controller_pointed_at_the_kept_server_that_died_meanwhile_starts_it_a
     _guard(home)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "unset PREFECT_API_URL" not in done.stdout and running_server(home).port == server.port
+
+
+def _started_like_an_older_trialflow(home: Path) -> int:
+    """A kept server as trialflow made it before its API asked for an auth string: no auth, a record of
+    pid, start time and port, no auth file. Returns its pid."""
+    from trialflow.trial.procs import process_start_time, write_atomic
+
+    folder = server_home(home)
+    (folder / "prefect").mkdir(parents=True)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn bound it then
+    sock.bind(("127.0.0.1", free_port()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(folder / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    with open(folder / "server.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "trialflow.kept_server_app", "--fd", str(sock.fileno())],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                pass_fds=(sock.fileno(),))
+    port = sock.getsockname()[1]
+    sock.close()
+    stop_with(os.getpid(), proc.pid)
+    write_atomic(str(folder / "server.json"), {"pid": proc.pid, "start_time": process_start_time(proc.pid),
+                                               "port": port})
+    return proc.pid
+
+
+def _post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def test_a_server_an_older_trialflow_left_open_is_replaced_by_a_private_one(home):
+    from trialflow.kept_server import OpenServerWarning
+
+    old_pid = _started_like_an_older_trialflow(home)
+    old = running_server(home)
+    assert old is not None and old.auth is None
+    wait_for(old.healthy, timeout=120)
+    status, flow = _post(f"{old.url}/flows/", {"name": "someones-sweep"})  # anyone may: it is open
+    assert status in (200, 201)
+    status, run = _post(f"{old.url}/flow_runs/", {"flow_id": flow["id"],  # type: ignore[index]
+                                                 "state": {"type": "RUNNING", "name": "Running"}})
+    assert status in (200, 201)
+    with pytest.warns(OpenServerWarning, match="started by an older trialflow without API auth"):
+        kept = ensure_server(home)  # a run still reports to it: kept for it, with a warning
+    assert kept.pid == old_pid
+    _post(f"{old.url}/flow_runs/{run['id']}/set_state",  # type: ignore[index]
+          {"state": {"type": "COMPLETED", "name": "Completed"}, "force": True})
+    new = ensure_server(home)
+    assert new.pid != old_pid and new.port == old.port and new.auth
+    assert not pid_alive(old_pid)
+    assert _post(f"{new.url}/flows/filter", {})[0] == 401  # private now
+    assert _post(f"{new.url}/flows/filter", {}, _signed_in(new))[0] == 200

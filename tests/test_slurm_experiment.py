@@ -22,6 +22,7 @@ from tests.conftest import (
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import open_store
 from trialflow.platforms import service_name
+from trialflow.platforms.slurm import SlurmTrainingService
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -73,6 +74,9 @@ def test_nni_trials_on_local_and_slurm_with_reuse_in_one_experiment(tmp_path, sl
     config = slurm_experiment(tmp_path, slurm_cluster, trialConcurrency=4, maxTrialNumber=10,
                               service={"reuseMode": True})
     config["trainingService"] = [{"platform": "local", "maxConcurrency": 1}, config["trainingService"]]
+    users = tmp_path / "cluster" / "study" / "trials" / "p.csv"  # the user's own, beside trialflow's folders
+    users.parent.mkdir(parents=True)
+    users.write_text("mine")
     result = run_experiment(config)
     assert result.status == "DONE"
     assert [(t.status, t.message) for t in result.trials if t.status != "SUCCEEDED"] == []
@@ -92,6 +96,13 @@ def test_nni_trials_on_local_and_slurm_with_reuse_in_one_experiment(tmp_path, sl
         state in ("COMPLETED", "CANCELLED") for state in slurm_cluster.run(
             "squeue", "-h", "-t", "all", "-o", "%T", "--name", ",".join(
                 t.handle["data"]["job"] for t in result.trials if service_name(t.handle) == "slurm")).split())
+
+    # platform clean on the login node: the code bundles, the runtime and the experiment's folder, nothing else
+    slurm = SlurmTrainingService(parse_config(config).services[1], tmp_path / "w" / result.experiment_id)
+    made = sorted(p.rsplit(":", 1)[-1] for p in slurm.clean(dry_run=True))
+    assert made == [str(tmp_path / "cluster" / name) for name in sorted(("code", "runtime", result.experiment_id))]
+    assert slurm.clean() == [f"this machine:{path}" for path in made]
+    assert [p.name for p in (tmp_path / "cluster").iterdir()] == ["study"] and users.read_text() == "mine"
 
 
 def test_scancel_time_limit_and_requeue_are_told_apart(tmp_path, slurm_cluster, monkeypatch):

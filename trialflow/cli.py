@@ -1061,7 +1061,9 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
                   line: str | None = None) -> None:
     """Config warnings as one line, each once (the config may be read twice: by the command and its run);
     others as Python prints them."""
-    if issubclass(category, _config.ConfigWarning):
+    from .kept_server import OpenServerWarning
+
+    if issubclass(category, _config.ConfigWarning | OpenServerWarning):
         if str(message) in _WARNED:
             return
         _WARNED.add(str(message))

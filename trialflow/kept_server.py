@@ -106,6 +106,28 @@ class KeptServer:
         """True when its API can read its database (Prefect's readiness check)."""
         return self._answers("ready", timeout)
 
+    def running_flow_runs(self, timeout: float = 5.0) -> int:
+        """How many flow runs are Pending or Running on it, asked with its auth string (0 when it does not
+        answer)."""
+        import json
+        import urllib.request
+
+        query = {"flow_runs": {"state": {"type": {"any_": ["PENDING", "RUNNING"]}}}}
+        request = urllib.request.Request(f"{self.url}/flow_runs/count", data=json.dumps(query).encode(),
+                                         headers={"Content-Type": "application/json", **self._auth_header()})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return int(json.load(response))
+        except (OSError, ValueError):
+            return 0
+
+    def _auth_header(self) -> dict[str, str]:
+        """Prefect's basic auth for this server (none when it has no auth string)."""
+        import base64
+
+        auth = self.auth
+        return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+
     def _answers(self, probe: str, timeout: float) -> bool:
         """Whether the API's unauthenticated ``probe`` endpoint answers 200."""
         import urllib.request  # here, not at the top: `trialflow --help` imports this module
@@ -277,6 +299,8 @@ def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: in
     folder = server_home(home)
     with _locked(folder):
         server, last_port = _read(folder)
+        if server is not None and server.auth is None:
+            server = _replace_open_server(server)
         if server is None:
             auth = _auth_string(folder)
             with _bind_port(last_port, port) as sock:
@@ -284,6 +308,30 @@ def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: in
             if stop_with_pid is not None:
                 stop_with(stop_with_pid, server.pid)
     return server.wait_until_healthy() if wait else server
+
+
+class OpenServerWarning(UserWarning):
+    """The kept server runs without API auth (an older trialflow started it) and cannot be replaced yet."""
+
+
+def _replace_open_server(server: KeptServer) -> KeptServer | None:
+    """A running kept server with no auth string recorded was started by an older trialflow: every local
+    user can read its blocks' secrets. It is stopped (None: the caller starts a private one, on the same
+    port) unless flow runs still run on it; then it is kept for them, with an :class:`OpenServerWarning`.
+    The caller holds the folder's lock. Raises :class:`ServerError` when it does not stop."""
+    running = server.running_flow_runs()
+    if running:
+        import warnings
+
+        warnings.warn(f"the local Prefect server (pid {server.pid}) was started by an older trialflow without "
+                      f"API auth: every local user can reach it; the first trialflow command after its {running} "
+                      "running flow run(s) end replaces it with a private one", OpenServerWarning, stacklevel=3)
+        return server
+    kill_group(server.pid, 5.0)
+    if group_alive(server.pid):
+        raise ServerError(f"the local Prefect server (pid {server.pid}), open to every local user, did not stop")
+    write_atomic(str(_record_path(server.home)), {"port": server.port})
+    return None
 
 
 def _spawn(folder: Path, sock: socket.socket, auth: str) -> KeptServer:
@@ -403,11 +451,27 @@ def point_this_process_at_kept_server(home: Path | None = None) -> KeptServer | 
 
 def sign_in_note(api: str | None, home: Path | None = None) -> str:
     """What a person opening the UI of ``api`` needs to know when that is the kept server: its UI's
-    login page (at its root; a page deeper in shows an error until then) takes the auth string, kept
-    in a file only this user reads. Else nothing."""
+    login page, where a printed page leads first, takes the auth string, kept in a file only this user
+    reads. Else nothing."""
     if not api or auth_for(api, home) is None:
         return ""
-    return f" (sign in first at {api.rstrip('/')[:-4]} with the auth string in {server_home(home) / AUTH_FILE})"
+    return f" (its login page asks for the auth string in {server_home(home) / AUTH_FILE})"
+
+
+def _default_ui(root: str) -> str:
+    """Where the server at ``root`` serves the UI it opens by default: Prefect's newer UI lives under
+    ``/v2`` (its ``/ui-settings`` says so), and of the two only it takes a page deeper in through its
+    login page when the API asks for an auth string. ``root`` itself when the server does not say."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{root}/ui-settings", timeout=2.0) as response:
+            settings = json.load(response)
+        base = settings.get("v2_base_url") if settings.get("default_ui") == "v2" else None
+    except (OSError, ValueError, AttributeError):
+        return root
+    return f"{root}/{base.strip('/')}" if isinstance(base, str) and base.strip("/") else root
 
 
 def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
@@ -417,7 +481,7 @@ def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
     if not api or not flow_run_id:
         return None
     if api.endswith("/api") and "/api/" not in api and not os.environ.get("PREFECT_UI_URL"):
-        return f"{api[:-4]}/runs/flow-run/{flow_run_id}"
+        return f"{_default_ui(api[:-4])}/runs/flow-run/{flow_run_id}"
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: api}):

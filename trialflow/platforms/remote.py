@@ -63,8 +63,8 @@ from .base import (
 )
 from .gpu import GpuError
 from .local import trial_env
-from .ownership import claim, owned_folders
-from .remote_machine import Placements, RemoteMachine, machine_key
+from .ownership import claim
+from .remote_machine import Placements, RemoteMachine, clean_machines, machine_key
 from .runtime_files import check_version
 from .share import MOUNT_CONFIG, OUTPUT_DIR, Share
 from .ssh import SshConnection, machine_target
@@ -372,27 +372,7 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         and the share's mount configs it wrote there; nothing else is touched, no link followed. The
         folder itself goes when that leaves it empty. Raises :class:`PlatformError` for a working
         directory that is ``/`` or a home folder: it is not trialflow's to clean."""
-        found: list[tuple[RemoteMachine, str]] = []
-        for machine in self.machines:
-            machine.probe()
-            shared = machine.shared_root()
-            if shared:
-                raise PlatformError(f"{machine.key}: remoteWorkingDirectory {machine.root} is {shared}; platform "
-                                    "clean removes only from a folder of trialflow's own: remove what trialflow "
-                                    "left there by hand")
-            names = machine.fs.listdir(machine.root) or {}
-            configs = [machine.fs.join(machine.root, n) for n in sorted(names) if MOUNT_CONFIG.fullmatch(n)]
-            found += [(machine, path) for path in owned_folders(machine.fs, machine.root) + configs
-                      if machine.fs.kind(path) in ("dir", "file")]
-        if not dry_run:
-            for machine, path in found:
-                if machine.fs.kind(path) == "dir":
-                    machine.fs.remove_tree(path)
-                else:
-                    machine.fs.remove(path)
-            for machine in {id(m): m for m, _ in found}.values():
-                machine.conn.run(f"rmdir {_q(machine.root)} 2>/dev/null; true")
-        return [f"{machine.key}:{path}" for machine, path in found]
+        return clean_machines(self.machines, dry_run, MOUNT_CONFIG)
 
     def close(self) -> None:
         """Ask reuse workers to leave and close the connections; running trials are not touched."""

@@ -11,6 +11,7 @@ lock); a machine's ``active`` set is guarded by that service's lock. Every metho
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 import threading
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from ..config import RemoteMachineConfig
 from ..trial.procs import write_atomic
 from .errors import PlatformError
 from .gpu import GpuError, GpuProbe, GpuScheduler
+from .ownership import owned_folders
 from .runtime_files import runtime_files, runtime_key
 from .sftpfs import SftpFS
 from .ssh import SshConnection
@@ -161,3 +163,34 @@ class Placements:
     def forget(self, trial_id: str) -> None:
         with self._lock:
             self._placed.pop(trial_id, None)
+
+
+def clean_machines(machines: list[RemoteMachine], dry_run: bool = False,
+                   files: re.Pattern[str] | None = None) -> list[str]:
+    """``trialflow platform clean`` on machines: under each working directory, trialflow's marked folders
+    (see :mod:`~trialflow.platforms.ownership`) and the files whose names match ``files``; nothing else is
+    touched, no link followed; the folder itself goes when that leaves it empty. Returns what was
+    (``dry_run``: would be) removed, as ``machine:path``. Raises :class:`PlatformError` before removing
+    anything when a working directory is ``/`` or a home folder (it is not trialflow's to clean), or a
+    machine does not answer."""
+    found: list[tuple[RemoteMachine, str]] = []
+    for machine in machines:
+        machine.probe()
+        shared = machine.shared_root()
+        if shared:
+            raise PlatformError(f"{machine.key}: remoteWorkingDirectory {machine.root} is {shared}; platform "
+                                "clean removes only from a folder of trialflow's own: remove what trialflow left "
+                                "there by hand")
+        names = sorted(machine.fs.listdir(machine.root) or {}) if files is not None else []
+        matched = [machine.fs.join(machine.root, n) for n in names if files is not None and files.fullmatch(n)]
+        found += [(machine, path) for path in owned_folders(machine.fs, machine.root) + matched
+                  if machine.fs.kind(path) in ("dir", "file")]
+    if not dry_run:
+        for machine, path in found:
+            if machine.fs.kind(path) == "dir":
+                machine.fs.remove_tree(path)
+            else:
+                machine.fs.remove(path)
+        for machine in {id(m): m for m, _ in found}.values():
+            machine.conn.run(f"rmdir {_q(machine.root)} 2>/dev/null; true")
+    return [f"{machine.key}:{path}" for machine, path in found]

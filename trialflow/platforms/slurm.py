@@ -72,7 +72,8 @@ from .base import (
 )
 from .inherited_env import inherited_environment
 from .local import trial_env
-from .remote_machine import RemoteMachine
+from .ownership import claim
+from .remote_machine import RemoteMachine, clean_machines
 from .runtime_files import check_version
 from .ssh import SshConnection, machine_target
 from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs, scan_bundle, tail_text
@@ -174,6 +175,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             with self._lock:
                 if not self._ready:
                     self.login.probe()
+                    claim(self.login.fs, self.login.root, self.experiment_id)  # marked: platform clean's to remove
                     self.login.install_runtime()
                     self._ready = True
         return self.login
@@ -497,6 +499,12 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         target = self.experiment_dir / "trials" / handle.trial_id / name
         login.fs.download(source, target)
         return target
+
+    def clean(self, dry_run: bool = False) -> list[str]:
+        """On the login node, trialflow's marked folders under ``remoteWorkingDirectory`` (code bundles,
+        runtimes, every experiment's folder) and nothing else; refused for ``/`` or a home folder (see
+        :func:`~trialflow.platforms.remote_machine.clean_machines`)."""
+        return clean_machines([self.login], dry_run)
 
     def close(self) -> None:
         """Stop the idle environments (their workers leave and their jobs end) and cancel the jobs of
