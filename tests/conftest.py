@@ -79,6 +79,7 @@ SERVICE_MARKERS = {
 ONE_WORKER = {"pool", "slurm"}  # a work pool's server and worker, a Slurm cluster: one of each per run
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks given here
 def pytest_collection_modifyitems(config, items):
     """Marks each test by the services its fixtures start (:data:`SERVICE_MARKERS`), every such test
     and every test already marked ``e2e`` as ``e2e``, and keeps the :data:`ONE_WORKER` services'
