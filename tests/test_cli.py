@@ -281,3 +281,28 @@ def test_the_python_api_deletes_a_finished_experiment_and_forgets_its_config(tmp
     assert not (tmp_path / "w" / exp_id).exists() and exp_id not in LIVE_CONFIGS
     with pytest.raises(trialflow.UserError, match=f"no experiment '{exp_id}'"):
         trialflow.delete_experiment(exp_id, root=tmp_path / "w")
+
+
+def test_a_foreground_run_without_a_terminal_names_its_ui_page_while_it_runs(tmp_path, prefect_server):
+    """cron and CI logs: no live table to watch, so the run's page is printed as soon as it is known."""
+    from tests.conftest import wait_for
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    code = tmp_path / "code"
+    write_trial(code, f"import os, time, nni\nnni.get_next_parameter()\nwhile os.path.exists({str(hold)!r}):\n"
+                      "    time.sleep(0.1)\nnni.report_final_result(1)\n")
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=1)))
+    log = tmp_path / "cron.log"
+    with open(log, "wb") as out:  # a file, as cron and CI keep it: not a terminal
+        proc = subprocess.Popen([sys.executable, "-m", "trialflow.cli", "create", "--config", str(path),
+                                 "--foreground"], stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        line = wait_for(lambda: next((x for x in log.read_text().splitlines() if "Prefect UI: " in x), None),
+                        timeout=120)
+        assert proc.poll() is None  # while it runs
+        assert f"Prefect UI: {prefect_server[:-4]}" in line and "/runs/flow-run/" in line
+    finally:
+        hold.unlink()
+        assert proc.wait(timeout=120) == 0

@@ -23,10 +23,21 @@ from rich.table import Table
 
 from ..experiments import open_store
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
-from ..kept_server import flow_run_page
+from ..kept_server import flow_run_page, sign_in_note
 from ..results import best_trial, maximizes, outcome_line, trial_value
 from ..startup_gc import collector_paused
 from ..status import TrialStatus
+
+
+def _run_page(root: Path, experiment_id: str) -> str | None:
+    """The Prefect UI page of the experiment's run, once its controller has recorded it."""
+    store = open_store(root, experiment_id)
+    try:
+        record = store.experiment()
+    finally:
+        store.close()
+    page = flow_run_page(record.prefect_api, record.flow_run_id)
+    return page + sign_in_note(record.prefect_api) if page else None
 
 
 def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
@@ -103,7 +114,11 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
               transient=False) as live:
         def refresh() -> None:
+            told = console.is_terminal  # a log (cron, CI) sees the table at the end only: the page goes first
             while not done.wait(1.0):
+                if not told and (page := _run_page(root, experiment_id)):
+                    console.print(f"experiment {experiment_id}  Prefect UI: {page}", soft_wrap=True, highlight=False)
+                    told = True
                 live.update(_render(root, experiment_id, maximize))
 
         thread = threading.Thread(target=refresh, daemon=True)
