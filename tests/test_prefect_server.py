@@ -118,7 +118,7 @@ def test_the_run_graph_links_every_trial_to_its_suggest_and_submit_runs(server, 
     inputs = {r.name: {key: sorted(names[i.id] for i in value) for key, value in r.task_inputs.items() if value}
               for r in runs}
     for trial in trials:
-        suggest = f"suggest-#{trial.sequence + 1}"  # suggest runs count from 1, sequences from 0
+        suggest = f"suggest-#{trial.sequence}"  # named by the sequence number it gives the trial
         assert inputs[f"submit-{trial.id}"] == {"trial_id": [suggest]}
         assert inputs[f"trial-{trial.id}"] == {"trial_id": [suggest], "wait_for": [f"submit-{trial.id}"]}
 
@@ -133,7 +133,7 @@ from trialflow.tasks import poll_trial, submit_trial, suggest_parameters, upload
 def lineage(config: str, code: str) -> None:
     with trialflow.experiment_session(config) as exp:
         upload_code(exp.id, code)
-        trial = suggest_parameters(exp.id, 1)["trial_id"]
+        trial = suggest_parameters(exp.id, 0)["trial_id"]
         submitted = submit_trial.submit(exp.id, trial)
         submitted.wait()  # the submit run has returned its handle before the poll run is created
         poll_trial(exp.id, trial, wait_for=[submitted])
@@ -153,8 +153,8 @@ def test_a_trial_created_after_its_submit_returned_still_takes_its_id_from_the_s
     inputs = {r.name: {key: sorted(names[i.id] for i in value) for key, value in r.task_inputs.items() if value}
               for r in runs}
     [trial] = [name.removeprefix("trial-") for name in inputs if name.startswith("trial-")]
-    assert inputs[f"submit-{trial}"] == {"trial_id": ["suggest-#1"]}
-    assert inputs[f"trial-{trial}"] == {"trial_id": ["suggest-#1"], "wait_for": [f"submit-{trial}"]}
+    assert inputs[f"submit-{trial}"] == {"trial_id": ["suggest-#0"]}
+    assert inputs[f"trial-{trial}"] == {"trial_id": ["suggest-#0"], "wait_for": [f"submit-{trial}"]}
 
 
 def test_each_trial_is_a_suggest_a_submit_and_a_poll_task_run_whose_state_mirrors_it(server, client, tmp_path):
@@ -168,7 +168,7 @@ def test_each_trial_is_a_suggest_a_submit_and_a_poll_task_run_whose_state_mirror
     runs = _task_runs(client, exp.record.id, 1 + 3 * 3)
     names = Counter(r.name for r in runs)
     assert names[f"upload-{exp.record.id}"] == 1
-    assert sorted(n for n in names if n.startswith("suggest-")) == ["suggest-#1", "suggest-#2", "suggest-#3"]
+    assert sorted(n for n in names if n.startswith("suggest-")) == ["suggest-#0", "suggest-#1", "suggest-#2"]
     for trial in trials.values():
         assert names[f"submit-{trial.id}"] == 1 and names[f"trial-{trial.id}"] == 1
     assert len(runs) == 1 + 3 * 3

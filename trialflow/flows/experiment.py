@@ -486,7 +486,7 @@ def _suggest(ctx: ExperimentContext, loop: _Loop) -> dict[str, Any] | None:
             loop.exhausted = True
         return None
     loop.suggested += 1
-    state = suggest_parameters(ctx.experiment_id, ctx.store.count_trials() + 1, return_state=True)
+    state = suggest_parameters(ctx.experiment_id, ctx.store.count_trials(), return_state=True)  # the sequence
     suggestion: dict[str, Any] | None = state.result()
     if suggestion is None:
         loop.exhausted = True

@@ -18,7 +18,8 @@ from ..tuners import InvalidMetric, extract_scalar
 @task(name="suggest_parameters", cache_policy=NO_CACHE, task_run_name="suggest-#{number}")
 def suggest_parameters(experiment_id: str, number: int) -> dict[str, Any] | None:
     """The next trial ``{"trial_id", "sequence", "parameter_id"}`` recorded in the store, or None when
-    the tuner has nothing more to try. ``number`` names the task run (the trial's place in the run)."""
+    the tuner has nothing more to try. ``number`` names the task run: the sequence number the trial gets
+    (counted from 0, as trials are)."""
     ctx = get_context(experiment_id)
     with ctx.tuner_lock:
         suggestion = ctx.tuner.suggest()
