@@ -499,3 +499,24 @@ def test_a_server_an_older_trialflow_left_open_is_replaced_by_a_private_one(home
     assert not pid_alive(old_pid)
     assert _post(f"{new.url}/flows/filter", {})[0] == 401  # private now
     assert _post(f"{new.url}/flows/filter", {}, _signed_in(new))[0] == 200
+
+
+def test_server_start_takes_the_port_asked_for_keeps_it_and_says_so_when_it_cannot(home):
+    port, other = free_port(), free_port()
+    started = _cli(home, "server", "start", "--port", str(port))
+    assert started.returncode == 0 and f"UI http://127.0.0.1:{port} " in started.stdout, started.stdout
+    _guard(home)
+    moved = _cli(home, "server", "start", "--port", str(other))
+    assert moved.returncode == 1 and moved.stdout.strip() == (
+        f"error: the local Prefect server already runs on port {port}: `trialflow server stop`, then "
+        f"`trialflow server start --port {other}`")
+    assert _cli(home, "server", "stop").returncode == 0
+    with socket.socket() as taken_by_another_program:
+        taken_by_another_program.bind(("127.0.0.1", other))
+        taken_by_another_program.listen()
+        taken = _cli(home, "server", "start", "--port", str(other))
+    assert taken.returncode == 1 and taken.stdout.strip() == \
+        f"error: port {other} on 127.0.0.1 is taken: choose another with --port"
+    again = _cli(home, "server", "start")  # later starts keep the port chosen
+    assert again.returncode == 0 and f"UI http://127.0.0.1:{port} " in again.stdout, again.stdout
+    _guard(home)

@@ -792,12 +792,13 @@ def _print_server(server: KeptServer, what: str) -> None:
 
 
 @server_app.command("start")
-def server_start() -> None:
+def server_start(port: Annotated[int | None, typer.Option(
+        "--port", min=1, max=65535, help="the port it listens on, kept for its later starts")] = None) -> None:
     """Start the kept server (once; experiments start it on first use anyway)."""
     from .kept_server import ensure_server, running_server
 
     already = running_server()
-    server = ensure_server()
+    server = ensure_server() if port is None else ensure_server(port=port, exact_port=True)
     _print_server(server, "already running" if already else "started")
     _configured_api_note()
 

@@ -278,32 +278,38 @@ def _bound(port: int) -> socket.socket | None:
     return sock
 
 
-def _bind_port(last: int | None, preferred: int) -> socket.socket:
+def _bind_port(last: int | None, preferred: int, exact: bool = False) -> socket.socket:
     """The server's socket, bound here and handed to its process, so that nothing else can take the
     port between its choice and the server's start: the port used last time, else ``preferred`` (0:
-    none), when free (UI addresses printed earlier stay valid); else any free port. Raises
-    :class:`ServerError` when no port can be bound."""
-    for port in [p for p in (last, preferred) if p] + [0]:
+    none), when free (UI addresses printed earlier stay valid); else any free port. ``exact``: the
+    user chose ``preferred``; only it will do. Raises :class:`ServerError` when no port can be bound."""
+    for port in [preferred] if exact else [p for p in (last, preferred) if p] + [0]:
         sock = _bound(port)
         if sock is not None:
             return sock
+    if exact:
+        raise ServerError(f"port {preferred} on {HOST} is taken: choose another with --port")
     raise ServerError(f"no free port on {HOST} for the local Prefect server")
 
 
 def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: int | None = None,
-                  port: int = DEFAULT_PORT) -> KeptServer:
+                  port: int = DEFAULT_PORT, exact_port: bool = False) -> KeptServer:
     """The kept server of ``home``, started first when none runs; with ``wait`` (the default) only once
     its API answers. ``stop_with_pid``: a server started by this call stops when that process dies.
-    ``port``: the port a first start prefers (0: any free one). Raises :class:`ServerError` when it
-    cannot start or does not answer."""
+    ``port``: the port a first start prefers (0: any free one); with ``exact_port``, the one it must
+    use (later starts keep it). Raises :class:`ServerError` when it cannot start, does not answer, or
+    runs on another port than an ``exact_port``."""
     folder = server_home(home)
     with _locked(folder):
         server, last_port = _read(folder)
         if server is not None and server.auth is None:
             server = _replace_open_server(server)
+        if server is not None and exact_port and server.port != port:
+            raise ServerError(f"the local Prefect server already runs on port {server.port}: `trialflow server "
+                              f"stop`, then `trialflow server start --port {port}`")
         if server is None:
             auth = _auth_string(folder)
-            with _bind_port(last_port, port) as sock:
+            with _bind_port(last_port, port, exact_port) as sock:
                 server = _spawn(folder, sock, auth)
             if stop_with_pid is not None:
                 stop_with(stop_with_pid, server.pid)
