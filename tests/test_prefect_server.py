@@ -282,6 +282,24 @@ def test_experiments_creating_one_platform_cap_together_all_start(server):
                 cap.close()
 
 
+def test_a_cap_an_operator_changed_in_prefect_is_kept_and_the_difference_said(server, client, caplog):
+    import logging
+
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trialflow.limits import PlatformCap
+
+    with temporary_settings(updates={PREFECT_API_URL: server.url}):
+        PlatformCap("cap-operator", 3).ensure().close()  # made by the first experiment
+        assert client.read_global_concurrency_limit_by_name("cap-operator").limit == 3
+        client.update_global_concurrency_limit("cap-operator", GlobalConcurrencyLimitUpdate(limit=1))
+        with caplog.at_level(logging.WARNING, logger="trialflow.limits"):
+            PlatformCap("cap-operator", 3).ensure().close()  # the next experiment's start
+    assert client.read_global_concurrency_limit_by_name("cap-operator").limit == 1
+    assert "platformConcurrency is 3 but Prefect's global concurrency limit 'cap-operator' has 1 slots" in caplog.text
+
+
 def test_block_register_puts_every_platform_block_in_the_catalog(server, client, tmp_path):
     run = subprocess.run(["prefect", "block", "register", "-m", "trialflow.blocks"], env=server.env,
                          capture_output=True, text=True, timeout=120)

@@ -42,14 +42,26 @@ class PlatformCap:
         self._renewer = threading.Thread(target=self._renew, name=f"lease-renewer-{name}", daemon=True)
 
     def ensure(self) -> PlatformCap:
-        """Create the limit (or set its slots) and start renewing leases. Experiments starting together
-        may both find no limit and both create it: the one that loses updates the winner's instead."""
-        from prefect.exceptions import ObjectAlreadyExists
+        """Create the limit when it is missing and start renewing leases. A limit that exists keeps its
+        slots, also when they differ from ``slots`` (an operator may have changed them in Prefect): a
+        warning says so. Experiments starting together may both find no limit and both create it: the
+        one that loses takes the winner's."""
+        from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+        from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
         try:
-            self._client.upsert_global_concurrency_limit_by_name(self.name, self.slots)
-        except ObjectAlreadyExists:
-            self._client.upsert_global_concurrency_limit_by_name(self.name, self.slots)
+            existing = self._client.read_global_concurrency_limit_by_name(self.name)
+        except ObjectNotFound:
+            try:
+                self._client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=self.name,
+                                                                                           limit=self.slots))
+                existing = None
+            except ObjectAlreadyExists:
+                existing = self._client.read_global_concurrency_limit_by_name(self.name)
+        if existing is not None and existing.limit != self.slots:
+            log.warning("platformConcurrency is %d but Prefect's global concurrency limit %r has %d slots (changed "
+                        "there?): it keeps them; `prefect gcl update %s --limit %d` applies the config's",
+                        self.slots, self.name, existing.limit, self.name, self.slots)
         self._renewer.start()
         return self
 
