@@ -76,3 +76,35 @@ def test_the_experiments_trials_share_one_budget_of_output(lines):
 def test_a_read_of_many_lines_past_the_bound_still_sends_the_lines_before_it(lines):
     _follow([b"".join(b"%06d\n" % i for i in range(200_000))])  # 1.4 MB in one read
     assert len(lines) == 2001 and lines[0] == "[stdout] 000000" and lines[1999] == "[stdout] 001999"
+
+
+def test_a_trial_stopped_on_purpose_is_not_reported_as_a_warning_or_an_error(monkeypatch):
+    """An early stop's KeyboardInterrupt traceback and Prefect's "Finished in state EarlyStopped" line
+    read as a crash (WARNING, ERROR) for an intended stop."""
+    levels: list[tuple[int, str]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            levels.append((record.levelno, record.getMessage()))
+
+    class Stderr(_Printing):
+        def read_output(self, handle, offsets):
+            return {"trial.stderr": next(self.chunks, b"")}
+
+    logger = logging.getLogger(trial_output.LOGGER)
+    monkeypatch.setattr(logger, "handlers", [Collect()])
+    monkeypatch.setattr(logger, "propagate", False)
+    logger.setLevel(logging.INFO)  # as the output logger is set up in a run
+    output = TrialOutput(Stderr([b"a warning of its own\n", b"KeyboardInterrupt\n"]),
+                         TrialHandle("Out02", "local", {}))
+    output.pump()
+    output.stopped = True  # as the follower sets it before the stop
+    output.pump()
+    assert levels == [(logging.WARNING, "[stderr] a warning of its own"), (logging.INFO, "[stderr] KeyboardInterrupt")]
+    for message, level in (("Finished in state EarlyStopped('stopped early')", logging.INFO),
+                           ("Finished in state Cancelled('USER_CANCELED: cancelled')", logging.INFO),
+                           ("Finished in state Failed('exit code 1')", logging.ERROR)):
+        record = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, message, None, None)
+        record.task_run_name = "trial-Out02"
+        trial_output._readable_failures(record)
+        assert record.levelno == level, message

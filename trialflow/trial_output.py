@@ -54,6 +54,9 @@ LOGGER = "trialflow.trial_output"
 log = logging.getLogger("trialflow.trials")
 
 
+INTENDED_ENDS = ("Finished in state EarlyStopped(", "Finished in state Cancelled(")
+
+
 def output_logger() -> logging.Logger:
     """The logger whose records reach Prefect's API only, in the current task run's logs (set up once,
     with the filter below on Prefect's task-run logger)."""
@@ -71,11 +74,17 @@ def output_logger() -> logging.Logger:
 def _readable_failures(record: logging.LogRecord) -> bool:
     """Prefect logs a task that returned a Failed state with ``exc_info=True`` and no exception: a stray
     ``NoneType: None`` line. For a trial it also quotes the message with its line breaks escaped, which
-    the trial's own error line (above) already says readably: that record is dropped."""
+    the trial's own error line (above) already says readably: that record is dropped. A trial stopped on
+    purpose (EarlyStopped, Cancelled) ends as intended: Prefect's ERROR for it becomes INFO."""
     if record.exc_info is not None and record.exc_info[0] is None:
         record.exc_info = None
     name = str(getattr(record, "task_run_name", "") or "")
-    return not (name.startswith("trial-") and record.getMessage().startswith("Task run failed with state:"))
+    if not name.startswith("trial-"):
+        return True
+    message = record.getMessage()
+    if message.startswith(INTENDED_ENDS) and record.levelno > logging.INFO:
+        record.levelno, record.levelname = logging.INFO, "INFO"
+    return not message.startswith("Task run failed with state:")
 
 
 class TrialOutput:
@@ -93,6 +102,9 @@ class TrialOutput:
         self.next_read = 0.0
         self.full = False
         self.error: Exception | None = None
+        # set when trialflow stops the trial (an early stop, a kill): the KeyboardInterrupt traceback it
+        # prints is what a stop looks like, not a warning
+        self.stopped = False
 
     def pump(self, final: bool = False) -> None:
         if self.full or (not final and time.monotonic() < self.next_read):
@@ -132,7 +144,7 @@ class TrialOutput:
                 return
 
     def _emit(self, logger: logging.Logger, name: str, lines: list[bytes]) -> None:
-        level = logging.WARNING if name == STDERR_FILE else logging.INFO
+        level = logging.WARNING if name == STDERR_FILE and not self.stopped else logging.INFO
         stream = "stderr" if name == STDERR_FILE else "stdout"
         for raw in lines:
             if self.lines >= MAX_LINES:

@@ -170,6 +170,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
         if ctx.halted is not None:  # looked at after: the stop that follows a halt never cancels the trial
             raise FollowingHalted(trial_id)
         if reason is not None:
+            output.stopped = True
             return _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None)
         polled_at = time.time()
         try:
