@@ -3,7 +3,8 @@ stops without cancelling its trials (``trialflow resume`` re-attaches them once 
 so in one line, and so that its log file drops what it cannot write instead of printing a traceback for
 every record.
 
-Standard library only; used by the flow, its tasks and the CLI.
+Standard library only (and the trial runtime's own list of no-space errors); used by the flow, its
+tasks and the CLI.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import logging
 import os
 import shutil
 
+from .trial.procs import NO_SPACE_ERRNOS
 from .user_errors import UserError
 
-NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 SQLITE_FULL = "database or disk is full"  # sqlite3.OperationalError's text for SQLITE_FULL
 POSTGRES_DISK_FULL = "53100"  # SQLSTATE disk_full: the store's database server ran out of space
 MIN_FREE_BYTES = 1 << 20  # below this, the next write of the store or of a trial's record may fail

@@ -464,20 +464,29 @@ def sign_in_note(api: str | None, home: Path | None = None) -> str:
     return f" (its login page asks for the auth string in {server_home(home) / AUTH_FILE})"
 
 
+_DEFAULT_UIS: dict[str, str] = {}  # server root -> where its default UI is, as that server said
+
+
 def _default_ui(root: str) -> str:
     """Where the server at ``root`` serves the UI it opens by default: Prefect's newer UI lives under
     ``/v2`` (its ``/ui-settings`` says so), and of the two only it takes a page deeper in through its
-    login page when the API asks for an auth string. ``root`` itself when the server does not say."""
+    login page when the API asks for an auth string. ``root`` itself when the server does not say.
+    Asked once per process and server (the live table shows the page every second); a server that
+    does not answer is asked again next time."""
     import json
     import urllib.request
 
+    if root in _DEFAULT_UIS:
+        return _DEFAULT_UIS[root]
     try:
         with urllib.request.urlopen(f"{root}/ui-settings", timeout=2.0) as response:
             settings = json.load(response)
         base = settings.get("v2_base_url") if settings.get("default_ui") == "v2" else None
     except (OSError, ValueError, AttributeError):
         return root
-    return f"{root}/{base.strip('/')}" if isinstance(base, str) and base.strip("/") else root
+    ui = f"{root}/{base.strip('/')}" if isinstance(base, str) and base.strip("/") else root
+    _DEFAULT_UIS[root] = ui
+    return ui
 
 
 def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:

@@ -15,6 +15,8 @@ import signal
 import time
 from typing import Any
 
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a full disk, a spent quota
+
 
 def write_atomic(path: str, data: dict[str, Any] | str) -> None:
     """Write JSON (or text as it is) so that readers see the old file or the whole new one, never a part."""
@@ -39,7 +41,7 @@ def write_when_space(path: str, data: dict[str, Any] | str, retry_seconds: float
             write_atomic(path, data)
             return
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in NO_SPACE_ERRNOS:
                 raise
         time.sleep(retry_seconds)
 
