@@ -216,8 +216,9 @@ def _configured_api() -> str | None:
 def final_status(state: State) -> str:
     """The experiment's final status from its run's state (``experiment_flow(..., return_state=True)``),
     also when the run Failed because no trial succeeded (then ``state.is_failed()`` and its message says
-    so); raises what ended a run that could not go on."""
-    result = state.result(raise_on_failure=False)
+    so); raises what ended a run that could not go on. Synchronous also where an event loop runs (a
+    notebook's kernel), where Prefect would otherwise hand back an un-awaited coroutine."""
+    result = state.result(raise_on_failure=False, _sync=True)  # type: ignore[call-overload]
     if isinstance(result, BaseException):
         raise result
     return str(result)
