@@ -45,6 +45,7 @@ def test_the_audit_names_every_kind_of_broken_record(tmp_path):
     for expected in ["DDDDD (#0): WAITING in an experiment that is DONE",
                      "AAAAA (#0): ran (exit code 0) but has no start time",
                      "AAAAA (#0): EARLY_STOPPED though it exited by itself with code 0",
+                     "AAAAA (#0): EARLY_STOPPED though its final result was recorded 1.000 s before the stop",
                      "BBBBB (#1): SUCCEEDED with exit code 2",
                      "BBBBB (#1): 1 metric(s) stored after its end",
                      "CCCCC (#2): SUCCEEDED without the final result it reported",

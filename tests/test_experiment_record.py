@@ -92,6 +92,38 @@ def test_a_running_trial_stopped_by_the_assessor_records_the_kill_exit_code(tmp_
     assert trial.start_time is not None and trial.end_time >= max(m.time for m in store.metrics(trial.id))
 
 
+LINGERS_AFTER_ITS_FINAL = """
+import time, nni
+nni.get_next_parameter()
+for i in range(3):
+    nni.report_intermediate_result(i)
+nni.report_final_result(42)  # with the intermediates: one poll brings them all while it still runs
+time.sleep(2)  # saving a model, cleaning up
+"""
+
+
+def test_a_trial_whose_final_result_is_in_is_not_stopped_by_the_assessor(tmp_path):
+    """Its work is done: it ends with its own outcome, however the assessor would judge its results."""
+    code = tmp_path / "code"
+    write_trial(code, LINGERS_AFTER_ITS_FINAL)
+    _, store, _ = _run(base_config(code, tmp_path / "w", maxTrialNumber=2, assessor=_assessor(tmp_path, after=3)))
+    for trial in store.trials():
+        assert (trial.status, trial.exit_code, trial.final) == ("SUCCEEDED", 0, 42), trial.message
+        assert [m.value for m in store.metrics(trial.id, "PERIODICAL")] == [0, 1, 2]
+
+
+def test_a_trial_past_its_max_duration_after_its_final_result_is_stopped_and_keeps_it(tmp_path):
+    """maxTrialDuration still ends a trial that lingers; its result, reported before, stands."""
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\nnni.report_final_result(7)\ntime.sleep(60)\n")
+    _, store, _ = _run(base_config(code, tmp_path / "w", maxTrialNumber=1, maxTrialDuration="2s"))
+    (trial,) = store.trials()
+    assert (trial.status, trial.final, trial.exit_code) == ("SUCCEEDED", 7, None)
+    assert trial.message == "stopped at maxTrialDuration after its final result"
+    assert trial.end_time - trial.start_time < 30  # stopped, not waited for
+    assert store.experiment().best_trial == trial.id
+
+
 # ---- defect 2: one stored direction, NNI's rule --------------------------------------------------
 # (the rule itself, without a server: tests/test_results.py)
 
@@ -396,6 +428,7 @@ TIMED_TRIAL = textwrap.dedent("""
         final = rng.random()
         note(kind="FINAL", value=final)
         nni.report_final_result(final)
+        time.sleep(rng.choice([0, 0, 0.1, 0.3, 0.6]))  # lingers after its final result (saving, cleaning up)
     code = rng.choice([0, 0, 0, 1, 2, 3])
     note(kind="exit", code=code)
     if rng.random() < 0.5:
@@ -406,8 +439,8 @@ TIMED_TRIAL = textwrap.dedent("""
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_randomized_timing_keeps_every_invariant(tmp_path, seed):
-    """Trials report k intermediates, maybe a final, then exit with a random code at random moments
-    relative to the poll interval, under an assessor that stops half of what it sees; 80 seeded cases
+    """Trials report k intermediates, maybe a final (and linger after it), then exit with a random code
+    at random moments relative to the poll interval, under an assessor that stops half of what it sees; 80 seeded cases
     per run. Besides the audit (run after every test), each trial's record must match what it did."""
     code = tmp_path / "code"
     write_trial(code, TIMED_TRIAL)
@@ -433,8 +466,8 @@ def test_randomized_timing_keeps_every_invariant(tmp_path, seed):
             assert periodical == reported, where
             finals = [e["value"] for e in journal if e["kind"] == "FINAL"]
             assert trial.final == (finals[0] if finals else None), where
-        else:  # killed: only the assessor does that here, on a result below 0.5
-            assert trial.status == "EARLY_STOPPED", where
+        else:  # killed: only the assessor does that here, on a result below 0.5, before its final was
+            assert trial.status == "EARLY_STOPPED", where  # recorded (the audit checks the order)
             assert any(v < 0.5 for v in periodical), where
         seen.add(trial.status)
     assert {"SUCCEEDED", "FAILED", "EARLY_STOPPED"} <= seen  # every path was taken

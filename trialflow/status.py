@@ -35,6 +35,8 @@ class TrialStatus(_Named):
 TERMINAL = frozenset(s for s in TrialStatus if s.is_terminal)
 LIVE = (TrialStatus.WAITING, TrialStatus.RUNNING)
 STOPPED_BY_US = (TrialStatus.USER_CANCELED, TrialStatus.EARLY_STOPPED)  # recorded before the kill they cause
+ASSESSOR_STOP = "stopped early by the assessor"  # the message of an EARLY_STOPPED trial, by its cause
+DURATION_STOP = "stopped at maxTrialDuration"
 
 
 class ExperimentStatus(_Named):

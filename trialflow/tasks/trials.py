@@ -43,6 +43,7 @@ from ..platforms import (
     experiment_retry,
 )
 from ..results import exited_by_itself
+from ..status import ASSESSOR_STOP, DURATION_STOP
 from ..store import Metric
 from ..trial_output import TrialOutput, output_logger
 from ..tuners import scalar_or_none
@@ -150,8 +151,9 @@ def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> 
     run's logs meanwhile (:mod:`trialflow.trial_output`).
 
     A poll's terminal status is looked at before the assessor: a trial that has already ended keeps its
-    own outcome (its exit code, its final result), the assessor only stops running trials. A trial
-    seen ended without ever being seen RUNNING started after the poll before."""
+    own outcome (its exit code, its final result), the assessor only stops running trials, and never
+    one whose final result is recorded (its work is done: it ends by itself). A trial seen ended
+    without ever being seen RUNNING started after the poll before."""
     output = TrialOutput(ctx.service, handle, ctx.output_budget)
     try:
         return _follow(ctx, trial_id, handle, output)
@@ -165,13 +167,18 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
     cursor: dict[str, Any] = {}
     transient = 0
     last_seen = record.start_time or time.time()  # the trial had not ended by then
+    final_in = record.final is not None
     while True:
         reason = _cancel_reason(ctx, trial_id, record.start_time)
         if ctx.halted is not None:  # looked at after: the stop that follows a halt never cancels the trial
             raise FollowingHalted(trial_id)
         if reason is not None:
             output.stopped = True
-            return _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None)
+            ended, cursor = _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None)
+            if ended is not None:
+                return ended
+            output.stopped, final_in = False, True  # the assessor's stop, dropped: the final result came in
+            continue
         polled_at = time.time()
         try:
             update = ctx.service.poll(handle, cursor)
@@ -192,6 +199,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
         cursor = update.cursor
         output.pump()
         fresh = _absorb(ctx, trial_id, update, history)
+        final_in = final_in or any(r.type == "FINAL" for r in update.metrics)
         if update.interrupted is not None:
             resubmitted = _resubmit(ctx, trial_id, handle, update.interrupted)
             if isinstance(resubmitted, TrialUpdate):
@@ -207,7 +215,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             ctx.store.set_status(trial_id, TrialStatus.RUNNING, when=polled_at)
             record.start_time = polled_at
         last_seen = polled_at
-        if fresh and update.status == TrialStatus.RUNNING and ctx.assessor is not None:
+        if fresh and update.status == TrialStatus.RUNNING and ctx.assessor is not None and not final_in:
             values = [scalar_or_none(v) for v in history]
             if all(v is not None for v in values) and ctx.assessor.assess(trial_id, values):  # type: ignore[arg-type]
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
@@ -262,9 +270,12 @@ def _cancel_reason(ctx: ExperimentContext, trial_id: str, start_time: float | No
 
 
 def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: TrialStatus,
-            cursor: dict[str, Any], history: list[Any], started: bool) -> str:
-    """Stop the trial. A started trial that has ended by itself since the last poll keeps its own
-    outcome (a trial not seen started is not polled first: a poll may start it).
+            cursor: dict[str, Any], history: list[Any], started: bool) -> tuple[str | None, dict[str, Any]]:
+    """Stop the trial; returns its recorded status (None: it was not stopped, follow it on) and the
+    metric cursor. A started trial that has ended by itself since the last poll keeps its own outcome
+    (a trial not seen started is not polled first: a poll may start it). One whose final result is
+    recorded by now is not stopped by the assessor (the request is dropped); stopped at its
+    ``maxTrialDuration``, it keeps that result as SUCCEEDED.
     Otherwise the stop is recorded first (so the kill's exit code never reads as the trial's own
     failure, even if this process dies now), then the kill, then the metrics written before it are
     collected and the record is settled: the end time after them, the exit code, and -- when the trial
@@ -280,8 +291,13 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
         if update.status.is_terminal:
             if _ran(update, history):
                 ctx.store.set_started(trial_id, polled_at)
-            return _end(ctx, trial_id, update, history, absorbed=True)
-    message = {TrialStatus.EARLY_STOPPED: "stopped early (assessor or maxTrialDuration)",
+            return _end(ctx, trial_id, update, history, absorbed=True), cursor
+    by_assessor = ctx.cancel_requests.get(trial_id) == TrialStatus.EARLY_STOPPED
+    final_in = reason == TrialStatus.EARLY_STOPPED and ctx.store.trial(trial_id).final is not None
+    if final_in and by_assessor:
+        del ctx.cancel_requests[trial_id]
+        return None, cursor
+    message = {TrialStatus.EARLY_STOPPED: ASSESSOR_STOP if by_assessor else DURATION_STOP,
                TrialStatus.USER_CANCELED: "cancelled by the user"}.get(reason, reason.value)
     recorded = ctx.store.set_status(trial_id, reason.value, message=message)
     ctx.service.cancel(handle, reason)
@@ -297,12 +313,14 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
         if exited_by_itself(code):
             status = TrialStatus.SUCCEEDED if code == 0 else TrialStatus.FAILED
             message = after.message or message
+    if final_in and status == reason:  # stopped at its limit after its work was done: the kill is not its exit
+        status, code, message = TrialStatus.SUCCEEDED, None, f"{DURATION_STOP} after its final result"
     if recorded:
         if code is not None or _ran(after or TrialUpdate(reason), history):
             ctx.store.set_started(trial_id, polled_at)  # it had not ended then, and may not have started
         ctx.store.settle(trial_id, status.value, code, message)
         _finish_tuning(ctx, trial_id, history, succeeded=status == TrialStatus.SUCCEEDED)
-    return ctx.store.trial(trial_id).status
+    return ctx.store.trial(trial_id).status, cursor
 
 
 def _absorb(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: list[Any]) -> bool:

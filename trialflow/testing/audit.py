@@ -8,6 +8,8 @@ record that is wrong in any run -- whatever the test looked at -- fails that tes
   reported a metric) has its start time, no later than its end;
 * a trial recorded as stopped by us (EARLY_STOPPED, USER_CANCELED) does not carry an exit code of its
   own choosing (0 to 127): that trial had exited by itself before the stop, and its own outcome stands;
+* an EARLY_STOPPED trial's final result, if any, was recorded after the stop (a trial whose work was
+  done is never stopped early: it keeps its outcome);
 * SUCCEEDED means exit code 0 (or none reported) and, when the trial reported a final result, that
   result as the trial's final value;
 * no more trials than the budget (``maxTrialNumber``, or a larger value set at run time);
@@ -82,7 +84,8 @@ def check_store(store: ExperimentStore) -> list[str]:
     metrics = store.metrics()
     problems: list[str] = []
     for trial in trials:
-        problems += [f"trial {trial.id} (#{trial.sequence}): {p}" for p in _trial_problems(record, trial, metrics)]
+        found = _trial_problems(record, trial, metrics) + _stopped_after_its_work(store, trial, metrics)
+        problems += [f"trial {trial.id} (#{trial.sequence}): {p}" for p in found]
     problems += _experiment_problems(record, trials)
     return [f"experiment {record.id}: {p}" for p in problems]
 
@@ -111,6 +114,16 @@ def _trial_problems(record: ExperimentRecord, trial: TrialRecord, metrics: list[
         if late:
             out.append(f"{len(late)} metric(s) stored after its end (first: {late[0].type} #{late[0].sequence})")
     return out
+
+
+def _stopped_after_its_work(store: ExperimentStore, trial: TrialRecord, metrics: list[Metric]) -> list[str]:
+    if trial.status != TrialStatus.EARLY_STOPPED:
+        return []
+    finals = [m.time for m in metrics if m.trial_id == trial.id and m.type == "FINAL"]
+    stops = [when for status, when, _ in store.status_history(trial.id) if status == TrialStatus.EARLY_STOPPED]
+    if finals and stops and min(finals) < min(stops):
+        return [f"EARLY_STOPPED though its final result was recorded {min(stops) - min(finals):.3f} s before the stop"]
+    return []
 
 
 def _why_ran(trial: TrialRecord, own: list[Metric]) -> str:
