@@ -115,3 +115,84 @@ def test_a_package_whose_store_is_no_database_is_one_line_and_leaves_nothing(tmp
     with pytest.raises(ArchiveError, match="holds a store that cannot be read"):
         load_experiment(crafted, tmp_path / "code2", tmp_path / "loaded")
     assert _files(tmp_path / "loaded") == []
+
+
+# ---- save packs the experiment's own code; load repoints every code path --------------------------
+
+MARKED_TRIAL = "import nni\nnni.get_next_parameter()\nnni.report_final_result(float(open('marker').read()))\n"
+
+
+def _v2_experiment(tmp_path: Path, **overrides) -> tuple[str, Path, Path]:
+    """(id, experiment folder, code folder) of an NNI v2 config whose code folder is named only in
+    its trainingService section, with a `.nniignore`d data folder and a config file inside."""
+    code = tmp_path / "code"
+    write_trial(code, MARKED_TRIAL)
+    (code / "marker").write_text("1")
+    (code / "data").mkdir()
+    (code / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (code / ".nniignore").write_text("data/\n")
+    config = base_config(code, tmp_path / "w", maxTrialNumber=1, **overrides)
+    del config["trialCodeDirectory"]
+    config["trainingService"] = {"platform": "local", "trialCodeDirectory": str(code)}
+    (code / "config.yml").write_text(json.dumps(config))
+    from trialflow.config import load_config
+
+    exp_id, exp_dir = create_experiment(load_config(code / "config.yml"), str(code / "config.yml"))
+    return exp_id, exp_dir, code
+
+
+def _members(package: Path) -> set[str]:
+    with tarfile.open(package, "r:gz") as tar:
+        return {m.name for m in tar.getmembers()}
+
+
+def test_save_packs_the_experiments_code_wherever_it_runs_and_never_overwrites(tmp_path, monkeypatch):
+    exp_id, exp_dir, code = _v2_experiment(tmp_path)
+    elsewhere = tmp_path / "work-folder"  # the folder the command runs in, full of other things
+    (elsewhere / "venv").mkdir(parents=True)
+    (elsewhere / "venv" / "python").write_text("not code")
+    monkeypatch.chdir(elsewhere)
+    store = open_store(tmp_path / "w", exp_id)
+    try:
+        package = save_experiment(store, exp_dir, tmp_path / "pkg", with_code=True)
+        code_files = {m for m in _members(package) if m.startswith("code")}
+        assert code_files == {"code/trial.py", "code/marker", "code/.nniignore"}  # ignored data, config left out
+        with pytest.raises(ArchiveError, match="already exists; give --force"):
+            save_experiment(store, exp_dir, tmp_path / "pkg", with_code=False)
+        assert "code/trial.py" in _members(package)  # the first package is untouched
+        save_experiment(store, exp_dir, tmp_path / "pkg", with_code=False, force=True)
+        assert not {m for m in _members(package) if m.startswith("code")}
+        assert [p.name for p in (tmp_path / "pkg").iterdir()] == [package.name]  # no partial file left
+    finally:
+        store.close()
+
+
+@pytest.mark.e2e
+def test_a_loaded_experiment_resumed_runs_its_new_trials_in_the_loaded_code(tmp_path, prefect_server):
+    from tests.test_cli import cli
+
+    exp_id, exp_dir, code = _v2_experiment(tmp_path)
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    first = cli("resume", exp_id, "--foreground", env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    saved = cli("experiment", "save", exp_id, "--path", str(tmp_path / "pkg"), "-s", env=env)
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    (code / "marker").write_text("999")  # the original changes after the save: a loaded run must not see it
+    other = {"TRIALFLOW_HOME": str(tmp_path / "other-machine")}
+    package = tmp_path / "pkg" / f"trialflow_experiment_{exp_id}.tar.gz"
+    loaded = cli("experiment", "load", "-p", str(package), "-c", str(tmp_path / "code2"), "-l",
+                 str(tmp_path / "w2"), env=other)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    config = open_store(tmp_path / "w2", exp_id).experiment().config
+    assert config["trainingService"]["trialCodeDirectory"] == str(tmp_path / "code2")
+    for step in (("update", "trialnum", exp_id, "2", "--root", str(tmp_path / "w2")),
+                 ("resume", exp_id, "--foreground", "--root", str(tmp_path / "w2"))):
+        proc = cli(*step, env=other)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    store = open_store(tmp_path / "w2", exp_id)
+    try:
+        trials = store.trials()
+    finally:
+        store.close()
+    assert [(t.status, t.final) for t in trials] == [("SUCCEEDED", 1.0), ("SUCCEEDED", 1.0)]
+    assert trials[1].log_dir.startswith(str(tmp_path / "w2"))

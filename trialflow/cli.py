@@ -664,15 +664,17 @@ def experiment_save(experiment_id: ExpIdArg = None,
                     = Path("."),
                     save_code: Annotated[bool, typer.Option("--saveCodeDir", "-s", help="also pack the trial "
                                                             "code folder")] = False,
+                    force: Annotated[bool, typer.Option("--force", help="replace a package already there")]
+                    = False,
                     root: RootOpt = None) -> None:
-    """Pack a stopped or finished experiment (store, trial folders, logs; --saveCodeDir: its code) into
-    one file that `experiment load` unpacks elsewhere."""
+    """Pack a stopped or finished experiment (store, trial folders, logs; --saveCodeDir: its code
+    folders, as its trials get them) into one file that `experiment load` unpacks elsewhere."""
     from .experiment_archive import save_experiment
 
     base, store = _store(experiment_id, root)
     if _control.controller_alive(store):
         raise CliError(f"experiment {store.experiment_id} is running; stop it first (its store is being written)")
-    written = save_experiment(store, base / store.experiment_id, path, save_code)
+    written = save_experiment(store, base / store.experiment_id, path, save_code, force)
     console.print(f"saved experiment {store.experiment_id} to {written}", highlight=False, soft_wrap=True)
 
 

@@ -2,8 +2,9 @@
 store, trial folders and logs, and optionally its code -- as one ``.tar.gz`` that another machine (or
 another folder) loads and can view, export, resume.
 
-Archive layout: ``manifest.json`` ({"id", "directory", "codeDirectory"}), ``experiment/`` (the
-experiment folder), ``code/`` (with ``--saveCodeDir``). Loading extracts with tarfile's ``data``
+Archive layout: ``manifest.json`` ({"id", "directory", "codeDirectories"}), ``experiment/`` (the
+experiment folder), ``code/`` (with ``--saveCodeDir``: the first code folder; ``code-1/``, ... those of
+further hybrid sections). Loading extracts with tarfile's ``data``
 filter (no absolute paths, no ``..``, no links leaving the target, no devices), then rewrites the
 stored paths (trial folders, code and working directory) to where the experiment now lives.
 """
@@ -12,15 +13,19 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from .experiments import has_store, open_store, register_root, search_roots
+from .codebundle import scan_code_dir
+from .experiments import has_store, open_store, register_root, search_roots, stored_config
 from .ids import looks_like_experiment_id
 from .store import DB_RELATIVE_PATH, ExperimentStore
 from .user_errors import UserError
+from .withheld import withhold
 
 MANIFEST = "manifest.json"
 MANIFEST_LIMIT = 1 << 20  # bytes of the manifest read (it is a few hundred)
@@ -34,27 +39,72 @@ def package_name(experiment_id: str) -> str:
     return f"trialflow_experiment_{experiment_id}.tar.gz"
 
 
-def save_experiment(store: ExperimentStore, experiment_dir: Path, folder: Path, with_code: bool) -> Path:
-    """Write the experiment's package into ``folder``; returns its path. Raises :class:`ArchiveError`
-    for a shared (database) store: its records are not in the folder."""
+def save_experiment(store: ExperimentStore, experiment_dir: Path, folder: Path, with_code: bool,
+                    force: bool = False) -> Path:
+    """Write the experiment's package into ``folder``; returns its path. With ``with_code``, the code
+    folder of each training-service section (the experiment's own, wherever the command runs), as its
+    trials get it: ``.nniignore`` honoured, the config file and files holding its secrets left out, the
+    upload limits held. The package appears whole or not at all. Raises :class:`ArchiveError` for a
+    shared (database) store (its records are not in the folder), a package already there without
+    ``force`` or a code folder that is gone; :class:`~trialflow.codebundle.CodeDirError` for one over
+    the limits."""
     record = store.experiment()
     if not store.url.startswith("sqlite"):
         raise ArchiveError(f"experiment {record.id} keeps its records in a shared database, not in its folder; "
                            "save works on experiments with the embedded store")
-    code = Path(str(record.config.get("trialCodeDirectory") or "."))
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / package_name(record.id)
-    manifest = {"id": record.id, "directory": str(experiment_dir), "codeDirectory": str(code)}
-    with tempfile.TemporaryDirectory() as tmp:
+    if path.exists() and not force:
+        raise ArchiveError(f"{path} already exists; give --force to replace it, or another folder (--path)")
+    codes = code_directories(record.config)
+    bundles = []
+    if with_code:
+        withhold(stored_config(store), record.config_path)
+        for code in codes:
+            if not Path(code).is_dir():
+                raise ArchiveError(f"the code directory {code} is gone; save without --saveCodeDir")
+            bundles.append(scan_code_dir(code))
+    manifest = {"id": record.id, "directory": str(experiment_dir), "codeDirectories": codes}
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
         (Path(tmp) / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
-        with tarfile.open(path, "w:gz") as tar:
+        partial = Path(tmp) / path.name
+        with tarfile.open(partial, "w:gz") as tar:
             tar.add(Path(tmp) / MANIFEST, MANIFEST)
             tar.add(experiment_dir, "experiment")
-            if with_code:
-                if not code.is_dir():
-                    raise ArchiveError(f"the code directory {code} is gone; save without --saveCodeDir")
-                tar.add(code, "code")
+            for i, bundle in enumerate(bundles):
+                for entry in bundle.entries:
+                    tar.add(entry.path, f"{_code_member(i)}/{entry.rel}", recursive=False)
+        os.replace(partial, path)
     return path
+
+
+def code_directories(config: dict[str, Any]) -> list[str]:
+    """The distinct trial code folders of a stored config, in section order (each section holds its
+    own: NNI's top-level shortcut is copied into every section that does not set it)."""
+    sections = config.get("trainingService")
+    listed = sections if isinstance(sections, list) else [sections or {}]
+    found = [s.get("trialCodeDirectory") for s in listed if isinstance(s, dict)]
+    return list(dict.fromkeys(str(c) for c in [*found, config.get("trialCodeDirectory")] if c))
+
+
+def _code_member(index: int) -> str:
+    """The package's folder for code folder ``index``: ``code`` (the only one of most experiments)."""
+    return "code" if index == 0 else f"code-{index}"
+
+
+def _repointed(config: dict[str, Any], moved: dict[str, str]) -> dict[str, Any]:
+    """``config`` with every code folder path (top level and each section) replaced per ``moved``."""
+    def repoint(section: dict[str, Any]) -> dict[str, Any]:
+        code = section.get("trialCodeDirectory")
+        return {**section, "trialCodeDirectory": moved[str(code)]} if code is not None else section
+
+    out = repoint(config)
+    sections = config.get("trainingService")
+    if isinstance(sections, list):
+        out["trainingService"] = [repoint(s) for s in sections]
+    elif isinstance(sections, dict):
+        out["trainingService"] = repoint(sections)
+    return out
 
 
 def load_experiment(package: Path, code_dir: Path, root: Path, search_space_file: Path | None = None) -> str:
@@ -87,20 +137,15 @@ def load_experiment(package: Path, code_dir: Path, root: Path, search_space_file
         except tarfile.TarError as exc:
             raise ArchiveError(f"{package} is not a trialflow experiment package ({exc})") from None
         old_dir = _stored_experiment(Path(tmp), experiment_id, package)
-        if (Path(tmp) / "code").is_dir():
-            if code_dir.exists() and any(code_dir.iterdir()):
-                raise ArchiveError(f"{code_dir} is not empty; give an empty or new folder as --codeDir")
-            code_dir.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(Path(tmp) / "code", code_dir, dirs_exist_ok=True)
-        elif not code_dir.is_dir():
-            raise ArchiveError(f"the package holds no code and {code_dir} is not a folder: give the trial code's "
-                               "folder as --codeDir")
+        moved = _place_code(Path(tmp), code_dir)
         target = root / experiment_id
         shutil.move(Path(tmp) / "experiment", target)
     store = open_store(root, experiment_id)
     try:
-        config = store.experiment().config
-        config.update(trialCodeDirectory=str(code_dir), experimentWorkingDirectory=str(root))
+        stored = store.experiment().config
+        olds = code_directories(stored)
+        config = _repointed(stored, {old: moved[min(i, len(moved) - 1)] for i, old in enumerate(olds)})
+        config["experimentWorkingDirectory"] = str(root)
         if search_space_file is not None:
             config["searchSpace"] = json.loads(search_space_file.read_text(encoding="utf-8"))
             config.pop("searchSpaceFile", None)
@@ -111,6 +156,28 @@ def load_experiment(package: Path, code_dir: Path, root: Path, search_space_file
         store.close()
     register_root(experiment_id, root)
     return experiment_id
+
+
+def _place_code(unpacked: Path, code_dir: Path) -> list[str]:
+    """Copy the package's code folders to ``code_dir`` (the first) and ``code_dir-1``, ``code_dir-2``,
+    ... beside it (those of further sections); returns where each went. A package without code
+    leaves every section's code at ``code_dir``, which must then be a folder."""
+    held = [unpacked / "code"] if (unpacked / "code").is_dir() else []
+    while (unpacked / _code_member(len(held))).is_dir() and held:
+        held.append(unpacked / _code_member(len(held)))
+    if not held:
+        if not code_dir.is_dir():
+            raise ArchiveError(f"the package holds no code and {code_dir} is not a folder: give the trial code's "
+                               "folder as --codeDir")
+        return [str(code_dir)]
+    places = [code_dir if i == 0 else code_dir.with_name(f"{code_dir.name}-{i}") for i in range(len(held))]
+    for place in places:
+        if place.exists() and any(place.iterdir()):
+            raise ArchiveError(f"{place} is not empty; give an empty or new folder as --codeDir")
+    for source, place in zip(held, places, strict=True):
+        place.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, place, dirs_exist_ok=True)
+    return [str(p) for p in places]
 
 
 def _checked_package(package: Path) -> tuple[str, int]:
