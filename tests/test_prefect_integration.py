@@ -140,3 +140,33 @@ def test_deployments_file_is_valid():
         assert os.path.isfile(dep["parameters"]["config_path"])
     nightly = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
+
+
+def test_a_runs_first_state_events_carry_its_tags_so_tag_automations_match(tmp_path):
+    """Prefect relates a run's tags to its state events from the run as created (and caches them): a
+    run tagged only once it started would send Pending and Running with no tag, and an automation on
+    ``prefect.tag.trialflow`` would miss a short sweep."""
+    from prefect import get_client
+    from prefect.events.filters import EventFilter, EventResourceFilter
+
+    from tests.conftest import wait_for
+    from trialflow.experiments import open_store
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1))
+    run_id = open_store(tmp_path / "w", result.experiment_id).experiment().flow_run_id
+    wanted = {"Pending", "Running", "Completed"}
+
+    def state_events():
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"])),
+                                       limit=50)
+        found = {e.event.rpartition(".")[2]: e for e in page.events if e.event.startswith("prefect.flow-run.")}
+        return found if wanted <= set(found) else None
+
+    events = wait_for(state_events, timeout=60, interval=0.5)
+    for name in wanted:
+        tags = {r.id for r in events[name].related if r.role == "tag"}
+        assert {"prefect.tag.trialflow", f"prefect.tag.{result.experiment_id}", "prefect.tag.local",
+                "prefect.tag.Random"} <= tags, (name, tags)

@@ -351,6 +351,7 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
     file_schedule = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")["schedules"][0]
     assert nightly.schedules[0].schedule.cron == file_schedule["cron"]
     assert nightly.schedules[0].schedule.timezone == file_schedule["timezone"]
+    assert "trialflow" in nightly.tags  # its runs carry the tag from their creation
 
     home = tmp_path / "home"
     worker = server.spawn(["prefect", "worker", "start", "--pool", "local"], tmp_path / "worker.log",
@@ -362,6 +363,7 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         assert run.returncode == 0, run.stdout + run.stderr
         finished = _flow_run_of(client, "experiment/quickstart", timeout=400)
         assert finished.state.type.value == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+        assert "trialflow" in finished.tags
         quick = [e for e in list_experiments(home) if e.record.name == "quickstart"]
         assert [e.record.status for e in quick] == ["DONE"]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, tags
 from prefect.context import FlowRunContext
 from prefect.exceptions import Abort, CancelledRun, TerminationSignal
 from prefect.futures import PrefectFuture
@@ -66,6 +66,7 @@ from .run_control import (
     run_tags,
     signal_of,
     stop_reason,
+    stored_run_tags,
 )
 from .temporary_server import guard_temporary_servers
 
@@ -119,10 +120,8 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         stack.enter_context(_controller_log(exp_dir))
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
         withhold(config, config_path or store.experiment().config_path)  # out of the code bundles
-        tuner = config.tuner.name or config.tuner.class_name if config.tuner else None
         previous = store.experiment()  # a resumed experiment's earlier run
-        flow_run_id = label_run(experiment_id, run_tags(experiment_id, [s.platform for s in config.services],
-                                                        tuner))
+        flow_run_id = label_run(experiment_id, run_tags(experiment_id, config))
         if previous.flow_run_id and previous.flow_run_id != flow_run_id and previous.prefect_api \
                 and previous.prefect_api == _configured_api():
             # its controller is gone (resume refuses a live one): that run would say Running for ever
@@ -183,6 +182,8 @@ def run_experiment_flow(config_path: str | None, experiment_id: str | None, root
             if experiment_id is not None:
                 record_unstarted_run(experiment_id, exc, root)
             raise
+        if experiment_id is not None:
+            stack.enter_context(tags(*stored_run_tags(experiment_id, root)))
         return experiment_flow(config_path, experiment_id, root, return_state=True)
 
 

@@ -1,13 +1,14 @@
 """How an experiment's flow run talks to Prefect about itself: its name and tags, a retry of it, a
 cancel of it, and a Ctrl-C in the terminal that runs it.
 
-Lifecycle: inside the experiment flow, :func:`label_run` names the run by its experiment id and tags it
-once the id is known; :func:`retried_experiment` tells a retried run (the UI's Retry) which experiment
-it created, so it resumes that one; a :class:`StopWatch` is asked every loop tick whether the run must
-stop (a Ctrl-C noted by :func:`interrupt`, or the run Cancelling in Prefect: there is no worker to
-kill a run started from the CLI or a notebook). Outside the flow, :func:`end_flow_run` gives a run
-whose controller is gone a final state. Every Prefect call here is best effort: an unreachable API
-never stops the experiment, it is logged.
+Lifecycle: a run of a stored experiment is created with its tags (:func:`stored_run_tags`); inside the
+experiment flow, :func:`label_run` names the run by its experiment id and tags it once the id is known
+(a deployment's run of a new experiment learns it there); :func:`retried_experiment` tells a retried run
+(the UI's Retry) which experiment it created, so it resumes that one; a :class:`StopWatch` is asked
+every loop tick whether the run must stop (a Ctrl-C noted by :func:`interrupt`, or the run Cancelling in
+Prefect: there is no worker to kill a run started from the CLI or a notebook). Outside the flow,
+:func:`end_flow_run` gives a run whose controller is gone a final state. Every Prefect call here is best
+effort: an unreachable API never stops the experiment, it is logged.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import signal
 import time
 from typing import Any
 
-from ..experiments import ExperimentNotFound, find_experiment
+from ..config import ExperimentConfig
+from ..experiments import ExperimentNotFound, find_experiment, stored_config
 from ..ids import looks_like_experiment_id
 from .api_outage import OptionalCalls, next_try_after
 
@@ -63,9 +65,27 @@ def _this_run() -> Any:
     return ctx.flow_run if ctx is not None else None
 
 
-def run_tags(experiment_id: str, platforms: list[str], tuner: str | None) -> list[str]:
+def run_tags(experiment_id: str, config: ExperimentConfig) -> list[str]:
     """The tags of an experiment's run: ``trialflow``, its id, its platforms and its tuner."""
-    return [TAG, experiment_id, *platforms, *([tuner] if tuner else [])]
+    tuner = (config.tuner.name or config.tuner.class_name) if config.tuner else None
+    platforms = [s.platform for s in config.services]
+    return list(dict.fromkeys([TAG, experiment_id, *platforms, *([tuner] if tuner else [])]))
+
+
+def stored_run_tags(experiment_id: str, root: str | None) -> list[str]:
+    """:func:`run_tags` of a stored experiment, for a run created with them (so its first state
+    events carry them: Prefect takes a run's tags for its events when it is created, and an
+    automation on ``prefect.tag.trialflow`` matches those); ``trialflow`` and the id when its store
+    cannot be read here (the run then labels itself once it has opened it)."""
+    try:
+        _, store = find_experiment(experiment_id, root)
+        try:
+            return run_tags(experiment_id, stored_config(store))
+        finally:
+            store.close()
+    except Exception as exc:  # noqa: BLE001 -- the tags are best effort: the run opens the store itself
+        log.debug("tags of experiment %s not read before its run: %s", experiment_id, exc)
+        return [TAG, experiment_id]
 
 
 def label_run(experiment_id: str, tags: list[str]) -> str | None:
