@@ -520,3 +520,58 @@ def test_server_start_takes_the_port_asked_for_keeps_it_and_says_so_when_it_cann
     again = _cli(home, "server", "start")  # later starts keep the port chosen
     assert again.returncode == 0 and f"UI http://127.0.0.1:{port} " in again.stdout, again.stdout
     _guard(home)
+
+
+SAVE_FROM_PYTHON = """
+import trialflow
+from trialflow.blocks import SSHCredentials
+with trialflow.prefect_api():
+    SSHCredentials(username="me", password="pw-from-python").save("from-python", overwrite=True)
+"""
+LOOKUP = """
+import sys
+from trialflow.blocks import SSHCredentials
+from trialflow.blocks._load import load_block
+from trialflow.flows.run_api import experiment_api
+with experiment_api():  # where an experiment looks its blocks up
+    for name in sys.argv[1:]:
+        try:
+            print(name, load_block(SSHCredentials, name).username)
+        except Exception as exc:
+            print(name, "missing:", exc)
+"""
+
+
+def test_a_second_shell_and_a_notebook_save_blocks_where_experiments_find_them(tmp_path, home):
+    """The README's steps in a fresh shell: `eval "$(trialflow server env)"`, then Prefect's own CLI and
+    Python reach the kept server; `trialflow.prefect_api()` does the same inside Python. A block that is
+    not there is named with the API it was looked up in."""
+    started = _cli(home, "server", "start")
+    assert started.returncode == 0, started.stdout + started.stderr
+    _guard(home)
+    assert 'eval "$(trialflow server env)"' in started.stdout
+    server = running_server(home)
+    bin_dir = os.path.dirname(sys.executable)
+    shell = f"""
+        set -e
+        eval "$(trialflow server env)"
+        test "$PREFECT_API_URL" = {server.url}
+        prefect block register -m trialflow.blocks > /dev/null
+        python -c "from trialflow.blocks import SSHCredentials; SSHCredentials(username='me', password='pw-from-shell').save('from-shell', overwrite=True)"
+        prefect block ls
+        """
+    proc = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=240,
+                          env=_env(home, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "from-shell" in proc.stdout and server.auth not in proc.stdout + proc.stderr
+    saved = subprocess.run([sys.executable, "-c", SAVE_FROM_PYTHON], capture_output=True, text=True,
+                           env=_env(home), timeout=120)
+    assert saved.returncode == 0, saved.stderr
+    found = subprocess.run([sys.executable, "-c", LOOKUP, "from-shell", "from-python", "gpu2-login"],
+                           capture_output=True, text=True, env=_env(home), timeout=120)
+    lines = found.stdout.splitlines()
+    assert lines[:2] == ["from-shell me", "from-python me"], found.stdout + found.stderr
+    assert lines[2].startswith(f"gpu2-login missing: SSHCredentials block 'gpu2-login' not found in the Prefect "
+                               f"API at {server.url}")
+    elsewhere = _cli(home, "server", "env", PREFECT_API_URL="http://127.0.0.1:9/api")
+    assert elsewhere.returncode == 1 and "PREFECT_API_URL is set to http://127.0.0.1:9/api" in elsewhere.stdout

@@ -145,3 +145,39 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     assert "bohb: needs statsmodels (pip install 'trialflow[bohb]')" in ok("package", "show", env=env)
     gen = nnictl("ss_gen", "-t", "python3 trial.py", env=env)
     assert gen.returncode == 1 and "annotations, which NNI 3.0 removed" in gen.stdout
+
+
+def test_an_update_made_through_trialflow_is_no_edit_of_the_config_file(tmp_path, prefect_server):
+    """After `update searchspace` the file still names the old space: resumes and `log trial` say
+    nothing of a changed config file, and the new space stays in force; a real edit is still warned."""
+    write_trial(tmp_path / "code", "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    (tmp_path / "space.json").write_text('{"x": {"_type": "choice", "_value": [1]}}')
+    config = base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=1, trialConcurrency=1,
+                         searchSpaceFile=str(tmp_path / "space.json"))
+    del config["searchSpace"]
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "w")}
+    created = nnictl("create", "--config", str(path), "--foreground", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+    (exp_id,) = [e.id for e in list_experiments(tmp_path / "w")]
+    (tmp_path / "new_space.json").write_text('{"x": {"_type": "choice", "_value": [7]}}')
+    ok("update", "searchspace", exp_id, "-f", str(tmp_path / "new_space.json"), env=env)
+    outputs = []
+    for budget in ("2", "3"):
+        ok("update", "trialnum", exp_id, "-v", budget, env=env)
+        resumed = nnictl("resume", exp_id, "--foreground", env=env)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        outputs.append(resumed.stdout + resumed.stderr)
+    store = open_store(tmp_path / "w", exp_id)
+    trials = store.trials()
+    outputs.append(nnictl("log", "trial", exp_id, "-T", trials[-1].id, env=env).stdout)
+    outputs.append((tmp_path / "w" / exp_id / "log" / "experiment.log").read_text())
+    assert not [o for o in outputs if "changed since it was created" in o]
+    assert [t.parameters["x"] for t in trials] == [1, 7, 7]
+    config["maxTrialDuration"] = "1h"  # an edit of the file: said once, when the experiment runs
+    path.write_text(yaml.safe_dump(config))
+    ok("update", "trialnum", exp_id, "-v", "4", env=env)
+    edited = nnictl("resume", exp_id, "--foreground", env=env)
+    assert "changed since it was created (maxTrialDuration)" in edited.stdout + edited.stderr
+    assert store.trials()[-1].parameters["x"] == 7

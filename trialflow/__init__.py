@@ -21,6 +21,7 @@ _EXPORTS = {
     "update_experiment": "trialflow.api",
     "update_search_space": "trialflow.api",
     "delete_experiment": "trialflow.api",
+    "prefect_api": "trialflow.api",
     "UserError": "trialflow.user_errors",
     "ExperimentConfig": "trialflow.config",
     "ConfigError": "trialflow.config",

@@ -175,6 +175,24 @@ class ExperimentSession:
 
 
 @contextmanager
+def prefect_api() -> Iterator[str | None]:
+    """Inside the block, Prefect calls of this process (saving a credentials block, reading runs) go
+    to the Prefect API experiments report to: a configured ``PREFECT_API_URL`` as it is (yields None),
+    else trialflow's kept local server, started when none runs (yields its API URL). So a notebook
+    saves ``SSHCredentials(...).save("gpu2-login")`` where its experiments will look for it::
+
+        with trialflow.prefect_api():
+            SSHCredentials(host="gpu2", username="me", password="...").save("gpu2-login")
+
+    Raises :class:`~trialflow.kept_server.ServerError` when the kept server cannot start or the
+    configured API does not answer."""
+    from .flows.run_api import experiment_api
+
+    with experiment_api() as url:
+        yield url
+
+
+@contextmanager
 def experiment_session(config: ConfigLike) -> Iterator[ExperimentSession]:
     """Create an experiment from ``config``, prepare its training service and open it for the task
     library; on exit the experiment is DONE (ERROR when the block raised) and the service is closed.

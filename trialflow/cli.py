@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -200,7 +201,10 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
     controller = controller or take_controller()
     controller.run(experiment_id, root, config_path)
     console.print(f"experiment [bold]{experiment_id}[/] started in the background (pid {controller.pid})", markup=True)
-    console.print(f"  Prefect UI: {_run_page(experiment_id, root, controller, earlier_run)}", soft_wrap=True)
+    page, on_kept_server = _run_page(experiment_id, root, controller, earlier_run)
+    console.print(f"  Prefect UI: {page}", soft_wrap=True)
+    if on_kept_server:  # a second shell's prefect commands need its address
+        console.print(f"  prefect CLI: {SERVER_ENV_LINE}", soft_wrap=True, highlight=False)
     console.print(f"  progress:   trialflow trial ls {experiment_id}   log: {log_path}", soft_wrap=True)
     console.print(f"  stop:       trialflow stop {experiment_id}")
     if live is not None:
@@ -215,13 +219,15 @@ def _use_kept_server() -> None:
     point_this_process_at_kept_server()
 
 
+SERVER_ENV_LINE = 'eval "$(trialflow server env)"'
 RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
 
 
-def _run_page(experiment_id: str, root: Path, controller: PendingController, earlier_run: str | None) -> str:
+def _run_page(experiment_id: str, root: Path, controller: PendingController,
+              earlier_run: str | None) -> tuple[str, bool]:
     """The Prefect UI page of the background controller's flow run, once it has recorded it (as nnictl
-    prints its web UI's address): a run other than ``earlier_run``, the one a resumed experiment had.
-    Raises :class:`CliError` when the controller ends before that."""
+    prints its web UI's address): a run other than ``earlier_run``, the one a resumed experiment had;
+    and whether that is on the kept server. Raises :class:`CliError` when the controller ends before that."""
     from .kept_server import flow_run_page, sign_in_note
 
     store = _experiments.open_store(root, experiment_id)
@@ -231,8 +237,9 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController, ear
             record = store.experiment()
             if record.flow_run_id and record.flow_run_id != earlier_run:
                 page = flow_run_page(record.prefect_api, record.flow_run_id)
-                return page + sign_in_note(record.prefect_api) if page else (
-                    "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)")
+                note = sign_in_note(record.prefect_api)  # only the kept server has one
+                return (page + note, bool(note)) if page else (
+                    "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)", False)
             if controller.proc.poll() is not None:
                 log = root / experiment_id / Path(_experiments.CONTROLLER_LOG).parent / CONTROLLER_OUTPUT
                 why = record.message or f"see {log if log.exists() else controller.spool}"
@@ -240,7 +247,7 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController, ear
             time.sleep(0.05)
     finally:
         store.close()
-    return f"not known yet: trialflow webui url {experiment_id}"
+    return f"not known yet: trialflow webui url {experiment_id}", False
 
 
 @app.command()
@@ -791,6 +798,7 @@ def _print_server(server: KeptServer, what: str) -> None:
     console.print(f"  database and log: {server.home}", soft_wrap=True, highlight=False)
     console.print(f"  private to you: the UI and API ask for the auth string in {server.home / 'auth'}",
                   soft_wrap=True, highlight=False)
+    console.print(f"  prefect commands and Python in your shell: {SERVER_ENV_LINE}", soft_wrap=True, highlight=False)
 
 
 @server_app.command("start")
@@ -803,6 +811,24 @@ def server_start(port: Annotated[int | None, typer.Option(
     server = ensure_server() if port is None else ensure_server(port=port, exact_port=True)
     _print_server(server, "already running" if already else "started")
     _configured_api_note()
+
+
+@server_app.command("env")
+def server_env() -> None:
+    """The shell line that points this shell's `prefect` commands and Python at the kept server (started
+    when none runs): eval "$(trialflow server env)"."""
+    from prefect.settings import PREFECT_API_URL
+
+    from .kept_server import ensure_server, running_server
+
+    configured = PREFECT_API_URL.value()
+    current = running_server()
+    if configured and (current is None or configured != current.url):
+        raise CliError(f"PREFECT_API_URL is set to {configured}: this shell reports there; unset it to use "
+                       "trialflow's local Prefect server")
+    server = ensure_server()
+    server.wait_until_healthy()
+    typer.echo("export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in server.client_settings().items()))
 
 
 @server_app.command("status")

@@ -110,7 +110,7 @@ def open_service(store: ExperimentStore, base: Path) -> TrainingService:
     from .experiments import load_experiment_config
     from .platforms import experiment_service
 
-    return experiment_service(load_experiment_config(store), base / store.experiment_id)
+    return experiment_service(load_experiment_config(store, to_run=False), base / store.experiment_id)
 
 
 def cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> list[str]:

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,20 +181,48 @@ def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[st
             != json.dumps(given.get(k), sort_keys=True, default=str)]
 
 
+CHANGED_FIELDS = "changed_fields"  # control: top-level config fields trialflow set itself (update, overrides)
+
+
+def note_changed_fields(store: ExperimentStore, fields: Iterable[str]) -> None:
+    """Record that trialflow itself set these top-level fields of the stored config (`update
+    searchspace`, a run's ``overrides``): the config file differing there is not an edit."""
+    changed = set(store.controls().get(CHANGED_FIELDS) or [])
+    if not set(fields) <= changed:
+        store.set_control(CHANGED_FIELDS, sorted(changed | set(fields)))
+
+
+def _with_changes(store: ExperimentStore, record: ExperimentRecord,
+                  given: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
+    """``given`` (a config file's) with the fields trialflow set itself taken from the stored copy, and
+    the fields in which the file differs otherwise (edits)."""
+    changed = set(store.controls().get(CHANGED_FIELDS) or [])
+    differ = config_differences(record.config, given.dump())
+    taken = [k for k in differ if k in changed]
+    if taken:
+        stored = stored_config(store)
+        names = {field.alias or name: name for name, field in ExperimentConfig.model_fields.items()}
+        given = given.model_copy(update={names[k]: getattr(stored, names[k]) for k in taken if k in names})
+    return given, [k for k in differ if k not in changed]
+
+
 def load_experiment_config(store: ExperimentStore, config_path: str | None = None,
-                           given: ExperimentConfig | None = None) -> ExperimentConfig:
+                           given: ExperimentConfig | None = None, to_run: bool = True) -> ExperimentConfig:
     """The config the stored experiment runs with: always its own. The in-process original when this
     process created it; else the config of ``config_path`` (``given``, when the caller loaded it
     already) or of the file it was created from, when it still describes the same experiment (it holds
     secrets the stored copy masks); else the stored copy.
+
+    Fields trialflow set itself (``update searchspace``, a run's overrides) come from the stored copy
+    and are no edit of the file. An edited file is warned about when the config is loaded ``to_run``
+    the experiment (a read-only command's look at its platform says nothing).
 
     Raises :class:`ConfigMismatch` when ``config_path`` describes another experiment (naming the
     fields that differ), and :class:`ConfigError` when it does not load."""
     live = LIVE_CONFIGS.get(store.experiment_id)
     record = store.experiment()
     if config_path:
-        given = given or load_config(config_path)
-        differ = config_differences(record.config, given.dump())
+        given, differ = _with_changes(store, record, given or load_config(config_path))
         if differ:
             raise ConfigMismatch(f"{config_path} describes another experiment than {record.id} (they differ in "
                                  f"{', '.join(differ)}): run a stored experiment without a config path, or "
@@ -205,14 +234,14 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
         try:
             given = _load_quietly(record.config_path)
         except ConfigError as exc:
-            log.warning("the experiment's config file %s no longer loads (%s): running the stored config",
-                        record.config_path, exc)
+            log.log(logging.WARNING if to_run else logging.DEBUG, "the experiment's config file %s no longer "
+                    "loads (%s): running the stored config", record.config_path, exc)
         else:
-            differ = config_differences(record.config, given.dump())
+            given, differ = _with_changes(store, record, given)
             if not differ:
                 return given
-            log.warning("the experiment's config file %s changed since it was created (%s): running the stored "
-                        "config", record.config_path, ", ".join(differ))
+            log.log(logging.WARNING if to_run else logging.DEBUG, "the experiment's config file %s changed since "
+                    "it was created (%s): running the stored config", record.config_path, ", ".join(differ))
     return stored_config(store)
 
 

@@ -21,6 +21,11 @@ def load_block(block_type: type[B], name: str) -> B | Any:
     try:
         return Block.load(name) if "/" in name else block_type.load(name)
     except (ValueError, KeyError) as exc:
+        from prefect.settings import PREFECT_API_URL
+
         cls = block_type.__name__
-        raise BlockNotFoundError(f"{cls} block {name!r} not found ({exc}); create it with "
-                                 f"{cls}(...).save({name!r}) or in the Prefect UI") from None
+        where = PREFECT_API_URL.value() or "Prefect's temporary server"
+        raise BlockNotFoundError(
+            f"{cls} block {name!r} not found in the Prefect API at {where} ({exc}); create it there with "
+            f"{cls}(...).save({name!r}) inside `with trialflow.prefect_api():` (or in a shell after "
+            f'eval "$(trialflow server env)"), or in that server\'s UI') from None

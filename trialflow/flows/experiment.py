@@ -35,7 +35,7 @@ from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger, tags
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TagsContext
 from prefect.exceptions import Abort, CancelledRun, TerminationSignal
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, Completed, Failed, State
@@ -45,7 +45,14 @@ from prefect.utilities.annotations import allow_failure
 from ..config import load_config
 from ..context import ExperimentContext, open_context
 from ..disk_space import NoSpaceLeft, SpaceTolerantFileHandler, no_space, out_of_space
-from ..experiments import CONTROLLER_LOG, create_experiment, find_experiment, load_experiment_config, open_store
+from ..experiments import (
+    CONTROLLER_LOG,
+    create_experiment,
+    find_experiment,
+    load_experiment_config,
+    note_changed_fields,
+    open_store,
+)
 from ..kept_server import ServerError
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, experiment_retry
@@ -117,6 +124,9 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     store = open_store(root, experiment_id, given)
     exp_dir = root / experiment_id
     with ExitStack() as stack:
+        # the run's tags stay on the run: a tagged task run takes a tag concurrency lease from the API
+        # (a round trip per task run, and a stall while the API is gone)
+        stack.enter_context(TagsContext(current_tags=set()))
         stack.enter_context(_controller_log(exp_dir))
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
         withhold(config, config_path or store.experiment().config_path)  # out of the code bundles
@@ -531,6 +541,7 @@ def _apply_search_space(ctx: ExperimentContext, space: Any) -> None:
     stored["searchSpace"] = space
     stored.pop("searchSpaceFile", None)
     ctx.store.set_experiment(config=json.dumps(stored))
+    note_changed_fields(ctx.store, ["searchSpace"])  # the config file still says the old one: not an edit
     get_run_logger().info("experiment %s: search space updated; later trials use it", ctx.experiment_id)
 
 
