@@ -528,6 +528,8 @@ from trialflow.blocks import SSHCredentials
 with trialflow.prefect_api():
     SSHCredentials(username="me", password="pw-from-python").save("from-python", overwrite=True)
 """
+SAVE_FROM_SHELL = ("from trialflow.blocks import SSHCredentials; "
+                   "SSHCredentials(username='me', password='pw-from-shell').save('from-shell', overwrite=True)")
 LOOKUP = """
 import sys
 from trialflow.blocks import SSHCredentials
@@ -557,7 +559,7 @@ def test_a_second_shell_and_a_notebook_save_blocks_where_experiments_find_them(t
         eval "$(trialflow server env)"
         test "$PREFECT_API_URL" = {server.url}
         prefect block register -m trialflow.blocks > /dev/null
-        python -c "from trialflow.blocks import SSHCredentials; SSHCredentials(username='me', password='pw-from-shell').save('from-shell', overwrite=True)"
+        python -c "{SAVE_FROM_SHELL}"
         prefect block ls
         """
     proc = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=240,

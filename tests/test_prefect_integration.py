@@ -175,3 +175,35 @@ def test_a_runs_first_state_events_carry_its_tags_so_tag_automations_match(tmp_p
         tags = {r.id for r in events[name].related if r.role == "tag"}
         assert {"prefect.tag.trialflow", f"prefect.tag.{result.experiment_id}", "prefect.tag.local",
                 "prefect.tag.Random"} <= tags, (name, tags)
+
+
+def test_a_deployment_runs_overrides_change_a_new_experiments_config_as_validated_as_the_file(tmp_path):
+    """`prefect deployment run experiment/quickstart -p overrides='{"trialConcurrency": 1}'` (or the UI's
+    custom run form, whose fields come from the flow's parameters) changes the run's config; a bad value
+    is refused as in a file, one line per mistake, under a heading that names the overrides."""
+    from trialflow.config import ConfigError
+    from trialflow.experiments import CHANGED_FIELDS, open_store
+    from trialflow.flows.experiment import experiment_flow
+
+    assert "overrides" in experiment_flow.parameters.properties  # a field of the UI's custom run form
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=5)))
+    overrides = {"maxTrialNumber": 2, "trialConcurrency": 1, "tuner": {"classArgs": {"seed": 3}}}
+    assert experiment_flow(str(path), overrides=overrides) == "DONE"
+    (entry,) = list_experiments(tmp_path / "w")
+    stored = entry.record.config
+    assert (stored["maxTrialNumber"], stored["trialConcurrency"]) == (2, 1)
+    assert stored["tuner"] == {"name": "Random", "classArgs": {"seed": 3}}  # merged into the file's tuner
+    store = open_store(tmp_path / "w", entry.id)
+    assert len(store.trials()) == 2 and set(store.controls()[CHANGED_FIELDS]) == set(overrides)
+    store.close()
+    with pytest.raises(ConfigError) as bad:
+        experiment_flow(str(path), overrides={"trialConcurrency": 0})
+    heading, *mistakes = str(bad.value).splitlines()
+    assert 'with overrides {"trialConcurrency": 0}' in heading
+    assert mistakes == ["  - trialConcurrency: Input should be greater than 0 (got 0)"]
+    assert len(list_experiments(tmp_path / "w")) == 1  # nothing created
+    with pytest.raises(ValueError, match="overrides apply to a new experiment"):
+        experiment_flow(str(path), experiment_id=entry.id, overrides={"trialConcurrency": 2})

@@ -330,20 +330,35 @@ def load_search_space_file(path: Path) -> Any:
         raise ValueError(f'searchSpaceFile "{path}" is neither valid JSON nor YAML: {exc}') from None
 
 
-def parse_config(data: Any, base_dir: str | os.PathLike[str] | None = None, source: str | None = None
-                 ) -> ExperimentConfig:
-    """Validate a config mapping; relative paths resolve against ``base_dir`` (default: cwd)."""
+def parse_config(data: Any, base_dir: str | os.PathLike[str] | None = None, source: str | None = None,
+                 overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Validate a config mapping; relative paths resolve against ``base_dir`` (default: cwd).
+    ``overrides`` (v2 field names) replace fields of the (v2, or converted) config before it is
+    validated: a mapping given for a mapping field is merged into it, key by key."""
     if not isinstance(data, dict):
         raise ConfigError([f"the config must be a mapping of fields, got {type(data).__name__}"], source)
     if is_v1(data):
         data = convert_v1(data)
         warnings.warn("converted a legacy v1 (NNI 1.x/2.x) config to the v2 schema; "
                       "`trialflow config convert` prints the v2 equivalent", ConfigWarning, stacklevel=2)
+    if overrides:
+        if not isinstance(overrides, dict):
+            raise ConfigError([f"overrides must be a mapping of config fields, got {type(overrides).__name__}"],
+                              source)
+        data = _merged(data, overrides)
+        source = f"{source or 'the config'} with overrides {json.dumps(overrides, default=str)}"
     context = {"base_dir": os.fspath(base_dir) if base_dir is not None else os.getcwd()}
     try:
         return ExperimentConfig.model_validate(data, context=context)
     except ValidationError as exc:
         raise ConfigError(format_errors(exc), source) from None
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
@@ -366,10 +381,11 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
         raise ConfigError([f"not valid YAML{where}: {problem}"], str(file)) from None
 
 
-def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Load a YAML or JSON experiment config file (NNI v2, or v1 converted with a notice)."""
+def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Load a YAML or JSON experiment config file (NNI v2, or v1 converted with a notice), with
+    ``overrides`` as :func:`parse_config` applies them."""
     data, file = read_config_file(path)
-    return parse_config(data, base_dir=file.parent, source=str(file))
+    return parse_config(data, base_dir=file.parent, source=str(file), overrides=overrides)
 
 
 def convert_config_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:

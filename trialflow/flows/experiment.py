@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -97,10 +97,13 @@ def _run_name() -> str:
 @flow(name="experiment", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS),  # type: ignore[arg-type]
       validate_parameters=False)
 def experiment_flow(config_path: str | None = None, experiment_id: str | None = None,
-                    working_directory: str | None = None) -> State:
+                    working_directory: str | None = None, overrides: dict[str, Any] | None = None) -> State:
     """Run a new experiment from ``config_path``, or run/resume the stored ``experiment_id`` (found
     under ``working_directory`` or the known roots) with its own stored config: a ``config_path`` given
     with it must describe the same experiment (``ConfigMismatch`` otherwise, the experiment untouched).
+    ``overrides`` (config fields, as in the file: ``{"trialConcurrency": 4}``) change a new
+    experiment's config before it is validated, as a deployment run's parameter; a stored
+    experiment's are changed with ``trialflow update`` instead (``ValueError``).
 
     The run's state carries the final status (DONE, STOPPED) as its result. It is Completed, or Failed
     when the experiment ran trials and none succeeded (the message counts them); a run that cannot go
@@ -108,16 +111,22 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     logger = get_run_logger()
     guard_temporary_servers()  # a SIGKILLed controller must not leave its temporary server running
     given = None
+    if experiment_id is not None and overrides:
+        raise ValueError(f"overrides apply to a new experiment; change experiment {experiment_id}'s settings "
+                         "with `trialflow update` instead")
     if experiment_id is None:
         experiment_id = retried_experiment()  # Prefect's Retry of a run that created one resumes it
-        if experiment_id is not None:
+        if experiment_id is not None:  # with its overrides, stored at its creation
             logger.info("this run is a retry: it resumes experiment %s", experiment_id)
     if experiment_id is None:
         if not config_path:
             raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
         config_path = os.path.abspath(config_path)
-        experiment_id, exp_dir = create_experiment(load_config(config_path), config_path)
+        experiment_id, exp_dir = create_experiment(load_config(config_path, overrides), config_path)
         root = exp_dir.parent
+        if overrides:
+            with closing(open_store(root, experiment_id)) as created:
+                note_changed_fields(created, overrides)  # the file says otherwise there: not an edit
     else:
         given = load_config(config_path) if config_path else None  # may hold a shared store's password
         root = Path(working_directory).resolve() if working_directory else find_experiment(experiment_id)[0]
