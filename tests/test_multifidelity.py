@@ -230,13 +230,31 @@ def _best(name, seed, trials, **args):
     return best
 
 
-@pytest.mark.parametrize("name, args", [("SMAC", {}), ("Metis", {}), ("DNGO", {"trials_per_update": 10,
-                                                                             "sample_size": 300})])
+GP_SMALL = {"selection_num_warm_up": 2000, "selection_num_starting_points": 5}
+
+
+@pytest.mark.parametrize("name, args", [
+    ("SMAC", {}), ("Metis", {}), ("DNGO", {"trials_per_update": 10, "sample_size": 300}),
+    ("GP", {"utility": "ei", **GP_SMALL}), ("GPTuner", {"utility": "ucb", "kappa": 2.0, **GP_SMALL}),
+    ("GP", {"utility": "poi", "xi": 0.01, **GP_SMALL})])
 def test_model_based_tuners_improve_on_random(name, args):
     seeds, trials = range(3), 25
     model = statistics.median(_best(name, seed, trials, **args) for seed in seeds)
     rnd = statistics.median(_best("Random", seed, trials) for seed in seeds)
     assert model < rnd / 3, (model, rnd)
+
+
+def test_nnis_own_gp_config_arguments_are_accepted_with_their_meaning():
+    """NNI's test/training_service/config/tuners/gp.yml, classArgs as written there."""
+    nni_args = {"optimize_mode": "maximize", "utility": "ei", "kappa": 5.0, "xi": 0.0, "nu": 2.5, "alpha": 1.0e-6,
+                "cold_start_num": 10, "selection_num_warm_up": 100000, "selection_num_starting_points": 250}
+    gp = tuner("GPTuner", space=QUAD2, **nni_args)
+    assert (gp.utility, gp.kappa, gp.xi, gp.nu, gp.alpha, gp.n_initial, gp.warm_up, gp.starts) == (
+        "ei", 5.0, 0.0, 2.5, 1.0e-6, 10, 100000, 250)
+    with pytest.raises(TunerError, match="utility must be one of ei, ucb, poi"):
+        tuner("GP", space=QUAD2, utility="lcb")
+    with pytest.raises(TunerError, match="nu must be a positive number"):
+        tuner("GP", space=QUAD2, nu=0)
 
 
 def test_metis_refuses_what_nnis_metis_refuses():

@@ -138,7 +138,7 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     assert shown["className"] == "my_tuner.MyTuner" and shown["algoType"] == "tuner"
     assert yaml.safe_load(ok("algo", "show", "GP", env=env))["extra"] == "trialflow[gp]"
     ok("algo", "unreg", "MyTuner", env=env)
-    assert "gp: needs PyTorch (pip install 'trialflow[gp]')" in ok("package", "show", env=env)
+    assert "gp: needs scikit-learn (pip install 'trialflow[gp]')" in ok("package", "show", env=env)
     assert "TPE needs no extra package" in ok("package", "install", "TPE", env=env)
     ppo = nnictl("package", "install", "PPOTuner", env=env)
     assert ppo.returncode == 1 and "neural architecture search tuners, out of trialflow's scope" in ppo.stdout

@@ -52,8 +52,8 @@ def _nothing_created(tmp_path: Path) -> bool:
      "error: tuner TPE: unknown classArgs key 'optimise_mode'; allowed: optimize_mode, seed, tpe_args"),
     ({"assessor": {"name": "Medianstop", "classArgs": {"start_step": -1}}}, (),
      "error: assessor Medianstop: classArgs.start_step must be a non-negative integer (got -1)"),
-    ({"tuner": {"name": "GP", "classArgs": {"optimize_mode": "maximize"}}}, ("torch",),
-     "error: the GP tuner needs PyTorch: pip install 'trialflow[gp]'"),
+    ({"tuner": {"name": "GP", "classArgs": {"optimize_mode": "maximize"}}}, ("sklearn",),
+     "error: the GP tuner needs scikit-learn: pip install 'trialflow[gp]'"),
 ])
 def test_tuner_and_assessor_settings_are_refused_at_create(tmp_path, overrides, hide, message, foreground):
     proc = cli("create", "--config", str(_config(tmp_path, **overrides)), *(["--foreground"] if foreground else []),

@@ -1,9 +1,9 @@
 """Built-in tuners under NNI's names, with NNI's defaults and ``classArgs`` validation.
 
-Names are case-insensitive. Optuna samplers back TPE, Random, CMA-ES and GP; GridSearch, Batch,
+Names are case-insensitive. Optuna samplers back TPE, Random and CMA-ES; GridSearch, Batch,
 Anneal and Evolution walk the same internal space themselves (Optuna has no sampler with their
 semantics that handles nested choices). Hyperband, BOHB (statsmodels' KDE) and PBT pass budgets and
-checkpoint folders to trials as NNI's do; SMAC runs on SMAC3, Metis and DNGO on scikit-learn. NNI's
+checkpoint folders to trials as NNI's do; SMAC runs on SMAC3, Metis, DNGO and GP on scikit-learn. NNI's
 NAS-only tuners are refused.
 """
 
@@ -35,8 +35,8 @@ from .custom import NniTuner, check_algorithm, is_custom, load_custom
 from .evolution import EvolutionTuner
 from .grid import BatchTuner, GridSearchTuner
 from .hyperband import HyperbandTuner
-from .model_based import DngoTuner, MetisTuner
-from .optuna_tuners import OptunaTuner, cmaes_sampler, gp_sampler, random_sampler, tpe_sampler
+from .model_based import GP_UTILITIES, DngoTuner, GpTuner, MetisTuner
+from .optuna_tuners import OptunaTuner, cmaes_sampler, random_sampler, tpe_sampler
 from .pbt import PbtTuner
 from .smac import SmacTuner
 
@@ -71,10 +71,6 @@ def _cmaes(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None
     return OptunaTuner(space, cmaes_sampler(seed), optimize_mode, seed)
 
 
-def _gp(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> Tuner:
-    return OptunaTuner(space, gp_sampler(seed), optimize_mode, seed)
-
-
 def _eta_arg(value: Any) -> str | None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 2
     return None if ok else "must be an integer of at least 2"
@@ -98,6 +94,15 @@ def _pcs_arg(value: Any) -> str | None:
     return "(a ConfigSpace .pcs file) is not supported: write the search space in NNI's format instead"
 
 
+def _utility_arg(value: Any) -> str | None:
+    return None if value in GP_UTILITIES else f"must be one of {', '.join(GP_UTILITIES)}"
+
+
+def _positive_number_arg(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return None if ok else "must be a positive number"
+
+
 def _text_arg(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a folder path"
 
@@ -108,6 +113,10 @@ _PBT_ARGS: ArgChecks = {**_MODE_SEED, "all_checkpoint_dir": _text_arg, "populati
 _METIS_ARGS: ArgChecks = {**_MODE_SEED, "no_resampling": bool_arg, "no_candidates": bool_arg,
                "selection_num_starting_points": positive_int_arg, "cold_start_num": positive_int_arg,
                "exploration_probability": _fraction_arg}
+_GP_ARGS: ArgChecks = {**_MODE_SEED, "utility": _utility_arg, "kappa": number_arg, "xi": number_arg,
+                       "nu": _positive_number_arg, "alpha": _positive_number_arg,
+                       "cold_start_num": positive_int_arg, "selection_num_warm_up": positive_int_arg,
+                       "selection_num_starting_points": positive_int_arg}
 _DNGO_ARGS: ArgChecks = {**_MODE_SEED, "sample_size": positive_int_arg, "trials_per_update": positive_int_arg,
               "num_epochs_per_training": positive_int_arg}
 
@@ -123,8 +132,8 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
     "batchtuner": (BatchTuner, {}),
     "cmaes": (_cmaes, dict(_MODE_SEED)),
     "cma-es": (_cmaes, dict(_MODE_SEED)),
-    "gp": (_gp, dict(_MODE_SEED)),
-    "gptuner": (_gp, dict(_MODE_SEED)),
+    "gp": (GpTuner, _GP_ARGS),
+    "gptuner": (GpTuner, _GP_ARGS),
     "hyperband": (HyperbandTuner, {**_MODE_SEED, "R": positive_int_arg, "eta": _eta_arg, "exec_mode": _exec_mode_arg,
                                    "all_checkpoint_dir": _text_arg}),
     "bohb": (BohbTuner, {**_MODE_SEED, "min_budget": positive_int_arg, "max_budget": positive_int_arg,
@@ -143,7 +152,7 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
 
 
 # built-in tuners that need an optional package: name -> (module, what it is, the extra that installs it)
-NEEDS = {"gp": ("torch", "PyTorch", "gp"), "gptuner": ("torch", "PyTorch", "gp"),
+NEEDS = {"gp": ("sklearn", "scikit-learn", "gp"), "gptuner": ("sklearn", "scikit-learn", "gp"),
          "bohb": ("statsmodels", "statsmodels", "bohb"), "smac": ("smac", "SMAC3", "smac"),
          "metis": ("sklearn", "scikit-learn", "sklearn"), "metistuner": ("sklearn", "scikit-learn", "sklearn"),
          "dngo": ("sklearn", "scikit-learn", "sklearn"), "dngotuner": ("sklearn", "scikit-learn", "sklearn")}

@@ -1,5 +1,5 @@
-"""Model-based tuners over the unit vectors of the space: NNI's ``MetisTuner`` and ``DNGOTuner``,
-both on scikit-learn (the ``sklearn`` extra).
+"""Model-based tuners over the unit vectors of the space: NNI's ``MetisTuner``, ``DNGOTuner`` and
+``GPTuner``, all on scikit-learn (the ``sklearn`` extra).
 
 Shared lifecycle (:class:`ModelTuner`): the first ``n_initial`` suggestions are random; then every
 suggestion refits the model (DNGO: every ``trials_per_update`` results) on the results so far and
@@ -200,3 +200,72 @@ class DngoTuner(ModelTuner):
         ei = expected_improvement(mean, std, min(self.y))
         return None if not np.isfinite(ei).any() else np.asarray(pool[int(np.nanargmax(ei))])
 
+
+
+GP_UTILITIES = ("ei", "ucb", "poi")
+GRADIENT_STEP = 1e-6  # of the utility's finite differences, in unit-vector coordinates
+
+
+class GpTuner(ModelTuner):
+    """NNI's ``GPTuner`` on scikit-learn: a Gaussian process (Matern kernel of smoothness ``nu``, noise
+    ``alpha``) fitted to the results after ``cold_start_num`` random trials; the next trial maximizes
+    the ``utility``: expected improvement (``ei``) or probability of improvement (``poi``) beyond the
+    best by ``xi``, or the upper confidence bound mean + ``kappa`` x std (``ucb``). As NNI does, the
+    utility is evaluated at ``selection_num_warm_up`` random points, then L-BFGS-B runs from
+    ``selection_num_starting_points`` random starts (over the continuous parameters; a choice keeps its
+    start's option); the best point found is taken."""
+
+    def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", utility: str = "ei",
+                 kappa: float = 5.0, xi: float = 0.0, nu: float = 2.5, alpha: float = 1e-6,
+                 cold_start_num: int = 10, selection_num_warm_up: int = 100000,
+                 selection_num_starting_points: int = 250, seed: int | None = None) -> None:
+        _sklearn("GP")
+        super().__init__(space, optimize_mode, seed)
+        self.n_initial = max(cold_start_num, 1)
+        self.utility, self.kappa, self.xi, self.nu, self.alpha = utility, kappa, xi, nu, alpha
+        self.warm_up, self.starts = selection_num_warm_up, selection_num_starting_points
+
+    def _cost(self, gp: Any, vectors: np.ndarray, best: float) -> np.ndarray:
+        """The utility to maximize, negated (scores are lower-is-better; so is the cost)."""
+        from scipy.stats import norm
+
+        mean, std = gp.predict(self.features(vectors), return_std=True)
+        std = np.maximum(std, 1e-9)
+        if self.utility == "ucb":
+            return np.asarray(mean - self.kappa * std)
+        if self.utility == "poi":
+            return np.asarray(-norm.cdf((best - self.xi - mean) / std))
+        return -expected_improvement(mean, std, best - self.xi)
+
+    def propose(self) -> np.ndarray | None:
+        from scipy.optimize import minimize
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import Matern
+
+        gp = GaussianProcessRegressor(Matern(nu=self.nu), alpha=self.alpha, normalize_y=True,
+                                      n_restarts_optimizer=25, random_state=0)
+        with warnings.catch_warnings():  # a length scale at its bound is not the user's problem
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp.fit(self.features(np.array(self.x)), np.array(self.y))
+        best = min(self.y)
+        pool = self.candidates(self.warm_up)
+        costs = self._cost(gp, pool, best)
+        chosen, lowest = pool[int(np.argmin(costs))], float(np.min(costs))
+        free = np.flatnonzero(self.vectors.sizes == 0)
+        if not len(free):
+            return np.asarray(chosen)
+        step = np.eye(len(free)) * GRADIENT_STEP
+        for start in self.candidates(self.starts):
+            def cost(values: np.ndarray, start: np.ndarray = start) -> tuple[float, np.ndarray]:
+                """The cost at ``values`` and its forward-difference gradient, in one prediction."""
+                points = np.repeat(start[None, :], len(free) + 1, axis=0)
+                points[:, free] = np.vstack([values, values + step])
+                costs = self._cost(gp, points, best)
+                return float(costs[0]), (costs[1:] - costs[0]) / GRADIENT_STEP
+
+            found = minimize(cost, start[free], jac=True, bounds=[(0.0, 1.0)] * len(free), method="L-BFGS-B")
+            if found.fun < lowest:
+                chosen, lowest = start.copy(), float(found.fun)
+                chosen[free] = np.clip(found.x, 0.0, 1.0)
+        return np.asarray(chosen)

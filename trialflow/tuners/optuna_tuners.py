@@ -1,4 +1,4 @@
-"""Tuners backed by Optuna's ask/tell samplers: TPE, Random, CMA-ES and GP.
+"""Tuners backed by Optuna's ask/tell samplers: TPE, Random and CMA-ES.
 
 Each suggestion is one in-memory Optuna trial; the search space is walked define-by-run, so
 nested choices become conditional parameters. Continuous types are asked as a unit value and
@@ -98,11 +98,3 @@ def random_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
 
 def cmaes_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
     return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-
-
-def gp_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    try:
-        import torch  # noqa: F401  (Optuna's GPSampler needs it)
-    except ImportError:
-        raise ImportError("the GP tuner needs PyTorch: pip install 'trialflow[gp]'") from None
-    return optuna.samplers.GPSampler(seed=seed)
