@@ -97,11 +97,29 @@ def test_usage_errors_are_reported(finished):
     assert proc.returncode == 2 and "No such option: -1" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_update_is_stored(finished):
+def test_an_update_shows_once_as_the_value_in_force(finished):
+    """`experiment show` and `config show` agree after `update`: the new values, each said once."""
     tmp_path, env, exp_id, _ = finished
-    assert cli("update", "trialnum", exp_id, "7", env=env).returncode == 0
+    for what, value in (("trialnum", "7"), ("concurrency", "3"), ("duration", "2h")):
+        updated = cli("update", what, exp_id, value, env=env)
+        assert updated.returncode == 0  # a finished experiment: the value is for its next run, and it says so
+        assert f"takes effect when the experiment runs again: trialflow resume {exp_id}" in updated.stdout
+    space = tmp_path / "space.json"
+    space.write_text('{"x": {"_type": "choice", "_value": [5]}}')
+    assert cli("update", "searchspace", exp_id, "-f", str(space), env=env).returncode == 0
     shown = json.loads(cli("experiment", "show", exp_id, env=env).stdout)
-    assert shown["controls"]["max_trial_number"] == 7
+    config = yaml.safe_load(cli("config", "show", exp_id, env=env).stdout)
+    assert shown["config"] == config
+    assert (config["maxTrialNumber"], config["trialConcurrency"], config["maxExperimentDuration"]) == (7, 3, 7200)
+    assert config["searchSpace"] == {"x": {"_type": "choice", "_value": [5]}}
+    assert not {"max_trial_number", "trial_concurrency", "max_experiment_duration", "search_space"} & set(
+        shown["controls"])
+
+
+def test_stop_all_with_nothing_running_says_so(finished):
+    _, env, _, _ = finished
+    proc = cli("stop", "--all", env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "no experiment is running: nothing to stop"
 
 
 def test_export_json_and_csv_and_trial_listing(finished):

@@ -445,18 +445,27 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     else:
         targets = [_store(experiment_id, root)]
     _report_unreadable(unreadable)
+    if not targets:
+        console.print("no experiment is running: nothing to stop")
     for base, store in targets:
         _warn(_control.stop_experiment(store, base, wait))
         console.print(f"experiment {store.experiment_id} stopped")
+
+
+def _when_applied(store: ExperimentStore) -> str:
+    """When an update takes effect: now for a running experiment, else at its next run."""
+    if _control.controller_alive(store):
+        return ""
+    return f"; it takes effect when the experiment runs again: trialflow resume {store.experiment_id}"
 
 
 def _update(experiment_id: str | None, what: str, value: str, root: Path | None) -> None:
     _, store = _store(experiment_id, root)
     number = _control.update_experiment(store, what, value)
     if what == "duration":
-        console.print(f"maxExperimentDuration of {store.experiment_id} set to {number} s")
+        console.print(f"maxExperimentDuration of {store.experiment_id} set to {number} s{_when_applied(store)}")
     else:
-        console.print(f"{what} of {store.experiment_id} set to {number}")
+        console.print(f"{what} of {store.experiment_id} set to {number}{_when_applied(store)}")
 
 
 ValueArg = Annotated[str | None, typer.Argument(metavar="[VALUE]", help="the new value (or --value)",
@@ -509,8 +518,8 @@ def update_searchspace(experiment_id: ExpIdArg = None,
         raise CliError(f"{filename} is not a valid search space: it nests deeper than can be read") from None
     except (ValueError, SearchSpaceError) as exc:
         raise CliError(f"{filename} is not a valid search space: {exc}") from None
-    console.print(f"search space of {store.experiment_id} updated from {filename}; later trials use it",
-                  highlight=False)
+    console.print(f"search space of {store.experiment_id} updated from {filename}; later trials use it"
+                  f"{_when_applied(store)}", highlight=False)
 
 
 # ---- experiments ----------------------------------------------------------------------------
@@ -544,11 +553,12 @@ def _report_unreadable(unreadable: list[str]) -> None:
 
 @experiment_app.command("show")
 def experiment_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
-    """The experiment's stored config and status as JSON."""
+    """The experiment's status and config as JSON: the values in force (``update`` included), once."""
     _, store = _store(experiment_id, root)
     record = store.experiment()
+    config, controls = _control.config_in_force(record)
     typer.echo(json.dumps({"id": record.id, "status": record.status, "message": record.message,
-                           "config": record.config, "controls": record.controls}, indent=2))
+                           "config": config, "controls": controls}, indent=2))
 
 
 @experiment_app.command("export")
@@ -916,11 +926,13 @@ def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds betw
 
 @config_app.command("show")
 def config_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
-    """The experiment's stored config, as YAML (the password of a shared store left out)."""
+    """The experiment's config as YAML, with the values in force (``update`` included; the password of
+    a shared store left out)."""
     import yaml
 
     _, store = _store(experiment_id, root)
-    typer.echo(yaml.safe_dump(store.experiment().config, sort_keys=False, allow_unicode=True), nl=False)
+    config, _ = _control.config_in_force(store.experiment())
+    typer.echo(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), nl=False)
 
 
 def _log_file(experiment_id: str | None, root: Path | None, name: str) -> Path:

@@ -27,7 +27,7 @@ from .user_errors import UserError
 
 if TYPE_CHECKING:
     from .platforms import TrainingService
-    from .store import ExperimentStore
+    from .store import ExperimentRecord, ExperimentStore
 
 
 class UpdateError(UserError, ValueError):
@@ -36,6 +36,27 @@ class UpdateError(UserError, ValueError):
 
 # what NNI's ``nnictl update`` names -> the control key and the allowed integer range
 UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
+
+
+# control key -> the config field whose value it replaces (what ``update`` changes)
+CONTROLLED_FIELDS = {"trial_concurrency": "trialConcurrency", "max_trial_number": "maxTrialNumber",
+                     "max_experiment_duration": "maxExperimentDuration", "search_space": "searchSpace"}
+
+
+def config_in_force(record: ExperimentRecord) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The experiment's config with the values ``update`` set in place of the created ones (in force
+    now, or at the next run of a stopped experiment), and the controls left over (run state)."""
+    config = dict(record.config)
+    rest = {}
+    for key, value in record.controls.items():
+        field = CONTROLLED_FIELDS.get(key)
+        if field is None:
+            rest[key] = value
+        else:
+            config[field] = value
+            if field == "searchSpace":
+                config.pop("searchSpaceFile", None)
+    return config, rest
 
 
 def update_experiment(store: ExperimentStore, what: str, value: str | int) -> int:
