@@ -157,3 +157,38 @@ def test_create_with_a_dashboard_runs_the_experiment(tmp_path, prefect_server):
         out = proc.communicate(timeout=30)[0]
     assert "dashboard: http://127.0.0.1:" in out and "started in the background" in out
     assert len(open_store(tmp_path / "w", entry.id).trials(["SUCCEEDED"])) == 2
+
+
+def test_gpus_asked_of_a_machine_without_any_are_refused_at_create_with_the_fix(tmp_path):
+    """NNI's PBT example keeps `trialGpuNumber: 1`: on a machine whose PATH has no nvidia-smi, create
+    says so in one line naming the setting, instead of starting an experiment that goes ERROR."""
+    path = _config(tmp_path, trialGpuNumber=1, trainingService={"platform": "local", "useActiveGpu": False})
+    (tmp_path / "bin").mkdir()
+    for foreground in ([], ["--foreground"]):
+        proc = cli("create", "--config", str(path), *foreground, env={"PATH": str(tmp_path / "bin")})
+        assert proc.returncode == 1
+        assert _lines(proc) == ["error: trialGpuNumber is 1 but nvidia-smi was not found on PATH: no NVIDIA GPU is "
+                                "visible on this machine; set trialGpuNumber to 0 to run the trials without a GPU, "
+                                "or run on a machine with GPUs"]
+        assert _nothing_created(tmp_path)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_controller_that_cannot_start_says_why_in_the_experiment_log(tmp_path, monkeypatch):
+    """The GPUs were there at create and are gone when the experiment runs: the run ends ERROR and
+    experiment.log (the file `create` points to) holds the reason and the fix."""
+    from tests.conftest import fake_nvidia_smi
+    from trialflow.config import load_config
+    from trialflow.experiments import create_experiment
+    from trialflow.flows.experiment import experiment_flow
+
+    path = _config(tmp_path, trialGpuNumber=1, trainingService={"platform": "local", "useActiveGpu": False})
+    bin_dir = fake_nvidia_smi(tmp_path / "gpus", 1)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    exp_id, exp_dir = create_experiment(load_config(path), str(path))
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))
+    with pytest.raises(Exception, match="set trialGpuNumber to 0"):
+        experiment_flow(str(path), exp_id, str(exp_dir.parent))
+    assert open_store(exp_dir.parent, exp_id).experiment().status == "ERROR"
+    log = (exp_dir / "log" / "experiment.log").read_text()
+    assert f"experiment {exp_id} could not start: trialGpuNumber is 1 but nvidia-smi was not found" in log

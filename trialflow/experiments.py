@@ -50,11 +50,17 @@ def default_root() -> Path:
 def create_experiment(config: ExperimentConfig, config_path: str | None = None) -> tuple[str, Path]:
     """A new experiment id and its directory with the store holding the config. With ``storeUrl`` the
     records go to that database and the directory keeps where (the URL without its password).
-    The tuner and assessor are checked first (:class:`TunerError`): a refused one leaves nothing."""
+    The tuner and assessor are checked first (:class:`TunerError`), and the GPUs local trials ask for
+    (:class:`~trialflow.platforms.PlatformError`): a refusal leaves nothing."""
     if config.tuner is not None:
         check_tuner(config.tuner)
     if config.assessor is not None:
         check_assessor(config.assessor)
+    for section in config.services:
+        if section.platform == "local":
+            from .platforms.local import check_gpus
+
+            check_gpus(section)  # type: ignore[arg-type]
     root = Path(config.experiment_working_directory).resolve()
     experiment_id = new_experiment_id()
     exp_dir = root / experiment_id

@@ -151,6 +151,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
+            logger.error("experiment %s could not start: %s", experiment_id, exc)  # in experiment.log too
             end_experiment(store, ExperimentStatus.ERROR, str(exc))
             raise
         store.set_experiment(status=ExperimentStatus.RUNNING, message=None, end_time=None, controller_pid=os.getpid(),
@@ -166,6 +167,8 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
             stopped = _stopped_by_cancel(exc)
             signum = signal_of(exc)
             why = stop_reason(signum) if signum is not None else "the flow run was cancelled"
+            if not stopped:  # in experiment.log, whose handler is gone when Prefect reports the failure
+                logger.error("experiment %s ended: %s: %s", experiment_id, type(exc).__name__, exc)
             try:
                 end_experiment(store, ExperimentStatus.STOPPED if stopped else ExperimentStatus.ERROR,
                                why if stopped else f"{type(exc).__name__}: {exc}")

@@ -98,8 +98,12 @@ class GpuScheduler:
         return gpus
 
     def check(self, gpu_number: int) -> None:
-        """At start: fail when the request can never be met."""
-        gpus = self.usable()
+        """At start: fail when the request can never be met; the message names the setting to change."""
+        try:
+            gpus = self.usable()
+        except GpuError as exc:  # no nvidia-smi, or it failed: no GPU is visible here
+            raise GpuError(f"trialGpuNumber is {gpu_number} but {exc}; set trialGpuNumber to 0 to run the trials "
+                           "without a GPU, or run on a machine with GPUs") from None
         if not gpus:
             raise GpuError(f"trialGpuNumber is {gpu_number} but no GPU is available on this machine; "
                            "set trialGpuNumber to 0 or run on a machine with GPUs")

@@ -91,10 +91,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             self.share.prepare_local()
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         if self.gpu is not None:
-            try:
-                self.gpu.check(self.config.trial_gpu_number or 0)
-            except GpuError as exc:
-                raise PlatformError(str(exc)) from None
+            _checked(self.gpu, self.config)
 
     def upload_code(self, code_dir: Path) -> CodeRef:
         return CodeRef(str(code_dir))  # local trials run in place (NNI semantics)
@@ -240,3 +237,19 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         for fd in self._pidfds.values():
             os.close(fd)
         self._pidfds.clear()
+
+
+def check_gpus(config: LocalConfig) -> None:
+    """What ``create`` checks of a local section before anything is written: the GPUs its trials ask
+    for (``trialGpuNumber``) are visible on this machine. Raises :class:`PlatformError` naming the
+    setting to change."""
+    if config.trial_gpu_number:
+        _checked(GpuScheduler(GpuProbe(), config.max_trial_number_per_gpu, config.gpu_indices,
+                              bool(config.use_active_gpu)), config)
+
+
+def _checked(gpu: GpuScheduler, config: LocalConfig) -> None:
+    try:
+        gpu.check(config.trial_gpu_number or 0)
+    except GpuError as exc:
+        raise PlatformError(str(exc)) from None
