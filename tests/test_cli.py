@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import base_config, write_trial
+from trialflow.experiments import open_store
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -151,6 +152,10 @@ def test_trial_kill_and_log_of_finished_trial(finished):
     assert cli("trial", "kill", exp_id, "nosuch", env=env).returncode == 1
     log = cli("log", "trial", exp_id, trial_id, env=env)
     assert log.returncode == 0 and "trial.stdout" in log.stdout
+    listed = cli("log", "trial", exp_id, env=env)  # nnictl's `log trial` without a trial: every trial's logs
+    store = open_store(tmp_path / "w", exp_id)
+    assert listed.stdout.splitlines() == [f"{t.id}  {t.status:<13}  {t.log_dir}" for t in store.trials()]
+    store.close()
 
 
 def test_import_bad_file(finished):

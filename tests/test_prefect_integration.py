@@ -154,7 +154,7 @@ def test_a_runs_first_state_events_carry_its_tags_so_tag_automations_match(tmp_p
 
     code = tmp_path / "code"
     write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
-    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1))
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1, experimentName="multi-a"))
     run_id = open_store(tmp_path / "w", result.experiment_id).experiment().flow_run_id
     wanted = {"Pending", "Running", "Completed"}
 
@@ -174,7 +174,7 @@ def test_a_runs_first_state_events_carry_its_tags_so_tag_automations_match(tmp_p
     for name in wanted:
         tags = {r.id for r in events[name].related if r.role == "tag"}
         assert {"prefect.tag.trialflow", f"prefect.tag.{result.experiment_id}", "prefect.tag.local",
-                "prefect.tag.Random"} <= tags, (name, tags)
+                "prefect.tag.Random", "prefect.tag.name:multi-a"} <= tags, (name, tags)
 
 
 def test_a_deployment_runs_overrides_change_a_new_experiments_config_as_validated_as_the_file(tmp_path):

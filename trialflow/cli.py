@@ -767,7 +767,13 @@ def log_trial(experiment_id: ExpIdArg = None,
               trial_arg: Annotated[str | None, typer.Argument(metavar="[TRIAL]", show_default=False)] = None,
               trial_id: TrialIdOpt = None, root: RootOpt = None,
               tail: Annotated[int | None, typer.Option("--tail", help="last N bytes of each log")] = None) -> None:
-    """Print a trial's stdout, stderr and trial.log (fetched from the worker for remote trials)."""
+    """Print a trial's stdout, stderr and trial.log (fetched from the worker for remote trials); without
+    a trial, as nnictl, each trial's id, status and log folder."""
+    if trial_arg is None and trial_id is None and (experiment_id is None or looks_like_experiment_id(experiment_id)):
+        _, store = _store(experiment_id, root)
+        for trial in store.trials():
+            typer.echo(f"{trial.id}  {trial.status:<13}  {trial.log_dir or '(not submitted: no logs)'}")
+        return
     experiment_id, trial_id = _ids(experiment_id, trial_arg, trial_id)
     base, store = _store(experiment_id, root)
     try:

@@ -66,10 +66,12 @@ def _this_run() -> Any:
 
 
 def run_tags(experiment_id: str, config: ExperimentConfig) -> list[str]:
-    """The tags of an experiment's run: ``trialflow``, its id, its platforms and its tuner."""
+    """The tags of an experiment's run: ``trialflow``, its id, its platforms, its tuner and, when it has
+    one, its ``experimentName`` (as ``name:<name>``: the UI's run list shows tags beside the id)."""
     tuner = (config.tuner.name or config.tuner.class_name) if config.tuner else None
     platforms = [s.platform for s in config.services]
-    return list(dict.fromkeys([TAG, experiment_id, *platforms, *([tuner] if tuner else [])]))
+    named = [f"name:{config.experiment_name}"] if config.experiment_name else []
+    return list(dict.fromkeys([TAG, experiment_id, *platforms, *([tuner] if tuner else []), *named]))
 
 
 def stored_run_tags(experiment_id: str, root: str | None) -> list[str]:
