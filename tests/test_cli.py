@@ -329,3 +329,28 @@ def test_a_foreground_run_without_a_terminal_names_its_ui_page_while_it_runs(tmp
     finally:
         hold.unlink()
         assert proc.wait(timeout=120) == 0
+
+
+def test_trial_ls_fits_an_80_column_terminal(tmp_path, prefect_server):
+    """One line per trial at 80 columns: id, status, the whole metric, duration, then the parameters
+    (cut) or why it ended."""
+    import trialflow
+
+    code = tmp_path / "code"
+    write_trial(code, "import sys, nni\np = nni.get_next_parameter()\nif p['learning_rate'] > 0.05:\n"
+                      "    sys.exit(3)\nnni.report_final_result(0.9123456 - p['learning_rate'])\n")
+    space = {"learning_rate": {"_type": "choice", "_value": [0.001, 0.1]},
+             "optimizer_name": {"_type": "choice", "_value": ["adam_with_weight_decay"]},
+             "hidden_layer_sizes": {"_type": "choice", "_value": [[512, 256, 128, 64]]}}
+    result = trialflow.run_experiment(base_config(code, tmp_path / "w", searchSpace=space, maxTrialNumber=2,
+                                                  tuner={"name": "GridSearch"}))
+    proc = cli("trial", "ls", result.experiment_id, "--root", str(tmp_path / "w"), env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    rows = {t.id: next(line for line in lines if line.strip().startswith(t.id)) for t in result.trials}
+    assert len([line for line in lines if any(line.strip().startswith(t.id) for t in result.trials)]) == 2
+    ok, failed = sorted(result.trials, key=lambda t: t.status != "SUCCEEDED")
+    assert "SUCCEEDED" in rows[ok.id] and "0.911346" in rows[ok.id] and "learning_rate=0.001" in rows[ok.id]
+    assert rows[ok.id].rstrip().endswith("…")  # the rest of its parameters is cut, not wrapped
+    assert "FAILED" in rows[failed.id] and "exit code 3" in rows[failed.id]

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -55,21 +56,55 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
 
 
 RICH_TABLE_ROWS = 500  # above this, rich's cell measuring takes seconds (10,000 rows: ~10 s)
-TRIAL_COLUMNS = ("trial", "#", "status", "final", "start", "end", "parameters")
+TRIAL_COLUMNS = ("trial", "#", "status", "metric", "duration", "parameters or reason")
+
+
+def _duration(trial: TrialRecord) -> str:
+    if trial.start_time is None:
+        return ""
+    seconds = max((trial.end_time or time.time()) - trial.start_time, 0.0)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _metric(trial: TrialRecord) -> str:
+    value = trial_value(trial)
+    return "" if value is None else f"{value:.6g}"
+
+
+def _detail(trial: TrialRecord) -> str:
+    """Why a trial that did not succeed ended, else its parameters as ``name=value``."""
+    if trial.message and trial.status not in (TrialStatus.SUCCEEDED, TrialStatus.RUNNING, TrialStatus.WAITING):
+        return trial.message
+    return ", ".join(f"{k}={_compact(v)}" for k, v in trial.parameters.items())
+
+
+def _compact(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return json.dumps(value) if isinstance(value, dict | list | str) else str(value)
 
 
 def print_trials(console: Console, trials: list[TrialRecord]) -> None:
-    """The trials as a table: a rich table up to ``RICH_TABLE_ROWS``, plain aligned columns beyond.
-    A hybrid experiment's table names the service each trial ran on."""
+    """The trials, one line each (id, status, metric, duration, then the parameters or the reason it
+    ended, cut to the terminal's width): a rich table up to ``RICH_TABLE_ROWS``, plain aligned
+    columns beyond. A hybrid experiment's table names the service each trial ran on."""
     hybrid = any(service_name(t.handle) for t in trials)
     columns = (*TRIAL_COLUMNS[:3], "service", *TRIAL_COLUMNS[3:]) if hybrid else TRIAL_COLUMNS
     rows = [(t.id, str(t.sequence), t.status, *([service_name(t.handle) or ""] if hybrid else []),
-             "" if t.final is None else json.dumps(t.final), _when(t.start_time), _when(t.end_time),
-             json.dumps(t.parameters)) for t in trials]
+             _metric(t), _duration(t), _detail(t)) for t in trials]
     if len(rows) <= RICH_TABLE_ROWS:
-        table = Table(*columns)
+        table = Table(box=box.SIMPLE_HEAD)
+        widths = [max(len(name), *(len(r[i]) for r in rows)) for i, name in enumerate(columns[:-1])]
+        for name, width in zip(columns, widths, strict=False):  # whole, always: only the last column is cut
+            table.add_column(name, no_wrap=True, min_width=width)
+        room = max(console.width - sum(widths) - 2 * len(columns) - 5, len(columns[-1]))  # less padding, edges
+        table.add_column(columns[-1], no_wrap=True, max_width=room)
         for row in rows:
-            table.add_row(*row)
+            last = row[-1] if len(row[-1]) <= room else row[-1][:room - 1] + "…"
+            table.add_row(*(escape(cell) for cell in (*row[:-1], last)))
         console.print(table)
         return
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(columns[:-1])]
