@@ -287,10 +287,14 @@ def test_short_trials_all_have_start_and_end_times(tmp_path):
 
 def test_all_trials_failed_is_done_but_the_run_fails_and_the_cli_exits_1(tmp_path):
     code = tmp_path / "code"
-    write_trial(code, "import sys, nni\nnni.get_next_parameter()\nsys.exit(3)\n")
-    _, store, state = _run(base_config(code, tmp_path / "w", maxTrialNumber=3))
+    write_trial(code, "import sys, nni\nnni.get_next_parameter()\nprint('ValueError: lr too high', file=sys.stderr)\n"
+                      "sys.exit(3)\n")
+    exp_id, store, state = _run(base_config(code, tmp_path / "w", maxTrialNumber=3))
     assert store.experiment().status == "DONE"  # NNI's status
     assert state.is_failed() and "no trial succeeded, 3 failed" in state.message
+    last = store.trials()[-1]  # what it said, and where to read the rest
+    assert (f"(trial {last.id}: {last.message}; ValueError: lr too high); its output: trialflow log trial {exp_id} "
+            f"{last.id}") in state.message
     assert final_status(state) == "DONE"
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(base_config(code, tmp_path / "w2", maxTrialNumber=2)))

@@ -118,8 +118,8 @@ def test_v1_warnings_print_once_and_only_for_fields_that_asked_for_something(tmp
     v1 = {"authorName": "me", "experimentName": "v1", "trialConcurrency": 1, "maxTrialNum": 1,
           "trainingServicePlatform": "local", "searchSpacePath": "space.json", "useAnnotation": False,
           "multiPhase": False, "multiThread": True, "logDir": str(tmp_path / "w"),
-          "tuner": {"builtinTunerName": "Random"},
-          "trial": {"command": "python3 trial.py", "codeDir": "code", "gpuNum": 0}}
+          "advisor": {"builtinAdvisorName": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 1}},
+          "trial": {"command": "python3 trial.py", "codeDir": "code", "gpuNum": 0}}  # NNI's Hyperband example
     path = tmp_path / "v1.yml"
     path.write_text(yaml.safe_dump(v1))
     proc = cli("create", "--config", str(path), "--foreground", env={"PREFECT_API_URL": prefect_server})
@@ -131,7 +131,8 @@ def test_v1_warnings_print_once_and_only_for_fields_that_asked_for_something(tmp
     assert [w for w in warned if "legacy v1" in w] == [  # one line, not Python's warning with a source line
         "warning: converted a legacy v1 (NNI 1.x/2.x) config to the v2 schema; `trialflow config convert` prints "
         "the v2 equivalent"]
-    assert "UserWarning" not in proc.stdout + proc.stderr
+    assert [w for w in warned if "advisor" in w] == ['warning: "advisor" is deprecated; it was moved to "tuner"']
+    assert "UserWarning" not in proc.stdout + proc.stderr and "site-packages" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("args", [["create", "--config", "{config}", "--port", "9000"],

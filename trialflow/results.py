@@ -16,6 +16,7 @@ from typing import Any
 
 from .status import TrialStatus
 from .store import ExperimentRecord, ExperimentStore, TrialRecord
+from .trial.protocol import STDERR_FILE
 from .tuners import scalar_or_none
 
 MODES = ("maximize", "minimize")
@@ -76,14 +77,38 @@ def outcome_line(trials: list[TrialRecord]) -> str:
     return text + (": " + ", ".join(f"{n} {s}" for s, n in counts.items()) if counts else "")
 
 
-def nothing_succeeded(trials: list[TrialRecord]) -> str | None:
+def nothing_succeeded(trials: list[TrialRecord], experiment_id: str | None = None) -> str | None:
     """The failure message of an experiment whose trials all ended without success (None otherwise, and
-    for an experiment without trials): ``"no trial succeeded, 3 failed, 1 early-stopped"``."""
+    for an experiment without trials): ``"no trial succeeded, 3 failed, 1 early-stopped"``; given the
+    experiment's id, also what the last failed trial said (its message and the last line of its
+    stderr, when its folder is on this machine) and the command that shows its output."""
     if not trials or any(t.status == TrialStatus.SUCCEEDED for t in trials):
         return None
     counts = outcome_counts(trials)
     parts = [f"{counts[s]} {s.lower().replace('_', '-')}" for s in OUTCOMES[1:] if s in counts]
-    return "no trial succeeded, " + ", ".join(parts)
+    line = "no trial succeeded, " + ", ".join(parts)
+    failed = [t for t in trials if t.status == TrialStatus.FAILED]
+    if experiment_id is None or not failed:
+        return line
+    last = failed[-1]
+    said = "; ".join(x for x in (last.message, _last_stderr_line(last)) if x)
+    return (f"{line} (trial {last.id}: {said or 'no message'}); its output: "
+            f"trialflow log trial {experiment_id} {last.id}")
+
+
+def _last_stderr_line(trial: TrialRecord, limit: int = 4096) -> str | None:
+    """The last non-empty line of the trial's stderr, when its folder is on this machine."""
+    if not trial.log_dir:
+        return None
+    try:
+        with open(f"{trial.log_dir}/{STDERR_FILE}", "rb") as stream:
+            stream.seek(0, 2)
+            stream.seek(max(stream.tell() - limit, 0))
+            lines = stream.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    text = next((x.strip() for x in reversed(lines) if x.strip()), None)
+    return text[:200] if text else None
 
 
 def stored_best(store: ExperimentStore) -> str | None:

@@ -137,7 +137,7 @@ class ExperimentConfig(ConfigModel):
         if self.advisor is not None:
             if self.tuner is not None:
                 raise ValueError('"advisor" is deprecated; set only "tuner"')
-            warnings.warn('"advisor" is deprecated; it was moved to "tuner"', stacklevel=2)
+            warnings.warn('"advisor" is deprecated; it was moved to "tuner"', ConfigWarning, stacklevel=2)
             self.tuner, self.advisor = self.advisor, None
         if self.tuner is None:
             raise ValueError("tuner must be set (e.g. tuner: {name: TPE, classArgs: {optimize_mode: maximize}})")

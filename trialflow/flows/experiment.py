@@ -182,7 +182,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         logger.info("experiment %s %s: %s", experiment_id, status, outcome_line(trials))
         if status == ExperimentStatus.STOPPED:  # stopped before its end: the run says so (Prefect's Cancelled)
             return Cancelled(message=f"experiment {experiment_id} STOPPED: {why}", data=status)
-        failure = nothing_succeeded(trials) if status == ExperimentStatus.DONE else None
+        failure = nothing_succeeded(trials, experiment_id) if status == ExperimentStatus.DONE else None
         if failure:
             logger.error("experiment %s: %s", experiment_id, failure)
             return Failed(message=f"experiment {experiment_id} {status}: {failure}", data=status)
