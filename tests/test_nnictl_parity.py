@@ -140,6 +140,8 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     ok("algo", "unreg", "MyTuner", env=env)
     assert "gp: needs scikit-learn (pip install 'trialflow[gp]')" in ok("package", "show", env=env)
     assert "TPE needs no extra package" in ok("package", "install", "TPE", env=env)
+    installed = ok("package", "install", "GP", env=env)  # already there: two lines, not pip's log
+    assert installed.splitlines() == ["pip install 'trialflow[gp]' ...", "GP: scikit-learn installed"]
     ppo = nnictl("package", "install", "PPOTuner", env=env)
     assert ppo.returncode == 1 and "neural architecture search tuners, out of trialflow's scope" in ppo.stdout
     assert "bohb: needs statsmodels (pip install 'trialflow[bohb]')" in ok("package", "show", env=env)

@@ -1072,7 +1072,8 @@ def package_show() -> None:
 
 @package_app.command("install")
 def package_install(name: str) -> None:
-    """Install the pip extra the built-in algorithm NAME needs (e.g. GP: PyTorch)."""
+    """Install the pip extra the built-in algorithm NAME needs (e.g. BOHB: statsmodels); pip's own log
+    is shown only when it fails."""
     from .tuners import NAS_TUNERS, NEEDS, TUNERS
 
     key = name.lower()
@@ -1085,10 +1086,13 @@ def package_install(name: str) -> None:
         console.print(f"{name} needs no extra package: it is ready to use", highlight=False)
         return
     extra = f"trialflow[{NEEDS[key][2]}]"
-    console.print(f"pip install '{extra}'", highlight=False)
-    result = subprocess.run([sys.executable, "-m", "pip", "install", extra], check=False)
+    console.print(f"pip install '{extra}' ...", highlight=False)
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                             extra], check=False, capture_output=True, text=True)
     if result.returncode:
-        raise CliError(f"pip install '{extra}' failed (exit {result.returncode})")
+        sys.stderr.write(result.stdout[-4000:] + result.stderr[-4000:])
+        raise CliError(f"pip install '{extra}' failed (exit {result.returncode}); pip's output is above")
+    console.print(f"{name}: {NEEDS[key][1]} installed", highlight=False)
 
 
 @app.command("ss_gen")
