@@ -134,7 +134,7 @@ def test_export_json_and_csv_and_trial_listing(finished):
     out_csv = tmp_path / "export.csv"
     assert cli("experiment", "export", exp_id, "-f", str(out_csv), "-t", "csv", env=env).returncode == 0
     table = list(csv.DictReader(out_csv.open()))
-    assert set(table[0]) == {"x", "reward", "trialJobId"}
+    assert set(table[0]) == {"x", "reward", "trialJobId", "status"}
     head = cli("trial", "ls", exp_id, "--head", "1", env=env).stdout
     best = max(rows, key=lambda r: r["parameter"]["x"])["trialJobId"]  # no optimize_mode: NNI's rule, maximize
     assert best in head and sum(r["trialJobId"] in head for r in rows) == 1

@@ -361,6 +361,31 @@ def test_csv_export_with_intermediate_results(tmp_path):
     assert "intermediate" not in plain.read_text().splitlines()[0]
 
 
+def test_export_holds_every_trial_with_its_status_and_imports_back(tmp_path):
+    """An early-stopped trial is in the export with its status and intermediate results (value null);
+    importing the export into another experiment tells the tuner the trials that have results."""
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\np = nni.get_next_parameter()\nnni.report_intermediate_result(p['x'])\n"
+                      "time.sleep(30 if p['x'] < 0.5 else 0)\nnni.report_final_result(p['x'])\n")
+    space = {"x": {"_type": "choice", "_value": [0.2, 0.8]}}
+    exp_id, store, _ = _run(base_config(code, tmp_path / "w", maxTrialNumber=2, searchSpace=space,
+                                        tuner={"name": "GridSearch"}, assessor=_assessor(tmp_path, below=0.5)))
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    out = tmp_path / "out.json"
+    assert cli("experiment", "export", exp_id, "-f", str(out), "-i", env=env).returncode == 0
+    rows = {r["parameter"]["x"]: r for r in json.loads(out.read_text())}
+    assert (rows[0.2]["status"], rows[0.2]["value"], rows[0.2]["intermediate"]) == ("EARLY_STOPPED", None, [0.2])
+    assert (rows[0.8]["status"], json.loads(rows[0.8]["value"])) == ("SUCCEEDED", 0.8)
+    csv_out = tmp_path / "out.csv"
+    assert cli("experiment", "export", exp_id, "-f", str(csv_out), "-t", "csv", env=env).returncode == 0
+    table = {float(r["x"]): r for r in csv.DictReader(csv_out.open())}
+    assert (table[0.2]["status"], table[0.2]["reward"]) == ("EARLY_STOPPED", "")
+    other, _ = create_experiment(parse_config(base_config(code, tmp_path / "w2", searchSpace=space)))
+    imported = cli("experiment", "import", other, "-f", str(out), "--root", str(tmp_path / "w2"), env=env)
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    assert len(open_store(tmp_path / "w2", other).imported()) == 1
+
+
 # ---- defect 10: a relative --root ----------------------------------------------------------------
 
 def test_resume_with_a_relative_root_runs_its_trials(tmp_path):

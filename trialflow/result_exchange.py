@@ -1,9 +1,11 @@
 """Export and import of an experiment's results in nnictl's shapes, for the CLI and the Python API.
 
-Export: JSON rows ``{parameter, value, trialJobId}`` (plus ``trainingService`` on hybrid experiments
+Export: a JSON row ``{parameter, value, trialJobId, status}`` per trial, early-stopped and failed
+ones included (``value`` null without a final result; plus ``trainingService`` on hybrid experiments
 and ``intermediate`` on request); CSV columns are the parameters, then ``reward`` or the dict
-metric's keys, then ``trialJobId``. Import: NNI's importData, ``[{parameter, value}]``, told to the
-tuner on every (re)start and never counted as trials. Import is all or nothing."""
+metric's keys, then ``trialJobId`` and ``status``. Import: NNI's importData, ``[{parameter, value}]``,
+told to the tuner on every (re)start and never counted as trials; an exported row of a trial that
+ended without a result is passed over. Import is all or nothing."""
 
 from __future__ import annotations
 
@@ -25,9 +27,8 @@ def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, An
         for m in store.metrics(type="PERIODICAL"):
             per_trial.setdefault(m.trial_id, []).append(m.value)
     for t in store.trials():
-        if t.final is None:
-            continue
-        row: dict[str, Any] = {"parameter": t.parameters, "value": json.dumps(t.final), "trialJobId": t.id}
+        row: dict[str, Any] = {"parameter": t.parameters, "value": None if t.final is None else json.dumps(t.final),
+                               "trialJobId": t.id, "status": t.status}
         if service_name(t.handle):
             row["trainingService"] = service_name(t.handle)
         if intermediate:
@@ -50,10 +51,10 @@ def export_results(store: ExperimentStore, path: Path, kind: str, intermediate: 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     flat = []
     for row in rows:
-        value = json.loads(row["value"])
+        value = json.loads(row["value"]) if row["value"] is not None else ""
         metric = value if isinstance(value, dict) else {"reward": value}
         flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
-                     **metric, "trialJobId": row["trialJobId"],
+                     **metric, "trialJobId": row["trialJobId"], "status": row["status"],
                      **({"intermediate": json.dumps(row["intermediate"])} if "intermediate" in row else {})})
     columns: list[str] = []
     for r in flat:
@@ -75,6 +76,8 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
             raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
+        if item["value"] is None and item.get("status") not in (None, "SUCCEEDED"):
+            continue  # an exported trial that ended without a result: nothing to tell the tuner
         if not isinstance(item["parameter"], dict):
             raise ValueError(f"item {i}: 'parameter' must be an object of parameter values")
         try:
