@@ -139,6 +139,16 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     assert yaml.safe_load(ok("algo", "show", "GP", env=env))["extra"] == "trialflow[gp]"
     ok("algo", "unreg", "MyTuner", env=env)
     assert "gp: needs scikit-learn (pip install 'trialflow[gp]')" in ok("package", "show", env=env)
+    listed = ok("algo", "list", env={**env, "COLUMNS": "160"})  # NNI's names, one row per algorithm
+    rows = [line.split("│")[1:5] for line in listed.splitlines() if line.startswith("│")]
+    names = [r[0].strip() for r in rows if len(r) == 4 and r[2].strip() in ("tuner", "assessor")]
+    assert {"TPE", "GPTuner", "MetisTuner", "PBTTuner", "BatchTuner", "Medianstop", "Curvefitting"} <= set(names)
+    assert "gptuner" not in names and names.count("GPTuner") == 1
+    from trialflow.assessors import ASSESSORS
+    from trialflow.assessors import NNI_NAMES as ASSESSOR_NAMES
+    from trialflow.tuners import NNI_NAMES, TUNERS
+
+    assert set(NNI_NAMES) == set(TUNERS) and set(ASSESSOR_NAMES) == set(ASSESSORS)  # each one named
     assert "TPE needs no extra package" in ok("package", "install", "TPE", env=env)
     installed = ok("package", "install", "GP", env=env)  # already there: two lines, not pip's log
     assert installed.splitlines() == ["pip install 'trialflow[gp]' ...", "GP: scikit-learn installed"]

@@ -202,6 +202,7 @@ ASSESSORS = {
                                       "max_resource": _min_resource, "reduction_factor": _reduction_factor}),
 }
 KNOWN_ASSESSORS = "Medianstop, Curvefitting, ASHA, Hyperband"
+NNI_NAMES = {"medianstop": "Medianstop", "curvefitting": "Curvefitting", "asha": "ASHA", "hyperband": "Hyperband"}
 
 
 class NniAssessor(Assessor):

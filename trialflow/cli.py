@@ -319,14 +319,19 @@ def algo_list() -> None:
     from rich.table import Table
 
     from .assessors import ASSESSORS
+    from .assessors import NNI_NAMES as ASSESSOR_NAMES
+    from .tuners import NNI_NAMES as TUNER_NAMES
     from .tuners import TUNERS
     from .tuners.registry import registered_algorithms
 
     entries = registered_algorithms()
-    builtins = Table("name", "type", "className", title="built-in")
-    for kind, known in (("tuner", TUNERS), ("assessor", ASSESSORS)):
-        for name, (factory, _) in known.items():
-            builtins.add_row(name, kind, f"{factory.__module__}.{factory.__qualname__}")
+    builtins = Table("name", "also accepted (any case)", "type", "className", title="built-in")
+    for kind, known, names in (("tuner", TUNERS, TUNER_NAMES), ("assessor", ASSESSORS, ASSESSOR_NAMES)):
+        for nni_name in dict.fromkeys(names.values()):
+            keys = [k for k, v in names.items() if v == nni_name]
+            factory = known[keys[0]][0]
+            also = ", ".join(k for k in keys if k != nni_name.lower())
+            builtins.add_row(nni_name, also, kind, f"{factory.__module__}.{factory.__qualname__}")
     console.print(builtins)
     table = Table("name", "type", "className", "classArgsValidator", "code directory", title="registered")
     for e in entries:

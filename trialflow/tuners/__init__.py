@@ -151,6 +151,13 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
 }
 
 
+# each built-in tuner as NNI's ``nnictl algo list`` names it (keys: every spelling accepted)
+NNI_NAMES = {"tpe": "TPE", "random": "Random", "anneal": "Anneal", "evolution": "Evolution",
+             "gridsearch": "GridSearch", "batch": "BatchTuner", "batchtuner": "BatchTuner", "cmaes": "CMAES",
+             "cma-es": "CMAES", "gp": "GPTuner", "gptuner": "GPTuner", "hyperband": "Hyperband", "bohb": "BOHB",
+             "pbt": "PBTTuner", "pbttuner": "PBTTuner", "smac": "SMAC", "metis": "MetisTuner",
+             "metistuner": "MetisTuner", "dngo": "DNGOTuner", "dngotuner": "DNGOTuner"}
+
 # built-in tuners that need an optional package: name -> (module, what it is, the extra that installs it)
 NEEDS = {"gp": ("sklearn", "scikit-learn", "gp"), "gptuner": ("sklearn", "scikit-learn", "gp"),
          "bohb": ("statsmodels", "statsmodels", "bohb"), "smac": ("smac", "SMAC3", "smac"),
