@@ -75,6 +75,8 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
     top.send_signal(signal.SIGINT)
     out = top.communicate(timeout=60)[0]
     assert top.returncode == 0 and exp_id in out
+    live = [t.id for t in store.trials() if t.status in ("RUNNING", "WAITING")]  # its trials, as its help says
+    assert "their live trials" in out and live and any(trial_id in out for trial_id in live)
 
     hold.unlink()  # trials finish from here on; the later ones come from the new search space
     wait_for(lambda: store.experiment().status == "DONE", timeout=120)

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
@@ -120,10 +120,12 @@ def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | N
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
 
 
-def running_table(root: Path | None = None) -> Table:
-    """The running experiments with their trial counts by status (``trialflow top``)."""
+def running_table(root: Path | None = None) -> Group:
+    """What ``trialflow top`` shows: the running experiments with their trial counts by status, then
+    their live trials (how long each has run, its latest intermediate result)."""
     table = Table("id", "name", "status", "trials", "running", "succeeded", "failed", "best",
                   title=time.strftime("running experiments at %H:%M:%S"))
+    live = Table("experiment", "trial", "#", "status", "running for", "latest result", title="their live trials")
     for entry in list_experiments(root):
         if entry.record.status not in EXPERIMENT_LIVE:
             continue
@@ -131,6 +133,11 @@ def running_table(root: Path | None = None) -> Table:
         try:
             trials = store.trials()
             best = best_trial(trials, maximizes(store.experiment()))
+            for t in trials:
+                if t.status in (TrialStatus.RUNNING, TrialStatus.WAITING):
+                    latest = store.metrics(t.id, "PERIODICAL")
+                    live.add_row(entry.id, t.id, str(t.sequence), t.status, _duration(t),
+                                 escape(json.dumps(latest[-1].value)) if latest else "")
         finally:
             store.close()
         count = Counter(t.status for t in trials)
@@ -138,4 +145,4 @@ def running_table(root: Path | None = None) -> Table:
                       str(count[TrialStatus.RUNNING] + count[TrialStatus.WAITING]), str(count[TrialStatus.SUCCEEDED]),
                       str(count[TrialStatus.FAILED]),
                       "-" if best is None else f"{trial_value(best)} ({best.id})")
-    return table
+    return Group(table, live)
