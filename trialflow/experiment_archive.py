@@ -162,8 +162,8 @@ def _place_code(unpacked: Path, code_dir: Path) -> list[str]:
     """Copy the package's code folders to ``code_dir`` (the first) and ``code_dir-1``, ``code_dir-2``,
     ... beside it (those of further sections); returns where each went. A package without code
     leaves every section's code at ``code_dir``, which must then be a folder."""
-    held = [unpacked / "code"] if (unpacked / "code").is_dir() else []
-    while (unpacked / _code_member(len(held))).is_dir() and held:
+    held: list[Path] = []
+    while (unpacked / _code_member(len(held))).is_dir():
         held.append(unpacked / _code_member(len(held)))
     if not held:
         if not code_dir.is_dir():

@@ -13,6 +13,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
+from ..control import config_in_force
 from ..experiments import list_experiments, open_store
 from ..platforms import service_name
 from ..results import best_trial, maximizes, ranked, trial_value
@@ -34,8 +35,7 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
     counts: dict[str, int] = {}
     for t in trials:
         counts[t.status] = counts.get(t.status, 0) + 1
-    cfg = record.config
-    budget = record.controls.get("max_trial_number", cfg.get("maxTrialNumber"))
+    budget = config_in_force(record)[0].get("maxTrialNumber")
     console.print(f"[bold]{record.id}[/] {escape(record.name or '')}  status: [bold]{record.status}[/]"
                   + (f"  ({escape(record.message)})" if record.message else ""), markup=True)
     console.print(f"trials: {len(trials)}" + (f" / {budget}" if budget else "") + "  "
