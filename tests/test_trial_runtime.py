@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,12 +83,12 @@ def test_stdout_marker_lines_among_output():
     assert huge.offset == 5000 and "over 1000 bytes" in huge.errors[0]
 
 
-def _run_standalone(script: str, tmp_path):
+def _run_standalone(script: str, tmp_path, python: str = sys.executable):
+    """``python script.py`` in a shell with trialflow installed and nothing else set (as a user debugs a trial)."""
     path = tmp_path / "standalone.py"
     path.write_text(script)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NNI_")}
-    env["PYTHONPATH"] = os.pathsep.join([NNI_SHIM_DIR, RUNTIME_ROOT])
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=60)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NNI_") and k != "PYTHONPATH"}
+    return subprocess.run([python, str(path)], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
 
 
 def test_standalone_trial_prints_results_and_exits_zero(tmp_path):
@@ -99,6 +100,21 @@ def test_standalone_trial_prints_results_and_exits_zero(tmp_path):
     assert "Intermediate result: 0.5  (Index 0)" in proc.stdout and "Final result: 0.9" in proc.stdout
     assert "STANDALONE STANDALONE 0" in proc.stdout
     assert "without runtime" in proc.stderr
+
+
+def test_an_installed_nni_is_imported_before_trialflows_compatibility_package(tmp_path):
+    # a virtual environment that sees this installation's packages and has an NNI of its own, found first
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=120)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    (Path(site) / "nni").mkdir(parents=True)
+    (Path(site) / "nni" / "__init__.py").write_text("def get_next_parameter():\n    return {'from': 'nni'}\n")
+    proc = _run_standalone("import nni\nprint('params', nni.get_next_parameter())\n", tmp_path, python)
+    assert proc.returncode == 0, proc.stderr
+    assert "params {'from': 'nni'}" in proc.stdout
 
 
 def test_reporting_before_getting_parameters_is_refused_inside_an_experiment(tmp_path):
