@@ -376,6 +376,36 @@ def test_a_controller_sigkilled_while_its_temporary_server_starts_leaves_no_serv
                 os.kill(pid, 9)
 
 
+OWNER_DIES_AT_ONCE = """
+import os, subprocess, sys
+from trialflow.trial.procs import watch_announced_child
+announce, done = watch_announced_child(os.getpid())
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
+                         preexec_fn=announce)
+print(child.pid, flush=True)
+os.kill(os.getpid(), 9)  # the worst moment: the child runs, and the parent has done nothing more
+"""
+
+
+def test_a_child_watched_from_before_its_start_goes_when_its_owner_dies_the_moment_it_starts(tmp_path):
+    """What a temporary server's start relies on: no moment in which the controller's death leaves it."""
+    owner = subprocess.run([sys.executable, "-c", OWNER_DIES_AT_ONCE], capture_output=True, text=True, timeout=60)
+    assert owner.returncode == -9, owner.stderr
+    child = int(owner.stdout.split()[0])
+    try:
+        wait_for(lambda: not _cmdline(child) or _state(child) == "Z", timeout=30)
+    finally:
+        if _cmdline(child):
+            os.kill(child, 9)
+
+
+def _state(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
 # ---- fuzzing: YAML anchors and aliases, raw requests to the receiver -----------------------------
 
 @settings(max_examples=60, deadline=5000, derandomize=True,

@@ -24,7 +24,7 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from ..trial.procs import stop_with
+from ..trial.procs import stop_with, watch_announced_child
 
 log = logging.getLogger("trialflow.experiment")
 _GUARDED: set[int] = set()
@@ -58,11 +58,16 @@ def start_temporary_server() -> str | None:
 
 
 def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
-    """The server's process, in a session of its own and watched from its first moment: a controller
-    SIGKILLed while the server starts up (seconds, more on a busy machine) must not leave it behind."""
-    process: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
-        *args, start_new_session=True, **kwargs)
-    _guard(process)
+    """The server's process, in a session of its own and watched from its first moment: its watchdog
+    starts before it, and the server's process tells the watchdog its pid before it runs anything, so a
+    controller SIGKILLed at any point of the start (seconds, more on a busy machine) leaves no server."""
+    announce, done = watch_announced_child(os.getpid())
+    try:
+        process: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
+            *args, start_new_session=True, preexec_fn=announce, **kwargs)
+    finally:
+        done()
+    _GUARDED.add(process.pid)
     return process
 
 

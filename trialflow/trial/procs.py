@@ -13,7 +13,10 @@ import json
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a full disk, a spent quota
 
@@ -148,11 +151,11 @@ def kill_group(pgid: int, grace: float) -> None:
 
 # A watchdog: waits for the owner's death (pidfd, or polling), then stops the watched process group (or
 # the process, when it leads none) -- the same one, checked by its leader's start time, never a group
-# that took its pid later.
+# that took its pid later. Given "-" for the leader, it reads the leader's pid from its stdin (written
+# by the leader itself before it runs anything: see watch_announced_child); at EOF no leader was made.
 _WATCHDOG = r"""
 import os, select, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-owner, leader, started = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 
 def start_time(pid):
     try:
@@ -160,6 +163,18 @@ def start_time(pid):
             return f.read().rsplit(")", 1)[1].split()[19]
     except OSError:
         return None
+
+owner = int(sys.argv[1])
+if sys.argv[2] == "-":
+    line = sys.stdin.readline()
+    if not line.strip():
+        sys.exit(0)
+    leader = int(line)
+    started = start_time(leader)
+    if started is None:
+        sys.exit(0)
+else:
+    leader, started = int(sys.argv[2]), sys.argv[3]
 
 try:
     select.select([os.pidfd_open(owner)], [], [])
@@ -194,3 +209,32 @@ def stop_with(owner: int, leader: int) -> bool:
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
     return True
+
+
+def watch_announced_child(owner: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """:func:`stop_with` for a child not yet started, with no moment in which ``owner`` can die and leave
+    it unwatched: the watchdog starts first and learns the child's pid from the child itself. Returns
+    ``(announce, done)``: start the child with ``preexec_fn=announce`` (it writes its pid before it
+    runs anything), then call ``done`` in the parent, whether the start succeeded or not (a watchdog
+    that no child announced itself to ends by itself). Raises OSError when the watchdog cannot start."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    try:
+        subprocess.Popen([sys.executable, "-S", "-c", _WATCHDOG, str(owner), "-"], stdin=read_end,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         close_fds=True)
+    except OSError:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+
+    def announce() -> None:  # in the child, between fork and exec: system calls only
+        os.write(write_end, b"%d\n" % os.getpid())
+
+    def done() -> None:
+        os.close(write_end)
+
+    return announce, done
