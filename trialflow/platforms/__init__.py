@@ -4,6 +4,9 @@ side of the trial file protocol; :mod:`.job_platform` the base of job platforms 
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import (
     CodeRef,
     LostHandleError,
@@ -14,10 +17,26 @@ from .base import (
     TrialSpec,
     TrialStatus,
     TrialUpdate,
+    service_name,
 )
 from .errors import is_transient
-from .hybrid import experiment_retry, experiment_service, service_name
-from .table import PLATFORMS, Platform, RetryPolicy, available, create_service, platform
+
+if TYPE_CHECKING:
+    from .hybrid import experiment_retry, experiment_service
+    from .table import PLATFORMS, Platform, RetryPolicy, available, create_service, platform
+
+# The table and the hybrid service import every platform's credentials block, hence Prefect: they load
+# at the first use of one of their names, so that a module of one platform (``create``'s GPU check of a
+# local section) is imported without them.
+_LAZY = {"experiment_retry": "hybrid", "experiment_service": "hybrid", "PLATFORMS": "table", "Platform": "table",
+         "RetryPolicy": "table", "available": "table", "create_service": "table", "platform": "table"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = ["PLATFORMS", "CodeRef", "LostHandleError", "Platform", "PlatformError", "RetryPolicy", "TrainingService",
            "TransientPlatformError", "TrialHandle", "TrialSpec", "TrialStatus", "TrialUpdate", "available",

@@ -62,6 +62,14 @@ class TrialHandle:
         return cls(raw["trial_id"], raw["platform"], dict(raw["data"]))
 
 
+SERVICE_KEY = "service"  # in a hybrid trial's handle data: the member service it runs on
+
+
+def service_name(handle: dict[str, Any] | None) -> str | None:
+    """The member a hybrid trial ran on (None for a single-service experiment or an unsubmitted trial)."""
+    return (handle or {}).get("data", {}).get(SERVICE_KEY)
+
+
 @dataclass
 class TrialUpdate:
     """The result of one poll: status, metrics new since the cursor, the next cursor."""

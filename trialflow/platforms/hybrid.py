@@ -28,12 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ExperimentConfig, TrainingServiceConfig
-from .base import CodeRef, PlatformError, TrainingService, TransientPlatformError, TrialHandle, TrialSpec, TrialUpdate
+from .base import (
+    SERVICE_KEY,
+    CodeRef,
+    PlatformError,
+    TrainingService,
+    TransientPlatformError,
+    TrialHandle,
+    TrialSpec,
+    TrialUpdate,
+)
 from .table import RetryPolicy, create_service, platform
 
 log = logging.getLogger("trialflow.hybrid")
 COOLDOWN_SECONDS = 30.0
-SERVICE_KEY = "service"
 
 
 @dataclass
@@ -225,8 +233,3 @@ def experiment_service(config: ExperimentConfig, experiment_dir: Path) -> Traini
 def experiment_retry(config: ExperimentConfig) -> RetryPolicy:
     """How a submission is retried: its platform's policy (hybrid: the most patient member's)."""
     return max((platform(s.platform).retry for s in config.services), key=lambda r: sum(r.delays()))
-
-
-def service_name(handle: dict[str, Any] | None) -> str | None:
-    """The member a hybrid trial ran on (None for a single-service experiment or an unsubmitted trial)."""
-    return (handle or {}).get("data", {}).get(SERVICE_KEY)
