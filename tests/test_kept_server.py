@@ -577,3 +577,52 @@ def test_a_second_shell_and_a_notebook_save_blocks_where_experiments_find_them(t
                                f"API at {server.url}")
     elsewhere = _cli(home, "server", "env", PREFECT_API_URL="http://127.0.0.1:9/api")
     assert elsewhere.returncode == 1 and "PREFECT_API_URL is set to http://127.0.0.1:9/api" in elsewhere.stdout
+
+
+HELD = "import os, time, nni\nnni.get_next_parameter()\nwhile os.path.exists({hold!r}):\n    time.sleep(0.1)\n" \
+       "nni.report_final_result(1)\n"
+
+
+def test_nnictls_port_debug_experiment_dir_and_stop_port_flags(tmp_path, home):
+    """nnictl create/resume --port (its web UI's port: the local Prefect server's here), --debug,
+    resume/view -e/--experiment_dir and stop --port, as NNI spells them."""
+    port, other = free_port(), free_port()
+    hold = tmp_path / "hold"
+    hold.touch()
+    config = _config(tmp_path, "flags", HELD.format(hold=str(hold)), maxTrialNumber=1)
+    created = _cli(home, "create", "--config", str(config), "--port", str(port), "--debug")
+    assert created.returncode == 0, created.stdout + created.stderr
+    _guard(home)
+    assert running_server(home).port == port
+    page_port = PAGE.search(created.stdout).group(2)
+    assert int(page_port) == port  # the page create printed is on the port asked for
+    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
+    store = open_store(tmp_path / "w", exp_id)
+    wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+    assert store.experiment().config["logLevel"] == "debug"
+    wait_for(lambda: " DEBUG " in (tmp_path / "w" / exp_id / "log" / "experiment.log").read_text(), timeout=60)
+
+    busy = _cli(home, "create", "--config", str(config), "-p", str(other))  # the server runs on `port`
+    assert busy.returncode == 1 and busy.stdout.strip() == (
+        f"error: the local Prefect server already runs on port {port}: `trialflow server stop`, then "
+        f"`trialflow server start --port {other}`")
+    assert _cli(home, "stop", "--port", str(other)).stdout.strip() == (
+        f"error: no running experiment reports to a Prefect server on port {other}: `trialflow experiment list` "
+        "shows the running ones")
+    stopped = _cli(home, "stop", "-p", str(port))
+    assert stopped.returncode == 0 and stopped.stdout.strip().endswith(f"experiment {exp_id} stopped"), stopped.stdout
+    assert store.experiment().status == "STOPPED"
+
+    elsewhere = tmp_path / "moved"
+    elsewhere.mkdir()
+    (tmp_path / "w" / exp_id).rename(elsewhere / exp_id)  # a folder the registry does not know
+    folder = str(elsewhere / exp_id)
+    assert exp_id in _cli(home, "view", exp_id, "-e", folder).stdout
+    wrong = _cli(home, "view", exp_id, "-e", str(elsewhere))
+    assert wrong.returncode == 1 and f"is not the folder of experiment {exp_id}" in wrong.stdout
+    hold.unlink()
+    resumed = _cli(home, "resume", exp_id, "-e", folder, "-p", str(port), "-d")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    moved = open_store(elsewhere, exp_id)
+    wait_for(lambda: moved.experiment().status == "DONE", timeout=120)
+    assert moved.experiment().config["logLevel"] == "debug"

@@ -135,12 +135,14 @@ def test_v1_warnings_print_once_and_only_for_fields_that_asked_for_something(tmp
     assert "UserWarning" not in proc.stdout + proc.stderr and "site-packages" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("args", [["create", "--config", "{config}", "--port", "9000"],
-                                  ["resume", "abcdefgh", "--port", "9000"], ["view", "abcdefgh", "--port", "0"]])
+@pytest.mark.parametrize("args", [["create", "--config", "{config}", "--dashboard-port", "9000"],
+                                  ["resume", "abcdefgh", "--dashboard-port", "9000"],
+                                  ["view", "abcdefgh", "--dashboard-port", "0"]])
 def test_port_without_dashboard_is_refused(tmp_path, args):
     proc = cli(*[a.format(config=_config(tmp_path)) for a in args])
     assert proc.returncode == 1
-    assert _lines(proc) == ["error: --port is the dashboard's port: add --dashboard, or leave --port out"]
+    assert _lines(proc) == ["error: --dashboard-port is the dashboard's port: add --dashboard, or leave "
+                            "--dashboard-port out"]
     assert _nothing_created(tmp_path)
 
 
@@ -148,8 +150,8 @@ def test_create_with_a_dashboard_runs_the_experiment(tmp_path, prefect_server):
     path = _config(tmp_path, maxTrialNumber=2)
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "COLUMNS": "200"}
     proc = subprocess.Popen([sys.executable, "-m", "trialflow.cli", "create", "--config", str(path), "--dashboard",
-                             "-p", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+                             "--dashboard-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
     try:
         entry = wait_for(lambda: next(iter(list_experiments(tmp_path / "w")), None), timeout=60)
         wait_for(lambda: open_store(tmp_path / "w", entry.id).experiment().status == "DONE", timeout=120)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -74,8 +75,13 @@ TrialIdOpt = Annotated[str | None, typer.Option("--trial_id", "-T", help="the tr
                                                 "experiment id)")]
 DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a live optuna-dashboard of it "
                                             "(until Ctrl-C)")]
-PortOpt = Annotated[int | None, typer.Option("--port", "-p", help="the dashboard's port (default 8080; 0: any "
-                                             "free one; with --dashboard)")]
+DashboardPortOpt = Annotated[int | None, typer.Option("--dashboard-port", help="the dashboard's port (default "
+                                                      "8080; 0: any free one; with --dashboard)")]
+UiPortOpt = Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535, help="the port of the local Prefect "
+                                               "server, whose UI is NNI's web UI here (kept for its later starts)")]
+DebugOpt = Annotated[bool, typer.Option("--debug", "-d", help="log at debug level (the config's logLevel: debug)")]
+ExperimentDirOpt = Annotated[Path | None, typer.Option("--experiment_dir", "-e", help="the experiment's folder "
+                                                       "(its parent is the working directory to search)")]
 DEFAULT_DASHBOARD_PORT = 8080
 MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
 
@@ -110,10 +116,23 @@ def _warn(warnings: list[str]) -> None:
 
 
 def _dashboard_port(dashboard: bool, port: int | None) -> int:
-    """The port of the dashboard ``--dashboard`` asks for; ``--port`` alone is a mistake."""
+    """The port of the dashboard ``--dashboard`` asks for; ``--dashboard-port`` alone is a mistake."""
     if port is not None and not dashboard:
-        raise CliError("--port is the dashboard's port: add --dashboard, or leave --port out")
+        raise CliError("--dashboard-port is the dashboard's port: add --dashboard, or leave --dashboard-port out")
     return DEFAULT_DASHBOARD_PORT if port is None else port
+
+
+def _in_experiment_dir(experiment_id: str, root: Path | None, experiment_dir: Path | None) -> Path | None:
+    """The root to search given nnictl's ``-e/--experiment_dir`` (the experiment's own folder)."""
+    if experiment_dir is None:
+        return root
+    if root is not None:
+        raise CliError("give --root or --experiment_dir, not both")
+    folder = experiment_dir.expanduser().resolve()
+    if folder.name != experiment_id:
+        raise CliError(f"--experiment_dir {experiment_dir} is not the folder of experiment {experiment_id} (its "
+                       f"folder is named {experiment_id}): give that folder, or its parent with --root")
+    return folder.parent
 
 
 def _start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127.0.0.1",
@@ -211,12 +230,16 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         _serve_until_interrupted(live)
 
 
-def _use_kept_server() -> None:
+def _use_kept_server(port: int | None = None) -> None:
     """Without a configured Prefect API, this process and the controllers it starts use the kept local
-    server (started now when none runs, without waiting: it comes up while the controller imports)."""
+    server (started now when none runs, without waiting: it comes up while the controller imports);
+    ``port`` (nnictl's ``--port``): the one it must listen on."""
     from .kept_server import point_this_process_at_kept_server
 
-    point_this_process_at_kept_server()
+    if port is not None and os.environ.get("PREFECT_API_URL"):
+        raise CliError(f"--port is the local Prefect server's port, but PREFECT_API_URL is set to "
+                       f"{os.environ['PREFECT_API_URL']} (experiments report there): leave --port out, or unset it")
+    point_this_process_at_kept_server(port=port)
 
 
 SERVER_ENV_LINE = 'eval "$(trialflow server env)"'
@@ -253,22 +276,27 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController,
 @app.command()
 def create(config: Annotated[Path, typer.Option("--config", "-c", help="experiment config (YAML/JSON)")],
            foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False,
-           dashboard: DashboardOpt = False, port: PortOpt = None) -> None:
+           dashboard: DashboardOpt = False, dashboard_port: DashboardPortOpt = None, port: UiPortOpt = None,
+           debug: DebugOpt = False) -> None:
     """Create an experiment from an NNI-style config file and start it."""
-    port = _dashboard_port(dashboard, port)
+    live_port = _dashboard_port(dashboard, dashboard_port)
     # the kept server (when it must start) and a background controller start at once: their start-up
     # overlaps the config's checks here
-    _use_kept_server()
+    _use_kept_server(port)
     controller = None if foreground else take_controller()
+    overrides = {"logLevel": "debug"} if debug else None
     try:
-        cfg = _config.load_config(config)
+        cfg = _config.load_config(config, overrides)
         experiment_id, exp_dir = _experiments.create_experiment(cfg, str(config.resolve()))  # checks the tuner first
+        if overrides:
+            with closing(_experiments.open_store(exp_dir.parent, experiment_id)) as created:
+                _experiments.note_changed_fields(created, overrides)  # the file says otherwise: not an edit
     except BaseException:
         if controller is not None:
             controller.cancel()
         raise
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {escape(str(exp_dir))}", markup=True)
-    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, port, controller)
+    _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, live_port, controller)
 
 
 @config_app.command("convert")
@@ -386,15 +414,20 @@ def tensorboard_stop(experiment_id: str, root: RootOpt = None) -> None:
 @app.command()
 def resume(experiment_id: str, root: RootOpt = None,
            foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False,
-           dashboard: DashboardOpt = False, port: PortOpt = None) -> None:
+           dashboard: DashboardOpt = False, dashboard_port: DashboardPortOpt = None, port: UiPortOpt = None,
+           debug: DebugOpt = False, experiment_dir: ExperimentDirOpt = None) -> None:
     """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
-    port = _dashboard_port(dashboard, port)
-    base, store = _store(experiment_id, root)
+    live_port = _dashboard_port(dashboard, dashboard_port)
+    base, store = _store(experiment_id, _in_experiment_dir(experiment_id, root, experiment_dir))
     if _control.controller_alive(store):
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
+    if port is not None:
+        _use_kept_server(port)
+    if debug:
+        _experiments.set_stored_fields(store, {"logLevel": "debug"})
     store.set_control("stop", False)
     store.set_control("kill", [])
-    _launch(experiment_id, base, None, foreground, dashboard, port, earlier_run=store.experiment().flow_run_id)
+    _launch(experiment_id, base, None, foreground, dashboard, live_port, earlier_run=store.experiment().flow_run_id)
 
 
 @app.command("_run", hidden=True)
@@ -407,17 +440,18 @@ def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root"
 
 @app.command()
 def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = False,
-         port: PortOpt = None) -> None:
+         dashboard_port: DashboardPortOpt = None, experiment_dir: ExperimentDirOpt = None) -> None:
     """Show an experiment's status, budget and best trial (read-only)."""
-    port = _dashboard_port(dashboard, port)
-    base, store = _store(experiment_id, root)
+    live_port = _dashboard_port(dashboard, dashboard_port)
+    base, store = _store(experiment_id, _in_experiment_dir(experiment_id, root, experiment_dir))
     _views.print_experiment(console, store)
     if dashboard:
-        _serve_until_interrupted(_start_dashboard(experiment_id, base, port))
+        _serve_until_interrupted(_start_dashboard(experiment_id, base, live_port))
 
 
 @app.command("dashboard")
-def dashboard_command(experiment_id: str, port: PortOpt = None,
+def dashboard_command(experiment_id: str, port: Annotated[int | None, typer.Option(
+                          "--port", "-p", help="its port (default 8080; 0: any free one)")] = None,
                       host: Annotated[str, typer.Option("--host", help="address to bind; anyone who can reach "
                                                         "it can read and edit the study")] = "127.0.0.1",
                       storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL for "
@@ -436,17 +470,32 @@ def dashboard_command(experiment_id: str, port: PortOpt = None,
 def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
          all_: Annotated[bool, typer.Option("--all", "-a", help="stop every running experiment")] = False,
          root: RootOpt = None,
-         wait: Annotated[float, typer.Option(help="seconds to wait for the controller")] = 60.0) -> None:
-    """Stop an experiment (default: the only running one; `all` or --all: every running one): running
-    trials are cancelled (USER_CANCELED), status STOPPED."""
+         wait: Annotated[float, typer.Option(help="seconds to wait for the controller")] = 60.0,
+         port: Annotated[int | None, typer.Option("--port", "-p", help="the running experiment that reports to "
+                                                  "the Prefect server on this port (nnictl's web UI port)")] = None,
+         ) -> None:
+    """Stop an experiment (default: the only running one; `all` or --all: every running one; --port: the
+    one whose Prefect server is on that port): running trials are cancelled (USER_CANCELED), status STOPPED."""
     all_ = all_ or experiment_id == "all"  # nnictl stop all
     if all_ and experiment_id not in (None, "all"):
         raise CliError("give an experiment id or --all, not both")
+    if port is not None and (all_ or experiment_id is not None):
+        raise CliError("give an experiment id, --all or --port, one of them")
     unreadable: list[str] = []
     if all_:
         targets = [(e.root, _experiments.open_store(e.root, e.id))
                    for e in _experiments.list_experiments(root, unreadable)
                    if e.record.status in EXPERIMENT_LIVE]
+    elif port is not None:
+        on_port = [e for e in _experiments.list_experiments(root, unreadable)
+                   if e.record.status in EXPERIMENT_LIVE and _api_port(e.record.prefect_api) == port]
+        if len(on_port) > 1:
+            raise CliError(f"{len(on_port)} running experiments report to the Prefect server on port {port} "
+                           f"({', '.join(e.id for e in on_port)}): give the id of one, or --all")
+        if not on_port:
+            raise CliError(f"no running experiment reports to a Prefect server on port {port}: `trialflow "
+                           "experiment list` shows the running ones")
+        targets = [(on_port[0].root, _experiments.open_store(on_port[0].root, on_port[0].id))]
     else:
         targets = [_store(experiment_id, root)]
     _report_unreadable(unreadable)
@@ -455,6 +504,15 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     for base, store in targets:
         _warn(_control.stop_experiment(store, base, wait))
         console.print(f"experiment {store.experiment_id} stopped")
+
+
+def _api_port(api: str | None) -> int | None:
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(api).port if api else None
+    except ValueError:
+        return None
 
 
 def _when_applied(store: ExperimentStore) -> str:

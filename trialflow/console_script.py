@@ -17,6 +17,7 @@ from .kept_server import set_process_defaults
 RUNNING_COMMANDS = frozenset({"create", "resume"})
 HELP_FLAGS = frozenset({"--help", "-h"})
 FOREGROUND_FLAGS = frozenset({"--foreground", "-f"})
+PORT_FLAGS = ("--port", "-p")  # the server's port: the command starts it (and then its controller) itself
 
 
 def runs_an_experiment(args: list[str]) -> bool:
@@ -24,12 +25,17 @@ def runs_an_experiment(args: list[str]) -> bool:
     return bool(args) and args[0] in RUNNING_COMMANDS and not HELP_FLAGS.intersection(args)
 
 
+def asks_for_a_port(args: list[str]) -> bool:
+    """Whether ``args`` give the kept server's port (``--port N``, ``--port=N``, ``-p N``, ``-pN``)."""
+    return any(a in PORT_FLAGS or a.startswith(("--port=", "-p")) for a in args)
+
+
 def main() -> None:
     """Console entry point. A server or controller that cannot start is left for the command to meet
     and report; a controller the command does not take ends by itself."""
     set_process_defaults()
     args = sys.argv[1:]
-    if runs_an_experiment(args):
+    if runs_an_experiment(args) and not asks_for_a_port(args):
         from .controller_launch import start_controller_early
         from .kept_server import ServerError, point_this_process_at_kept_server
 

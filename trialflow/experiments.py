@@ -198,6 +198,18 @@ def note_changed_fields(store: ExperimentStore, fields: Iterable[str]) -> None:
         store.set_control(CHANGED_FIELDS, sorted(changed | set(fields)))
 
 
+def set_stored_fields(store: ExperimentStore, values: dict[str, Any], remove: Iterable[str] = ()) -> None:
+    """Set top-level fields of the stored config (by their config-file names; ``remove``: fields it no
+    longer has), noted as trialflow's own (:func:`note_changed_fields`): a later run keeps them although
+    its config file says otherwise."""
+    stored = store.experiment().config
+    stored.update(values)
+    for name in remove:
+        stored.pop(name, None)
+    store.set_experiment(config=json.dumps(stored))
+    note_changed_fields(store, values)
+
+
 def _with_changes(store: ExperimentStore, record: ExperimentRecord,
                   given: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
     """``given`` (a config file's) with the fields trialflow set itself taken from the stored copy, and

@@ -442,15 +442,16 @@ def _profiles_may_set_api() -> bool:
         return False
 
 
-def point_this_process_at_kept_server(home: Path | None = None) -> KeptServer | None:
+def point_this_process_at_kept_server(home: Path | None = None, port: int | None = None) -> KeptServer | None:
     """For a process about to run an experiment that has not imported Prefect yet (the CLI's controller):
-    when no API is configured, start the kept server if needed, without waiting for it, and set
-    PREFECT_API_URL to it for this process and its children, so every thread reports to it. Returns
-    the server, or None when an API is configured or the temporary server is asked for. Raises
-    :class:`ServerError` when the server cannot start."""
+    when no API is configured, start the kept server if needed (on ``port`` when given), without waiting
+    for it, and set PREFECT_API_URL to it for this process and its children, so every thread reports to
+    it. Returns the server, or None when an API is configured or the temporary server is asked for.
+    Raises :class:`ServerError` when the server cannot start, or runs on another port than ``port``."""
     if os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api():
         return None
-    server = ensure_server(home, wait=False)
+    server = ensure_server(home, wait=False) if port is None else ensure_server(home, wait=False, port=port,
+                                                                                 exact_port=True)
     os.environ.update(server.client_settings())
     return server
 

@@ -24,7 +24,6 @@ Parameters of the flow are ids and paths only: secrets never become flow paramet
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -52,6 +51,7 @@ from ..experiments import (
     load_experiment_config,
     note_changed_fields,
     open_store,
+    set_stored_fields,
 )
 from ..kept_server import ServerError
 from ..limits import PlatformCap
@@ -549,11 +549,8 @@ def _apply_search_space(ctx: ExperimentContext, space: Any) -> None:
         ctx.config = ctx.config.model_copy(update={"search_space": space})
         ctx.tuner = create_tuner(ctx.config.tuner, space)  # type: ignore[arg-type]
         _tell_tuner(ctx, skip_misfits=True)
-    stored = ctx.store.experiment().config
-    stored["searchSpace"] = space
-    stored.pop("searchSpaceFile", None)
-    ctx.store.set_experiment(config=json.dumps(stored))
-    note_changed_fields(ctx.store, ["searchSpace"])  # the config file still says the old one: not an edit
+    # the config file still says the old one: not an edit
+    set_stored_fields(ctx.store, {"searchSpace": space}, remove=["searchSpaceFile"])
     get_run_logger().info("experiment %s: search space updated; later trials use it", ctx.experiment_id)
 
 

@@ -81,6 +81,7 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
     ctx.submit_errors.pop(trial_id, None)
     stored = handle.to_dict()
     ctx.store.set_handle(trial_id, stored)
+    log.debug("trial %s: submitted to %s with parameters %s", trial_id, handle.platform, record.parameters)
     # Returned with the stored record's id, a string object of its own: Prefect links each value of a
     # task's result to that task run by id(), so the caller's ``trial_id`` object in the result would
     # make a poll run created after this one returned (pool threads busy) read as fed by the submit run
@@ -214,10 +215,12 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
         if update.status == TrialStatus.RUNNING and record.start_time is None:
             ctx.store.set_status(trial_id, TrialStatus.RUNNING, when=polled_at)
             record.start_time = polled_at
+            log.debug("trial %s: running", trial_id)
         last_seen = polled_at
         if fresh and update.status == TrialStatus.RUNNING and ctx.assessor is not None and not final_in:
             values = [scalar_or_none(v) for v in history]
             if all(v is not None for v in values) and ctx.assessor.assess(trial_id, values):  # type: ignore[arg-type]
+                log.debug("trial %s: the assessor stops it after %d intermediate results", trial_id, len(values))
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
         ctx.service.wait(handle, ctx.poll_interval)
@@ -331,6 +334,9 @@ def _absorb(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history:
         return False
     now = time.time()
     ctx.store.add_metrics(Metric(trial_id, r.type, r.sequence, r.value, now) for r in update.metrics)
+    if log.isEnabledFor(logging.DEBUG):
+        for r in update.metrics:
+            log.debug("trial %s: %s result #%d: %s", trial_id, r.type.lower(), r.sequence, r.value)
     fresh = False
     for r in update.metrics:
         if r.type == "PERIODICAL" and r.sequence >= len(history):
@@ -345,6 +351,8 @@ def _end(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: li
     if not absorbed:
         _absorb(ctx, trial_id, update, history)
     if ctx.store.set_status(trial_id, update.status.value, update.exit_code, update.message):
+        log.debug("trial %s: %s (exit code %s)%s", trial_id, update.status.value, update.exit_code,
+                  f": {update.message}" if update.message else "")
         _finish_tuning(ctx, trial_id, history, succeeded=update.status == TrialStatus.SUCCEEDED)
     return ctx.store.trial(trial_id).status
 
