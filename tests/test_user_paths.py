@@ -195,3 +195,25 @@ def test_a_controller_that_cannot_start_says_why_in_the_experiment_log(tmp_path,
     assert open_store(exp_dir.parent, exp_id).experiment().status == "ERROR"
     log = (exp_dir / "log" / "experiment.log").read_text()
     assert f"experiment {exp_id} could not start: trialGpuNumber is 1 but nvidia-smi was not found" in log
+
+
+def test_the_live_table_says_what_it_waits_for_until_the_flow_run_exists(tmp_path):
+    """A first foreground run sits at INITIALIZED while the local Prefect server starts: the table says so."""
+    from rich.console import Console
+
+    from trialflow import parse_config
+    from trialflow.experiments import create_experiment
+    from trialflow.presentation.live import STARTING, _render
+
+    write_trial(tmp_path / "code", "import nni\nnni.report_final_result(1)\n")
+    exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path / "code", tmp_path / "w")))
+    console = Console(record=True, width=200)
+
+    def shown() -> str:
+        console.print(_render(exp_dir.parent, exp_id, maximize=True))
+        return console.export_text()
+
+    assert "INITIALIZED" in shown() and STARTING in shown()
+    store = open_store(exp_dir.parent, exp_id)
+    store.set_experiment(flow_run_id="c7646baa-d591-4235-8251-1c19ad8735cb", prefect_api="http://127.0.0.1:4200/api")
+    assert STARTING not in shown() and "/runs/flow-run/c7646baa-d591-4235-8251-1c19ad8735cb" in shown()

@@ -62,7 +62,12 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     page = flow_run_page(record.prefect_api, record.flow_run_id)
     if page:
         table.add_row("Prefect UI", page)
+    elif not record.flow_run_id and not record.end_time:
+        table.add_row("starting", STARTING)
     return table
+
+
+STARTING = "its Prefect flow run (the first start of trialflow's local Prefect server takes up to a minute)"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a terminal's Ctrl-C, a `kill`
