@@ -217,14 +217,21 @@ def test_report_of_fifty_trials_holds_every_chart_and_opens_offline(tmp_path, ch
     assert not re.search(r"<script[^>]+src=", page) and "<link" not in page  # nothing fetched when opened
     figures = {layout["title"]["text"]: data for data, layout in _figures(page)}
     assert set(figures) == set(drawn)
-    history = figures["Metric over trials (best so far as a line)"]
-    values = next(t for t in history if t.get("mode") == "markers")["y"]
-    assert len(values) == 45  # the 45 that finished with a value
-    best_line = next(t for t in history if t.get("name") == "Best Value")["y"]
+    history = {t["name"]: t for t in figures["Metric over trials (best so far as a line)"]}
+    values = history["SUCCEEDED"]["y"]
+    assert len(values) == 45  # the 45 that finished with a value ...
+    stopped = history["EARLY_STOPPED (last intermediate result)"]
+    assert sorted(stopped["text"]) == [f"T{i:02d}" for i in range(9, 50, 10)]  # ... and the 5 stopped early
+    last = {m.trial_id: m.value for m in store.metrics(type="PERIODICAL")}
+    assert stopped["y"] == [last[t] for t in stopped["text"]]
+    best_line = history["Best Value"]["y"]  # the succeeded trials' best so far (minimized)
     assert best_line[-1] == min(values) and all(b <= a for a, b in zip(best_line, best_line[1:], strict=False))
     assert len(figures["Intermediate results"]) == 50 and all(len(t["y"]) == 4 for t in figures["Intermediate results"])
-    lines = [t for t in figures["Hyper-parameters (parallel coordinates)"] if t.get("mode") == "lines"]
-    assert len(lines) == 45 and all(len(t["x"]) == 3 for t in lines)  # one line per trial: metric, x, k
+    (parallel,) = figures["Hyper-parameters (parallel coordinates)"]
+    dimensions = {d["label"]: d for d in parallel["dimensions"]}
+    assert list(dimensions) == ["metric", "k", "x", "status"]  # one line per trial, every one of the 50
+    assert all(len(d["values"]) == 50 for d in dimensions.values())
+    assert sorted(dimensions["status"]["ticktext"]) == ["EARLY_STOPPED", "SUCCEEDED"]
     assert set(figures["Parameter importance"][0]["y"]) == {"x", "k"}
     durations = figures["Duration per trial"]
     assert sum(len(t["x"]) for t in durations) == 50 and {t["name"] for t in durations} == {"SUCCEEDED",

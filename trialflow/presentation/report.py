@@ -1,12 +1,14 @@
 """``trialflow experiment report ID -o report.html``: one self-contained HTML file with the charts
 NNI's WebUI showed, readable offline (plotly.js is inlined; nothing is fetched when it opens).
 
-Charts (Optuna's plotly visualizations over the experiment's study, see :mod:`.optuna_mirror`):
-- metric over trials, with the best-so-far line (``plot_optimization_history``);
+Charts (Optuna's plotly visualizations over the experiment's study, see :mod:`.optuna_mirror`, and
+plotly directly where every trial must show, early-stopped ones too, as NNI's WebUI showed them):
+- metric over trials by how each ended (an early-stopped trial at its last intermediate result), with
+  the best-so-far line of the succeeded ones;
 - intermediate results per trial (``plot_intermediate_values``);
-- hyper-parameters as parallel coordinates (``plot_parallel_coordinate``);
+- hyper-parameters as parallel coordinates, every trial with a value and how it ended;
 - parameter importance (``plot_param_importances`` with PED-ANOVA, which needs no scikit-learn);
-- duration per trial, coloured by how it ended (plotly directly).
+- duration per trial, coloured by how it ended.
 
 A chart without the data it needs (no intermediate results, too few finished trials for importance)
 is replaced by one sentence saying so; the others are still written. Needs the ``plots`` extra.
@@ -23,8 +25,10 @@ from typing import Any
 
 import optuna
 
+from ..results import maximizes, trial_value
 from ..status import TrialStatus
 from ..store import ExperimentStore, TrialRecord
+from ..tuners import scalar_or_none
 from .dashboard import open_mirror, plots_module
 
 MIN_FOR_IMPORTANCE = 4
@@ -51,6 +55,74 @@ def _durations(started: list[TrialRecord]) -> Any:
     return figure
 
 
+def _shown_values(store: ExperimentStore, records: list[TrialRecord]) -> list[tuple[TrialRecord, float]]:
+    """Each trial with the value the charts give it: its final result, or an early-stopped trial's last
+    intermediate one (NNI's WebUI showed those trials so)."""
+    last: dict[str, float | None] = {}
+    for metric in store.metrics(type="PERIODICAL"):
+        last[metric.trial_id] = scalar_or_none(metric.value)
+    shown = []
+    for trial in records:
+        value = trial_value(trial)
+        if value is None and trial.status == TrialStatus.EARLY_STOPPED:
+            value = last.get(trial.id)
+        if value is not None:
+            shown.append((trial, value))
+    return shown
+
+
+def _history(shown: list[tuple[TrialRecord, float]], maximize: bool) -> Any:
+    go = plots_module("plotly.graph_objects")
+    figure = go.Figure()
+    for status, colour in _STATUS_COLOURS.items():
+        chosen = [(t, v) for t, v in shown if t.status == status]
+        if chosen:
+            name = f"{status} (last intermediate result)" if status == TrialStatus.EARLY_STOPPED else status
+            figure.add_scatter(x=[t.sequence for t, _ in chosen], y=[v for _, v in chosen], mode="markers",
+                               name=name, marker_color=colour, text=[t.id for t, _ in chosen],
+                               hovertemplate="trial %{text} (#%{x}): %{y}")
+    succeeded = sorted((t.sequence, v) for t, v in shown if t.status == TrialStatus.SUCCEEDED)
+    best: list[float] = []
+    for _, value in succeeded:
+        best.append(value if not best else (max if maximize else min)(best[-1], value))
+    if succeeded:
+        figure.add_scatter(x=[s for s, _ in succeeded], y=best, mode="lines", name="Best Value",
+                           line_color="#000000")
+    figure.update_layout(xaxis_title="trial sequence", yaxis_title="metric")
+    return figure
+
+
+def _flat(parameters: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested parameters (a choice of dicts) as ``outer.inner`` keys."""
+    if not isinstance(parameters, dict):
+        return {prefix or "value": parameters}
+    out: dict[str, Any] = {}
+    for key, value in parameters.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        out.update(_flat(value, name) if isinstance(value, dict) else {name: value})
+    return out
+
+
+def _parallel(shown: list[tuple[TrialRecord, float]]) -> Any:
+    go = plots_module("plotly.graph_objects")
+    rows = [_flat(t.parameters) for t, _ in shown]
+    names = sorted({k for row in rows for k in row})
+    dimensions = [{"label": "metric", "values": [v for _, v in shown]}]
+    for name in names:
+        column = [row.get(name) for row in rows]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in column):
+            dimensions.append({"label": name, "values": column})
+        else:  # categories (and trials without the parameter) as positions with their names
+            labels = sorted({str(v) for v in column})
+            dimensions.append({"label": name, "values": [labels.index(str(v)) for v in column],
+                               "tickvals": list(range(len(labels))), "ticktext": labels})
+    statuses = sorted({t.status for t, _ in shown})
+    dimensions.append({"label": "status", "values": [statuses.index(t.status) for t, _ in shown],
+                       "tickvals": list(range(len(statuses))), "ticktext": statuses})
+    return go.Figure(go.Parcoords(line={"color": [v for _, v in shown], "colorscale": "Viridis",
+                                        "showscale": True}, dimensions=dimensions))
+
+
 def charts(store: ExperimentStore, records: list[TrialRecord]) -> list[tuple[str, Any]]:
     """(title, plotly figure or the reason it is missing) for each chart of the report; ``records``
     are the store's trials."""
@@ -64,12 +136,14 @@ def charts(store: ExperimentStore, records: list[TrialRecord]) -> list[tuple[str
     trials = study.get_trials(deepcopy=False)
     started = [t for t in records if t.start_time]
     complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    no_value = "no trial has finished with a value yet" if not complete else None
+    shown = _shown_values(store, records)
+    no_value = "no trial has finished with a value yet" if not shown else None
+    maximize = maximizes(store.experiment())
     makers: list[tuple[str, str | None, Callable[[], Any]]] = [
-        ("Metric over trials (best so far as a line)", no_value, lambda: vis.plot_optimization_history(study)),
+        ("Metric over trials (best so far as a line)", no_value, lambda: _history(shown, maximize)),
         ("Intermediate results", None if any(t.intermediate_values for t in trials)
          else "no trial reported intermediate results", lambda: vis.plot_intermediate_values(study)),
-        ("Hyper-parameters (parallel coordinates)", no_value, lambda: vis.plot_parallel_coordinate(study)),
+        ("Hyper-parameters (parallel coordinates)", no_value, lambda: _parallel(shown)),
         ("Parameter importance", None if complete >= MIN_FOR_IMPORTANCE
          else f"needs at least {MIN_FOR_IMPORTANCE} trials finished with a value ({complete} so far)",
          lambda: vis.plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator())),
