@@ -216,9 +216,10 @@ def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controll
     wait_for(lambda: said in log_file.read_text(), timeout=60)
     hold.unlink()
     released = time.monotonic()
-    # six 1 s trials two at a time: ~3 s of trials, not a 6 s stall at every look at the run's state
+    # six 1 s trials two at a time: ~3 s of trials (14 s seen beside five busy test processes); a 6 s stall
+    # at every look at the run's state would make each of the three pairs wait 6 s first: 21 s at least
     wait_for(lambda: store.experiment().status == "DONE", timeout=60)
-    assert time.monotonic() - released < 12
+    assert time.monotonic() - released < 18
     assert [t.status for t in store.trials()] == ["SUCCEEDED"] * 6
     assert log_file.read_text().count(said) == 1  # said once, not at every look while the API was gone
     # its last Prefect calls fail; what Prefect queued is given 10 s, not 7 s per event
