@@ -33,6 +33,7 @@ def test_progress_table_and_best_trial_artifacts(tmp_path):
     best = Artifact.get(f"{key}-best")
     assert result.best.id in best.data
     assert "metric direction: **maximize**" in best.data and "finished: 3" in best.data  # no optimize_mode
+    assert best.description == "best trial of the run" and "has ended" in best.data  # not "so far" at the end
     progress = Artifact.get(f"{key}-progress")
     assert float(progress.data) == 100.0
 

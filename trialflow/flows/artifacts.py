@@ -75,7 +75,7 @@ class ArtifactReporter:
         started = time.monotonic()
         try:
             with self._calls.once(unless_answering=final):
-                self._publish(final or started >= self._next_snapshot)
+                self._publish(final or started >= self._next_snapshot, final)
         except Exception as exc:  # the UI must never stop an experiment
             self._calls.failed(exc)
         else:
@@ -84,7 +84,7 @@ class ArtifactReporter:
         # looked at less often after one (as after an API that did not answer at once).
         self._next_progress = next_try_after(PROGRESS_INTERVAL, started)
 
-    def _publish(self, snapshot_due: bool) -> None:
+    def _publish(self, snapshot_due: bool, final: bool = False) -> None:
         from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 
         counts = self.ctx.store.count_by_status()
@@ -100,7 +100,7 @@ class ArtifactReporter:
             update_progress_artifact(artifact_id=self._progress_id, progress=progress)
         self._progress = progress
         if snapshot_due and done:
-            self._snapshot(self.ctx.store.trials())
+            self._snapshot(self.ctx.store.trials(), final)
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL
         url = self.ctx.store.controls().get(DASHBOARD_URL_CONTROL)
         if url and url != self._dashboard_url:
@@ -109,8 +109,9 @@ class ArtifactReporter:
             self._dashboard_url = url
             self.versions += 1
 
-    def _snapshot(self, trials: list[TrialRecord]) -> None:
-        """New versions of the trials table and the best-trial summary, each only when it changed."""
+    def _snapshot(self, trials: list[TrialRecord], final: bool = False) -> None:
+        """New versions of the trials table and the best-trial summary, each only when it changed; the
+        ``final`` one (the run's end) says that the best trial is the run's, not the best so far."""
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
         hybrid = self.ctx.config.is_hybrid
@@ -126,8 +127,11 @@ class ArtifactReporter:
             f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"
             + "\n".join(f"- `{k}` = `{v}`" for k, v in best.parameters.items()))
         text += f"\n\n{trial_counts(trials, maximize)}"
+        if final:
+            text += "\n\nThis run of the experiment has ended: no later trial comes into it."
         if self._changed("best", text):
-            create_markdown_artifact(key=f"{self.key}-best", markdown=text, description="best trial so far")
+            create_markdown_artifact(key=f"{self.key}-best", markdown=text,
+                                     description="best trial of the run" if final else "best trial so far")
             self.versions += 1
 
     def _changed(self, name: str, content: Any) -> bool:
