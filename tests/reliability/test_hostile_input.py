@@ -378,10 +378,10 @@ def test_a_controller_sigkilled_while_its_temporary_server_starts_leaves_no_serv
 
 OWNER_DIES_AT_ONCE = """
 import os, subprocess, sys
-from trialflow.trial.procs import watch_announced_child
-announce, done = watch_announced_child(os.getpid())
+from trialflow.trial.procs import watch_next_child
+held = watch_next_child(os.getpid())
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
-                         preexec_fn=announce)
+                         pass_fds=(held,))
 print(child.pid, flush=True)
 os.kill(os.getpid(), 9)  # the worst moment: the child runs, and the parent has done nothing more
 """

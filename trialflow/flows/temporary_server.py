@@ -24,7 +24,7 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from ..trial.procs import stop_with, watch_announced_child
+from ..trial.procs import stop_with, watch_next_child
 
 log = logging.getLogger("trialflow.experiment")
 _GUARDED: set[int] = set()
@@ -59,14 +59,16 @@ def start_temporary_server() -> str | None:
 
 def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
     """The server's process, in a session of its own and watched from its first moment: its watchdog
-    starts before it, and the server's process tells the watchdog its pid before it runs anything, so a
-    controller SIGKILLed at any point of the start (seconds, more on a busy machine) leaves no server."""
-    announce, done = watch_announced_child(os.getpid())
+    starts before it and stops the process that holds the pipe end handed to the server, so a
+    controller SIGKILLed at any point of the start (seconds, more on a busy machine) leaves no server.
+    (Nothing runs in the child before its exec: a ``preexec_fn`` could deadlock a threaded controller.)"""
+    held = watch_next_child(os.getpid())
+    passed: tuple[int, ...] = tuple(kwargs.pop("pass_fds", ()))  # type: ignore[arg-type]
     try:
         process: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
-            *args, start_new_session=True, preexec_fn=announce, **kwargs)
+            *args, start_new_session=True, pass_fds=(*passed, held), **kwargs)
     finally:
-        done()
+        os.close(held)
     _GUARDED.add(process.pid)
     return process
 

@@ -67,7 +67,7 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     return table
 
 
-STARTING = "its Prefect flow run (the first start of trialflow's local Prefect server takes up to a minute)"
+STARTING = "its Prefect flow run (a Prefect server's first start takes up to a minute)"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a terminal's Ctrl-C, a `kill`

@@ -13,10 +13,7 @@ import json
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from typing import Any
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a full disk, a spent quota
 
@@ -151,8 +148,8 @@ def kill_group(pgid: int, grace: float) -> None:
 
 # A watchdog: waits for the owner's death (pidfd, or polling), then stops the watched process group (or
 # the process, when it leads none) -- the same one, checked by its leader's start time, never a group
-# that took its pid later. Given "-" for the leader, it reads the leader's pid from its stdin (written
-# by the leader itself before it runs anything: see watch_announced_child); at EOF no leader was made.
+# that took its pid later. Given "-" for the leader, it watches whichever processes hold the write end
+# of the pipe on its stdin (see watch_next_child): at EOF they are all gone and it ends.
 _WATCHDOG = r"""
 import os, select, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -164,33 +161,56 @@ def start_time(pid):
     except OSError:
         return None
 
+def owner_dies(owner, also):
+    try:
+        fd = os.pidfd_open(owner)
+    except (AttributeError, OSError):
+        fd = None
+    while True:
+        ready = select.select([fd, *also] if fd is not None else also, [], [], None if fd is not None else 0.5)[0]
+        if also and also[0] in ready and not os.read(also[0], 512):
+            return False  # every holder of the pipe is gone
+        if (fd is not None and fd in ready) or (fd is None and start_time(owner) is None):
+            return True
+
+def holders(pipe):
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == pipe:
+                        found.append(int(pid))
+                        break
+                except OSError:
+                    pass
+    return found
+
+def stop(leader, started):
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        if start_time(leader) != started:
+            break
+        try:
+            os.killpg(leader, sig)
+        except OSError:  # not a group leader after all: the process alone
+            os.kill(leader, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and start_time(leader) == started:
+            time.sleep(0.1)
+
 owner = int(sys.argv[1])
 if sys.argv[2] == "-":
-    line = sys.stdin.readline()
-    if not line.strip():
-        sys.exit(0)
-    leader = int(line)
-    started = start_time(leader)
-    if started is None:
-        sys.exit(0)
+    pipe = f"pipe:[{os.fstat(0).st_ino}]"
+    if owner_dies(owner, [0]):
+        for leader in holders(pipe):
+            stop(leader, start_time(leader))
 else:
-    leader, started = int(sys.argv[2]), sys.argv[3]
-
-try:
-    select.select([os.pidfd_open(owner)], [], [])
-except (AttributeError, OSError):
-    while start_time(owner) is not None:
-        time.sleep(0.5)
-for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-    if start_time(leader) != started:
-        break
-    try:
-        os.killpg(leader, sig)
-    except OSError:  # not a group leader after all: the process alone
-        os.kill(leader, sig)
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and start_time(leader) == started:
-        time.sleep(0.1)
+    owner_dies(owner, [])
+    stop(int(sys.argv[2]), sys.argv[3])
 """
 
 
@@ -211,12 +231,13 @@ def stop_with(owner: int, leader: int) -> bool:
     return True
 
 
-def watch_announced_child(owner: int) -> tuple[Callable[[], None], Callable[[], None]]:
-    """:func:`stop_with` for a child not yet started, with no moment in which ``owner`` can die and leave
-    it unwatched: the watchdog starts first and learns the child's pid from the child itself. Returns
-    ``(announce, done)``: start the child with ``preexec_fn=announce`` (it writes its pid before it
-    runs anything), then call ``done`` in the parent, whether the start succeeded or not (a watchdog
-    that no child announced itself to ends by itself). Raises OSError when the watchdog cannot start."""
+def watch_next_child(owner: int) -> int:
+    """:func:`stop_with` for a child not started yet, with no moment in which ``owner`` can die and leave
+    it unwatched: the watchdog starts first, holding the read end of a pipe, and stops whichever
+    processes hold its write end once ``owner`` dies. Returns that write end: start the child with it
+    in ``pass_fds`` (it keeps it, unused, for its life), then close it here whether the start succeeded
+    or not; the watchdog ends by itself when no process holds it any more. Raises OSError when the
+    watchdog cannot start."""
     import subprocess
     import sys
 
@@ -230,11 +251,4 @@ def watch_announced_child(owner: int) -> tuple[Callable[[], None], Callable[[], 
         raise
     finally:
         os.close(read_end)
-
-    def announce() -> None:  # in the child, between fork and exec: system calls only
-        os.write(write_end, b"%d\n" % os.getpid())
-
-    def done() -> None:
-        os.close(write_end)
-
-    return announce, done
+    return write_end
