@@ -112,8 +112,19 @@ def test_a_clean_run_has_no_violations():
     assert violations(_clean_run()) == {}
 
 
+def test_a_stop_settled_to_the_trials_own_outcome_is_one_end():
+    """A stop recorded before its kill, replaced by the outcome of a trial that had exited by itself
+    before the kill landed (ExperimentStore.settle): the one replacement the record allows."""
+    run = _clean_run()
+    run.histories["a"].insert(2, ("USER_CANCELED", None))
+    assert violations(run) == {}
+
+
 @pytest.mark.parametrize("breakage, check", [
     (lambda r: r.histories["a"].append(("FAILED", None)), one_terminal_status),   # two terminal statuses
+    (lambda r: r.histories["a"].insert(2, ("FAILED", None)), one_terminal_status),  # an outcome replaced
+    (lambda r: r.histories["a"].__setitem__(slice(2, 2), [("USER_CANCELED", None), ("EARLY_STOPPED", None)]),
+     one_terminal_status),  # a stop replaced by another stop
     (lambda r: r.trials.update(b="RUNNING"), one_terminal_status),                # stuck RUNNING
     (lambda r: r.ledger.append({"trial": "a", "kind": "start"}), no_trial_ran_twice),
     (lambda r: r.ledger.append({"trial": "z", "kind": "start"}), no_trial_ran_twice),  # ran, not in the store
@@ -123,7 +134,8 @@ def test_a_clean_run_has_no_violations():
     (lambda r: r.metrics.__setitem__(1, ("a", "FINAL", 0, 4.0)), metrics_stored_once),  # wrong value
     (lambda r: r.trial_dirs.append("c"), budget_kept),
     (lambda r: r.trials.update(c="SUCCEEDED"), budget_kept),
-], ids=["two-terminal", "stuck-running", "ran-twice", "ran-unknown", "metric-lost", "metric-twice",
+], ids=["two-terminal", "outcome-replaced", "stop-replaced-by-stop", "stuck-running", "ran-twice", "ran-unknown",
+        "metric-lost", "metric-twice",
         "metric-invented", "metric-wrong", "extra-dir", "extra-trial"])
 def test_each_invariant_fails_when_broken(breakage, check):
     run = _clean_run()

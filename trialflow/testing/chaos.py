@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..flows.experiment import RESUBMITTED
-from ..status import TERMINAL, TrialStatus
+from ..status import STOPPED_BY_US, TERMINAL, TrialStatus
 from ..store import ExperimentStore
 
 CHAOS_TRIAL = """\
@@ -270,10 +270,14 @@ def collect(store: ExperimentStore, ledger: Path, trials_dir: Path, max_trials: 
 
 
 def one_terminal_status(run: RunRecord) -> list[str]:
+    """Each trial ends once, in its recorded status. The one replacement the record allows: a stop
+    recorded before its kill (USER_CANCELED, EARLY_STOPPED), settled to the trial's own outcome when
+    it had exited by itself before the kill landed (``ExperimentStore.settle``)."""
     problems = []
     for trial_id, status in run.trials.items():
         ends = [s for s, _ in run.histories.get(trial_id, []) if s in TERMINAL]
-        if len(ends) != 1 or ends[0] != status:
+        settled = len(ends) == 2 and ends[0] in STOPPED_BY_US and ends[1] not in STOPPED_BY_US
+        if not (len(ends) == 1 or settled) or ends[-1] != status:
             problems.append(f"trial {trial_id}: status {status}, terminal history {ends}")
     return problems
 
