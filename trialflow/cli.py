@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import warnings
-from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -287,10 +286,8 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     overrides = {"logLevel": "debug"} if debug else None
     try:
         cfg = _config.load_config(config, overrides)
-        experiment_id, exp_dir = _experiments.create_experiment(cfg, str(config.resolve()))  # checks the tuner first
-        if overrides:
-            with closing(_experiments.open_store(exp_dir.parent, experiment_id)) as created:
-                _experiments.note_changed_fields(created, overrides)  # the file says otherwise: not an edit
+        experiment_id, exp_dir = _experiments.create_experiment(  # checks the tuner first
+            cfg, str(config.resolve()), overridden=overrides or ())
     except BaseException:
         if controller is not None:
             controller.cancel()

@@ -47,8 +47,11 @@ def default_root() -> Path:
     return Path(os.path.expanduser(os.environ.get("TRIALFLOW_HOME", DEFAULT_WORKING_DIRECTORY)))
 
 
-def create_experiment(config: ExperimentConfig, config_path: str | None = None) -> tuple[str, Path]:
-    """A new experiment id and its directory with the store holding the config. With ``storeUrl`` the
+def create_experiment(config: ExperimentConfig, config_path: str | None = None,
+                      overridden: Iterable[str] = ()) -> tuple[str, Path]:
+    """A new experiment id and its directory with the store holding the config. ``overridden``: the
+    top-level fields a run's overrides set over the config file (noted: the file differing there is no
+    edit, :func:`note_changed_fields`). With ``storeUrl`` the
     records go to that database and the directory keeps where (the URL without its password).
     The tuner and assessor are checked first (:class:`TunerError`), and the GPUs local trials ask for
     (:class:`~trialflow.platforms.PlatformError`): a refusal leaves nothing."""
@@ -79,6 +82,7 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None) 
         store = ExperimentStore.embedded(exp_dir, experiment_id)
     try:
         store.create_experiment(config.experiment_name, dumped, config_path, optimize_mode_of(dumped))
+        note_changed_fields(store, overridden)
     finally:
         store.close()
     register_root(experiment_id, root)

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -49,7 +49,6 @@ from ..experiments import (
     create_experiment,
     find_experiment,
     load_experiment_config,
-    note_changed_fields,
     open_store,
     set_stored_fields,
 )
@@ -122,11 +121,9 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         if not config_path:
             raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
         config_path = os.path.abspath(config_path)
-        experiment_id, exp_dir = create_experiment(load_config(config_path, overrides), config_path)
+        experiment_id, exp_dir = create_experiment(load_config(config_path, overrides), config_path,
+                                                   overridden=overrides or ())
         root = exp_dir.parent
-        if overrides:
-            with closing(open_store(root, experiment_id)) as created:
-                note_changed_fields(created, overrides)  # the file says otherwise there: not an edit
     else:
         given = load_config(config_path) if config_path else None  # may hold a shared store's password
         root = Path(working_directory).resolve() if working_directory else find_experiment(experiment_id)[0]

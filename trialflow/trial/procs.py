@@ -207,7 +207,9 @@ if sys.argv[2] == "-":
     pipe = f"pipe:[{os.fstat(0).st_ino}]"
     if owner_dies(owner, [0]):
         for leader in holders(pipe):
-            stop(leader, start_time(leader))
+            started = start_time(leader)
+            if started is not None:  # not gone in between
+                stop(leader, started)
 else:
     owner_dies(owner, [])
     stop(int(sys.argv[2]), sys.argv[3])
