@@ -502,7 +502,7 @@ def test_a_server_an_older_trialflow_left_open_is_replaced_by_a_private_one(home
     assert _post(f"{new.url}/flows/filter", {}, _signed_in(new))[0] == 200
 
 
-def test_server_start_takes_the_port_asked_for_keeps_it_and_says_so_when_it_cannot(home):
+def test_server_start_takes_the_port_and_ui_path_asked_for_keeps_them_and_says_so_when_it_cannot(home):
     port, other = free_port(), free_port()
     started = _cli(home, "server", "start", "--port", str(port))
     assert started.returncode == 0 and f"UI http://127.0.0.1:{port} " in started.stdout, started.stdout
@@ -521,6 +521,19 @@ def test_server_start_takes_the_port_asked_for_keeps_it_and_says_so_when_it_cann
     again = _cli(home, "server", "start")  # later starts keep the port chosen
     assert again.returncode == 0 and f"UI http://127.0.0.1:{port} " in again.stdout, again.stdout
     _guard(home)
+    assert _cli(home, "server", "stop").returncode == 0
+    hidden_api = _cli(home, "server", "start", "--url-prefix", "/api/ui")
+    assert hidden_api.returncode == 1 and hidden_api.stdout.strip() == (
+        "error: --url_prefix '/api/ui': /api is where the server's API is; choose another, e.g. --url_prefix nni")
+    assert _cli(home, "server", "start", "--url-prefix", "nni").returncode == 0
+    _guard(home)
+    assert _cli(home, "server", "stop").returncode == 0
+    kept = _cli(home, "server", "start")  # later starts keep the path chosen too
+    assert kept.returncode == 0 and f"UI http://127.0.0.1:{port}/nni " in kept.stdout, kept.stdout
+    _guard(home)
+    server = running_server(home)
+    settings = json.loads(_get(f"{server.ui_url}/ui-settings", server)[1])
+    assert settings["v2_base_url"] == "/nni/v2" and settings["api_url"] == server.url
 
 
 SAVE_FROM_PYTHON = """
@@ -584,19 +597,26 @@ HELD = "import os, time, nni\nnni.get_next_parameter()\nwhile os.path.exists({ho
        "nni.report_final_result(1)\n"
 
 
-def test_nnictls_port_debug_experiment_dir_and_stop_port_flags(tmp_path, home):
-    """nnictl create/resume --port (its web UI's port: the local Prefect server's here), --debug,
-    resume/view -e/--experiment_dir and stop --port, as NNI spells them."""
+PREFIXED_PAGE = re.compile(r"Prefect UI: (http://127\.0\.0\.1:(\d+)/team/nni/v2/runs/flow-run/[0-9a-f-]{36})")
+
+
+def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_path, home):
+    """nnictl create/resume --port and --url_prefix (its web UI's port and path: the local Prefect
+    server's here), --debug, resume/view -e/--experiment_dir and stop --port, as NNI spells them."""
     port, other = free_port(), free_port()
     hold = tmp_path / "hold"
     hold.touch()
     config = _config(tmp_path, "flags", HELD.format(hold=str(hold)), maxTrialNumber=1)
-    created = _cli(home, "create", "--config", str(config), "--port", str(port), "--debug")
+    created = _cli(home, "create", "--config", str(config), "--port", str(port), "--debug",
+                   "--url_prefix", "/team/nni/")
     assert created.returncode == 0, created.stdout + created.stderr
     _guard(home)
-    assert running_server(home).port == port
-    page_port = PAGE.search(created.stdout).group(2)
-    assert int(page_port) == port  # the page create printed is on the port asked for
+    server = running_server(home)
+    assert server.port == port and server.ui_url == f"http://127.0.0.1:{port}/team/nni"
+    page, page_port = PREFIXED_PAGE.search(created.stdout).groups()
+    assert int(page_port) == port  # the page create printed is on the port and path asked for
+    status, html = _get(page, server)
+    assert status == 200 and b'"/team/nni/v2/assets/' in html  # the UI's own files load from there too
     exp_id = created.stdout.split("experiment id: ")[1].split()[0]
     store = open_store(tmp_path / "w", exp_id)
     wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
@@ -607,6 +627,10 @@ def test_nnictls_port_debug_experiment_dir_and_stop_port_flags(tmp_path, home):
     assert busy.returncode == 1 and busy.stdout.strip() == (
         f"error: the local Prefect server already runs on port {port}: `trialflow server stop`, then "
         f"`trialflow server start --port {other}`")
+    elsewhere_in_ui = _cli(home, "create", "--config", str(config), "-u", "other")
+    assert elsewhere_in_ui.returncode == 1 and elsewhere_in_ui.stdout.strip() == (
+        f"error: the local Prefect server already serves its UI at http://127.0.0.1:{port}/team/nni: `trialflow "
+        "server stop`, then `trialflow server start --url_prefix /other`")
     assert _cli(home, "stop", "--port", str(other)).stdout.strip() == (
         f"error: no running experiment reports to a Prefect server on port {other}: `trialflow experiment list` "
         "shows the running ones")
@@ -622,7 +646,7 @@ def test_nnictls_port_debug_experiment_dir_and_stop_port_flags(tmp_path, home):
     wrong = _cli(home, "view", exp_id, "-e", str(elsewhere))
     assert wrong.returncode == 1 and f"is not the folder of experiment {exp_id}" in wrong.stdout
     hold.unlink()
-    resumed = _cli(home, "resume", exp_id, "-e", folder, "-p", str(port), "-d")
+    resumed = _cli(home, "resume", exp_id, "-e", folder, "-p", str(port), "-d", "--url_prefix", "team/nni")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     moved = open_store(elsewhere, exp_id)
     wait_for(lambda: moved.experiment().status == "DONE", timeout=120)

@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
+from trialflow.console_script import chooses_the_server
 from trialflow.experiments import list_experiments, open_store
+from trialflow.kept_server import ServerError, ui_path_prefix
 
 HELD = ("import os, time, nni\np = nni.get_next_parameter()\nwhile os.path.exists({hold!r}):\n    time.sleep(0.2)\n"
         "nni.report_intermediate_result(p['x'])\nnni.report_final_result(p['x'])\n")
@@ -195,3 +198,25 @@ def test_an_update_made_through_trialflow_is_no_edit_of_the_config_file(tmp_path
     edited = nnictl("resume", exp_id, "--foreground", env=env)
     assert "changed since it was created (maxTrialDuration)" in edited.stdout + edited.stderr
     assert store.trials()[-1].parameters["x"] == 7
+
+
+@pytest.mark.parametrize("args", [["--port", "4300"], ["--port=4300"], ["-p", "4300"], ["-p4300"],
+                                  ["--url_prefix", "nni"], ["--url_prefix=nni"], ["--url-prefix", "nni"], ["-u", "nni"],
+                                  ["-unni"]])
+def test_a_create_choosing_the_servers_port_or_ui_path_starts_the_server_itself(args):
+    """The console script starts the server early only when the command leaves its port and path alone:
+    an early start with the last ones would make a create with others fail."""
+    assert chooses_the_server(["create", "--config", "c.yml", *args])
+    assert not chooses_the_server(["create", "--config", "c.yml", "-f", "--dashboard-port", "8081"])
+
+
+@pytest.mark.parametrize(("given", "path"), [("nni", "/nni"), ("/team/nni/", "/team/nni"), ("//a//b", "/a/b"),
+                                             ("/", ""), ("", ""), ("v1.2_x~y-z", "/v1.2_x~y-z")])
+def test_url_prefix_is_read_as_nnictl_writes_it(given, path):
+    assert ui_path_prefix(given) == path
+
+
+@pytest.mark.parametrize("given", ["a b", "../x", "a/./b", "api", "/api/v2", "ä", "x?y=1", "x#y"])
+def test_a_url_prefix_that_is_no_plain_path_or_hides_the_api_is_refused(given):
+    with pytest.raises(ServerError, match=r"^--url_prefix .*e\.g\. --url_prefix nni$"):
+        ui_path_prefix(given)

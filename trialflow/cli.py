@@ -33,7 +33,7 @@ from .user_errors import UserError
 if TYPE_CHECKING:
     from .kept_server import KeptServer
     from .presentation.dashboard import LiveDashboard
-    from .store import ExperimentStore
+    from .store import ExperimentRecord, ExperimentStore
 
 # imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
 _config = lazy_module("trialflow.config")
@@ -78,6 +78,9 @@ DashboardPortOpt = Annotated[int | None, typer.Option("--dashboard-port", help="
                                                       "8080; 0: any free one; with --dashboard)")]
 UiPortOpt = Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535, help="the port of the local Prefect "
                                                "server, whose UI is NNI's web UI here (kept for its later starts)")]
+UrlPrefixOpt = Annotated[str | None, typer.Option("--url_prefix", "--url-prefix", "-u", help="the path the local "
+                                                 "Prefect server serves its UI under (e.g. nni; kept for its "
+                                                 "later starts; / for the root)")]
 DebugOpt = Annotated[bool, typer.Option("--debug", "-d", help="log at debug level (the config's logLevel: debug)")]
 ExperimentDirOpt = Annotated[Path | None, typer.Option("--experiment_dir", "-e", help="the experiment's folder "
                                                        "(its parent is the working directory to search)")]
@@ -229,16 +232,19 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         _serve_until_interrupted(live)
 
 
-def _use_kept_server(port: int | None = None) -> None:
+def _use_kept_server(port: int | None = None, url_prefix: str | None = None) -> None:
     """Without a configured Prefect API, this process and the controllers it starts use the kept local
     server (started now when none runs, without waiting: it comes up while the controller imports);
-    ``port`` (nnictl's ``--port``): the one it must listen on."""
+    ``port`` and ``url_prefix`` (nnictl's ``--port`` and ``--url_prefix``): the port it must listen on
+    and the path it must serve its UI under."""
     from .kept_server import point_this_process_at_kept_server
 
-    if port is not None and os.environ.get("PREFECT_API_URL"):
-        raise CliError(f"--port is the local Prefect server's port, but PREFECT_API_URL is set to "
-                       f"{os.environ['PREFECT_API_URL']} (experiments report there): leave --port out, or unset it")
-    point_this_process_at_kept_server(port=port)
+    for flag, value in (("--port", port), ("--url_prefix", url_prefix)):
+        if value is not None and os.environ.get("PREFECT_API_URL"):
+            raise CliError(f"{flag} is for the local Prefect server, but PREFECT_API_URL is set to "
+                           f"{os.environ['PREFECT_API_URL']} (experiments report there): leave {flag} out, or "
+                           "unset it")
+    point_this_process_at_kept_server(port=port, url_prefix=url_prefix)
 
 
 SERVER_ENV_LINE = 'eval "$(trialflow server env)"'
@@ -276,12 +282,12 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController,
 def create(config: Annotated[Path, typer.Option("--config", "-c", help="experiment config (YAML/JSON)")],
            foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False,
            dashboard: DashboardOpt = False, dashboard_port: DashboardPortOpt = None, port: UiPortOpt = None,
-           debug: DebugOpt = False) -> None:
+           url_prefix: UrlPrefixOpt = None, debug: DebugOpt = False) -> None:
     """Create an experiment from an NNI-style config file and start it."""
     live_port = _dashboard_port(dashboard, dashboard_port)
     # the kept server (when it must start) and a background controller start at once: their start-up
     # overlaps the config's checks here
-    _use_kept_server(port)
+    _use_kept_server(port, url_prefix)
     controller = None if foreground else take_controller()
     overrides = {"logLevel": "debug"} if debug else None
     try:
@@ -412,14 +418,14 @@ def tensorboard_stop(experiment_id: str, root: RootOpt = None) -> None:
 def resume(experiment_id: str, root: RootOpt = None,
            foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False,
            dashboard: DashboardOpt = False, dashboard_port: DashboardPortOpt = None, port: UiPortOpt = None,
-           debug: DebugOpt = False, experiment_dir: ExperimentDirOpt = None) -> None:
+           url_prefix: UrlPrefixOpt = None, debug: DebugOpt = False, experiment_dir: ExperimentDirOpt = None) -> None:
     """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
     live_port = _dashboard_port(dashboard, dashboard_port)
     base, store = _store(experiment_id, _in_experiment_dir(experiment_id, root, experiment_dir))
     if _control.controller_alive(store):
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
-    if port is not None:
-        _use_kept_server(port)
+    if port is not None or url_prefix is not None:
+        _use_kept_server(port, url_prefix)
     if debug:
         _experiments.set_stored_fields(store, {"logLevel": "debug"})
     store.set_control("stop", False)
@@ -437,11 +443,17 @@ def run_detached(experiment_id: str, root: Annotated[Path, typer.Option("--root"
 
 @app.command()
 def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = False,
-         dashboard_port: DashboardPortOpt = None, experiment_dir: ExperimentDirOpt = None) -> None:
-    """Show an experiment's status, budget and best trial (read-only)."""
+         dashboard_port: DashboardPortOpt = None, experiment_dir: ExperimentDirOpt = None,
+         url_prefix: UrlPrefixOpt = None) -> None:
+    """Show an experiment's status, budget and best trial (read-only); with --url_prefix, its Prefect UI
+    page on the local server serving its UI there."""
     live_port = _dashboard_port(dashboard, dashboard_port)
     base, store = _store(experiment_id, _in_experiment_dir(experiment_id, root, experiment_dir))
+    if url_prefix is not None:
+        _use_kept_server(url_prefix=url_prefix)
     _views.print_experiment(console, store)
+    if url_prefix is not None:
+        console.print(_prefect_ui_line(store.experiment()), soft_wrap=True)
     if dashboard:
         _serve_until_interrupted(_start_dashboard(experiment_id, base, live_port))
 
@@ -879,12 +891,13 @@ def _print_server(server: KeptServer, what: str) -> None:
 
 @server_app.command("start")
 def server_start(port: Annotated[int | None, typer.Option(
-        "--port", min=1, max=65535, help="the port it listens on, kept for its later starts")] = None) -> None:
+        "--port", min=1, max=65535, help="the port it listens on, kept for its later starts")] = None,
+                 url_prefix: UrlPrefixOpt = None) -> None:
     """Start the kept server (once; experiments start it on first use anyway)."""
-    from .kept_server import ensure_server, running_server
+    from .kept_server import ensure_server, running_server, server_choice
 
     already = running_server()
-    server = ensure_server() if port is None else ensure_server(port=port, exact_port=True)
+    server = ensure_server(**server_choice(port, url_prefix))
     _print_server(server, "already running" if already else "started")
     _configured_api_note()
 
@@ -1036,20 +1049,25 @@ def log_stderr(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailO
     _print_log(_log_file(experiment_id, root, CONTROLLER_OUTPUT), head, tail, path)
 
 
+def _prefect_ui_line(record: ExperimentRecord) -> str:
+    """The line naming the Prefect UI page of the experiment's latest flow run."""
+    from .kept_server import flow_run_page, sign_in_note
+
+    page = flow_run_page(record.prefect_api, record.flow_run_id)
+    return f"Prefect UI: {page}{sign_in_note(record.prefect_api)}" if page else (
+        "Prefect UI: none (the run used Prefect's temporary server, which has no UI; without "
+        "TRIALFLOW_PREFECT_SERVER=temporary runs get trialflow's kept server and its UI)")
+
+
 @webui_app.command("url")
 def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
     (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
     from .flows.artifacts import DASHBOARD_URL_CONTROL
-    from .kept_server import flow_run_page, sign_in_note
 
     _, store = _store(experiment_id, root)
     record = store.experiment()
-    page = flow_run_page(record.prefect_api, record.flow_run_id)
-    page = page and page + sign_in_note(record.prefect_api)
-    console.print(f"Prefect UI: {page}" if page else "Prefect UI: none (the run used Prefect's temporary server, "
-                  "which has no UI; without TRIALFLOW_PREFECT_SERVER=temporary runs get trialflow's kept "
-                  "server and its UI)", soft_wrap=True)
+    console.print(_prefect_ui_line(record), soft_wrap=True)
     dashboard = record.controls.get(DASHBOARD_URL_CONTROL)
     console.print(f"dashboard: {dashboard}" if dashboard else
                   f"dashboard: none serving (trialflow dashboard {record.id})", soft_wrap=True)

@@ -17,7 +17,9 @@ from .kept_server import set_process_defaults
 RUNNING_COMMANDS = frozenset({"create", "resume"})
 HELP_FLAGS = frozenset({"--help", "-h"})
 FOREGROUND_FLAGS = frozenset({"--foreground", "-f"})
-PORT_FLAGS = ("--port", "-p")  # the server's port: the command starts it (and then its controller) itself
+# the server's port and UI path (nnictl's --port, --url_prefix): the command starts it (and then its
+# controller) itself, to tell the user when the server runs with others
+SERVER_FLAGS = ("--port", "-p", "--url_prefix", "--url-prefix", "-u")
 
 
 def runs_an_experiment(args: list[str]) -> bool:
@@ -25,9 +27,11 @@ def runs_an_experiment(args: list[str]) -> bool:
     return bool(args) and args[0] in RUNNING_COMMANDS and not HELP_FLAGS.intersection(args)
 
 
-def asks_for_a_port(args: list[str]) -> bool:
-    """Whether ``args`` give the kept server's port (``--port N``, ``--port=N``, ``-p N``, ``-pN``)."""
-    return any(a in PORT_FLAGS or a.startswith(("--port=", "-p")) for a in args)
+def chooses_the_server(args: list[str]) -> bool:
+    """Whether ``args`` give the kept server's port or UI path (``--port N``, ``--port=N``, ``-p N``,
+    ``-pN``, and the same of ``--url_prefix``/``-u``)."""
+    return any(a in SERVER_FLAGS or a.startswith(tuple(f + ("=" if f.startswith("--") else "") for f in SERVER_FLAGS))
+               for a in args)
 
 
 def main() -> None:
@@ -35,7 +39,7 @@ def main() -> None:
     and report; a controller the command does not take ends by itself."""
     set_process_defaults()
     args = sys.argv[1:]
-    if runs_an_experiment(args) and not asks_for_a_port(args):
+    if runs_an_experiment(args) and not chooses_the_server(args):
         from .controller_launch import start_controller_early
         from .kept_server import ServerError, point_this_process_at_kept_server
 

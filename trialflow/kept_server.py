@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
 from .user_errors import UserError
@@ -71,6 +72,7 @@ class KeptServer:
     port: int
     home: Path
     prefect: str | None = None  # the Prefect version it runs
+    url_prefix: str = ""  # the path its UI is served under ("/team/nni"; "" for the root)
 
     @property
     def url(self) -> str:
@@ -79,7 +81,8 @@ class KeptServer:
 
     @property
     def ui_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        """Where its UI is (nnictl's ``--url_prefix`` puts it under a path)."""
+        return f"http://{HOST}:{self.port}{self.url_prefix}"
 
     @property
     def auth(self) -> str | None:
@@ -194,16 +197,38 @@ def _record_path(folder: Path) -> Path:
     return folder / "server.json"
 
 
-def _read(folder: Path) -> tuple[KeptServer | None, int | None]:
-    """(the recorded running server or None, the port last used)."""
+def _read(folder: Path) -> tuple[KeptServer | None, int | None, str]:
+    """(the recorded running server or None, the port last used, the UI's path prefix last used)."""
     data = read_json(str(_record_path(folder))) or {}
     port = data.get("port") if isinstance(data.get("port"), int) else None
+    prefix = data.get("url_prefix")
+    prefix = prefix if isinstance(prefix, str) else ""
     try:
         server = KeptServer(int(data["pid"]), int(data["start_time"]), int(data["port"]), folder,
-                            data.get("prefect") if isinstance(data.get("prefect"), str) else None)
+                            data.get("prefect") if isinstance(data.get("prefect"), str) else None, prefix)
     except (KeyError, TypeError, ValueError):
-        return None, port
-    return (server if server.alive() else None), port
+        return None, port, prefix
+    return (server if server.alive() else None), port, prefix
+
+
+def _stopped_record(server: KeptServer) -> dict[str, object]:
+    """What ``server.json`` keeps of a server that no longer runs: what its next start reuses."""
+    return {"port": server.port, **({"url_prefix": server.url_prefix} if server.url_prefix else {})}
+
+
+def ui_path_prefix(value: str) -> str:
+    """nnictl's ``--url_prefix`` as the path the UI is served under: ``"nni"``, ``"/nni/"`` ->
+    ``"/nni"``; ``""`` or ``"/"`` -> ``""`` (the root). Raises :class:`ServerError` for a prefix that is
+    not a plain path or that would hide the API (``/api``)."""
+    segments = [s for s in value.strip().split("/") if s]
+    for segment in segments:
+        if segment in (".", "..") or not all(c.isascii() and (c.isalnum() or c in "-._~") for c in segment):
+            raise ServerError(f"--url_prefix {value!r}: use letters, digits and - . _ ~ between slashes, "
+                              "e.g. --url_prefix nni")
+    if segments[:1] == ["api"]:
+        raise ServerError(f"--url_prefix {value!r}: /api is where the server's API is; choose another, "
+                          "e.g. --url_prefix nni")
+    return "".join(f"/{s}" for s in segments)
 
 
 def running_server(home: Path | None = None) -> KeptServer | None:
@@ -249,7 +274,7 @@ def auth_for(api: str | None, home: Path | None = None) -> str | None:
     """The auth string a client sends to ``api`` when that is the kept server of ``home`` (its
     recorded address), else None (another server's credentials are not trialflow's to send)."""
     folder = server_home(home)
-    _, port = _read(folder)
+    _, port, _ = _read(folder)
     if not api or port is None or api.rstrip("/") != f"http://{HOST}:{port}/api":
         return None
     return _recorded_auth(folder)
@@ -293,24 +318,30 @@ def _bind_port(last: int | None, preferred: int, exact: bool = False) -> socket.
 
 
 def ensure_server(home: Path | None = None, wait: bool = True, stop_with_pid: int | None = None,
-                  port: int = DEFAULT_PORT, exact_port: bool = False) -> KeptServer:
+                  port: int = DEFAULT_PORT, exact_port: bool = False, url_prefix: str | None = None) -> KeptServer:
     """The kept server of ``home``, started first when none runs; with ``wait`` (the default) only once
     its API answers. ``stop_with_pid``: a server started by this call stops when that process dies.
     ``port``: the port a first start prefers (0: any free one); with ``exact_port``, the one it must
-    use (later starts keep it). Raises :class:`ServerError` when it cannot start, does not answer, or
-    runs on another port than an ``exact_port``."""
+    use (later starts keep it). ``url_prefix`` (nnictl's, as :func:`ui_path_prefix` reads it): the path
+    its UI must be served under, kept for later starts too; left out, a start reuses the last one.
+    Raises :class:`ServerError` when it cannot start, does not answer, or runs on another port than an
+    ``exact_port`` or with another prefix than ``url_prefix``."""
     folder = server_home(home)
+    prefix = None if url_prefix is None else ui_path_prefix(url_prefix)
     with _locked(folder):
-        server, last_port = _read(folder)
+        server, last_port, last_prefix = _read(folder)
         if server is not None and server.auth is None:
             server = _replace_open_server(server)
         if server is not None and exact_port and server.port != port:
             raise ServerError(f"the local Prefect server already runs on port {server.port}: `trialflow server "
                               f"stop`, then `trialflow server start --port {port}`")
+        if server is not None and prefix is not None and server.url_prefix != prefix:
+            raise ServerError(f"the local Prefect server already serves its UI at {server.ui_url}: `trialflow "
+                              f"server stop`, then `trialflow server start --url_prefix {prefix or '/'}`")
         if server is None:
             auth = _auth_string(folder)
             with _bind_port(last_port, port, exact_port) as sock:
-                server = _spawn(folder, sock, auth)
+                server = _spawn(folder, sock, auth, last_prefix if prefix is None else prefix)
             if stop_with_pid is not None:
                 stop_with(stop_with_pid, server.pid)
     return server.wait_until_healthy() if wait else server
@@ -336,14 +367,15 @@ def _replace_open_server(server: KeptServer) -> KeptServer | None:
     kill_group(server.pid, 5.0)
     if group_alive(server.pid):
         raise ServerError(f"the local Prefect server (pid {server.pid}), open to every local user, did not stop")
-    write_atomic(str(_record_path(server.home)), {"port": server.port})
+    write_atomic(str(_record_path(server.home)), _stopped_record(server))
     return None
 
 
-def _spawn(folder: Path, sock: socket.socket, auth: str) -> KeptServer:
+def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> KeptServer:
     """Start the server process on ``sock`` (bound, not listening; the caller closes its copy), private
     to this user: every API call but the health check needs ``auth``, browsers may call it from its
-    own UI's origin only, and requests must name it by a loopback address (kept_server_app)."""
+    own UI's origin only, and requests must name it by a loopback address (kept_server_app). Its UI is
+    served under ``url_prefix`` (a normalized path, "" for the root)."""
     port = int(sock.getsockname()[1])
     prefect_home = folder / "prefect"
     prefect_home.mkdir(parents=True, exist_ok=True)
@@ -353,7 +385,14 @@ def _spawn(folder: Path, sock: socket.socket, auth: str) -> KeptServer:
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api",
                PREFECT__SERVER_FINAL="1", PREFECT_SERVER_API_AUTH_STRING=auth, PREFECT_API_AUTH_STRING=auth,
                PREFECT_SERVER_CORS_ALLOWED_ORIGINS=origins,
+               PREFECT_UI_SERVE_BASE=url_prefix or "/",
                PYTHONPATH=os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p))
+    if url_prefix:
+        # Prefect writes the prefix into a copy of the UI's files, by default one copy inside the
+        # Prefect package that every server of this installation shares: this server's copy is its own
+        env["PREFECT_UI_STATIC_DIRECTORY"] = str(folder / "ui")
+    else:
+        env.pop("PREFECT_UI_STATIC_DIRECTORY", None)
     env = {**SERVER_DEFAULTS, **env}
     version = _prefect_version()
     if _database_at(folder, prefect_home, version, env):
@@ -372,8 +411,8 @@ def _spawn(folder: Path, sock: socket.socket, auth: str) -> KeptServer:
         raise ServerError(f"the local Prefect server exited at once (code {proc.returncode}); its log: "
                           f"{folder / 'server.log'}")
     write_atomic(str(_record_path(folder)), {"pid": proc.pid, "start_time": start_time, "port": port,
-                                             "prefect": version})
-    return KeptServer(proc.pid, start_time, port, folder, version)
+                                             "prefect": version, "url_prefix": url_prefix})
+    return KeptServer(proc.pid, start_time, port, folder, version, url_prefix)
 
 
 def _prefect_version() -> str | None:
@@ -402,20 +441,20 @@ def stop_server(home: Path | None = None, grace: float = 10.0) -> KeptServer | N
     stays recorded, so the next start reuses it. Raises :class:`ServerError` when it does not stop."""
     folder = server_home(home)
     with _locked(folder):
-        server, _ = _read(folder)
+        server = _read(folder)[0]
         if server is None:
             return None
         kill_group(server.pid, grace / 2)
         if group_alive(server.pid):
             raise ServerError(f"the local Prefect server (pid {server.pid}) did not stop")
-        write_atomic(str(_record_path(folder)), {"port": server.port})
+        write_atomic(str(_record_path(folder)), _stopped_record(server))
     return server
 
 
 def revive(api: str, home: Path | None = None) -> None:
     """Start the kept server again when ``api`` is its address and it was stopped (a later ``trialflow
     stop`` still reaches the records of a run made against it). Raises :class:`ServerError`."""
-    server, port = _read(server_home(home))
+    server, port, _ = _read(server_home(home))
     if server is None and port is not None and api == f"http://{HOST}:{port}/api":
         ensure_server(home)
 
@@ -442,16 +481,23 @@ def _profiles_may_set_api() -> bool:
         return False
 
 
-def point_this_process_at_kept_server(home: Path | None = None, port: int | None = None) -> KeptServer | None:
+def server_choice(port: int | None, url_prefix: str | None) -> dict[str, Any]:
+    """:func:`ensure_server`'s arguments for what a user asked (nnictl's ``--port`` and ``--url_prefix``;
+    None: not asked)."""
+    return {**({} if port is None else {"port": port, "exact_port": True}), "url_prefix": url_prefix}
+
+
+def point_this_process_at_kept_server(home: Path | None = None, port: int | None = None,
+                                      url_prefix: str | None = None) -> KeptServer | None:
     """For a process about to run an experiment that has not imported Prefect yet (the CLI's controller):
-    when no API is configured, start the kept server if needed (on ``port`` when given), without waiting
-    for it, and set PREFECT_API_URL to it for this process and its children, so every thread reports to
-    it. Returns the server, or None when an API is configured or the temporary server is asked for.
-    Raises :class:`ServerError` when the server cannot start, or runs on another port than ``port``."""
+    when no API is configured, start the kept server if needed (with ``port`` and ``url_prefix`` when
+    given: :func:`server_choice`), without waiting for it, and set PREFECT_API_URL to it for this process
+    and its children, so every thread reports to it. Returns the server, or None when an API is
+    configured or the temporary server is asked for. Raises :class:`ServerError` when the server cannot
+    start, or runs with another port or prefix than the ones given."""
     if os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api():
         return None
-    server = ensure_server(home, wait=False) if port is None else ensure_server(home, wait=False, port=port,
-                                                                                 exact_port=True)
+    server = ensure_server(home, wait=False, **server_choice(port, url_prefix))
     os.environ.update(server.client_settings())
     return server
 
@@ -469,12 +515,13 @@ _DEFAULT_UIS: dict[str, str] = {}  # server root -> where its default UI is, as 
 
 
 def _default_ui(root: str) -> str:
-    """Where the server at ``root`` serves the UI it opens by default: Prefect's newer UI lives under
-    ``/v2`` (its ``/ui-settings`` says so), and of the two only it takes a page deeper in through its
-    login page when the API asks for an auth string. ``root`` itself when the server does not say.
+    """Where the server whose UI is at ``root`` serves the UI it opens by default: Prefect's newer UI
+    lives under ``v2`` (its ``ui-settings`` says where), and of the two only it takes a page deeper in
+    through its login page when the API asks for an auth string. ``root`` itself when the server does not say.
     Asked once per process and server (the live table shows the page every second); a server that
     does not answer is asked again next time."""
     import json
+    import urllib.parse
     import urllib.request
 
     if root in _DEFAULT_UIS:
@@ -485,7 +532,8 @@ def _default_ui(root: str) -> str:
         base = settings.get("v2_base_url") if settings.get("default_ui") == "v2" else None
     except (OSError, ValueError, AttributeError):
         return root
-    ui = f"{root}/{base.strip('/')}" if isinstance(base, str) and base.strip("/") else root
+    origin = urllib.parse.urlsplit(root)._replace(path="").geturl()  # the server names the path from /
+    ui = f"{origin}/{base.strip('/')}" if isinstance(base, str) and base.strip("/") else root
     _DEFAULT_UIS[root] = ui
     return ui
 
@@ -493,11 +541,14 @@ def _default_ui(root: str) -> str:
 def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
     """The Prefect UI page of a flow run on the API ``api`` (None for Prefect's temporary server, which
     serves no UI). A server's API at ``…/api`` has its UI at ``…`` (Prefect's own rule; Prefect is only
-    imported for Prefect Cloud or a PREFECT_UI_URL of its own)."""
+    imported for Prefect Cloud or a PREFECT_UI_URL of its own), or under its ``--url_prefix`` for the
+    kept server of this home."""
     if not api or not flow_run_id:
         return None
     if api.endswith("/api") and "/api/" not in api and not os.environ.get("PREFECT_UI_URL"):
-        return f"{_default_ui(api[:-4])}/runs/flow-run/{flow_run_id}"
+        port, prefix = _read(server_home())[1:]
+        root = api[:-4] + (prefix if api == f"http://{HOST}:{port}/api" else "")
+        return f"{_default_ui(root)}/runs/flow-run/{flow_run_id}"
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: api}):
