@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
@@ -212,3 +213,82 @@ def test_a_deployment_runs_overrides_change_a_new_experiments_config_as_validate
     assert len(list_experiments(tmp_path / "w")) == 1  # nothing created
     with pytest.raises(ValueError, match="overrides apply to a new experiment"):
         experiment_flow(str(path), experiment_id=entry.id, overrides={"trialConcurrency": 2})
+
+
+class _Hooks(http.server.BaseHTTPRequestHandler):
+    """A webhook receiver on loopback: keeps the text of every notification posted to it."""
+
+    received: list[str] = []
+
+    def do_POST(self):  # noqa: N802 -- http.server's name
+        self.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["text"])
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_readmes_automation_notifies_of_each_new_best_and_a_failed_sweep_of_its_tag_only(tmp_path):
+    """examples/automations/notify_sweep.py, run as the README says, makes the Prefect server send a
+    notification (through a webhook block, to a receiver on loopback) for each of trialflow's own
+    ``best-trial`` events and for the ``failed`` event of a sweep with its tag, and none for a sweep with
+    another; each trial's end is an event of its own, with its outcome and metric."""
+    import threading
+    import uuid
+
+    from prefect import get_client
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+
+    from tests.conftest import wait_for
+    from trialflow.results import trial_value
+
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    name, block = f"nightly-{uuid.uuid4().hex[:8]}", f"hook-{uuid.uuid4().hex[:8]}"
+    CustomWebhookNotificationBlock(name="trialflow test", url=f"http://127.0.0.1:{receiver.server_port}/hook",
+                                   json_data={"text": "{{subject}} || {{body}}"}, allow_private_urls=True).save(block)
+    made = subprocess.run([sys.executable, "examples/automations/notify_sweep.py", "--block", f"custom-webhook/{block}",
+                           "--tag", f"name:{name}"], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    try:
+        code = tmp_path / "code"
+        write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+        found = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=4, trialConcurrency=1,
+                                           experimentName=name))
+        other = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1, experimentName=f"other-{name}"))
+        broken = tmp_path / "broken"
+        write_trial(broken, "import sys\nsys.exit('no data at /nonexistent')\n")
+        failed = run_experiment(base_config(broken, tmp_path / "w", maxTrialNumber=2, experimentName=name))
+        assert failed.status == "DONE" and not failed.best
+
+        values, bests = [trial_value(t) for t in sorted(found.trials, key=lambda t: t.sequence)], []
+        for value in values:  # one trial at a time: each ends in sequence
+            if not bests or value > bests[-1]:
+                bests.append(value)
+        notes = wait_for(lambda: _Hooks.received if any("failed" in n for n in _Hooks.received)
+                         and sum("best-trial" in n for n in _Hooks.received) >= len(bests) else None, timeout=90)
+        assert sorted(float(n.split(", metric ")[1].split(" ")[0]) for n in notes if "best-trial" in n) == bests
+        (failure,) = [n for n in notes if "failed" in n]
+        assert failure.startswith(f"{name}: trialflow.experiment.failed || experiment {name} DONE: no trial succeeded")
+        assert "no data at /nonexistent" in failure and "'FAILED': 2" in failure
+        assert not any(f"other-{name}" in n or other.experiment_id in n for n in notes)
+
+        experiment = f"trialflow.experiment.{found.experiment_id}"
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(event=EventNameFilter(prefix=["trialflow."]),
+                                                  related=EventRelatedFilter(id=[experiment])), limit=50)
+        ends = {e.resource["prefect.resource.name"]: e.payload for e in page.events if e.event.startswith(
+            "trialflow.trial.")}
+        assert {t: (p["status"], p["metric"]) for t, p in ends.items()} == {
+            t.id: ("SUCCEEDED", trial_value(t)) for t in found.trials}
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(event=EventNameFilter(name=["trialflow.experiment.done"])), limit=50)
+        (done,) = [e for e in page.events if e.resource.id == experiment]
+        assert done.payload["counts"] == {"SUCCEEDED": 4} and done.payload["best"]["metric"] == max(values)
+    finally:
+        receiver.shutdown()
+        with get_client(sync_client=True) as client:
+            for automation in client.read_automations_by_name(name=f"trialflow name:{name}: failed or new best"):
+                client.delete_automation(automation.id)

@@ -52,6 +52,9 @@ nni.report_final_result(p["x"] * 2)
 """
 
 
+ENDINGS = {"trialflow.experiment.done", "trialflow.experiment.failed", "trialflow.experiment.stopped"}
+
+
 def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
     """Everything the Prefect API holds about the experiment's flow run, as text."""
     from prefect.client.orchestration import get_client
@@ -62,6 +65,7 @@ def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
         LogFilter,
         LogFilterFlowRunId,
     )
+    from prefect.events.filters import EventAnyResourceFilter, EventFilter
 
     texts = []
     with get_client(sync_client=True) as client:
@@ -80,6 +84,18 @@ def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
                     texts.append(artifact.model_dump_json())
             texts += [log.model_dump_json() for log in
                       client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
+        # trialflow's own events (trial ends, best trials), up to the experiment's end, the last one sent
+        mine = EventFilter(any_resource=EventAnyResourceFilter(id=[f"trialflow.experiment.{experiment_id}"]))
+
+        def up_to_the_end():
+            page, events = client.read_events(mine, limit=50), []
+            events += page.events
+            while page.next_page:
+                page = client.read_events_page(page.next_page)
+                events += page.events
+            return events if any(e.event in ENDINGS for e in events) else None
+
+        texts += [event.model_dump_json() for event in wait_for(up_to_the_end, timeout=30)]
     return texts
 
 

@@ -37,11 +37,15 @@ def trial_counts(trials: list[TrialRecord], maximize: bool) -> str:
             f"failed or canceled: {failed}")
 
 
-def _safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with its non-finite floats (in dicts and lists too) as strings: the API would emit
+    ``Infinity``, which is no JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {k: _safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -116,8 +120,8 @@ class ArtifactReporter:
 
         hybrid = self.ctx.config.is_hybrid
         rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status,
-                 **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": _safe(trial_value(t)),
-                 **{f"param.{k}": _safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
+                 **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": json_safe(trial_value(t)),
+                 **{f"param.{k}": json_safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
         if self._changed("trials", rows):
             create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
             self.versions += 1

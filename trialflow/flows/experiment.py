@@ -63,6 +63,7 @@ from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
 from ..withheld import withhold
 from .artifacts import ArtifactReporter
+from .events import ExperimentEvents
 from .run_api import experiment_api
 from .run_control import (
     StopWatch,
@@ -145,12 +146,15 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
                          f"ended without ending this run; the experiment goes on in run {flow_run_id}", crashed=True)
         # recorded at once: `create` prints the run's UI page as soon as it is known
         store.set_experiment(flow_run_id=flow_run_id, prefect_api=_configured_api())
+        events = ExperimentEvents(experiment_id, store, config)
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
         except Exception as exc:
             logger.error("experiment %s could not start: %s", experiment_id, exc)  # in experiment.log too
             end_experiment(store, ExperimentStatus.ERROR, str(exc))
+            events.experiment_ended(ExperimentStatus.ERROR, str(exc))
             raise
+        ctx.on_trial_end.append(events.trial_ended)
         store.set_experiment(status=ExperimentStatus.RUNNING, message=None, end_time=None, controller_pid=os.getpid(),
                              flow_run_id=flow_run_id, prefect_api=_configured_api())
         logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)
@@ -166,20 +170,23 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
             why = stop_reason(signum) if signum is not None else "the flow run was cancelled"
             if not stopped:  # in experiment.log, whose handler is gone when Prefect reports the failure
                 logger.error("experiment %s ended: %s: %s", experiment_id, type(exc).__name__, exc)
+            ended = ExperimentStatus.STOPPED if stopped else ExperimentStatus.ERROR
+            message = why if stopped else f"{type(exc).__name__}: {exc}"
             try:
-                end_experiment(store, ExperimentStatus.STOPPED if stopped else ExperimentStatus.ERROR,
-                               why if stopped else f"{type(exc).__name__}: {exc}")
+                end_experiment(store, ended, message)
             except Exception as error:
                 if no_space(error) is None:
                     raise
                 raise NoSpaceLeft.from_error(experiment_id, error, str(exp_dir)) from None
+            events.experiment_ended(ended, message)
             raise
         end_experiment(store, status, why)
         trials = store.trials()
+        failure = nothing_succeeded(trials, experiment_id) if status == ExperimentStatus.DONE else None
+        events.experiment_ended(status, failure or why)
         logger.info("experiment %s %s: %s", experiment_id, status, outcome_line(trials))
         if status == ExperimentStatus.STOPPED:  # stopped before its end: the run says so (Prefect's Cancelled)
             return Cancelled(message=f"experiment {experiment_id} STOPPED: {why}", data=status)
-        failure = nothing_succeeded(trials, experiment_id) if status == ExperimentStatus.DONE else None
         if failure:
             logger.error("experiment %s: %s", experiment_id, failure)
             return Failed(message=f"experiment {experiment_id} {status}: {failure}", data=status)
