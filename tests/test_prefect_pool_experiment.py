@@ -52,6 +52,34 @@ def test_six_trials_at_concurrency_three(tmp_path, on_pool, reuse):
     else:
         assert sorted(names) == sorted(f"nni_exp_{result.experiment_id}_trial_{t.id}" for t in result.trials)
         assert all(r.state.type.value == "COMPLETED" for r in runs)
+    _linked_to_the_sweep_and_tidy(store.experiment().flow_run_id, result.experiment_id, runs)
+
+
+def _linked_to_the_sweep_and_tidy(sweep_id: str, experiment_id: str, runs) -> None:
+    """The work pool's runs are subflow runs of the sweep's run (its Subflow Runs tab lists them), tagged
+    as it is; their logs and the sweep's hold no metric protocol line; the runner's deployment made for
+    the experiment is gone at its end."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterParentFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        sweep = client.read_flow_run(UUID(sweep_id))
+        subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[sweep.id])))
+        assert sorted(r.name for r in subflows) == sorted(r.name for r in runs)
+        assert all({"trialflow", experiment_id, "prefect"} <= set(r.tags) for r in runs), [r.tags for r in runs]
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[sweep.id, *(r.id for r in runs)])))
+        assert logs and not [entry.message for entry in logs if "NNISDK" in entry.message]
+        with pytest.raises(ObjectNotFound):
+            client.read_deployment_by_name(f"trialflow-trial/trialflow-{experiment_id}")
 
 
 def test_controller_sigkill_and_trialflow_resume_reattach_running_flow_runs(tmp_path, on_pool):

@@ -24,6 +24,7 @@ import time
 
 from .platforms import TrainingService, TrialHandle
 from .trial.protocol import STDERR_FILE
+from .trial.records import is_metric_line
 
 MAX_LINES = 2000
 MAX_BYTES = 512 * 1024
@@ -147,6 +148,8 @@ class TrialOutput:
         level = logging.WARNING if name == STDERR_FILE and not self.stopped else logging.INFO
         stream = "stderr" if name == STDERR_FILE else "stdout"
         for raw in lines:
+            if is_metric_line(raw):  # a result in NNI's stdout framing: recorded as a result, not shown
+                continue
             if self.lines >= MAX_LINES:
                 self._stop(logger)
                 return

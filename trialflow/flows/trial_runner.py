@@ -8,8 +8,9 @@ metrics token, read here and handed to the trial in ``TRIALFLOW_METRICS_TOKEN``.
 the command exits non-zero (the trial's own exit code and stderr are on the shared storage), and a
 cancellation by Prefect ends the command's whole process tree.
 
-The command's output goes to the run's Prefect logs, line by line (the trial's stdout and stderr
-also stay on the shared storage, where trialflow reads metrics and logs). ``trial`` holds the
+The command's output goes to the run's Prefect logs, line by line, but for its metric records (NNI's
+``NNISDK_MEb'...'`` lines); the trial's stdout and stderr also stay on the shared storage, where
+trialflow reads metrics and logs. ``trial`` holds the
 trial's hyper-parameters, shown with the run; nothing reads them from there.
 
 While the command runs, the flow touches ``heartbeat`` (a file beside the run script) every
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+
+from trialflow.trial.records import is_metric_line
 
 HEARTBEAT_SECONDS = 2.0
 MAX_LOG_LINE = 10_000  # characters of one output line sent to the run's logs
@@ -61,7 +64,8 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
+            if not is_metric_line(line):  # results in NNI's stdout framing: trialflow reads them from the share
+                logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
         code = proc.wait()
     except BaseException:  # cancelled or interrupted: the trial goes with the run
         os.killpg(proc.pid, signal.SIGTERM)

@@ -14,9 +14,11 @@ image with it), or uses the ``deployment`` the config names. A trial's flow run 
 ``nni_exp_<exp>_trial_<trial>`` and created with that name as its idempotency key, so a retried
 submit returns the same run, never a second one; its parameters are the run script's path, the
 metrics URL and the *name* of the Secret block holding its metrics token (``trialflow-<exp>-...``),
-never the token. ``job_variables`` go with every run. Code, the trial runtime and trial files live on
-the shared storage (``localStorageMountPoint`` here, ``containerStorageMountPoint`` on the workers).
-A restarted controller finds its runs again by name.
+never the token. ``job_variables`` go with every run. Submitted from the experiment's
+``submit-<trial>`` task run, a run is a subflow run of the experiment's run, with its tags. Code, the
+trial runtime and trial files live on the shared storage (``localStorageMountPoint`` here,
+``containerStorageMountPoint`` on the workers). A restarted controller finds its runs again by name.
+``close`` removes the deployment made for the experiment once no run needs it.
 
 Liveness. Prefect shows a run Running until its process reports, so a run whose worker or
 infrastructure died would stay Running for ever. The runner flow touches a heartbeat file beside its
@@ -39,6 +41,7 @@ CANCELLED                                USER_CANCELED / EARLY_STOPPED when tria
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 import time
@@ -58,9 +61,11 @@ from .mounted_share import MountedShare
 from .rest_jobs import RestJobService
 
 RUNNER_FLOW = "trialflow-trial"
+DEPLOYMENT_WAIT = 30.0  # seconds the end of an experiment waits for its runs to end before removing their deployment
 HEARTBEAT_FILE = ".runner-heartbeat"
 STALE_SECONDS = 20.0
 RUNNER_ENTRYPOINT = "trialflow/flows/trial_runner.py:trial_runner"
+log = logging.getLogger("trialflow.platforms.prefect_pool")
 STATES = {
     "SCHEDULED": TrialStatus.WAITING, "PENDING": TrialStatus.WAITING, "PAUSED": TrialStatus.WAITING,
     "RUNNING": TrialStatus.RUNNING, "CANCELLING": TrialStatus.RUNNING,
@@ -179,10 +184,23 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
                       "token_block": secret_name(token_ref) if self.metrics_url() else None,
                       "heartbeat": posixpath.join(posixpath.dirname(command[-1]), HEARTBEAT_FILE),
                       "trial": self._hyper_parameters(ids)}
+        parent, tags = self._sweep_link()
         run = self._call("create_flow_run_from_deployment", lambda: self.api.create_flow_run_from_deployment(
             self.deployment_id, parameters=parameters, name=name, idempotency_key=name,
-            job_variables=self.config.job_variables or None, tags=["trialflow", f"experiment:{self.experiment_id}"]))
+            job_variables=self.config.job_variables or None, tags=tags, parent_task_run_id=parent))
         self.remember_job_id(name, str(run.id))
+
+    def _sweep_link(self) -> tuple[UUID | None, list[str]]:
+        """What ties a job's run to the experiment's run when it is submitted from one of its task runs
+        (trialflow's ``submit-<trial>``): that task run as its parent, which makes it a subflow run of
+        the sweep (its Subflow Runs tab, its run graph), and the sweep's tags; ``trialflow`` and the
+        experiment id in any case."""
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        task, sweep = TaskRunContext.get(), FlowRunContext.get()
+        tags = [*(sweep.flow_run.tags if sweep is not None and sweep.flow_run is not None else ()),
+                "trialflow", self.experiment_id]
+        return (task.task_run.id if task is not None else None), list(dict.fromkeys(tags))
 
     def _hyper_parameters(self, ids: dict[str, str]) -> dict[str, Any] | None:
         """A trial's id and hyper-parameters, shown with its run (None for an environment)."""
@@ -266,4 +284,46 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
                 raise
 
     def close(self) -> None:
+        """Stop the environments and the receiver (trial runs are left as they are), then remove the
+        runner's deployment made for this experiment once none of its runs is still going (a worker
+        needs it to start or cancel one): a nightly sweep leaves none behind. A deployment the config
+        names is the user's and stays."""
         super().close()
+        if self.deployment_id is not None and not self.config.deployment:
+            self._remove_deployment(self.deployment_id)
+
+    def _remove_deployment(self, deployment_id: UUID) -> None:
+        """Delete the deployment once no run needs it: a run that started cancels itself, but the worker
+        reads the deployment to cancel one that has not, so for such a run it waits up to
+        :data:`DEPLOYMENT_WAIT` seconds. A run left going (a controller that stops without stopping its
+        trials leaves them for a resume) keeps it, with a line saying how to remove it. Never raises: the
+        experiment's end is recorded already."""
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterId,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import TERMINAL_STATES, StateType
+
+        going = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+            any_=[t for t in StateType if t not in TERMINAL_STATES])))
+        ours = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+        deadline = time.monotonic() + DEPLOYMENT_WAIT
+        try:
+            with _client() as client:
+                while running := client.read_flow_runs(flow_run_filter=going, deployment_filter=ours, limit=20):
+                    cancelling = [r for r in running if r.state is not None and r.state.type == StateType.CANCELLING]
+                    if len(cancelling) == len(running) and all(r.start_time is not None for r in running):
+                        break  # each cancels itself, without the deployment
+                    if len(cancelling) < len(running) or time.monotonic() >= deadline:
+                        log.info("the trial runner's deployment stays while flow run %s ends: `prefect deployment "
+                                 "delete %s/trialflow-%s` removes it", running[0].name, RUNNER_FLOW,
+                                 self.experiment_id)
+                        return
+                    time.sleep(0.5)
+                client.delete_deployment(deployment_id)
+        except Exception as exc:  # noqa: BLE001 -- a deployment left behind is no reason to fail the run
+            log.warning("the trial runner's deployment could not be removed (%s): `prefect deployment delete "
+                        "%s/trialflow-%s` removes it", exc, RUNNER_FLOW, self.experiment_id)

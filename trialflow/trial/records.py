@@ -29,7 +29,8 @@ MAX_RECORD_BYTES = 1_000_000
 MAX_SEQUENCE = 2**31 - 1  # what every store's sequence column holds
 MAX_DEPTH = 32
 METRIC_TYPES = ("PERIODICAL", "FINAL")
-STDOUT_MARKER = re.compile(rb"NNISDK_MEb'(.*?)'\s*$")
+STDOUT_TAG = b"NNISDK_MEb'"  # what marks a metric line on stdout
+STDOUT_MARKER = re.compile(re.escape(STDOUT_TAG) + rb"(.*?)'\s*$")
 _FRAME_HEAD = 8  # "ME" + 6 digits
 
 
@@ -78,6 +79,11 @@ def encode_file_record(record: MetricRecord) -> bytes:
     if len(payload) >= MAX_RECORD_BYTES:
         raise MetricRecordError(f"metric record is {len(payload)} bytes; the limit is {MAX_RECORD_BYTES}")
     return b"ME" + b"%06d" % len(payload) + payload
+
+
+def is_metric_line(line: bytes) -> bool:
+    """Whether an output line is a metric record (NNI's stdout framing): protocol, not output to show."""
+    return STDOUT_TAG in line
 
 
 def encode_stdout_line(record: MetricRecord) -> str:
@@ -200,7 +206,7 @@ def parse_stdout_lines(data: bytes, offset: int = 0, expected_trial: str | None 
             break
         line = data[pos:end]
         pos = end + 1
-        if b"NNISDK_MEb'" not in line:
+        if not is_metric_line(line):
             continue
         match = STDOUT_MARKER.search(line.rstrip(b"\r"))
         if match is None:
