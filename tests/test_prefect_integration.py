@@ -94,11 +94,14 @@ def test_a_serving_dashboard_is_linked_from_the_experiments_artifacts(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
+    from tests.conftest import wait_for
+
     code = tmp_path / "code"
     write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2, experimentName="dep")))
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+           "PREFECT_LOGGING_LEVEL": "INFO"}  # its runs' lines in its log, as a worker's
     serve_code = ("from trialflow.flows.experiment import experiment_flow\n"
                   f"experiment_flow.serve(name='nightly-test', parameters={{'config_path': {str(config)!r}}})\n")
     serve_log = tmp_path / "serve.log"
@@ -126,6 +129,10 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
             pytest.fail(f"the deployment run did not finish an experiment: experiments {states}\n"
                         f"{runs.stdout}\nrunner log:\n{serve_log.read_text(errors='replace')[-4000:]}")
         assert found.record.name == "dep"
+        # the run is named after its new experiment from its first line on, as a worker's log shows
+        beginning = f"Beginning flow run '{found.id}' for flow 'experiment'"
+        wait_for(lambda: beginning in serve_log.read_text(errors="replace"), timeout=30)
+        assert "new-" not in serve_log.read_text(errors="replace")
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from .assessors import check_assessor
 from .config import ConfigError, ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
-from .ids import new_experiment_id
+from .ids import looks_like_experiment_id, new_experiment_id
 from .results import optimize_mode_of
 from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore, StoreUnreadable
 from .tuners import check_tuner
@@ -48,8 +48,9 @@ def default_root() -> Path:
 
 
 def create_experiment(config: ExperimentConfig, config_path: str | None = None,
-                      overridden: Iterable[str] = ()) -> tuple[str, Path]:
-    """A new experiment id and its directory with the store holding the config. ``overridden``: the
+                      overridden: Iterable[str] = (), experiment_id: str | None = None) -> tuple[str, Path]:
+    """A new experiment id (``experiment_id`` when given and free: one chosen beforehand, e.g. to name
+    its flow run) and its directory with the store holding the config. ``overridden``: the
     top-level fields a run's overrides set over the config file (noted: the file differing there is no
     edit, :func:`note_changed_fields`). With ``storeUrl`` the
     records go to that database and the directory keeps where (the URL without its password).
@@ -65,7 +66,8 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
 
             check_gpus(section)  # type: ignore[arg-type]
     root = Path(config.experiment_working_directory).resolve()
-    experiment_id = new_experiment_id()
+    if experiment_id is None or not looks_like_experiment_id(experiment_id) or (root / experiment_id).exists():
+        experiment_id = new_experiment_id()
     exp_dir = root / experiment_id
     (exp_dir / "log").mkdir(parents=True, exist_ok=True)
     LIVE_CONFIGS[experiment_id] = config

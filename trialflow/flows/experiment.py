@@ -52,6 +52,7 @@ from ..experiments import (
     open_store,
     set_stored_fields,
 )
+from ..ids import new_experiment_id
 from ..kept_server import ServerError
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, experiment_retry
@@ -85,13 +86,25 @@ IMPORTED_IDS = -10**9  # parameter ids of imported data, apart from hand-picked 
 LOGGED = ("trialflow", "prefect.flow_runs", "prefect.task_runs")
 
 
+_CHOSEN_IDS: dict[str, str] = {}  # flow run id -> the id its new experiment will have (named after it)
+
+
 def _run_name() -> str:
+    """The run's name, the experiment's id: the one it runs, or, for a new experiment, the id chosen
+    here for it (so that its first log lines, a worker's among them, already name it)."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
     if params.get("experiment_id"):
         return str(params["experiment_id"])
-    return f"new-{Path(str(params.get('config_path') or 'experiment')).parent.name or 'experiment'}"
+    chosen = _CHOSEN_IDS[str(flow_run.id)] = new_experiment_id()
+    return chosen
+
+
+def _chosen_id() -> str | None:
+    """The id :func:`_run_name` chose for this run's new experiment, if it did."""
+    context = FlowRunContext.get()
+    return _CHOSEN_IDS.pop(str(context.flow_run.id), None) if context and context.flow_run else None
 
 
 @flow(name="experiment", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_THREADS),  # type: ignore[arg-type]
@@ -110,6 +123,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     on raises, the experiment recorded ERROR (or STOPPED when the run was cancelled)."""
     logger = get_run_logger()
     guard_temporary_servers()  # a SIGKILLed controller must not leave its temporary server running
+    chosen_id = _chosen_id()  # the run is named after it: a new experiment takes it
     given = None
     if experiment_id is not None and overrides:
         raise ValueError(f"overrides apply to a new experiment; change experiment {experiment_id}'s settings "
@@ -123,7 +137,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
             raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
         config_path = os.path.abspath(config_path)
         experiment_id, exp_dir = create_experiment(load_config(config_path, overrides), config_path,
-                                                   overridden=overrides or ())
+                                                   overridden=overrides or (), experiment_id=chosen_id)
         root = exp_dir.parent
     else:
         given = load_config(config_path) if config_path else None  # may hold a shared store's password
