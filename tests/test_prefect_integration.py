@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import yaml
 from tests.conftest import base_config, write_trial
 from trialflow import run_experiment
 from trialflow.experiments import list_experiments
+from trialflow.testing.prefect_server import stop_group
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -134,12 +134,7 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
         wait_for(lambda: beginning in serve_log.read_text(errors="replace"), timeout=30)
         assert "new-" not in serve_log.read_text(errors="replace")
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server, grace=40)
 
 
 def test_deployments_file_is_valid():
