@@ -87,6 +87,15 @@ def secret_name(job: str) -> str:
         format(sum(1 << i for i, c in enumerate(job) if c.isupper()), "x")
 
 
+def _detail(response: Any) -> str:
+    """What the API said about a refused request (its ``detail``), cut to one line, or nothing."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return ""
+    return f": {' '.join(str(detail).split())[:300]}" if detail else ""
+
+
 class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
     platform = "prefect"
     label = "Prefect"
@@ -114,7 +123,7 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             raise
         except httpx.HTTPStatusError as exc:
             status = exc.response.status_code
-            raise http_error(status, f"Prefect API {what}: HTTP {status}",
+            raise http_error(status, f"Prefect API {what}: HTTP {status}{_detail(exc.response)}",
                              f"Prefect API {what}: HTTP {status}: the API key was refused; check PREFECT_API_KEY"
                              ) from None
         except (httpx.TransportError, OSError) as exc:
@@ -184,23 +193,25 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
                       "token_block": secret_name(token_ref) if self.metrics_url() else None,
                       "heartbeat": posixpath.join(posixpath.dirname(command[-1]), HEARTBEAT_FILE),
                       "trial": self._hyper_parameters(ids)}
-        parent, tags = self._sweep_link()
-        run = self._call("create_flow_run_from_deployment", lambda: self.api.create_flow_run_from_deployment(
-            self.deployment_id, parameters=parameters, name=name, idempotency_key=name,
-            job_variables=self.config.job_variables or None, tags=tags, parent_task_run_id=parent))
+        from prefect.deployments import run_deployment
+
+        # Prefect's own way to start a deployment's run from a flow: submitted from one of the
+        # experiment's task runs (trialflow's ``submit-<trial>``) it is a subflow run of the sweep (its
+        # Subflow Runs tab, its run graph), under a task run made for it at once (the submitting task
+        # run itself may not be recorded yet: the kept server writes task runs in batches)
+        run = self._call("run_deployment", lambda: run_deployment(
+            self.deployment_id, parameters=parameters, flow_run_name=name, idempotency_key=name,
+            job_variables=self.config.job_variables or None, tags=self._sweep_tags(), timeout=0, as_subflow=True))
         self.remember_job_id(name, str(run.id))
 
-    def _sweep_link(self) -> tuple[UUID | None, list[str]]:
-        """What ties a job's run to the experiment's run when it is submitted from one of its task runs
-        (trialflow's ``submit-<trial>``): that task run as its parent, which makes it a subflow run of
-        the sweep (its Subflow Runs tab, its run graph), and the sweep's tags; ``trialflow`` and the
-        experiment id in any case."""
-        from prefect.context import FlowRunContext, TaskRunContext
+    def _sweep_tags(self) -> list[str]:
+        """The experiment run's tags (when submitted from it), ``trialflow`` and the experiment id."""
+        from prefect.context import FlowRunContext
 
-        task, sweep = TaskRunContext.get(), FlowRunContext.get()
+        sweep = FlowRunContext.get()
         tags = [*(sweep.flow_run.tags if sweep is not None and sweep.flow_run is not None else ()),
                 "trialflow", self.experiment_id]
-        return (task.task_run.id if task is not None else None), list(dict.fromkeys(tags))
+        return list(dict.fromkeys(tags))
 
     def _hyper_parameters(self, ids: dict[str, str]) -> dict[str, Any] | None:
         """A trial's id and hyper-parameters, shown with its run (None for an environment)."""

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ..kept_server import SERVER_DEFAULTS
 from .ports import free_port
 
 STARTUP_SECONDS = 120.0
@@ -23,7 +24,8 @@ class PrefectServer:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/api"
-        self.env = {**os.environ, "PREFECT_API_URL": self.url, "PREFECT_HOME": str(home),
+        # the kept server's settings (task runs written in batches, ...): what experiments meet by default
+        self.env = {**SERVER_DEFAULTS, **os.environ, "PREFECT_API_URL": self.url, "PREFECT_HOME": str(home),
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
                     "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "1",
                     "PREFECT_RUNNER_POLL_FREQUENCY": "1",
