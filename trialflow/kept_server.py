@@ -391,8 +391,6 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         # Prefect writes the prefix into a copy of the UI's files, by default one copy inside the
         # Prefect package that every server of this installation shares: this server's copy is its own
         env["PREFECT_UI_STATIC_DIRECTORY"] = str(folder / "ui")
-    else:
-        env.pop("PREFECT_UI_STATIC_DIRECTORY", None)
     env = {**SERVER_DEFAULTS, **env}
     version = _prefect_version()
     if _database_at(folder, prefect_home, version, env):
