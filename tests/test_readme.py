@@ -7,12 +7,15 @@ succeed and leave every experiment it made DONE; a documented step that stops wo
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -88,19 +91,38 @@ def _serve_until_its_work_is_done(text: str, env: dict[str, str], before: set[st
                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def finished() -> bool:
+        """Its experiments are DONE and their flow runs over (their processes gone), as a user sees
+        in the UI before pressing Ctrl-C."""
         assert serving.poll() is None, f"it ended before its work was done:\n{log.read_text()[-3000:]}"
         _guard(env)
-        made = {e: s for e, s in _experiments(env).items() if e not in before}
-        return bool(made) and all(s == "DONE" for s in made.values())
+        made = [e for e in list_experiments(Path(env["HOME"]) / "trialflow-experiments") if e.id not in before]
+        return bool(made) and all(e.record.status == "DONE" and _run_is_over(env, e.record.flow_run_id)
+                                  for e in made)
 
     try:
         wait_for(finished, timeout=300, interval=0.5)
     finally:
-        os.killpg(serving.pid, signal.SIGINT)
-        try:
-            serving.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        for grace in (30, 60):  # Ctrl-C, and again when the first one is not enough (as a user would)
+            os.killpg(serving.pid, signal.SIGINT)
+            try:
+                serving.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
             os.killpg(serving.pid, signal.SIGKILL)
             serving.wait()
-            pytest.fail(f"Ctrl-C did not stop it:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"Ctrl-C twice did not stop it:\n{log.read_text()[-3000:]}")
     return log.read_text()[-3000:]
+
+
+def _run_is_over(env: dict[str, str], flow_run_id: str | None) -> bool:
+    """Whether the flow run is in a final state on the kept server of the user's home."""
+    server = running_server(Path(env["HOME"]) / "trialflow-experiments")
+    if server is None or flow_run_id is None:
+        return False
+    auth = base64.b64encode((server.auth or "").encode()).decode()
+    request = urllib.request.Request(f"{server.url}/flow_runs/{flow_run_id}",
+                                     headers={"Authorization": f"Basic {auth}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)["state_type"] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
