@@ -7,6 +7,7 @@ in flow-run parameters, logs or artifacts."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
@@ -102,14 +103,12 @@ def test_controller_sigkill_and_trialflow_resume_reattach_running_flow_runs(tmp_
 def test_a_worker_killed_mid_trial_fails_its_trial_and_the_experiment_goes_on(tmp_path, on_pool):
     from trialflow import parse_config
     from trialflow.experiments import create_experiment
-    from trialflow.testing.prefect_server import stop_group
 
     code = tmp_path / "code"
     write_trial(code, "import nni, time\np = nni.get_next_parameter()\ntime.sleep(p['x'])\n"
                       "nni.report_final_result(p['x'])\n")
     config = base_config(code, tmp_path / "w", trialCommand="python3 trial.py", trialConcurrency=1,
-                         # the first trial outlives the 20 s its dead runner's heartbeat is trusted, also when
-                         # the kill comes late on a busy machine (its process may survive a SIGKILLed runner)
+                         # the first trial would outlive by far the 20 s its dead runner's heartbeat is trusted
                          maxTrialNumber=2, searchSpace={"x": {"_type": "choice", "_value": [90, 1]}},
                          tuner={"name": "GridSearch"}, trainingService=prefect_section(on_pool))
     exp_id, exp_dir = create_experiment(parse_config(config))
@@ -119,7 +118,12 @@ def test_a_worker_killed_mid_trial_fails_its_trial_and_the_experiment_goes_on(tm
                                   stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: [t.status for t in store.trials()] == ["RUNNING"], timeout=180, interval=0.5)
-        stop_group(on_pool.worker)  # the worker and the flow run it started: SIGTERM, then SIGKILL
+        # the worker and the trial's flow run die at once, as when their machine or container goes: the
+        # flow run's process runs in a session of its own, and its trial in another
+        runner = _parent(os.getsid(wait_for(lambda: _processes_of_trial(store.trials()[0].id), timeout=60)[0]))
+        os.killpg(on_pool.worker.pid, signal.SIGKILL)
+        os.kill(runner, signal.SIGKILL)
+        on_pool.worker.wait()
         on_pool.worker = on_pool.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
                                        on_pool.worker_log.with_suffix(".2.log"), PREFECT_LOGGING_LEVEL="INFO")
         assert controller.wait(timeout=300) == 0
@@ -129,9 +133,30 @@ def test_a_worker_killed_mid_trial_fails_its_trial_and_the_experiment_goes_on(tm
     trials = store.trials()
     assert store.experiment().status == "DONE"
     assert [t.status for t in trials] == ["FAILED", "SUCCEEDED"], [(t.status, t.message) for t in trials]
-    # SIGTERMed with its worker, the trial's flow run may still report itself CRASHED (exit 143) before
-    # its heartbeat is missed: either way the trial is FAILED with why, and the next one runs
+    # its flow run reports nothing more: its heartbeat is missed, the trial is FAILED with why, and the
+    # next one runs
     message = trials[0].message or ""
     assert ("stopped beating" in message or "CRASHED" in message) and trials[1].final == 1
     crashed = next(r for r in _runs_of(exp_id) if r.name.endswith(trials[0].id))
     assert crashed.state.type.value == "CRASHED"  # Prefect agrees
+    # and the trial's own processes went with its runner (a SIGKILLed runner leaves them to its watchdog)
+    wait_for(lambda: not _processes_of_trial(trials[0].id), timeout=30, interval=0.5)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _processes_of_trial(trial_id: str) -> list[int]:
+    """The processes of this machine running the trial (its NNI_TRIAL_JOB_ID in their environment)."""
+    needle = f"NNI_TRIAL_JOB_ID={trial_id}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                if needle in environ.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found

@@ -6,7 +6,8 @@ Parameters carry no secret: ``command`` (the run script on the shared storage, a
 it), ``metrics_url`` and ``token_block`` -- the *name* of the Prefect Secret block holding the trial's
 metrics token, read here and handed to the trial in ``TRIALFLOW_METRICS_TOKEN``. The flow fails when
 the command exits non-zero (the trial's own exit code and stderr are on the shared storage), and a
-cancellation by Prefect ends the command's whole process tree.
+cancellation by Prefect ends the command's whole process tree; so does this flow's process dying
+without a word (a watchdog process stops the command's session then).
 
 The command's output goes to the run's Prefect logs, line by line, but for its metric records (NNI's
 ``NNISDK_MEb'...'`` lines); the trial's stdout and stderr also stay on the shared storage, where
@@ -29,6 +30,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from trialflow.trial.procs import watch_next_child
 from trialflow.trial.records import is_metric_line
 
 HEARTBEAT_SECONDS = 2.0
@@ -59,8 +61,14 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
     if heartbeat:
         threading.Thread(target=_beat, args=(Path(heartbeat), stop), daemon=True).start()
     logger = get_run_logger()
-    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # the command runs in a session of its own (a cancel stops its whole tree); a watchdog stops it
+    # too when this process dies without a word (SIGKILLed with its worker, out of memory)
+    guard = watch_next_child(os.getpid())
+    try:
+        proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=(guard,))
+    finally:
+        os.close(guard)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
