@@ -220,3 +220,24 @@ def test_url_prefix_is_read_as_nnictl_writes_it(given, path):
 def test_a_url_prefix_that_is_no_plain_path_or_hides_the_api_is_refused(given):
     with pytest.raises(ServerError, match=r"^--url_prefix .*e\.g\. --url_prefix nni$"):
         ui_path_prefix(given)
+
+
+@pytest.mark.parametrize("api", ["temporary", "profile"])
+def test_a_port_or_ui_path_for_a_server_trialflow_does_not_use_is_one_line_and_creates_nothing(tmp_path, api):
+    """`--port`/`--url_prefix` name trialflow's kept server: where experiments report elsewhere (Prefect's
+    temporary server, an API the active profile sets) they would be ignored, so they are refused."""
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    (home / "profiles.toml").write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://127.0.0.1:9/api"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(TRIALFLOW_HOME=str(tmp_path / "tf"), PREFECT_HOME=str(home),
+               TRIALFLOW_PREFECT_SERVER="temporary" if api == "temporary" else "kept")
+    for flag in (["-p", "4390"], ["--url_prefix", "nni"]):
+        proc = nnictl("create", "--config", "examples/quickstart/config.yml", *flag, env=env)
+        why = ("TRIALFLOW_PREFECT_SERVER=temporary asks for Prefect's temporary server, which has no UI"
+               if api == "temporary" else "your Prefect profiles set PREFECT_API_URL (`prefect config view` shows "
+               "the active one)")
+        name = "--port" if flag[0] == "-p" else "--url_prefix"
+        assert proc.returncode == 1 and proc.stdout.strip() == (
+            f"error: {name} is for trialflow's local Prefect server, but {why}: leave {name} out"), proc.stdout
+    assert not (tmp_path / "tf").exists()

@@ -237,14 +237,18 @@ def _use_kept_server(port: int | None = None, url_prefix: str | None = None) -> 
     server (started now when none runs, without waiting: it comes up while the controller imports);
     ``port`` and ``url_prefix`` (nnictl's ``--port`` and ``--url_prefix``): the port it must listen on
     and the path it must serve its UI under."""
-    from .kept_server import point_this_process_at_kept_server
+    from .kept_server import SERVER_SETTING, point_this_process_at_kept_server, wants_temporary_server
 
-    for flag, value in (("--port", port), ("--url_prefix", url_prefix)):
-        if value is not None and os.environ.get("PREFECT_API_URL"):
-            raise CliError(f"{flag} is for the local Prefect server, but PREFECT_API_URL is set to "
-                           f"{os.environ['PREFECT_API_URL']} (experiments report there): leave {flag} out, or "
-                           "unset it")
-    point_this_process_at_kept_server(port=port, url_prefix=url_prefix)
+    chosen = [flag for flag, value in (("--port", port), ("--url_prefix", url_prefix)) if value is not None]
+    if chosen and os.environ.get("PREFECT_API_URL"):
+        raise CliError(f"{chosen[0]} is for the local Prefect server, but PREFECT_API_URL is set to "
+                       f"{os.environ['PREFECT_API_URL']} (experiments report there): leave {chosen[0]} out, or "
+                       "unset it")
+    if point_this_process_at_kept_server(port=port, url_prefix=url_prefix) is None and chosen:
+        why = (f"{SERVER_SETTING}={os.environ[SERVER_SETTING]} asks for Prefect's temporary server, which has no UI"
+               if wants_temporary_server() else "your Prefect profiles set PREFECT_API_URL (`prefect config "
+               "view` shows the active one)")
+        raise CliError(f"{chosen[0]} is for trialflow's local Prefect server, but {why}: leave {chosen[0]} out")
 
 
 SERVER_ENV_LINE = 'eval "$(trialflow server env)"'
