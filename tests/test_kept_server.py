@@ -502,6 +502,24 @@ def test_a_server_an_older_trialflow_left_open_is_replaced_by_a_private_one(home
     assert _post(f"{new.url}/flows/filter", {}, _signed_in(new))[0] == 200
 
 
+def test_two_homes_starting_their_servers_at_once_never_both_take_one_port():
+    """Each start holds the port it chose from the moment it chose it: a second start (another home,
+    another user) looking at the same moment finds it taken and moves on, so no home's clients reach
+    another home's server (they were refused with 401 when two starts raced for 4200)."""
+    from trialflow.kept_server import _bound
+
+    port = free_port()
+    first = _bound(port)
+    assert first is not None
+    try:
+        assert _bound(port) is None  # taken, although its server has not started yet
+    finally:
+        first.close()
+    again = _bound(port)
+    assert again is not None
+    again.close()
+
+
 def test_server_start_takes_the_port_and_ui_path_asked_for_keeps_them_and_says_so_when_it_cannot(home):
     port, other = free_port(), free_port()
     started = _cli(home, "server", "start", "--port", str(port))

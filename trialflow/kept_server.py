@@ -41,6 +41,7 @@ from .user_errors import UserError
 SERVER_SETTING = "TRIALFLOW_PREFECT_SERVER"  # "kept" (the default) or "temporary" (Prefect's, one per process)
 DEFAULT_PORT = 4200  # Prefect's own default port, when free
 HOST = "127.0.0.1"
+LISTEN_BACKLOG = 2048  # uvicorn's default
 FOLDER = "prefect-server"
 AUTH_FILE = "auth"  # the API's auth string, 0600 in the 0700 server folder
 STARTUP_SECONDS = 120.0  # a first start creates the database (~10 s here); a busy machine takes longer
@@ -290,13 +291,17 @@ def _recorded_auth(folder: Path) -> str | None:
 
 
 def _bound(port: int) -> socket.socket | None:
-    """A TCP socket bound to ``port`` on loopback (0: any free port), not yet listening; None when the
-    port is taken. SO_REUSEADDR as uvicorn sets it, so a port left in TIME_WAIT by the server's last
-    run counts as free (else a restart would move it)."""
+    """A TCP socket bound to ``port`` on loopback (0: any free port) and listening (connections wait
+    in its backlog until the server accepts them); None when the port is taken. SO_REUSEADDR as
+    uvicorn sets it, so a port left in TIME_WAIT by the server's last run counts as free (else a
+    restart would move it). It listens at once because Linux lets two sockets with SO_REUSEADDR bind
+    one port as long as neither listens: two homes' servers starting at the same moment would both
+    take the default port, and one home's clients would reach the other's server."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((HOST, port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError:
         sock.close()
         return None
@@ -372,7 +377,7 @@ def _replace_open_server(server: KeptServer) -> KeptServer | None:
 
 
 def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> KeptServer:
-    """Start the server process on ``sock`` (bound, not listening; the caller closes its copy), private
+    """Start the server process on ``sock`` (listening; the caller closes its copy), private
     to this user: every API call but the health check needs ``auth``, browsers may call it from its
     own UI's origin only, and requests must name it by a loopback address (kept_server_app). Its UI is
     served under ``url_prefix`` (a normalized path, "" for the root)."""

@@ -165,8 +165,8 @@ def create_app(port: int | None = None) -> App:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve :func:`create_app` under uvicorn until a signal stops it: ``--fd``, a TCP socket bound by the
-    parent (which chose the port and keeps no one else from taking it before the server listens),
+    """Serve :func:`create_app` under uvicorn until a signal stops it: ``--fd``, a TCP socket the parent
+    bound and made listen (it chose the port, and no one else can take it before the server serves),
     ``--log-level`` uvicorn's. The events websocket goes uncompressed: its clients are on loopback,
     where deflate costs CPU on both ends for every event."""
     import argparse
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(prog="python -m trialflow.kept_server_app")
-    parser.add_argument("--fd", type=int, required=True, help="a bound TCP socket to listen on")
+    parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket to serve on")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)  # family and protocol read from the socket (TCP_NODELAY applies)
