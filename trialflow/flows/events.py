@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from ..config import ExperimentConfig
-from ..results import best_trial, maximizes, outcome_counts, trial_value
+from ..results import best_trial, maximizes, nothing_succeeded, outcome_counts, trial_value
 from ..status import ExperimentStatus, TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from .artifacts import json_safe
@@ -50,8 +50,7 @@ def ending(status: str, trials: list[TrialRecord]) -> str:
     """The last word of the experiment's end event: ``done``, ``failed`` or ``stopped``."""
     if status == ExperimentStatus.STOPPED:
         return "stopped"
-    failed = status == ExperimentStatus.ERROR or (
-        bool(trials) and not any(t.status == TrialStatus.SUCCEEDED for t in trials))
+    failed = status == ExperimentStatus.ERROR or nothing_succeeded(trials) is not None
     return "failed" if failed else "done"
 
 
@@ -108,10 +107,11 @@ class ExperimentEvents:
         except Exception as exc:  # noqa: BLE001 -- an event is never worth a trial's record
             log.warning("trial %s: its event could not be sent: %s", trial_id, exc)
 
-    def experiment_ended(self, status: str, message: str | None) -> None:
-        """The experiment's end event (``status`` as recorded: DONE, STOPPED, ERROR)."""
+    def experiment_ended(self, status: str, message: str | None, trials: list[TrialRecord] | None = None) -> None:
+        """The experiment's end event (``status`` as recorded: DONE, STOPPED, ERROR); ``trials``: its
+        trials as the caller has just read them (else read here)."""
         try:
-            trials = self.store.trials()
+            trials = self.store.trials() if trials is None else trials
             best = best_trial(trials, self._maximize)
             record = self.store.experiment()
             ran = (record.end_time or time.time()) - record.start_time if record.start_time else None

@@ -197,7 +197,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         end_experiment(store, status, why)
         trials = store.trials()
         failure = nothing_succeeded(trials, experiment_id) if status == ExperimentStatus.DONE else None
-        events.experiment_ended(status, failure or why)
+        events.experiment_ended(status, failure or why, trials)
         logger.info("experiment %s %s: %s", experiment_id, status, outcome_line(trials))
         if status == ExperimentStatus.STOPPED:  # stopped before its end: the run says so (Prefect's Cancelled)
             return Cancelled(message=f"experiment {experiment_id} STOPPED: {why}", data=status)
