@@ -211,6 +211,16 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"broken record left by a shared fixture: {problem}", red=True)
 
 
+@pytest.fixture(scope="session")
+def memory_platform() -> str:
+    """``platform: memory`` (trialflow.testing.memory: trials as threads in virtual time) known to this
+    process; the platform name to put in a config."""
+    from trialflow.testing.memory import PLATFORM_NAME, register
+
+    register()
+    return PLATFORM_NAME
+
+
 def write_trial(directory: Path, body: str, name: str = "trial.py") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name

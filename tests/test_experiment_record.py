@@ -466,14 +466,19 @@ TIMED_TRIAL = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_randomized_timing_keeps_every_invariant(tmp_path, seed):
+@pytest.mark.parametrize("platform, seed", [("local", 1), *(("memory", seed) for seed in range(1, 7))])
+def test_randomized_timing_keeps_every_invariant(tmp_path, request, platform, seed):
     """Trials report k intermediates, maybe a final (and linger after it), then exit with a random code
     at random moments relative to the poll interval, under an assessor that stops half of what it sees; 80 seeded cases
-    per run. Besides the audit (run after every test), each trial's record must match what it did."""
+    per run. Besides the audit (run after every test), each trial's record must match what it did. One
+    seed runs real processes (races of the file protocol); six more play in virtual time on the
+    in-memory service, where each sleep is a step between the flow's polls."""
+    if platform == "memory":
+        request.getfixturevalue("memory_platform")
     code = tmp_path / "code"
     write_trial(code, TIMED_TRIAL)
     config = base_config(code, tmp_path / "w", maxTrialNumber=80, trialConcurrency=8,
+                         trainingService={"platform": platform},
                          searchSpace={"case": {"_type": "randint", "_value": [0, 10**9]}},
                          tuner={"name": "Random", "classArgs": {"seed": seed}},
                          assessor=_assessor(tmp_path, below=0.5))

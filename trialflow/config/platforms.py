@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     PlainValidator,
     SecretStr,
+    SerializeAsAny,
     Tag,
     ValidationError,
     field_validator,
@@ -698,7 +699,8 @@ if TYPE_CHECKING:
 else:
     AnyTrainingService = Annotated[
         Union[tuple([*(Annotated[model, Tag(f"~{name}")] for name, model in PLATFORM_CONFIGS.items()),  # noqa: UP007
-                     Annotated[TrainingServiceConfig, PlainValidator(_plugin_section), Tag("~plugin")]])],
+                     Annotated[SerializeAsAny[TrainingServiceConfig], PlainValidator(_plugin_section),
+                               Tag("~plugin")]])],
         Discriminator(
             platform_tag,
             custom_error_type="platform",
