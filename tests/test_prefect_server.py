@@ -342,13 +342,30 @@ def _run_deployment(server: PrefectServer, client, deployment: str, *params: str
                     timeout=timeout, interval=1.0)
 
 
+def _first_run_of(client, deployment: str, left, timeout: float = 240.0):
+    """The first flow run of ``deployment`` that ``left`` (a predicate on its state) accepts."""
+    def found():
+        dep = client.read_deployment_by_name(deployment)
+        return next((r for r in client.read_flow_runs() if r.deployment_id == dep.id and r.state and left(r.state)),
+                    None)
+    return wait_for(found, timeout=timeout, interval=1.0)
+
+
 def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_path):
     subprocess.run(["prefect", "work-pool", "create", "local", "--type", "process"], env=server.env, check=True,
                    capture_output=True, timeout=120)
-    _deploy(server, REPO / "deployments" / "prefect.yaml")
-    nightly = client.read_deployment_by_name("experiment/nightly-sweep")
+    # the file's deployments, and the nightly sweep again with a near-term cron: its first run comes at the
+    # next minute, while the quickstart runs
     spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
     file_schedule = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")["schedules"][0]
+    soon = {**next(d for d in spec["deployments"] if d["name"] == "nightly-sweep"), "name": "nightly-soon",
+            "schedules": [{"cron": "* * * * *", "timezone": "UTC", "active": True}],
+            "parameters": {"config_path": str(_config(tmp_path, "soon", maxTrialNumber=2,
+                                                      searchSpace={"x": {"_type": "choice", "_value": [1]}}))}}
+    with_soon = tmp_path / "prefect-soon.yaml"
+    with_soon.write_text(yaml.safe_dump({**spec, "deployments": [*spec["deployments"], soon]}))
+    _deploy(server, with_soon)
+    nightly = client.read_deployment_by_name("experiment/nightly-sweep")
     assert nightly.schedules[0].schedule.cron == file_schedule["cron"]
     assert nightly.schedules[0].schedule.timezone == file_schedule["timezone"]
     assert "trialflow" in nightly.tags  # its runs carry the tag from their creation
@@ -356,30 +373,24 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
     home = tmp_path / "home"
     worker = server.spawn(["prefect", "worker", "start", "--pool", "local"], tmp_path / "worker.log",
                           TRIALFLOW_PROJECT_DIR=str(REPO), TRIALFLOW_HOME=str(home))
+    worker_log = lambda: (tmp_path / "worker.log").read_text()[-3000:]  # noqa: E731
     try:
         # the work-pool path of the file, as a user runs it
         run = subprocess.run(["prefect", "deployment", "run", "experiment/quickstart"], env=server.env,
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stdout + run.stderr
         finished = _flow_run_of(client, "experiment/quickstart", timeout=400)
-        assert finished.state.type.value == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+        assert finished.state.type.value == "COMPLETED", worker_log()
         assert "trialflow" in finished.tags
         quick = [e for e in list_experiments(home) if e.record.name == "quickstart"]
         assert [e.record.status for e in quick] == ["DONE"]
 
-        # the nightly sweep with a near-term cron: the scheduler creates the run and the worker runs it
-        soon = next(d for d in spec["deployments"] if d["name"] == "nightly-sweep")
-        soon.update(name="nightly-soon", schedules=[{"cron": "* * * * *", "timezone": "UTC", "active": True}],
-                    parameters={"config_path": str(_config(tmp_path, "soon", maxTrialNumber=2,
-                                                           searchSpace={"x": {"_type": "choice", "_value": [1]}}))})
-        spec["deployments"] = [soon]
-        soon_file = tmp_path / "prefect-soon.yaml"
-        soon_file.write_text(yaml.safe_dump(spec))
-        _deploy(server, soon_file)
-        fired = _flow_run_of(client, "experiment/nightly-soon", timeout=240)
-        assert fired.state.type.value == "COMPLETED" and fired.auto_scheduled
-        assert _experiment(tmp_path, "soon").record.status == "DONE"
+        # the scheduler created the near-term cron's run and the worker took it; later ones are not wanted
+        _first_run_of(client, "experiment/nightly-soon", lambda state: not state.is_scheduled())
         client.pause_deployment(client.read_deployment_by_name("experiment/nightly-soon").id)
+        fired = _flow_run_of(client, "experiment/nightly-soon", timeout=240)
+        assert fired.state.type.value == "COMPLETED" and fired.auto_scheduled, worker_log()
+        assert _experiment(tmp_path, "soon").record.status == "DONE"
 
         # a stored experiment run through a deployment whose default config_path is another experiment's
         soon_exp = _experiment(tmp_path, "soon").record
@@ -418,10 +429,17 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         # the UI's Retry of the cancelled run (what its button sends) resumes that experiment: nothing new
         from prefect.states import Scheduled
 
-        client.set_flow_run_state(flow_run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"),
-                                  force=True)
-        retried = wait_for(lambda: (r := client.read_flow_run(flow_run.id)).run_count > 1 and r.state.is_final()
-                           and r, timeout=240, interval=1.0)
+        retry = client.set_flow_run_state(flow_run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"),
+                                          force=True)
+        try:
+            retried = wait_for(lambda: (r := client.read_flow_run(flow_run.id)).state.id != retry.state.id
+                               and r.state.is_final() and r, timeout=300, interval=1.0)
+        except AssertionError:
+            now = client.read_flow_run(flow_run.id)
+            raise AssertionError(f"the retried run is {now.state.type.value} ({now.state.name}: "
+                                 f"{now.state.message}), run count {now.run_count}; worker log:\n{worker_log()}"
+                                 ) from None
+        assert retried.run_count > 1, (retried.state.name, retried.state.message, worker_log())
         assert [e.record.id for e in list_experiments(tmp_path / "w") if e.record.name == "long"] == [long_id]
         assert [t.status for t in store_of().trials()] == ["USER_CANCELED", "USER_CANCELED"]  # nothing re-run
         assert retried.name == long_id
