@@ -60,7 +60,12 @@ def _run_chaos(tmp_path, config: dict, api_url: str, plan: ChaosPlan, ssh_server
     run = collect(store, tmp_path / "runs.jsonl", exp_dir / "trials", TRIALS)
     found = violations(run)
     ended = {t.id: f"{t.status}: {t.message}" for t in store.trials() if t.status != "SUCCEEDED"}
-    assert found == {}, f"seed {SEED}; actions: {actions}; trials not SUCCEEDED: {ended}"
+    if found:  # what the controllers logged of it: how a trial came to be stopped, what failed
+        log = exp_dir / "log" / "experiment.log"
+        notable = [line for line in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
+                   if any(word in line for word in ("WARNING", "ERROR", "running on", "ended", "cancel"))]
+        raise AssertionError(f"seed {SEED}; actions: {actions}; trials not SUCCEEDED: {ended}; broken: {found}; "
+                             "experiment log:\n" + "\n".join(notable[-60:]))
     assert len(run.trials) == TRIALS
     assert sum(s == "SUCCEEDED" for s in run.trials.values()) >= TRIALS // 2, run.trials
     return run
