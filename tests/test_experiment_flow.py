@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import base_config, start_controller, wait_for, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import create_experiment, open_store
+from trialflow.store import Control
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -177,10 +178,10 @@ def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server)
     store = open_store(exp_dir.parent, exp_id)
     proc = start_controller(exp_id, exp_dir.parent, prefect_server)
     running = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None)
-    store.set_control("kill", [running[0].id])
+    store.set_control(Control.KILL, [running[0].id])
     wait_for(lambda: store.trial(running[0].id).status == "USER_CANCELED")
     wait_for(lambda: len(store.trials(["RUNNING"])) == 2)  # the killed trial's slot is refilled
-    store.set_control("stop", True)
+    store.set_control(Control.STOP, True)
     assert proc.wait(timeout=60) == 0
     assert store.experiment().status == "STOPPED"
     assert all(t.status == "USER_CANCELED" for t in store.trials())

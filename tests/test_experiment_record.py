@@ -482,9 +482,11 @@ def test_randomized_timing_keeps_every_invariant(tmp_path, request, platform, se
                          searchSpace={"case": {"_type": "randint", "_value": [0, 10**9]}},
                          tuner={"name": "Random", "classArgs": {"seed": seed}},
                          assessor=_assessor(tmp_path, below=0.5))
-    _, store, _ = _run(config)
+    exp_id, store, _ = _run(config)
     trials = store.trials()
-    assert len(trials) == 80 and store.experiment().status == "DONE"
+    record = store.experiment()
+    log = tmp_path / "w" / exp_id / "log" / "experiment.log"
+    assert len(trials) == 80 and record.status == "DONE", (record.status, record.message, log.read_text()[-3000:])
     seen = set()
     for trial in trials:
         journal = [json.loads(x) for x in (Path(trial.log_dir) / "journal.jsonl").read_text().splitlines()]

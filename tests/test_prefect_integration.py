@@ -15,6 +15,7 @@ import yaml
 from tests.conftest import base_config, write_trial
 from trialflow import run_experiment
 from trialflow.experiments import list_experiments
+from trialflow.store import Control
 from trialflow.testing.prefect_server import stop_group
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -86,7 +87,7 @@ def test_a_serving_dashboard_is_linked_from_the_experiments_artifacts(tmp_path):
     write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
     exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", maxTrialNumber=2)))
     url = "http://127.0.0.1:8080/dashboard/studies/0"
-    open_store(exp_dir.parent, exp_id).set_control("dashboard_url", url)  # as a serving dashboard does
+    open_store(exp_dir.parent, exp_id).set_control(Control.DASHBOARD_URL, url)  # as a serving dashboard does
     assert experiment_flow(None, exp_id, str(exp_dir.parent)) == "DONE"
     link = Artifact.get(f"experiment-{exp_id}-dashboard")
     assert link is not None and link.type == "markdown" and url in link.data
@@ -190,8 +191,9 @@ def test_a_deployment_runs_overrides_change_a_new_experiments_config_as_validate
     custom run form, whose fields come from the flow's parameters) changes the run's config; a bad value
     is refused as in a file, one line per mistake, under a heading that names the overrides."""
     from trialflow.config import ConfigError
-    from trialflow.experiments import CHANGED_FIELDS, open_store
+    from trialflow.experiments import open_store
     from trialflow.flows.experiment import experiment_flow
+    from trialflow.store import Control
 
     assert "overrides" in experiment_flow.parameters.properties  # a field of the UI's custom run form
     code = tmp_path / "code"
@@ -205,7 +207,7 @@ def test_a_deployment_runs_overrides_change_a_new_experiments_config_as_validate
     assert (stored["maxTrialNumber"], stored["trialConcurrency"]) == (2, 1)
     assert stored["tuner"] == {"name": "Random", "classArgs": {"seed": 3}}  # merged into the file's tuner
     store = open_store(tmp_path / "w", entry.id)
-    assert len(store.trials()) == 2 and set(store.controls()[CHANGED_FIELDS]) == set(overrides)
+    assert len(store.trials()) == 2 and set(store.controls()[Control.CHANGED_FIELDS]) == set(overrides)
     store.close()
     with pytest.raises(ConfigError) as bad:
         experiment_flow(str(path), overrides={"trialConcurrency": 0})

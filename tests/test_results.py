@@ -34,7 +34,8 @@ def test_experiments_stored_before_the_direction_was_open_with_it(tmp_path):
     config = parse_config(base_config(code, tmp_path / "w", assessor={"name": "Medianstop", "classArgs": {
         "optimize_mode": "minimize"}}, searchSpace={"accuracy": {"_type": "choice", "_value": [1]}}))
     exp_id, exp_dir = create_experiment(config)
-    db = sqlite3.connect(exp_dir / "db" / "trialflow.sqlite")
+    db = sqlite3.connect(exp_dir / "db" / "trialflow.sqlite")  # as a trialflow of before left it: no schema row
+    db.execute("DROP TABLE trialflow_schema")
     db.execute("ALTER TABLE experiments DROP COLUMN optimize_mode")
     db.execute("ALTER TABLE experiments DROP COLUMN best_trial")
     db.commit()

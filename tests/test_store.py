@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from trialflow.store import ExperimentStore, Metric
+from trialflow.store import Control, ExperimentStore, Metric
 
 WRITER = """
 import sys, time
@@ -105,10 +105,10 @@ def test_terminal_status_is_recorded_once_with_history(store_url):
 def test_a_second_reader_sees_writes_while_the_writer_is_open(store_url):
     writer = ExperimentStore(store_url, "readexp1")
     writer.create_experiment("r", {"k": 1})
-    writer.set_control("trial_concurrency", 4)
+    writer.set_control(Control.TRIAL_CONCURRENCY, 4)
     reader = ExperimentStore(store_url, "readexp1")
     assert reader.experiment().controls == {"trial_concurrency": 4}
-    reader.set_control("trial_concurrency", 5)
+    reader.set_control(Control.TRIAL_CONCURRENCY, 5)
     assert writer.experiment().controls["trial_concurrency"] == 5
 
 
@@ -122,7 +122,7 @@ def test_two_experiments_share_one_database_without_seeing_each_others_trials(st
             store.set_status(tid, "RUNNING")
             store.add_metrics([Metric(tid, "FINAL", 0, float(i))])
             store.set_status(tid, "SUCCEEDED", 0)
-        store.set_control("stop", n == 2)
+        store.set_control(Control.STOP, n == 2)
     assert [t.id for t in first.trials()] == ["1t0", "1t1", "1t2"] and first.count_trials() == 3
     assert [t.id for t in second.trials()] == ["2t0", "2t1"] and second.count_trials() == 2
     assert first.experiment().controls == {"stop": False} and second.experiment().controls == {"stop": True}

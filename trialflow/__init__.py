@@ -16,6 +16,7 @@ _EXPORTS = {
     "run_experiment": "trialflow.api",
     "ExperimentResult": "trialflow.api",
     "experiment_session": "trialflow.api",
+    "resume_experiment": "trialflow.api",
     "stop_experiment": "trialflow.api",
     "kill_trial": "trialflow.api",
     "update_experiment": "trialflow.api",

@@ -84,6 +84,30 @@ def result_of(root: Path, experiment_id: str, status: str | None = None) -> Expe
                             best_trial(trials, maximizes(record)))
 
 
+def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_number: int | None = None,
+                      max_experiment_duration: str | int | None = None) -> ExperimentResult:
+    """Resume an experiment in this process until it ends, as ``trialflow resume --foreground`` does, and
+    return its result: a stopped or crashed one goes on; a finished one continues with a larger
+    ``max_trial_number`` or ``max_experiment_duration`` (totals, as ``resume --trialnum/--duration``),
+    its tuner told every trial it has. Raises ``ExperimentNotFound``, ``UpdateError`` (a budget that
+    lets nothing more run) and ``RuntimeError`` when its controller still runs."""
+    from .control import clear_run_requests, controller_alive, extend_budget
+    from .flows.experiment import final_status, run_experiment_flow
+
+    base, store = find_experiment(experiment_id, root)
+    try:
+        if controller_alive(store):
+            raise RuntimeError(f"experiment {experiment_id} is still running (pid "
+                               f"{store.experiment().controller_pid})")
+        for line in extend_budget(store, max_trial_number, max_experiment_duration):
+            log.info(line)
+        clear_run_requests(store)
+    finally:
+        store.close()
+    state = run_experiment_flow(None, experiment_id, str(base))
+    return result_of(base, experiment_id, final_status(state))
+
+
 def stop_experiment(experiment_id: str, root: RootLike = None, wait: float = 60.0) -> ExperimentResult:
     """Stop an experiment (its running trials end USER_CANCELED, it ends STOPPED unless it had already
     ended) and return its result. Raises ``ExperimentNotFound``; warnings (a trial the platform could

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -286,23 +287,32 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController,
 def create(config: Annotated[Path, typer.Option("--config", "-c", help="experiment config (YAML/JSON)")],
            foreground: Annotated[bool, typer.Option("--foreground", "-f", help="run in this terminal")] = False,
            dashboard: DashboardOpt = False, dashboard_port: DashboardPortOpt = None, port: UiPortOpt = None,
-           url_prefix: UrlPrefixOpt = None, debug: DebugOpt = False) -> None:
+           url_prefix: UrlPrefixOpt = None, debug: DebugOpt = False,
+           warm_start: Annotated[list[str] | None, typer.Option(
+               "--warm-start", help="an earlier experiment's id or an exported JSON file whose finished trials "
+               "the tuner learns from (repeatable; added to the config's warmStart)")] = None) -> None:
     """Create an experiment from an NNI-style config file and start it."""
     live_port = _dashboard_port(dashboard, dashboard_port)
     # the kept server (when it must start) and a background controller start at once: their start-up
     # overlaps the config's checks here
     _use_kept_server(port, url_prefix)
     controller = None if foreground else take_controller()
-    overrides = {"logLevel": "debug"} if debug else None
+    overrides = {"logLevel": "debug"} if debug else {}
+    notes: list[str] = []
     try:
-        cfg = _config.load_config(config, overrides)
+        cfg = _config.load_config(config, overrides or None)
+        if warm_start:
+            given = [str(Path(v).resolve()) if Path(v).exists() else v for v in warm_start]
+            cfg = cfg.model_copy(update={"warm_start": [*(cfg.warm_start or []), *given]})
         experiment_id, exp_dir = _experiments.create_experiment(  # checks the tuner first
-            cfg, str(config.resolve()), overridden=overrides or ())
+            cfg, str(config.resolve()), overridden=[*overrides, *(["warmStart"] if warm_start else [])], notes=notes)
     except BaseException:
         if controller is not None:
             controller.cancel()
         raise
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {escape(str(exp_dir))}", markup=True)
+    for line in notes:
+        console.print(line, highlight=False)
     _launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, live_port, controller)
 
 
@@ -422,18 +432,25 @@ def tensorboard_stop(experiment_id: str, root: RootOpt = None) -> None:
 def resume(experiment_id: str, root: RootOpt = None,
            foreground: Annotated[bool, typer.Option("--foreground", "-f")] = False,
            dashboard: DashboardOpt = False, dashboard_port: DashboardPortOpt = None, port: UiPortOpt = None,
-           url_prefix: UrlPrefixOpt = None, debug: DebugOpt = False, experiment_dir: ExperimentDirOpt = None) -> None:
-    """Resume a stopped or crashed experiment: re-attach running trials, keep counts."""
+           url_prefix: UrlPrefixOpt = None, debug: DebugOpt = False, experiment_dir: ExperimentDirOpt = None,
+           trialnum: Annotated[int | None, typer.Option("--trialnum", help="continue to this many trials in all "
+                                                        "(maxTrialNumber; more than it has run)")] = None,
+           duration: Annotated[str | None, typer.Option("--duration", help="continue until this much run time "
+                                                        "in all (maxExperimentDuration: '2h', seconds)")] = None
+           ) -> None:
+    """Resume a stopped or crashed experiment: re-attach running trials, keep counts. With --trialnum
+    or --duration, continue a finished one with that larger budget (its tuner knows every trial)."""
     live_port = _dashboard_port(dashboard, dashboard_port)
     base, store = _store(experiment_id, _in_experiment_dir(experiment_id, root, experiment_dir))
     if _control.controller_alive(store):
         raise CliError(f"experiment {experiment_id} is still running (pid {store.experiment().controller_pid})")
+    for line in _control.extend_budget(store, trialnum, duration):
+        console.print(line, highlight=False)
     if port is not None or url_prefix is not None:
         _use_kept_server(port, url_prefix)
     if debug:
         _experiments.set_stored_fields(store, {"logLevel": "debug"})
-    store.set_control("stop", False)
-    store.set_control("kill", [])
+    _control.clear_run_requests(store)
     _launch(experiment_id, base, None, foreground, dashboard, live_port, earlier_run=store.experiment().flow_run_id)
 
 
@@ -629,12 +646,20 @@ def _report_unreadable(unreadable: list[str]) -> None:
 
 @experiment_app.command("show")
 def experiment_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
-    """The experiment's status and config as JSON: the values in force (``update`` included), once."""
+    """The experiment's status and config as JSON: each value once, as in force (``update`` and
+    ``resume --trialnum/--duration`` included), then the history of those changes and where the tuner's
+    imported results came from."""
     _, store = _store(experiment_id, root)
     record = store.experiment()
     config, controls = _control.config_in_force(record)
+    history = [{"time": datetime.fromtimestamp(u.time, timezone.utc).isoformat(timespec="seconds"),
+                "field": _control.CONTROLLED_FIELDS.get(u.control, u.control), "value": u.value, "via": u.via}
+               for u in store.updates()]
+    imported = [{"source": source or "experiment import", "results": count}
+                for source, count in store.imported_sources().items()]
     typer.echo(json.dumps({"id": record.id, "status": record.status, "message": record.message,
-                           "config": config, "controls": controls}, indent=2))
+                           "config": config, "controls": controls, "updates": history, "imported": imported},
+                          indent=2))
 
 
 @experiment_app.command("export")
@@ -1067,12 +1092,12 @@ def _prefect_ui_line(record: ExperimentRecord) -> str:
 def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
     (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
-    from .flows.artifacts import DASHBOARD_URL_CONTROL
+    from .store import Control
 
     _, store = _store(experiment_id, root)
     record = store.experiment()
     console.print(_prefect_ui_line(record), soft_wrap=True)
-    dashboard = record.controls.get(DASHBOARD_URL_CONTROL)
+    dashboard = record.controls.get(Control.DASHBOARD_URL)
     console.print(f"dashboard: {dashboard}" if dashboard else
                   f"dashboard: none serving (trialflow dashboard {record.id})", soft_wrap=True)
 

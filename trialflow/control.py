@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .status import EXPERIMENT_LIVE, LIVE, ExperimentStatus, TrialStatus
+from .store import Control
 from .trial.procs import pid_alive
 from .user_errors import UserError
 
@@ -34,13 +35,16 @@ class UpdateError(UserError, ValueError):
     """A value ``update`` refuses; the message names it and what is allowed."""
 
 
-# what NNI's ``nnictl update`` names -> the control key and the allowed integer range
-UPDATE_RULES = {"concurrency": ("trial_concurrency", 1, 1000), "trialnum": ("max_trial_number", 1, 999_999_999)}
+# what NNI's ``nnictl update`` names -> the control and the allowed integer range
+UPDATE_RULES = {"concurrency": (Control.TRIAL_CONCURRENCY, 1, 1000),
+                "trialnum": (Control.MAX_TRIAL_NUMBER, 1, 999_999_999)}
+UPDATED_VIA = "trialflow update"  # the update history's name for ``update`` (CLI or API)
 
 
-# control key -> the config field whose value it replaces (what ``update`` changes)
-CONTROLLED_FIELDS = {"trial_concurrency": "trialConcurrency", "max_trial_number": "maxTrialNumber",
-                     "max_experiment_duration": "maxExperimentDuration", "search_space": "searchSpace"}
+# control -> the config field whose value it replaces (what ``update`` changes)
+CONTROLLED_FIELDS: dict[str, str] = {
+    Control.TRIAL_CONCURRENCY: "trialConcurrency", Control.MAX_TRIAL_NUMBER: "maxTrialNumber",
+    Control.MAX_EXPERIMENT_DURATION: "maxExperimentDuration", Control.SEARCH_SPACE: "searchSpace"}
 
 
 def config_in_force(record: ExperimentRecord) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -59,10 +63,10 @@ def config_in_force(record: ExperimentRecord) -> tuple[dict[str, Any], dict[str,
     return config, rest
 
 
-def update_experiment(store: ExperimentStore, what: str, value: str | int) -> int:
-    """Set ``concurrency``, ``trialnum`` or ``duration`` (``'30m'``, ``'2h'``, seconds) and return the
-    stored number (seconds for a duration). Raises :class:`UpdateError` for a bad value and
-    ``KeyError`` for another ``what``."""
+def update_experiment(store: ExperimentStore, what: str, value: str | int, via: str = UPDATED_VIA) -> int:
+    """Set ``concurrency``, ``trialnum`` or ``duration`` (``'30m'``, ``'2h'``, seconds), recorded in the
+    update history as made ``via`` that, and return the stored number (seconds for a duration).
+    Raises :class:`UpdateError` for a bad value and ``KeyError`` for another ``what``."""
     if what == "duration":
         from .config import parse_duration
 
@@ -72,7 +76,7 @@ def update_experiment(store: ExperimentStore, what: str, value: str | int) -> in
             raise UpdateError(f"bad duration value: {exc}") from None
         if not isinstance(seconds, int) or seconds <= 0:
             raise UpdateError(f"bad duration value {value!r}: must be positive, like '30m', '2h' or 3600")
-        store.set_control("max_experiment_duration", seconds)
+        store.set_control(Control.MAX_EXPERIMENT_DURATION, seconds, via)
         return seconds
     key, low, high = UPDATE_RULES[what]
     try:
@@ -81,8 +85,49 @@ def update_experiment(store: ExperimentStore, what: str, value: str | int) -> in
         raise UpdateError(f"bad {what} value {value!r}: must be an integer from {low} to {high}") from None
     if not low <= number <= high:
         raise UpdateError(f"bad {what} value {number}: must be from {low} to {high}")
-    store.set_control(key, number)
+    store.set_control(key, number, via)
     return number
+
+
+def clear_run_requests(store: ExperimentStore) -> None:
+    """Before a resumed run: forget the stop and the kills asked of the run before."""
+    store.set_control(Control.STOP, False)
+    store.set_control(Control.KILL, [])
+
+
+RESUMED_VIA = "trialflow resume"  # the update history's name for resume's --trialnum and --duration
+
+
+def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | int | None) -> list[str]:
+    """What ``resume --trialnum/--duration`` sets before the run: a larger ``maxTrialNumber`` (more than
+    the trials the experiment has) and a ``maxExperimentDuration`` (more than the run time it spent),
+    each recorded in the update history. Returns a line per change saying it. Raises
+    :class:`UpdateError` (nothing set) for a budget that would let nothing more run."""
+    lines = []
+    if trialnum is not None:
+        count = store.count_trials()
+        if trialnum <= count:
+            raise UpdateError(f"--trialnum {trialnum} is not more than the {count} trials experiment "
+                              f"{store.experiment_id} has: give a larger number to run more trials")
+    if duration is not None:
+        from .config import parse_duration
+
+        try:
+            seconds = parse_duration(duration)
+        except ValueError as exc:
+            raise UpdateError(f"bad --duration value: {exc}") from None
+        spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
+        if not isinstance(seconds, int) or seconds <= spent:
+            raise UpdateError(f"--duration {duration} is not more than the {spent:.0f} s experiment "
+                              f"{store.experiment_id} has run: give a longer time ('2h', seconds) to run on")
+    if trialnum is not None:
+        update_experiment(store, "trialnum", trialnum, RESUMED_VIA)
+        lines.append(f"maxTrialNumber of {store.experiment_id} set to {trialnum} ({store.count_trials()} run before)")
+    if duration is not None:
+        seconds = update_experiment(store, "duration", duration, RESUMED_VIA)
+        lines.append(f"maxExperimentDuration of {store.experiment_id} set to {seconds} s "
+                     f"({float(store.controls().get(Control.ELAPSED_SECONDS, 0.0)):.0f} s run before)")
+    return lines
 
 
 def update_search_space(store: ExperimentStore, space: Any) -> None:
@@ -93,7 +138,7 @@ def update_search_space(store: ExperimentStore, space: Any) -> None:
         from .search_space import parse_search_space
 
         parse_search_space(space)
-    store.set_control("search_space", space)
+    store.set_control(Control.SEARCH_SPACE, space, UPDATED_VIA)
 
 
 def controller_alive(store: ExperimentStore) -> bool:
@@ -161,7 +206,7 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     from .flows.run_control import end_flow_run  # Prefect's client: only when a run is cancelled here
     from .results import end_experiment
 
-    store.set_control("stop", True)
+    store.set_control(Control.STOP, True)
     controller_gone = not controller_alive(store)
     was_running = store.experiment().status in EXPERIMENT_LIVE
     deadline = time.monotonic() + wait
@@ -191,8 +236,8 @@ def kill_trial(store: ExperimentStore, base: Path, trial_id: str) -> tuple[str |
     if trial.is_terminal:
         return trial.status, []
     if controller_alive(store):
-        kills = store.experiment().controls.get("kill", [])
-        store.set_control("kill", [*kills, trial_id])
+        kills = store.experiment().controls.get(Control.KILL, [])
+        store.set_control(Control.KILL, [*kills, trial_id])
         return None, []
     store.set_status(trial_id, TrialStatus.USER_CANCELED, message="cancelled by trialflow trial kill")
     return None, cancel_offline(store, base, [trial.handle])

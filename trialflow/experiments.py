@@ -20,7 +20,7 @@ from .config import ConfigError, ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import looks_like_experiment_id, new_experiment_id
 from .results import optimize_mode_of
-from .store import DB_RELATIVE_PATH, ExperimentRecord, ExperimentStore, StoreUnreadable
+from .store import DB_RELATIVE_PATH, Control, ExperimentRecord, ExperimentStore, StoreUnreadable
 from .tuners import check_tuner
 from .user_errors import UserError
 
@@ -48,14 +48,17 @@ def default_root() -> Path:
 
 
 def create_experiment(config: ExperimentConfig, config_path: str | None = None,
-                      overridden: Iterable[str] = (), experiment_id: str | None = None) -> tuple[str, Path]:
+                      overridden: Iterable[str] = (), experiment_id: str | None = None,
+                      notes: list[str] | None = None) -> tuple[str, Path]:
     """A new experiment id (``experiment_id`` when given and free: one chosen beforehand, e.g. to name
     its flow run) and its directory with the store holding the config. ``overridden``: the
     top-level fields a run's overrides set over the config file (noted: the file differing there is no
     edit, :func:`note_changed_fields`). With ``storeUrl`` the
     records go to that database and the directory keeps where (the URL without its password).
-    The tuner and assessor are checked first (:class:`TunerError`), and the GPUs local trials ask for
-    (:class:`~trialflow.platforms.PlatformError`): a refusal leaves nothing."""
+    The tuner and assessor are checked first (:class:`TunerError`), the GPUs local trials ask for
+    (:class:`~trialflow.platforms.PlatformError`) and the warm start's sources
+    (:class:`~trialflow.warm_start.WarmStartError`): a refusal leaves nothing. What the warm start took
+    from each source is stored as imported data and said in a line appended to ``notes``."""
     if config.tuner is not None:
         check_tuner(config.tuner)
     if config.assessor is not None:
@@ -66,6 +69,11 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
 
             check_gpus(section)  # type: ignore[arg-type]
     root = Path(config.experiment_working_directory).resolve()
+    starts = []
+    if config.warm_start:
+        from .warm_start import gather
+
+        starts = gather(config, root)
     if experiment_id is None or not looks_like_experiment_id(experiment_id) or (root / experiment_id).exists():
         experiment_id = new_experiment_id()
     exp_dir = root / experiment_id
@@ -85,6 +93,10 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
     try:
         store.create_experiment(config.experiment_name, dumped, config_path, optimize_mode_of(dumped))
         note_changed_fields(store, overridden)
+        for start in starts:
+            store.add_imported(start.items, start.source)
+            if notes is not None:
+                notes.append(start.line())
     finally:
         store.close()
     register_root(experiment_id, root)
@@ -193,15 +205,12 @@ def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[st
             != json.dumps(given.get(k), sort_keys=True, default=str)]
 
 
-CHANGED_FIELDS = "changed_fields"  # control: top-level config fields trialflow set itself (update, overrides)
-
-
 def note_changed_fields(store: ExperimentStore, fields: Iterable[str]) -> None:
     """Record that trialflow itself set these top-level fields of the stored config (`update
     searchspace`, a run's ``overrides``): the config file differing there is not an edit."""
-    changed = set(store.controls().get(CHANGED_FIELDS) or [])
+    changed = set(store.controls().get(Control.CHANGED_FIELDS) or [])
     if not set(fields) <= changed:
-        store.set_control(CHANGED_FIELDS, sorted(changed | set(fields)))
+        store.set_control(Control.CHANGED_FIELDS, sorted(changed | set(fields)))
 
 
 def set_stored_fields(store: ExperimentStore, values: dict[str, Any], remove: Iterable[str] = ()) -> None:
@@ -220,7 +229,7 @@ def _with_changes(store: ExperimentStore, record: ExperimentRecord,
                   given: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
     """``given`` (a config file's) with the fields trialflow set itself taken from the stored copy, and
     the fields in which the file differs otherwise (edits)."""
-    changed = set(store.controls().get(CHANGED_FIELDS) or [])
+    changed = set(store.controls().get(Control.CHANGED_FIELDS) or [])
     differ = config_differences(record.config, given.dump())
     taken = [k for k in differ if k in changed]
     if taken:

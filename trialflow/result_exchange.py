@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .config import ExperimentConfig
 from .experiments import stored_config
 from .platforms import service_name
 from .store import ExperimentStore
@@ -69,9 +70,15 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
     """Import ``[{parameter, value}]`` as NNI's importData: told to the tuner on every (re)start, never
     trials of the experiment (no budget, not a best trial). All items or none: the first bad one is a
     ``ValueError`` naming it and the field."""
+    return store.add_imported(import_items(stored_config(store), data))
+
+
+def import_items(config: ExperimentConfig, data: Any) -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
+    """``[{parameter, value}]`` (NNI's importData, or exported rows) as ``(parameters, raw values, value)``
+    items for an experiment of ``config``; rows of trials that ended without a result are passed over.
+    Raises ``ValueError`` naming the first bad item and its field."""
     if not isinstance(data, list):
         raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
-    config = stored_config(store)
     items = []
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
@@ -91,4 +98,4 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
             raise ValueError(f"item {i}: 'value' must be a finite number or a dict with a numeric 'default' "
                              f"({exc})") from None
         items.append((item["parameter"], raw, value))
-    return store.add_imported(items)
+    return items

@@ -22,93 +22,31 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Engine
 
 from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
-from .user_errors import UserError
+from .store_schema import (  # noqa: F401 -- SCHEMA_VERSION and StoreUnreadable are the store's to name
+    SCHEMA_VERSION,
+    StoreUnreadable,
+    controls,
+    events,
+    experiments,
+    imported,
+    metrics,
+    prepare,
+    trials,
+    updates,
+    where,
+)
 
 DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
-# The store's schema: 1 is the first numbered one (stores without a number are read as 0 and upgraded
-# by adding the newer experiment columns). Bump it with every change of the tables below.
-SCHEMA_VERSION = 1
 
-_meta = sa.MetaData()
-experiments = sa.Table(
-    "experiments", _meta,
-    sa.Column("id", sa.String(16), primary_key=True),
-    sa.Column("name", sa.Text),
-    sa.Column("config", sa.Text, nullable=False),
-    sa.Column("config_path", sa.Text),
-    sa.Column("status", sa.String(24), nullable=False),
-    sa.Column("message", sa.Text),
-    sa.Column("start_time", sa.Float),
-    sa.Column("end_time", sa.Float),
-    sa.Column("controller_pid", sa.Integer),
-    sa.Column("next_sequence", sa.Integer, nullable=False, default=0),
-    sa.Column("optimize_mode", sa.String(8)),  # decided once at creation (``trialflow.results``)
-    sa.Column("best_trial", sa.String(16)),  # recorded when the experiment ends
-    sa.Column("flow_run_id", sa.String(64)),  # the Prefect flow run of its latest run
-    sa.Column("prefect_api", sa.Text),  # that run's API (None: Prefect's temporary server)
-)
-controls = sa.Table(
-    "controls", _meta,
-    sa.Column("experiment_id", sa.String(16), primary_key=True),
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-)
-trials = sa.Table(
-    "trials", _meta,
-    sa.Column("experiment_id", sa.String(16), primary_key=True),
-    sa.Column("id", sa.String(16), primary_key=True),
-    sa.Column("sequence", sa.Integer, nullable=False),
-    sa.Column("parameter_id", sa.Integer, nullable=False),
-    sa.Column("parameters", sa.Text, nullable=False),
-    sa.Column("raw", sa.Text, nullable=False),
-    sa.Column("status", sa.String(24), nullable=False),
-    sa.Column("handle", sa.Text),
-    sa.Column("exit_code", sa.Integer),
-    sa.Column("message", sa.Text),
-    sa.Column("log_dir", sa.Text),
-    sa.Column("submit_time", sa.Float, nullable=False),
-    sa.Column("start_time", sa.Float),
-    sa.Column("end_time", sa.Float),
-    sa.Column("final", sa.Text),
-)
-events = sa.Table(
-    "trial_events", _meta,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("experiment_id", sa.String(16), nullable=False),
-    sa.Column("trial_id", sa.String(16), nullable=False),
-    sa.Column("status", sa.String(24), nullable=False),
-    sa.Column("time", sa.Float, nullable=False),
-    sa.Column("message", sa.Text),
-)
-imported = sa.Table(  # NNI's importData: told to the tuner, never trials of the experiment
-    "imported_data", _meta,
-    sa.Column("experiment_id", sa.String(16), primary_key=True),
-    sa.Column("position", sa.Integer, primary_key=True),
-    sa.Column("parameters", sa.Text, nullable=False),
-    sa.Column("raw", sa.Text, nullable=False),
-    sa.Column("value", sa.Text, nullable=False),
-)
-schema = sa.Table(  # one row: the schema version of the store's tables
-    "trialflow_schema", _meta,
-    sa.Column("version", sa.Integer, nullable=False),
-)
-metrics = sa.Table(
-    "metrics", _meta,
-    sa.Column("experiment_id", sa.String(16), primary_key=True),
-    sa.Column("trial_id", sa.String(16), primary_key=True),
-    sa.Column("type", sa.String(16), primary_key=True),
-    sa.Column("sequence", sa.Integer, primary_key=True),
-    sa.Column("value", sa.Text, nullable=False),
-    sa.Column("time", sa.Float, nullable=False),
-)
 
 
 # Hot-path statements, built once: constructing SQLAlchemy statements costs ~10x executing them.
@@ -132,6 +70,32 @@ _SET_OTHER = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_
 _COUNT_TRIALS = sa.select(sa.func.count()).select_from(trials).where(trials.c.experiment_id == _B("e"))
 _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
+
+
+class Control(str, Enum):
+    """The keys of an experiment's controls: what the CLI, the API and the controller ask of a run
+    through the store (read by the controller every loop tick)."""
+
+    STOP = "stop"  # trialflow stop: the run ends STOPPED
+    KILL = "kill"  # trialflow trial kill: the ids of trials to cancel
+    TRIAL_CONCURRENCY = "trial_concurrency"  # update concurrency: replaces trialConcurrency
+    MAX_TRIAL_NUMBER = "max_trial_number"  # update trialnum, resume --trialnum: replaces maxTrialNumber
+    MAX_EXPERIMENT_DURATION = "max_experiment_duration"  # update duration, resume --duration (seconds)
+    SEARCH_SPACE = "search_space"  # update searchspace: replaces searchSpace
+    ELAPSED_SECONDS = "elapsed_seconds"  # the run time spent by earlier runs (maxExperimentDuration counts it)
+    DASHBOARD_URL = "dashboard_url"  # set by trialflow dashboard while one serves
+    CHANGED_FIELDS = "changed_fields"  # top-level config fields trialflow set itself (update, overrides)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One change of a budget or the search space, as recorded: when, which control, its value, and
+    through what (``trialflow update``, ``trialflow resume``, the Python API)."""
+
+    time: float
+    control: str
+    value: Any
+    via: str
 
 
 def dumps(value: Any) -> str:
@@ -224,72 +188,13 @@ def _engine(url: str) -> Engine:
         raise ImportError(f"the store URL needs a database driver ({exc}); pip install 'trialflow[postgres]'") from None
 
 
-SCHEMA_ATTEMPTS = 5
-RACE_ERRORS = ("already exists", "duplicate", "database is locked")  # what two creators of one store meet
-
-
-def _prepare(engine: Engine, url: str) -> None:
-    """Create the store's missing tables and bring it to :data:`SCHEMA_VERSION`. Another process may
-    do the same at the same moment (``create`` while ``experiment list``, a dashboard or the controller
-    opens the new store): the loser of that race meets "table already exists" (SQLite, PostgreSQL), a
-    duplicate type or column, or SQLite's "database is locked" (switching a new file to WAL does not
-    wait), and its next try finds the work done. Any other error (a damaged file, an unreachable
-    server) is raised at once, as is the race's after the last try; :func:`_upgrade` raises
-    :class:`StoreUnreadable`."""
-    for attempt in range(1, SCHEMA_ATTEMPTS + 1):
-        try:
-            _meta.create_all(engine)
-            _upgrade(engine, url)
-            return
-        except sa.exc.DBAPIError as exc:
-            reason = str(exc.orig).lower()
-            if attempt == SCHEMA_ATTEMPTS or not any(race in reason for race in RACE_ERRORS):
-                raise
-            time.sleep(0.02 * attempt)  # racers that lost together retry apart
-
-
-def _upgrade(engine: Engine, url: str) -> None:
-    """Bring a store written by an earlier version to :data:`SCHEMA_VERSION`; refuse one written by a
-    newer trialflow (its tables may mean what this version cannot read). Raises :class:`StoreUnreadable`."""
-    with engine.connect() as conn:
-        found = conn.execute(sa.select(sa.func.max(schema.c.version))).scalar() or 0
-    if found > SCHEMA_VERSION:
-        where = url.split("///", 1)[-1] if url.startswith("sqlite") else make_url(url).render_as_string(
-            hide_password=True)
-        raise StoreUnreadable(f"the experiment store {where} was written by a newer trialflow (store schema "
-                              f"{found}; this trialflow reads up to {SCHEMA_VERSION}): upgrade trialflow "
-                              "(pip install -U trialflow) to open it")
-    _add_missing_columns(engine)  # also for a numbered store a column was dropped from by hand
-    if found < SCHEMA_VERSION:
-        with engine.begin() as conn:
-            conn.execute(schema.delete())
-            conn.execute(schema.insert().values(version=SCHEMA_VERSION))
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Stores written by an earlier version lack the newer experiment columns: add them (nullable)."""
-    present = {c["name"] for c in sa.inspect(engine).get_columns("experiments")}
-    missing = [c for c in experiments.columns if c.name not in present]
-    if missing:
-        with engine.begin() as conn:
-            for column in missing:
-                conn.exec_driver_sql(f"ALTER TABLE experiments ADD COLUMN {column.name} "
-                                     f"{column.type.compile(engine.dialect)}")
-
-
-class StoreUnreadable(UserError, RuntimeError):
-    """An experiment store that cannot be opened or read (a damaged file, an unreachable database); the
-    message is one line naming it and what to do."""
-
-
 def _unreadable(url: str, exc: BaseException) -> StoreUnreadable:
     reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        return StoreUnreadable(f"the experiment store {path} cannot be read ({reason}): the file is damaged; "
+        return StoreUnreadable(f"the experiment store {where(url)} cannot be read ({reason}): the file is damaged; "
                                "restore it from a backup, or remove its experiment folder")
-    return StoreUnreadable(f"the experiment store {make_url(url).render_as_string(hide_password=True)} cannot be "
-                           f"read ({reason}): check that the database runs and the URL and password are right")
+    return StoreUnreadable(f"the experiment store {where(url)} cannot be read ({reason}): check that the database "
+                           "runs and the URL and password are right")
 
 
 def stored_experiment_ids(url: str) -> list[str]:
@@ -316,7 +221,7 @@ class ExperimentStore:
         self._insert_metric = self._insert(metrics).on_conflict_do_nothing().returning(metrics.c.sequence)
         self._lock = threading.RLock()
         try:
-            _prepare(self.engine, url)
+            prepare(self.engine, url)
             # One connection per store, used under the lock: a pool checkout per statement costs more
             # than the statement itself. Every use is a short transaction, so other processes' writes
             # (the CLI's controls) are seen at once.
@@ -388,11 +293,25 @@ class ExperimentStore:
             log_dir=sa.func.replace(trials.c.log_dir, old_dir, new_dir),
             handle=sa.func.replace(trials.c.handle, old_dir, new_dir)))
 
-    def set_control(self, key: str, value: Any) -> None:
-        """A runtime change requested by the CLI (concurrency, max trials, duration, stop)."""
-        stmt = self._insert(controls).values(experiment_id=self.experiment_id, key=key, value=dumps(value))
-        self._write(stmt.on_conflict_do_update(index_elements=["experiment_id", "key"],
-                                               set_={"value": stmt.excluded.value}))
+    def set_control(self, key: Control, value: Any, via: str | None = None) -> None:
+        """A runtime change requested by the CLI or the API (concurrency, max trials, duration, stop);
+        with ``via`` (what made it), also an entry of the experiment's update history, in the same
+        transaction."""
+        text = dumps(value)
+        stmt = self._insert(controls).values(experiment_id=self.experiment_id, key=key.value, value=text)
+        statements: list[Any] = [stmt.on_conflict_do_update(index_elements=["experiment_id", "key"],
+                                                 set_={"value": stmt.excluded.value})]
+        if via is not None:
+            statements.append(updates.insert().values(experiment_id=self.experiment_id, field=key.value, value=text,
+                                                      time=time.time(), via=via))
+        self._write(*statements)
+
+    def updates(self) -> list[Update]:
+        """The experiment's update history, oldest first."""
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(updates.c.time, updates.c.field, updates.c.value, updates.c.via)
+                                .where(updates.c.experiment_id == self.experiment_id).order_by(updates.c.id)).all()
+        return [Update(t, f, json.loads(v), via) for t, f, v, via in rows]
 
     def take_sequence(self) -> int:
         with self._tx() as conn:
@@ -515,18 +434,29 @@ class ExperimentStore:
 
     # ---- imported data (NNI's importData) --------------------------------------------------
 
-    def add_imported(self, items: list[tuple[dict[str, Any], dict[str, Any], Any]]) -> int:
+    def add_imported(self, items: list[tuple[dict[str, Any], dict[str, Any], Any]], source: str | None = None) -> int:
         """Store ``(parameters, raw values, value)`` items in one transaction (all or none); the tuner is
         told them on every (re)start. They are not trials: they count toward no budget and are never
-        the best trial."""
+        the best trial. ``source``: where they came from (a warm start's experiment id or file; None
+        for NNI's importData)."""
         with self._tx() as conn:
             start = int(conn.execute(sa.select(sa.func.count()).select_from(imported)
                                      .where(imported.c.experiment_id == self.experiment_id)).scalar_one())
             if items:
                 conn.execute(imported.insert(), [
                     {"experiment_id": self.experiment_id, "position": start + i, "parameters": dumps(p),
-                     "raw": dumps(r), "value": dumps(v)} for i, (p, r, v) in enumerate(items)])
+                     "raw": dumps(r), "value": dumps(v), "source": source} for i, (p, r, v) in enumerate(items)])
         return len(items)
+
+    def imported_sources(self) -> dict[str | None, int]:
+        """How many imported items came from each source (None: importData), in import order."""
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(imported.c.source).where(imported.c.experiment_id == self.experiment_id)
+                                .order_by(imported.c.position)).scalars().all()
+        counts: dict[str | None, int] = {}
+        for source in rows:
+            counts[source] = counts.get(source, 0) + 1
+        return counts
 
     def imported(self) -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
         """The imported ``(parameters, raw values, value)`` items, in import order."""

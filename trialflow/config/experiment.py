@@ -7,12 +7,21 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..assessors import ASSESSORS
+from ..ids import looks_like_experiment_id
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
 from ..tuners import NAS_TUNERS, TUNERS
 from ..tuners.custom import is_custom
@@ -26,6 +35,7 @@ from ._base import (
     GpuIndices,
     canonical_key,
     format_errors,
+    resolve_path,
 )
 from .legacy import convert_v1, is_v1
 from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
@@ -34,6 +44,20 @@ from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingS
 _SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"
 K8S_SHARING = ("kubeflow", "frameworkcontroller")  # their storage may come from an NFS sharedStorage
+
+
+def _warm_source(value: Any, info: ValidationInfo) -> str:
+    """An experiment id as written; a file's path resolved against the config file's folder (a file
+    of an id's shape there wins)."""
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value).strip():
+        raise ValueError("each warmStart entry is an experiment id or the path of an exported JSON file")
+    path = resolve_path(value, info)
+    if looks_like_experiment_id(os.fspath(value)) and not path.is_file():
+        return os.fspath(value)
+    return str(path)
+
+
+WarmStartSource = Annotated[str, BeforeValidator(_warm_source)]
 
 
 class AlgorithmConfig(ConfigModel):
@@ -78,6 +102,9 @@ class ExperimentConfig(ConfigModel):
     assessor: AlgorithmConfig | None = None
     advisor: AlgorithmConfig | None = None
     training_service: OneOrManyTrainingServices
+    warm_start: list[WarmStartSource] | None = Field(
+        default=None, description="earlier experiments (their ids) or files of `trialflow experiment export "
+        "--type json` whose finished trials this experiment's tuner learns from (as importData; not trials)")
     shared_storage: SharedStorageConfig | None = None
     store_url: SecretStr | None = Field(
         default=None, description="URL of a shared experiment store, e.g. postgresql+psycopg://user@db.example.org/"

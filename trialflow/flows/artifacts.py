@@ -18,10 +18,9 @@ from ..context import ExperimentContext
 from ..platforms import service_name
 from ..results import best_trial, maximizes, outcome_counts, trial_value
 from ..status import TrialStatus
-from ..store import TERMINAL, TrialRecord
+from ..store import TERMINAL, Control, TrialRecord
 from .api_outage import OptionalCalls, next_try_after
 
-DASHBOARD_URL_CONTROL = "dashboard_url"  # set by trialflow.dashboard while one serves
 PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)
 SNAPSHOT_INTERVAL = 300.0  # seconds between new versions of the trials table and the summary
 MAX_TABLE_ROWS = 500
@@ -106,7 +105,7 @@ class ArtifactReporter:
         if snapshot_due and done:
             self._snapshot(self.ctx.store.trials(), final)
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL
-        url = self.ctx.store.controls().get(DASHBOARD_URL_CONTROL)
+        url = self.ctx.store.controls().get(Control.DASHBOARD_URL)
         if url and url != self._dashboard_url:
             create_link_artifact(key=f"{self.key}-dashboard", link=url, link_text="live optuna-dashboard",
                                  description="charts of this experiment, updated as trials report")

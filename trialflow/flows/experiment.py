@@ -58,7 +58,7 @@ from ..limits import PlatformCap
 from ..platforms import TrialHandle, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
 from ..status import ExperimentStatus, TrialStatus
-from ..store import ExperimentStore
+from ..store import Control, ExperimentStore
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
@@ -355,7 +355,7 @@ class _Loop:
         self.task_runs: dict[str, list[UUID]] = {}  # each running trial's task runs (suggest, submit, poll)
         self.exhausted = False
         controls = ctx.store.controls()
-        self.elapsed_before = float(controls.get("elapsed_seconds", 0.0))
+        self.elapsed_before = float(controls.get(Control.ELAPSED_SECONDS, 0.0))
         self.started = time.monotonic()
         self.reporter = ArtifactReporter(ctx)
         self.suggested = 0
@@ -372,9 +372,9 @@ class _Loop:
 
     def limits(self, controls: dict[str, Any]) -> tuple[int, int | None, float | None]:
         cfg = self.ctx.config
-        return (int(controls.get("trial_concurrency", cfg.trial_concurrency)),
-                controls.get("max_trial_number", cfg.max_trial_number),
-                controls.get("max_experiment_duration", cfg.max_experiment_duration))
+        return (int(controls.get(Control.TRIAL_CONCURRENCY, cfg.trial_concurrency)),
+                controls.get(Control.MAX_TRIAL_NUMBER, cfg.max_trial_number),
+                controls.get(Control.MAX_EXPERIMENT_DURATION, cfg.max_experiment_duration))
 
     def start(self, trial_id: str, submit: bool) -> None:
         """Submit (unless re-attached) and follow the trial, each in its own task run."""
@@ -446,12 +446,12 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
                 raise NoSpaceLeft.from_error(ctx.experiment_id, ctx.halted, str(ctx.experiment_dir))
             ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
             controls = ctx.store.controls()
-            why = "stopped by trialflow stop" if controls.get("stop") else watch.reason()
+            why = "stopped by trialflow stop" if controls.get(Control.STOP) else watch.reason()
             if why:
                 return ExperimentStatus.STOPPED, why
             _raise_if_algorithm_failed(ctx)
-            _apply_search_space(ctx, controls.get("search_space"))
-            for trial_id in controls.get("kill", []):
+            _apply_search_space(ctx, controls.get(Control.SEARCH_SPACE))
+            for trial_id in controls.get(Control.KILL, []):
                 if trial_id in loop.running:
                     ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
             concurrency, max_trials, max_duration = loop.limits(controls)
@@ -484,7 +484,7 @@ def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
             future.wait()
         loop.close()
         if ctx.halted is None:
-            ctx.store.set_control("elapsed_seconds", loop.elapsed())
+            ctx.store.set_control(Control.ELAPSED_SECONDS, loop.elapsed())
             loop.reporter.update(final=True)
 
 

@@ -24,9 +24,8 @@ from types import ModuleType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..flows.artifacts import DASHBOARD_URL_CONTROL as URL_CONTROL
 from ..search_space import SearchSpace, parse_search_space
-from ..store import ExperimentStore
+from ..store import Control, ExperimentStore
 from .optuna_mirror import OptunaMirror
 from .views import is_maximize_stored
 
@@ -145,7 +144,7 @@ class LiveDashboard:
                          threading.Thread(target=self._follow, name="dashboard-sync", daemon=True)]
         for thread in self._threads:
             thread.start()
-        self.store.set_control(URL_CONTROL, self.url)
+        self.store.set_control(Control.DASHBOARD_URL, self.url)
         return self
 
     def _follow(self) -> None:
@@ -163,8 +162,8 @@ class LiveDashboard:
         for thread in self._threads:
             thread.join(timeout=10)
         try:
-            if self._url is not None and self.store.controls().get(URL_CONTROL) == self._url:
-                self.store.set_control(URL_CONTROL, None)
+            if self._url is not None and self.store.controls().get(Control.DASHBOARD_URL) == self._url:
+                self.store.set_control(Control.DASHBOARD_URL, None)
         except Exception as exc:  # the store may be gone with its experiment
             log.debug("could not clear the dashboard address: %s", exc)
         self._server = self._url = None

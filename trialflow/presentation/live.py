@@ -27,6 +27,7 @@ from ..kept_server import flow_run_page, sign_in_note
 from ..results import best_trial, maximizes, outcome_line, trial_value
 from ..startup_gc import collector_paused
 from ..status import TrialStatus
+from ..store import Control
 
 
 def _run_page(root: Path, experiment_id: str) -> str | None:
@@ -46,7 +47,7 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
         record, trials = store.experiment(), store.trials()
     finally:
         store.close()
-    budget = record.controls.get("max_trial_number", record.config.get("maxTrialNumber"))
+    budget = record.controls.get(Control.MAX_TRIAL_NUMBER, record.config.get("maxTrialNumber"))
     done = sum(t.is_terminal for t in trials)
     best = best_trial(trials, maximize)
     stopping = interrupted() is not None and not record.end_time

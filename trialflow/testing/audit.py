@@ -30,6 +30,7 @@ from ..store import (
     DB_RELATIVE_PATH,
     STOPPED_BY_US,
     TERMINAL,
+    Control,
     ExperimentRecord,
     ExperimentStore,
     Metric,
@@ -136,7 +137,7 @@ def _why_ran(trial: TrialRecord, own: list[Metric]) -> str:
 
 def _experiment_problems(record: ExperimentRecord, trials: list[TrialRecord]) -> list[str]:
     out = []
-    budgets = [b for b in (record.config.get("maxTrialNumber"), record.controls.get("max_trial_number")) if b]
+    budgets = [b for b in (record.config.get("maxTrialNumber"), record.controls.get(Control.MAX_TRIAL_NUMBER)) if b]
     if budgets and len(trials) > max(budgets):
         out.append(f"{len(trials)} trials for a budget of {max(budgets)}")
     sequences = sorted(t.sequence for t in trials)

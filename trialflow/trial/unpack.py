@@ -310,8 +310,11 @@ def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print("usage: unpack <target dir> [<sha256>]  (tar stream on stdin)", file=sys.stderr)
         return 2
+    # stdin's unbuffered file: a refusal exits while the read-ahead thread still waits in a read, and
+    # the interpreter's shutdown would then block on (and abort for) sys.stdin's buffer lock
+    stdin = open(0, "rb", buffering=0, closefd=False)  # noqa: SIM115 -- lives as long as the process
     try:
-        files = extract_stream(sys.stdin.buffer, argv[0], argv[1] if len(argv) == 2 else None)
+        files = extract_stream(stdin, argv[0], argv[1] if len(argv) == 2 else None)
     except (UnsafeArchiveError, tarfile.TarError) as exc:
         print(f"trialflow unpack: refused: {exc}", file=sys.stderr)
         return 3

@@ -1,0 +1,129 @@
+"""Warm start: a new experiment's tuner learns from earlier experiments (the config's ``warmStart``, or
+``trialflow create --warm-start``). Each source is a stored experiment's id or a file that
+``trialflow experiment export --type json`` wrote; their finished trials with a result become the new
+experiment's imported data (NNI's ``importData``): told to its tuner on every (re)start, never trials
+of it (no budget, never its best trial), each item marked with its source.
+
+A stored experiment's search space must match the new one parameter by parameter (the same names and
+the same ``_type``): a source that does not is refused in one line naming each parameter. A trial whose
+values fall outside the new space's ranges or choices (a narrowed range) is left out and counted. A
+file gives no space: each of its items is checked as ``experiment import`` checks it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ExperimentConfig
+from .control import config_in_force
+from .experiments import ExperimentNotFound, find_experiment
+from .ids import looks_like_experiment_id
+from .result_exchange import export_rows, import_items
+from .store import ExperimentStore
+from .user_errors import UserError
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+class WarmStartError(UserError, ValueError):
+    """A warm-start source that cannot be used; one line naming it and what to change."""
+
+
+@dataclass
+class WarmStart:
+    """What one source gives: ``items`` as ``(parameters, raw values, value)``, and how many of its
+    results were ``left_out`` (outside the new search space)."""
+
+    source: str
+    items: list[tuple[dict[str, Any], dict[str, Any], Any]]
+    left_out: int
+
+    def line(self) -> str:
+        outside = f" ({self.left_out} outside this search space left out)" if self.left_out else ""
+        return f"warm start: {len(self.items)} finished trials from {self.source}{outside}"
+
+
+def gather(config: ExperimentConfig, root: Path) -> list[WarmStart]:
+    """Read every source of ``config.warm_start`` (experiment ids are looked for under ``root`` first,
+    then where experiments are known). Raises :class:`WarmStartError` naming the first source that
+    cannot be used; nothing is written."""
+    return [_gather_one(config, source, root) for source in config.warm_start or []]
+
+
+def _gather_one(config: ExperimentConfig, source: str, root: Path) -> WarmStart:
+    if looks_like_experiment_id(source) and not Path(source).is_file():
+        rows, space = _experiment_rows(source, root)
+        problems = space_differences(space, config.search_space)
+        if problems:
+            raise WarmStartError(f"warm start from experiment {source}: its search space does not match this one: "
+                                 f"{'; '.join(problems)}; remove it from warmStart or align the spaces")
+        items, left_out = _fitting(config, rows)
+        return WarmStart(source, items, left_out)
+    rows = _file_rows(Path(source))
+    try:
+        items = import_items(config, rows)
+    except ValueError as exc:
+        raise WarmStartError(f"warm start from {source}: {exc}") from None
+    return WarmStart(source, items, 0)
+
+
+def _experiment_rows(experiment_id: str, root: Path) -> tuple[list[dict[str, Any]], Any]:
+    store: ExperimentStore | None = None
+    for where in (root, None):
+        try:
+            _, store = find_experiment(experiment_id, where)
+            break
+        except ExperimentNotFound:
+            continue
+    if store is None:
+        raise WarmStartError(f"warm start: no experiment {experiment_id!r} found (under {root} or where "
+                             "`trialflow experiment list` looks); give its id or an exported file")
+    try:
+        space = config_in_force(store.experiment())[0].get("searchSpace")
+        return [r for r in export_rows(store, intermediate=False) if r["value"] is not None], space
+    finally:
+        store.close()
+
+
+def _file_rows(path: Path) -> Any:
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise WarmStartError(f"warm start: {path} is {size} bytes; a warm-start file may hold at most "
+                                 f"{MAX_FILE_BYTES}")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WarmStartError(f"warm start: {path} is neither a file nor an experiment id; give an experiment's id "
+                             "or a file of `trialflow experiment export --type json`") from None
+    except RecursionError:
+        raise WarmStartError(f"warm start: {path} is not valid JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise WarmStartError(f"warm start: {path} is not valid JSON: {exc}") from None
+
+
+def _fitting(config: ExperimentConfig, rows: list[dict[str, Any]]
+             ) -> tuple[list[tuple[dict[str, Any], dict[str, Any], Any]], int]:
+    """The rows whose values the new search space holds, as items; and how many it does not."""
+    items, left_out = [], 0
+    for row in rows:
+        try:
+            items.extend(import_items(config, [row]))
+        except ValueError:
+            left_out += 1
+    return items, left_out
+
+
+def space_differences(old: Any, new: Any) -> list[str]:
+    """Each parameter in which two search spaces differ in name or ``_type``, as a phrase."""
+    old, new = old or {}, new or {}
+    problems = [f"its parameter {name!r} is not in this search space" for name in old if name not in new]
+    problems += [f"parameter {name!r} is not in its search space" for name in new if name not in old]
+    for name in old:
+        if name in new:
+            before, now = (old[name] or {}).get("_type"), (new[name] or {}).get("_type")
+            if before != now:
+                problems.append(f"parameter {name!r} is {before} there and {now} here")
+    return problems
