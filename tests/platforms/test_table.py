@@ -19,7 +19,8 @@ PACKAGE = Path(trialflow.tasks.__file__).resolve().parents[1]
 
 
 def test_every_platform_has_one_row_with_the_loaders_name_and_a_service():
-    assert sorted(PLATFORMS) == sorted(PLATFORM_CONFIGS) == sorted(available())
+    assert sorted(PLATFORMS) == sorted(PLATFORM_CONFIGS)
+    assert set(PLATFORMS) <= set(available())  # and the rows a test or plugin registered
     for name, row in PLATFORMS.items():
         assert row.config is PLATFORM_CONFIGS[name]
         assert row.service is not None and issubclass(row.service, TrainingService), name
@@ -139,3 +140,28 @@ def test_every_http_platform_classifies_a_failure_the_same_way(status, transient
         pool._call("read_work_pool", answer)  # noqa: SLF001
     assert isinstance(caught.value, TransientPlatformError) == transient
     assert ("PREFECT_API_KEY" in str(caught.value)) == (status == 401)
+
+
+def test_a_platform_registered_after_a_failed_lookup_is_found_from_then_on(monkeypatch):
+    """The plugin rows are read at each lookup: an unknown name looked up first (a config naming it
+    before its package was registered) does not hide a row registered later in the process."""
+    from typing import Literal
+
+    from trialflow.config import LocalConfig, parse_config, plugins
+    from trialflow.platforms import platform
+    from trialflow.platforms.local import LocalTrainingService
+    from trialflow.platforms.table import Platform
+
+    class LateConfig(LocalConfig):
+        platform: Literal["latecomer"] = "latecomer"  # type: ignore[assignment]
+
+    monkeypatch.setattr(plugins, "_REGISTERED", {})
+    with pytest.raises(PlatformError, match="unknown platform 'latecomer'"):
+        platform("latecomer")
+    row = Platform(LateConfig, LocalTrainingService)
+    plugins.register_platform(row)
+    assert platform("latecomer") is row and "latecomer" in available()
+    config = parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 t.py",
+                           "trialCodeDirectory": str(PACKAGE), "trialConcurrency": 1,
+                           "tuner": {"name": "Random"}, "trainingService": {"platform": "latecomer"}})
+    assert isinstance(config.services[0], LateConfig)

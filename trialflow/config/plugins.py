@@ -8,7 +8,8 @@ platforms never import a plugin), and the platform table adds the same rows.
 
 Lifecycle: :func:`platform_plugins` loads every entry point of the group once per process and keeps
 the rows; a plugin that fails to load, or whose row is not a row, is skipped with a warning naming
-the package and why (the experiment then reports an unknown platform with the known ones).
+the package and why (the experiment then reports an unknown platform with the known ones). A row
+given to :func:`register_platform` (a test's, an embedding program's) joins them for this process.
 """
 
 from __future__ import annotations
@@ -23,9 +24,23 @@ GROUP = "trialflow.platforms"
 log = logging.getLogger("trialflow.config")
 
 
-@cache
+_REGISTERED: dict[str, Any] = {}  # rows registered in this process, by platform name
+
+
+def register_platform(row: Any) -> None:
+    """Make the platform ``row`` (a ``trialflow.platforms.Platform``) known to this process, beside the
+    entry points' rows; its config model's ``platform`` default names it."""
+    _REGISTERED[str(row.config.model_fields["platform"].default)] = row
+
+
 def platform_plugins() -> dict[str, Any]:
-    """Platform name -> the row a plugin registered (loaded once per process)."""
+    """Platform name -> the row a plugin registered (the entry points', loaded once per process, then
+    this process's own)."""
+    return {**_entry_point_rows(), **_REGISTERED}
+
+
+@cache
+def _entry_point_rows() -> dict[str, Any]:
     from importlib.metadata import entry_points
 
     rows: dict[str, Any] = {}

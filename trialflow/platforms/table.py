@@ -12,7 +12,6 @@ A new built-in platform adds the files listed in ``docs/platforms.md#adding-a-pl
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,21 +83,29 @@ _ROWS = (
 PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
 
 
-@functools.cache
+_SKIPPED: set[str] = set()  # plugin rows already warned about
+
+
 def plugin_rows() -> dict[str, Platform]:
-    """The rows other packages registered (entry point group ``trialflow.platforms``) whose service is
-    a :class:`TrainingService`; others are skipped with a warning (once per process)."""
+    """The rows other packages registered (entry point group ``trialflow.platforms``, or
+    ``register_platform`` in this process) whose service is a :class:`TrainingService`; others are
+    skipped with a warning (once per process and name). Read anew at each call: a row registered
+    later counts from then on."""
     from ..config.plugins import log, platform_plugins
 
     rows = {}
     for name, row in platform_plugins().items():
         if name in PLATFORMS:
-            log.warning("platform plugin %r is skipped: a built-in platform has that name", name)
+            problem = "a built-in platform has that name"
         elif isinstance(row, Platform) and isinstance(row.service, type) and issubclass(row.service, TrainingService):
             rows[name] = row
+            continue
         else:
-            log.warning("platform plugin %r is skipped: its entry point must name a trialflow.platforms.Platform "
-                        "row whose service is a TrainingService subclass", name)
+            problem = ("its entry point must name a trialflow.platforms.Platform row whose service is a "
+                       "TrainingService subclass")
+        if name not in _SKIPPED:
+            _SKIPPED.add(name)
+            log.warning("platform plugin %r is skipped: %s", name, problem)
     return rows
 
 

@@ -336,7 +336,7 @@ class MemoryTrainingService(TrainingService[MemoryConfig]):
 
 def register() -> None:
     """Make ``platform: memory`` known to this process (the config loader and the platform table)."""
-    from ..config.plugins import platform_plugins
+    from ..config.plugins import register_platform
     from ..platforms.table import Platform
 
-    platform_plugins()[PLATFORM_NAME] = Platform(MemoryConfig, MemoryTrainingService)
+    register_platform(Platform(MemoryConfig, MemoryTrainingService))
