@@ -19,9 +19,9 @@ from __future__ import annotations
 import html
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 
@@ -33,23 +33,30 @@ from .dashboard import open_mirror, plots_module
 
 MIN_FOR_IMPORTANCE = 4
 
+_Item = TypeVar("_Item")
 _STATUS_COLOURS: dict[str, str] = {
     TrialStatus.SUCCEEDED: "#2e7d32", TrialStatus.EARLY_STOPPED: "#f9a825", TrialStatus.FAILED: "#c62828",
     TrialStatus.USER_CANCELED: "#757575", TrialStatus.SYS_CANCELED: "#757575", TrialStatus.RUNNING: "#1565c0",
     TrialStatus.WAITING: "#90caf9"}
 
 
+def _by_status(items: list[_Item], trial_of: Callable[[_Item], TrialRecord]) -> Iterator[tuple[str, str, list[_Item]]]:
+    """The items grouped by their trial's status, in the charts' order, each with its status's colour;
+    statuses without items are left out."""
+    for status, colour in _STATUS_COLOURS.items():
+        chosen = [item for item in items if trial_of(item).status == status]
+        if chosen:
+            yield status, colour, chosen
+
+
 def _durations(started: list[TrialRecord]) -> Any:
     go = plots_module("plotly.graph_objects")
     now = time.time()
     figure = go.Figure()
-    for status, colour in _STATUS_COLOURS.items():
-        chosen = [t for t in started if t.status == status]
-        if chosen:
-            seconds = [(t.end_time or now) - (t.start_time or now) for t in chosen]
-            figure.add_bar(x=[t.sequence for t in chosen], y=seconds,
-                           name=status, marker_color=colour, text=[t.id for t in chosen],
-                           hovertemplate="trial %{text} (#%{x}): %{y:.1f} s")
+    for status, colour, chosen in _by_status(started, lambda t: t):
+        seconds = [(t.end_time or now) - (t.start_time or now) for t in chosen]
+        figure.add_bar(x=[t.sequence for t in chosen], y=seconds, name=status, marker_color=colour,
+                       text=[t.id for t in chosen], hovertemplate="trial %{text} (#%{x}): %{y:.1f} s")
     figure.update_layout(title="Duration per trial", xaxis_title="trial sequence", yaxis_title="seconds",
                          barmode="overlay")
     return figure
@@ -74,13 +81,11 @@ def _shown_values(store: ExperimentStore, records: list[TrialRecord]) -> list[tu
 def _history(shown: list[tuple[TrialRecord, float]], maximize: bool) -> Any:
     go = plots_module("plotly.graph_objects")
     figure = go.Figure()
-    for status, colour in _STATUS_COLOURS.items():
-        chosen = [(t, v) for t, v in shown if t.status == status]
-        if chosen:
-            name = f"{status} (last intermediate result)" if status == TrialStatus.EARLY_STOPPED else status
-            figure.add_scatter(x=[t.sequence for t, _ in chosen], y=[v for _, v in chosen], mode="markers",
-                               name=name, marker_color=colour, text=[t.id for t, _ in chosen],
-                               hovertemplate="trial %{text} (#%{x}): %{y}")
+    for status, colour, chosen in _by_status(shown, lambda item: item[0]):
+        name = f"{status} (last intermediate result)" if status == TrialStatus.EARLY_STOPPED else status
+        figure.add_scatter(x=[t.sequence for t, _ in chosen], y=[v for _, v in chosen], mode="markers",
+                           name=name, marker_color=colour, text=[t.id for t, _ in chosen],
+                           hovertemplate="trial %{text} (#%{x}): %{y}")
     succeeded = sorted((t.sequence, v) for t, v in shown if t.status == TrialStatus.SUCCEEDED)
     best: list[float] = []
     for _, value in succeeded:
