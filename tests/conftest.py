@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -629,28 +630,69 @@ def job_platform(section, emulator_fixture: str, variants: dict):
     return service_for, service, run_one
 
 
-@pytest.fixture(scope="session")
-def prefect_pool(tmp_path_factory):
-    """A real ``prefect server start`` on 127.0.0.1 with a ``process`` work pool and a real worker
-    (``prefect worker start``); ``.share_dir`` is the shared storage both see. Stopped at the end."""
-    from trialflow.testing.prefect_server import PrefectServer, stop_group
+class _WorkPool:
+    """The work pool of this worker process: a real ``prefect server start`` on 127.0.0.1 with a
+    ``process`` work pool and a real worker (``prefect worker start``), started by the first test that
+    asks for it and stopped once the tests using it are done (:func:`pytest_runtest_teardown`): its
+    worker asks the server for work every second, which costs the other tests a part of a core for
+    as long as both run. A later test that asks for it starts it again."""
 
-    home = tmp_path_factory.mktemp("prefect-pool")
-    server = PrefectServer(home / "server").start()
-    try:
-        subprocess.run(["prefect", "work-pool", "create", "trialflow-pool", "--type", "process"], env=server.env,
-                       check=True, capture_output=True, timeout=120)
-        server.worker = server.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
-                                     home / "worker.log", PREFECT_LOGGING_LEVEL="INFO")  # runs log trial output
-        server.worker_log = home / "worker.log"
-        server.share_dir = home / "share"
-        server.share_dir.mkdir()
-        yield server
-    finally:
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.factory: Any = None
+
+    def get(self) -> Any:
+        if self.server is None:
+            from trialflow.testing.prefect_server import PrefectServer
+
+            home = self.factory.mktemp("prefect-pool")
+            server = PrefectServer(home / "server").start()
+            self.server = server
+            subprocess.run(["prefect", "work-pool", "create", "trialflow-pool", "--type", "process"],
+                           env=server.env, check=True, capture_output=True, timeout=120)
+            server.worker = server.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
+                                         home / "worker.log", PREFECT_LOGGING_LEVEL="INFO")  # runs log trial output
+            server.worker_log = home / "worker.log"
+            server.share_dir = home / "share"
+            server.share_dir.mkdir()
+        return self.server
+
+    def stop(self) -> None:
+        from trialflow.testing.prefect_server import stop_group
+
+        server, self.server = self.server, None
+        if server is None:
+            return
         if getattr(server, "worker", None) is not None:
             stop_group(server.worker)
         _drain_prefect_events(logs=True)
         server.stop()
+
+
+_WORK_POOL = _WorkPool()
+
+
+@pytest.fixture(scope="session")
+def _work_pool_session(tmp_path_factory):
+    _WORK_POOL.factory = tmp_path_factory
+    yield _WORK_POOL
+    _WORK_POOL.stop()
+
+
+@pytest.fixture
+def prefect_pool(_work_pool_session):
+    """The work pool (:class:`_WorkPool`): its server, whose ``.worker``, ``.worker_log`` and
+    ``.share_dir`` (the shared storage both see) come with it."""
+    return _work_pool_session.get()
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item, nextitem):
+    """After the last of consecutive tests that use the work pool, stop it (the pool's tests are one
+    xdist group, sent to one worker together)."""
+    if "prefect_pool" in getattr(item, "fixturenames", ()) and \
+            (nextitem is None or "prefect_pool" not in getattr(nextitem, "fixturenames", ())):
+        _WORK_POOL.stop()
 
 
 def _drain_prefect_events(logs: bool = False) -> None:
