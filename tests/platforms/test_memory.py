@@ -61,3 +61,15 @@ def test_a_command_that_is_not_a_python_script_is_one_clear_error(service, tmp_p
     spec = TrialSpec("exp1", "Cmd1", 0, 0, {}, "bash run.sh", tmp_path / "code")
     with pytest.raises(PlatformError, match="python <script.py>"):
         service.submit(spec, service.code)
+
+
+def test_a_trial_that_exits_at_once_is_never_taken_for_lost(service, make_spec):
+    """Polled while its thread records its end, a trial reads as running or ended with its exit code:
+    never as a run that vanished (SYS_CANCELED)."""
+    body = "import sys\nsys.exit(3)\n"
+    for i in range(60):
+        handle = service.submit(make_spec(f"Quick{i}", body, {}), service.code)
+        update = service.poll(handle, {})
+        while not update.status.is_terminal:
+            update = service.poll(handle, {})
+        assert (update.status, update.exit_code) == (TrialStatus.FAILED, 3), (i, update)

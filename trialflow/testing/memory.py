@@ -298,13 +298,14 @@ class MemoryTrainingService(TrainingService[MemoryConfig]):
         """Raises :class:`LostHandleError` when the trial's directory is gone."""
         trial_dir = handle.data.get("trial_dir", "")
         offset = int(cursor.get("metrics_offset", 0))
+        running = trial_dir in _RUNS  # looked at first: a run leaves only after writing its state
         found = read_trial(LOCAL, trial_dir, offset, handle.trial_id)
         if found.names is None:
             raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists")
         new_cursor = {"metrics_offset": found.offset}
         if found.state is not None:
             return found.update(new_cursor)
-        if trial_dir not in _RUNS:
+        if not running:
             return TrialUpdate(TrialStatus.SYS_CANCELED, found.records, new_cursor, None,
                                "the in-memory trial ended with the process that ran it", found.errors)
         status = TrialStatus.RUNNING if STARTED in found.names else TrialStatus.WAITING
