@@ -191,9 +191,11 @@ def _upgrade(engine: Engine, url: str) -> None:
             conn.execute(schema.update().values(version=schema.c.version))
         found = _version(conn)
         _refuse_newer(found, url)
+        # tables the store lacks, whole (an old store never had them; a new one's creator, racing this
+        # process, may not have made them yet), then the steps bring the tables it had up to date
+        _meta.create_all(conn)
         for version in range(found + 1, SCHEMA_VERSION + 1):
             STEPS[version](conn)
-        _meta.create_all(conn)  # tables an old store never had (their steps made the ones it had current)
         conn.execute(schema.delete())
         conn.execute(schema.insert().values(version=SCHEMA_VERSION))
 
