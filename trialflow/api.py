@@ -15,11 +15,12 @@ from typing import Any
 
 from .config import ExperimentConfig, load_config, parse_config
 from .context import ExperimentContext, open_context
-from .experiments import create_experiment, find_experiment, open_store
+from .experiments import find_experiment, open_store
 from .ids import new_trial_id
 from .results import best_trial, end_experiment, maximizes, trial_value
 from .status import ExperimentStatus
 from .store import TrialRecord
+from .warm_start import create_warm_started
 
 log = logging.getLogger("trialflow")
 
@@ -66,7 +67,7 @@ def _as_config(config: ConfigLike) -> tuple[ExperimentConfig, str | None]:
 def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
-    experiment_id, exp_dir = create_experiment(cfg, path)
+    experiment_id, exp_dir = create_warm_started(cfg, path)
     from .flows.experiment import final_status, run_experiment_flow
 
     state = run_experiment_flow(path, experiment_id, str(exp_dir.parent))
@@ -229,7 +230,7 @@ def experiment_session(config: ConfigLike) -> Iterator[ExperimentSession]:
             poll_trial(exp.id, trial)
     """
     cfg, path = _as_config(config)
-    experiment_id, exp_dir = create_experiment(cfg, path)
+    experiment_id, exp_dir = create_warm_started(cfg, path)
     store = open_store(exp_dir.parent, experiment_id)
     status, message = ExperimentStatus.ERROR, None
     try:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 _config = lazy_module("trialflow.config")
 _control = lazy_module("trialflow.control")
 _experiments = lazy_module("trialflow.experiments")
+_warm = lazy_module("trialflow.warm_start")
 _run_control = lazy_module("trialflow.flows.run_control")
 _platforms = lazy_module("trialflow.platforms")
 _results = lazy_module("trialflow.results")
@@ -302,9 +303,9 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     try:
         cfg = _config.load_config(config, overrides or None)
         if warm_start:
-            given = [str(Path(v).resolve()) if Path(v).exists() else v for v in warm_start]
+            given = [_config.warm_source(v) for v in warm_start]  # a path is the shell's: from here
             cfg = cfg.model_copy(update={"warm_start": [*(cfg.warm_start or []), *given]})
-        experiment_id, exp_dir = _experiments.create_experiment(  # checks the tuner first
+        experiment_id, exp_dir = _warm.create_warm_started(  # checks the tuner first
             cfg, str(config.resolve()), overridden=[*overrides, *(["warmStart"] if warm_start else [])], notes=notes)
     except BaseException:
         if controller is not None:

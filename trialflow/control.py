@@ -104,6 +104,7 @@ def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | 
     each recorded in the update history. Returns a line per change saying it. Raises
     :class:`UpdateError` (nothing set) for a budget that would let nothing more run."""
     lines = []
+    spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
     if trialnum is not None:
         count = store.count_trials()
         if trialnum <= count:
@@ -116,17 +117,16 @@ def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | 
             seconds = parse_duration(duration)
         except ValueError as exc:
             raise UpdateError(f"bad --duration value: {exc}") from None
-        spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
         if not isinstance(seconds, int) or seconds <= spent:
             raise UpdateError(f"--duration {duration} is not more than the {spent:.0f} s experiment "
                               f"{store.experiment_id} has run: give a longer time ('2h', seconds) to run on")
     if trialnum is not None:
         update_experiment(store, "trialnum", trialnum, RESUMED_VIA)
-        lines.append(f"maxTrialNumber of {store.experiment_id} set to {trialnum} ({store.count_trials()} run before)")
+        lines.append(f"maxTrialNumber of {store.experiment_id} set to {trialnum} ({count} run before)")
     if duration is not None:
         seconds = update_experiment(store, "duration", duration, RESUMED_VIA)
         lines.append(f"maxExperimentDuration of {store.experiment_id} set to {seconds} s "
-                     f"({float(store.controls().get(Control.ELAPSED_SECONDS, 0.0)):.0f} s run before)")
+                     f"({spent:.0f} s run before)")
     return lines
 
 

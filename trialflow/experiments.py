@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from .config import ConfigError, ExperimentConfig, load_config, parse_config
 from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import looks_like_experiment_id, new_experiment_id
 from .results import optimize_mode_of
-from .store import DB_RELATIVE_PATH, Control, ExperimentRecord, ExperimentStore, StoreUnreadable
+from .store import DB_RELATIVE_PATH, Control, ExperimentRecord, ExperimentStore, ImportedItem, StoreUnreadable
 from .tuners import check_tuner
 from .user_errors import UserError
 
@@ -47,18 +47,9 @@ def default_root() -> Path:
     return Path(os.path.expanduser(os.environ.get("TRIALFLOW_HOME", DEFAULT_WORKING_DIRECTORY)))
 
 
-def create_experiment(config: ExperimentConfig, config_path: str | None = None,
-                      overridden: Iterable[str] = (), experiment_id: str | None = None,
-                      notes: list[str] | None = None) -> tuple[str, Path]:
-    """A new experiment id (``experiment_id`` when given and free: one chosen beforehand, e.g. to name
-    its flow run) and its directory with the store holding the config. ``overridden``: the
-    top-level fields a run's overrides set over the config file (noted: the file differing there is no
-    edit, :func:`note_changed_fields`). With ``storeUrl`` the
-    records go to that database and the directory keeps where (the URL without its password).
-    The tuner and assessor are checked first (:class:`TunerError`), the GPUs local trials ask for
-    (:class:`~trialflow.platforms.PlatformError`) and the warm start's sources
-    (:class:`~trialflow.warm_start.WarmStartError`): a refusal leaves nothing. What the warm start took
-    from each source is stored as imported data and said in a line appended to ``notes``."""
+def check_new_experiment(config: ExperimentConfig) -> None:
+    """What ``create`` checks before anything is read or written: the tuner and assessor
+    (:class:`TunerError`) and the GPUs local trials ask for (:class:`~trialflow.platforms.PlatformError`)."""
     if config.tuner is not None:
         check_tuner(config.tuner)
     if config.assessor is not None:
@@ -68,12 +59,24 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
             from .platforms.local import check_gpus
 
             check_gpus(section)  # type: ignore[arg-type]
-    root = Path(config.experiment_working_directory).resolve()
-    starts = []
-    if config.warm_start:
-        from .warm_start import gather
 
-        starts = gather(config, root)
+
+def create_experiment(config: ExperimentConfig, config_path: str | None = None,
+                      overridden: Iterable[str] = (), experiment_id: str | None = None,
+                      imported: Sequence[tuple[str, list[ImportedItem]]] = ()) -> tuple[str, Path]:
+    """A new experiment id (``experiment_id`` when given and free: one chosen beforehand, e.g. to name
+    its flow run) and its directory with the store holding the config. ``overridden``: the
+    top-level fields a run's overrides set over the config file (noted: the file differing there is no
+    edit, :func:`note_changed_fields`). With ``storeUrl`` the
+    records go to that database and the directory keeps where (the URL without its password).
+    :func:`check_new_experiment` runs first: a refusal leaves nothing. ``imported``: the items a warm
+    start gathered, as ``(source, items)``, stored as the experiment's imported data; a config with a
+    ``warmStart`` is created through :func:`trialflow.warm_start.create_warm_started`, which gathers
+    them (raises ``ValueError`` when none were given)."""
+    check_new_experiment(config)
+    if config.warm_start and not imported:
+        raise ValueError("a config with warmStart is created by trialflow.warm_start.create_warm_started")
+    root = Path(config.experiment_working_directory).resolve()
     if experiment_id is None or not looks_like_experiment_id(experiment_id) or (root / experiment_id).exists():
         experiment_id = new_experiment_id()
     exp_dir = root / experiment_id
@@ -93,10 +96,8 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
     try:
         store.create_experiment(config.experiment_name, dumped, config_path, optimize_mode_of(dumped))
         note_changed_fields(store, overridden)
-        for start in starts:
-            store.add_imported(start.items, start.source)
-            if notes is not None:
-                notes.append(start.line())
+        for source, items in imported:
+            store.add_imported(items, source)
     finally:
         store.close()
     register_root(experiment_id, root)

@@ -17,7 +17,7 @@ from typing import Any
 from .config import ExperimentConfig
 from .experiments import stored_config
 from .platforms import service_name
-from .store import ExperimentStore
+from .store import ExperimentStore, ImportedItem
 from .tuners import extract_scalar
 
 
@@ -73,7 +73,7 @@ def import_rows(store: ExperimentStore, data: Any) -> int:
     return store.add_imported(import_items(stored_config(store), data))
 
 
-def import_items(config: ExperimentConfig, data: Any) -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
+def import_items(config: ExperimentConfig, data: Any) -> list[ImportedItem]:
     """``[{parameter, value}]`` (NNI's importData, or exported rows) as ``(parameters, raw values, value)``
     items for an experiment of ``config``; rows of trials that ended without a result are passed over.
     Raises ``ValueError`` naming the first bad item and its field."""

@@ -72,6 +72,10 @@ _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
 
 
+ImportedItem = tuple[dict[str, Any], dict[str, Any], Any]
+"""One imported result (NNI's ``importData`` item): its parameters, its raw values and its value."""
+
+
 class Control(str, Enum):
     """The keys of an experiment's controls: what the CLI, the API and the controller ask of a run
     through the store (read by the controller every loop tick)."""
@@ -434,7 +438,7 @@ class ExperimentStore:
 
     # ---- imported data (NNI's importData) --------------------------------------------------
 
-    def add_imported(self, items: list[tuple[dict[str, Any], dict[str, Any], Any]], source: str | None = None) -> int:
+    def add_imported(self, items: list[ImportedItem], source: str | None = None) -> int:
         """Store ``(parameters, raw values, value)`` items in one transaction (all or none); the tuner is
         told them on every (re)start. They are not trials: they count toward no budget and are never
         the best trial. ``source``: where they came from (a warm start's experiment id or file; None
@@ -458,7 +462,7 @@ class ExperimentStore:
             counts[source] = counts.get(source, 0) + 1
         return counts
 
-    def imported(self) -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
+    def imported(self) -> list[ImportedItem]:
         """The imported ``(parameters, raw values, value)`` items, in import order."""
         with self._tx() as conn:
             rows = conn.execute(sa.select(imported.c.parameters, imported.c.raw, imported.c.value)

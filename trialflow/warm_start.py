@@ -13,16 +13,17 @@ file gives no space: each of its items is checked as ``experiment import`` check
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
 from .control import config_in_force
-from .experiments import ExperimentNotFound, find_experiment
+from .experiments import ExperimentNotFound, check_new_experiment, create_experiment, find_experiment
 from .ids import looks_like_experiment_id
 from .result_exchange import export_rows, import_items
-from .store import ExperimentStore
+from .store import ExperimentStore, ImportedItem
 from .user_errors import UserError
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -38,12 +39,31 @@ class WarmStart:
     results were ``left_out`` (outside the new search space)."""
 
     source: str
-    items: list[tuple[dict[str, Any], dict[str, Any], Any]]
+    items: list[ImportedItem]
     left_out: int
 
     def line(self) -> str:
         outside = f" ({self.left_out} outside this search space left out)" if self.left_out else ""
         return f"warm start: {len(self.items)} finished trials from {self.source}{outside}"
+
+
+def create_warm_started(config: ExperimentConfig, config_path: str | None = None,
+                        overridden: Iterable[str] = (), experiment_id: str | None = None,
+                        notes: list[str] | None = None) -> tuple[str, Path]:
+    """Create an experiment (:func:`~trialflow.experiments.create_experiment`) with what its
+    ``warmStart`` sources give as imported data; a line per source saying what it gave is appended to
+    ``notes``. The tuner, assessor and GPUs are checked before any source is read. Raises what
+    :func:`~trialflow.experiments.check_new_experiment` raises, then :class:`WarmStartError`; a refusal
+    leaves nothing."""
+    starts: list[WarmStart] = []
+    if config.warm_start:
+        check_new_experiment(config)
+        starts = gather(config, Path(config.experiment_working_directory).resolve())
+    created = create_experiment(config, config_path, overridden, experiment_id,
+                                imported=[(start.source, start.items) for start in starts])
+    if notes is not None:
+        notes.extend(start.line() for start in starts)
+    return created
 
 
 def gather(config: ExperimentConfig, root: Path) -> list[WarmStart]:
@@ -105,7 +125,7 @@ def _file_rows(path: Path) -> Any:
 
 
 def _fitting(config: ExperimentConfig, rows: list[dict[str, Any]]
-             ) -> tuple[list[tuple[dict[str, Any], dict[str, Any], Any]], int]:
+             ) -> tuple[list[ImportedItem], int]:
     """The rows whose values the new search space holds, as items; and how many it does not."""
     items, left_out = [], 0
     for row in rows:

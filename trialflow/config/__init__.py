@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._base import ConfigError, ConfigWarning, parse_duration, parse_gpu_indices, parse_size_mb
-from .experiment import AlgorithmConfig, ExperimentConfig, convert_config_file, load_config, parse_config
+from .experiment import AlgorithmConfig, ExperimentConfig, convert_config_file, load_config, parse_config, warm_source
 from .platforms import (
     PLATFORM_CONFIGS,
     AdlConfig,
@@ -36,4 +36,5 @@ __all__ = [
     "parse_duration",
     "parse_gpu_indices",
     "parse_size_mb",
+    "warm_source",
 ]

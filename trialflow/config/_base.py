@@ -154,12 +154,21 @@ def parse_gpu_indices(value: Any) -> Any:
 
 def resolve_path(value: Any, info: ValidationInfo | None) -> Any:
     """Expand ``~`` and resolve a relative path against the config file's folder."""
+    return resolve_against(value, base_dir_of(info))
+
+
+def base_dir_of(info: ValidationInfo | None) -> str | None:
+    """The folder of the config file being validated (None: the working directory)."""
+    return (getattr(info, "context", None) or {}).get("base_dir")
+
+
+def resolve_against(value: Any, base_dir: str | os.PathLike[str] | None) -> Any:
+    """Expand ``~`` and resolve a relative path against ``base_dir`` (None: the working directory);
+    a value that is no path is returned as it is."""
     if isinstance(value, str | os.PathLike):
         path = Path(os.path.expanduser(os.fspath(value)))
         if not path.is_absolute():
-            context = getattr(info, "context", None) or {}
-            base = context.get("base_dir") or os.getcwd()
-            path = Path(base) / path
+            path = Path(base_dir or os.getcwd()) / path
         return Path(os.path.realpath(path))
     return value
 

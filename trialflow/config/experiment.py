@@ -15,7 +15,6 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -33,9 +32,10 @@ from ._base import (
     ConfigWarning,
     Duration,
     GpuIndices,
+    base_dir_of,
     canonical_key,
     format_errors,
-    resolve_path,
+    resolve_against,
 )
 from .legacy import convert_v1, is_v1
 from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
@@ -46,18 +46,19 @@ DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"
 K8S_SHARING = ("kubeflow", "frameworkcontroller")  # their storage may come from an NFS sharedStorage
 
 
-def _warm_source(value: Any, info: ValidationInfo) -> str:
-    """An experiment id as written; a file's path resolved against the config file's folder (a file
-    of an id's shape there wins)."""
+def warm_source(value: Any, base_dir: str | os.PathLike[str] | None = None) -> str:
+    """A warm-start source as stored: an experiment id as written; a file's path resolved against
+    ``base_dir`` (the config file's folder; None: the working directory), a file of an id's shape there
+    winning. Raises ``ValueError`` for a value that is neither."""
     if not isinstance(value, str | os.PathLike) or not os.fspath(value).strip():
         raise ValueError("each warmStart entry is an experiment id or the path of an exported JSON file")
-    path = resolve_path(value, info)
+    path = resolve_against(value, base_dir)
     if looks_like_experiment_id(os.fspath(value)) and not path.is_file():
         return os.fspath(value)
     return str(path)
 
 
-WarmStartSource = Annotated[str, BeforeValidator(_warm_source)]
+WarmStartSource = Annotated[str, BeforeValidator(lambda value, info: warm_source(value, base_dir_of(info)))]
 
 
 class AlgorithmConfig(ConfigModel):

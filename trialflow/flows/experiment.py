@@ -46,7 +46,6 @@ from ..context import ExperimentContext, open_context
 from ..disk_space import NoSpaceLeft, SpaceTolerantFileHandler, no_space, out_of_space
 from ..experiments import (
     CONTROLLER_LOG,
-    create_experiment,
     find_experiment,
     load_experiment_config,
     open_store,
@@ -62,6 +61,7 @@ from ..store import Control, ExperimentStore
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner, scalar_or_none
+from ..warm_start import create_warm_started
 from ..withheld import withhold
 from .artifacts import ArtifactReporter
 from .events import ExperimentEvents
@@ -136,8 +136,8 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         if not config_path:
             raise ValueError("give config_path (new experiment) or experiment_id (existing one)")
         config_path = os.path.abspath(config_path)
-        experiment_id, exp_dir = create_experiment(load_config(config_path, overrides), config_path,
-                                                   overridden=overrides or (), experiment_id=chosen_id)
+        experiment_id, exp_dir = create_warm_started(load_config(config_path, overrides), config_path,
+                                                     overridden=overrides or (), experiment_id=chosen_id)
         root = exp_dir.parent
     else:
         given = load_config(config_path) if config_path else None  # may hold a shared store's password
