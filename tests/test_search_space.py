@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -98,6 +99,23 @@ def test_grid_refines_continuous_types_midpoint_first():
     firsts = [space.sample(ReplayChooser(next(gen)))["u"] for _ in range(7)]
     assert firsts == [4.0, 2.0, 6.0, 1.0, 3.0, 5.0, 7.0]
 
+
+
+def test_grid_search_over_a_grid_too_large_to_hold_suggests_its_first_points():
+    """Three quantised parameters of ~2,300 values each make a grid of ~12 billion points: GridSearch
+    walks it point by point, in NNI's order, holding only what it suggested."""
+    fine = {"_type": "qloguniform", "_value": [34.8, 57.7, 0.01]}
+    space = parse_search_space({"a": fine, "b": fine, "c": fine})
+    tracemalloc.start()
+    try:
+        tuner = create_tuner(AlgorithmConfig(name="GridSearch"), space)
+        points = [tuner.suggest().parameters for _ in range(5)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 1024 * 1024, f"{peak} bytes held for five points"
+    assert [p["c"] for p in points] == pytest.approx([34.8, 34.81, 34.82, 34.83, 34.84])
+    assert all(p["a"] == p["b"] == pytest.approx(34.8) for p in points)
 
 # ---- property: every tuner's samples stay in their declared domain ---------------------------
 

@@ -241,27 +241,35 @@ def _level_units(level: int) -> list[float]:
     return [(2 * i + 1) / 2 ** (level + 1) for i in range(2**level)]
 
 
-def _points(space: SearchSpace, max_level: int, prefix: str = "") -> list[dict[str, Any]]:
-    units = [u for lvl in range(max_level + 1) for u in _level_units(lvl)]
-    result: list[dict[str, Any]] = [{}]
-    for p in space.params:
+def _points(space: SearchSpace, max_level: int, prefix: str = "") -> Iterator[dict[str, Any]]:
+    """The grid up to ``max_level`` in NNI's order (the first parameter varies slowest), one point at a
+    time: a fine grid over several parameters is far too large to hold."""
+    units = sorted(u for lvl in range(max_level + 1) for u in _level_units(lvl))
+
+    def choices(p: Param) -> Iterator[dict[str, Any]]:
         key = prefix + p.name
-        choices: list[dict[str, Any]] = []
         if p.type == "choice":
             for i, option in enumerate(p.values):
                 if isinstance(option, Option):
-                    subs = _points(option.space, max_level, f"{key}/{option.name}/")
-                    choices.extend({key: i, **sub} for sub in subs)
+                    yield from ({key: i, **sub} for sub in _points(option.space, max_level, f"{key}/{option.name}/"))
                 else:
-                    choices.append({key: i})
+                    yield {key: i}
         elif p.type == "randint":
-            choices = [{key: i} for i in range(int(p.values[0]), int(p.values[1]))]
+            yield from ({key: i} for i in range(int(p.values[0]), int(p.values[1])))
         elif p.is_finite_q:
-            choices = [{key: p.unit_of(g)} for g in p.grid_values()]
+            yield from ({key: p.unit_of(g)} for g in p.grid_values())
         else:
-            choices = [{key: u} for u in sorted(units)]
-        result = [{**a, **b} for a in result for b in choices]
-    return result
+            yield from ({key: u} for u in units)
+
+    def from_param(index: int) -> Iterator[dict[str, Any]]:
+        if index == len(space.params):
+            yield {}
+            return
+        for head in choices(space.params[index]):
+            for tail in from_param(index + 1):
+                yield {**head, **tail}
+
+    return from_param(0)
 
 
 def grid_points(space: SearchSpace, max_points: int = 1_000_000) -> Iterator[dict[str, Any]]:
@@ -271,9 +279,11 @@ def grid_points(space: SearchSpace, max_points: int = 1_000_000) -> Iterator[dic
     seen: set[tuple[tuple[str, Any], ...]] = set()
     level = 0
     while True:
-        fresh = [pt for pt in _points(space, level) if tuple(sorted(pt.items())) not in seen]
-        for pt in fresh:
-            seen.add(tuple(sorted(pt.items())))
+        for pt in _points(space, level):
+            key = tuple(sorted(pt.items()))
+            if key in seen:
+                continue
+            seen.add(key)
             if len(seen) > max_points:
                 return
             yield pt
