@@ -28,6 +28,11 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")  # the emulators are on
 # also gets its own (``isolated_home``), which the processes it starts use.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="trialflow-tests-prefect-")
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
+# One cache for the whole session of this worker: the first Prefect server it starts keeps the migrated
+# empty database that the next ones start from (trialflow.prefect_db_template). Tests of the cache set
+# their own.
+os.environ["TRIALFLOW_CACHE_DIR"] = tempfile.mkdtemp(prefix="trialflow-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["TRIALFLOW_CACHE_DIR"], ignore_errors=True)
 
 PYTHON = sys.executable
 # Trial commands say `python3`: this interpreter's own, not a version manager's shim found first on PATH

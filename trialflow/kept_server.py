@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .prefect_db_template import remember, seed
 from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
 from .user_errors import UserError
 
@@ -174,10 +175,12 @@ class KeptServer:
 
     def _note_database(self) -> None:
         """Healthy, it has migrated its database to its Prefect version: noted, so that a later start
-        with the same version skips Prefect's migration check (see :func:`_spawn`)."""
+        with the same version skips Prefect's migration check (see :func:`_spawn`), and kept as the
+        template of new databases when there is none (:mod:`trialflow.prefect_db_template`)."""
         mark = str(self.home / DATABASE_MARK)
         if self.prefect and read_json(mark) != {"prefect": self.prefect}:
             write_atomic(mark, {"prefect": self.prefect})
+        remember(self.database, self.prefect)  # a new server's next home starts from its empty copy
 
     def _log_tail(self) -> str:
         try:
@@ -400,6 +403,8 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
     version = _prefect_version()
     if _database_at(folder, prefect_home, version, env):
         env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
+    elif not _database_chosen(env):
+        seed(prefect_home / "prefect.db", version)  # a new database: a migrated empty copy when there is one
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
         # the Prefect CLI's own start-up: ~0.35 s less on every start (see kept_server_app)
@@ -418,6 +423,11 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
     return KeptServer(proc.pid, start_time, port, folder, version, url_prefix)
 
 
+def _database_chosen(env: dict[str, str]) -> bool:
+    """Whether the environment chose the server's database or its migration."""
+    return any(key.endswith(("_DATABASE_CONNECTION_URL", "_DATABASE_MIGRATE_ON_START")) for key in env)
+
+
 def _prefect_version() -> str | None:
     """The installed Prefect's version (package metadata: Prefect itself is not imported)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -432,8 +442,7 @@ def _database_at(folder: Path, prefect_home: Path, version: str | None, env: dic
     """Whether the kept server's own database was last served, healthy, by this Prefect ``version``:
     then Prefect's migration check at start-up (~0.2 s of a cold start) has nothing to do. Never for
     a database or a migration setting the environment chose."""
-    if version is None or any(key.endswith(("_DATABASE_CONNECTION_URL", "_DATABASE_MIGRATE_ON_START"))
-                              for key in env):
+    if version is None or _database_chosen(env):
         return False
     return (prefect_home / "prefect.db").exists() and read_json(str(folder / DATABASE_MARK)) == {
         "prefect": version}

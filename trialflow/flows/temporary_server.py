@@ -22,8 +22,10 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
+from ..prefect_db_template import database_of, remember, seed
 from ..trial.procs import stop_with, watch_next_child
 
 log = logging.getLogger("trialflow.experiment")
@@ -45,6 +47,7 @@ def start_temporary_server() -> str | None:
     server = server_module.SubprocessASGIServer()
     with _START_LOCK:
         if not server.running:
+            database, version = _new_database()
             # Prefect's own start (port choice, health wait, exit hook), with its Popen in a new session:
             # the server's command line stays Prefect's. Only this module's name is swapped, briefly.
             real = server_module.subprocess
@@ -54,7 +57,22 @@ def start_temporary_server() -> str | None:
                 server.start()
             finally:
                 server_module.subprocess = real
+            if database is not None:
+                remember(database, version)
     return server.api_url
+
+
+def _new_database() -> tuple[Path | None, str | None]:
+    """The SQLite file the temporary server will use and the Prefect version; a file that does not
+    exist yet is seeded with a migrated empty copy when there is one (:mod:`trialflow.prefect_db_template`)."""
+    from prefect import __version__
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    database = database_of(url.get_secret_value() if url is not None else None)
+    if database is not None:
+        seed(database, __version__)
+    return database, __version__
 
 
 def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:

@@ -1,0 +1,157 @@
+"""A new local Prefect database starts as a copy of an empty one this user's servers already migrated.
+
+A Prefect server that starts on a SQLite database that does not exist yet runs every one of Prefect's
+migrations first (about 3.5 s of CPU on a 2-core machine, more than the rest of its start). So once a
+server of a Prefect version has started healthy on a new database, :func:`remember` keeps an empty copy
+of it, the *template*: Prefect's schema and the block types (schemas only), and nothing else (every
+other table emptied: no run, log, event, variable or block document of any experiment). :func:`seed` puts a
+copy of the template where a new database is about to be made; Prefect's migration check at start-up
+then finds it migrated.
+
+Lifecycle: one template per Prefect version, ``<cache>/prefect-db/<version>.db`` where ``<cache>`` is
+``TRIALFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/trialflow``, else ``~/.cache/trialflow`` (folders 0700,
+file 0600), made from a database of at most 16 MB, written whole under a temporary name and renamed,
+never changed in place. A template is used only when it is a regular file (no link) this user owns
+that no one else may write, checked on the opened file, and when its copy reads as an intact SQLite
+database at a migration revision; anything else is left alone and the server migrates as before.
+Neither function raises: a cache that cannot be read or written costs the migration, nothing more.
+Standard library only (the kept server's module imports this before Prefect).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("trialflow.server")
+
+KEPT_TABLES = ("alembic_version", "block_type", "block_schema", "block_schema_reference")
+MAX_TEMPLATE_BYTES = 64 * 1024 * 1024
+MAX_SOURCE_BYTES = 16 * 1024 * 1024  # a new database is ~1.3 MB
+SQLITE_URL = "sqlite+aiosqlite:///"
+
+
+def cache_folder() -> Path:
+    """Where trialflow keeps what it may rebuild at any time (``TRIALFLOW_CACHE_DIR`` first)."""
+    if os.environ.get("TRIALFLOW_CACHE_DIR"):
+        return Path(os.environ["TRIALFLOW_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trialflow"
+
+
+def template_for(version: str) -> Path:
+    return cache_folder() / "prefect-db" / f"{version}.db"
+
+
+def database_of(url: str | None) -> Path | None:
+    """The file of a SQLite database URL as Prefect writes it (None for any other database)."""
+    if not url or not url.startswith(SQLITE_URL) or ":memory:" in url:
+        return None
+    return Path(url[len(SQLITE_URL):].split("?", 1)[0])
+
+
+def seed(database: Path, version: str | None) -> bool:
+    """Copy the template of ``version`` to ``database`` when that file does not exist; True when it did.
+    The copy is checked (SQLite's quick check, a migration revision) before it takes the name; an
+    existing file is never replaced."""
+    if version is None or database.exists():
+        return False
+    try:
+        content = _read_trusted(template_for(version))
+        if content is None:
+            return False
+        database.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".seed-", suffix=".db", dir=database.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(content)
+            if not _migrated(Path(temporary)):
+                return False
+            os.link(temporary, database)  # fails when the database appeared meanwhile: that one is kept
+        finally:
+            os.unlink(temporary)
+    except (OSError, sqlite3.Error) as exc:
+        log.debug("no template database for %s: %s", database, exc)
+        return False
+    return True
+
+
+def remember(database: Path, version: str | None) -> None:
+    """Keep an empty copy of ``database`` (migrated by a healthy server of ``version``) as the template,
+    when there is none yet. The copy is a consistent snapshot even while the server writes."""
+    if version is None:
+        return
+    template = template_for(version)
+    try:
+        if template.exists() or not database.is_file() or database.stat().st_size > MAX_SOURCE_BYTES:
+            return  # a large database is no new one: copying it to empty it would cost more than it saves
+        folder = template.parent
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".template-", suffix=".db", dir=folder)
+        os.close(fd)
+        os.unlink(temporary)  # VACUUM INTO writes a new file
+        try:
+            source = sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5)
+            try:
+                source.execute("VACUUM INTO ?", (temporary,))
+            finally:
+                source.close()
+            os.chmod(temporary, 0o600)
+            _empty(Path(temporary))
+            if _migrated(Path(temporary)):
+                os.replace(temporary, template)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+    except (OSError, sqlite3.Error) as exc:
+        log.debug("no template kept from %s: %s", database, exc)
+
+
+def _empty(path: Path) -> None:
+    """Delete every row but Prefect's schema revision and block types (schemas, never a block's values);
+    compact the file."""
+    db = sqlite3.connect(path)
+    try:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                                  "AND name NOT LIKE 'sqlite_%'")]
+        db.execute("PRAGMA foreign_keys = OFF")
+        for name in tables:
+            if name not in KEPT_TABLES:
+                db.execute(f'DELETE FROM "{name.replace(chr(34), chr(34) * 2)}"')
+        db.commit()
+        db.execute("VACUUM")
+    finally:
+        db.close()
+
+
+def _migrated(path: Path) -> bool:
+    """Whether ``path`` reads as an intact SQLite database at some Prefect migration revision."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
+            return False
+        return db.execute("SELECT count(*) FROM alembic_version").fetchone()[0] == 1
+    except sqlite3.Error:
+        return False
+    finally:
+        db.close()
+
+
+def _read_trusted(path: Path) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file (no link) this user owns, writable by no one
+    else, of a sane size -- checked on the opened file, so a file swapped in meanwhile is not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as source:
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+                and 0 < info.st_size <= MAX_TEMPLATE_BYTES):
+            return None
+        return source.read(MAX_TEMPLATE_BYTES)
