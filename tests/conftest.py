@@ -691,6 +691,23 @@ def prefect_pool(_work_pool_session):
     return _work_pool_session.get()
 
 
+def _timeline(event: str, nodeid: str) -> None:
+    """With ``TRIALFLOW_TEST_TIMELINE=FILE``, a line per test start and end (time, worker, test): where a
+    parallel run's time goes, and which tests ran together while the cores idled."""
+    path = os.environ.get("TRIALFLOW_TEST_TIMELINE")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.2f}\t{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{event}\t{nodeid}\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _timeline("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _timeline("end", nodeid)
+
+
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
 def pytest_runtest_teardown(item, nextitem):
     """After the last of consecutive tests that use the work pool, stop it (the pool's tests are one
