@@ -112,7 +112,8 @@ class MetricsReceiver:
                 raise
             self._server = _CappedServer((self.bind_host, 0), Handler, self._log_gate,  # the old port is taken
                                          self.max_connections)
-        threading.Thread(target=self._server.serve_forever, name="metrics-receiver", daemon=True).start()
+        # stop() waits for the loop to see the request: at most one poll interval (the default is 0.5 s)
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), name="metrics-receiver", daemon=True).start()
         return self
 
     def stop(self) -> None:

@@ -140,7 +140,8 @@ class LiveDashboard:
                           "choose another --port") from None
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._url = f"http://{host}:{self._server.server_port}/dashboard/studies/{self.mirror.study_id}"
-        self._threads = [threading.Thread(target=self._server.serve_forever, name="dashboard-http", daemon=True),
+        self._threads = [threading.Thread(target=self._server.serve_forever, args=(0.05,), name="dashboard-http",
+                                          daemon=True),
                          threading.Thread(target=self._follow, name="dashboard-sync", daemon=True)]
         for thread in self._threads:
             thread.start()

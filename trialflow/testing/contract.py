@@ -6,6 +6,8 @@ held to it: a platform's test module subclasses :class:`TrainingServiceContract`
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -41,11 +43,14 @@ time.sleep(60)
 """
 
 
+# runs until the test has restarted the controller and adopted it: the file GATE appears (or 60 s pass)
 ADOPTED_TRIAL = """
-import nni, time
+import nni, os, time
 nni.get_next_parameter()
 nni.report_intermediate_result(1.0)
-time.sleep(2.5)
+deadline = time.monotonic() + 60
+while not os.path.exists(GATE) and time.monotonic() < deadline:
+    time.sleep(0.05)
 nni.report_intermediate_result(2.0)
 nni.report_final_result(3.0)
 """
@@ -158,14 +163,19 @@ class TrainingServiceContract:
         service.close()
 
     def test_adopt_reattaches_a_running_trial_after_a_controller_restart(self, service, make_spec, reopen):
-        handle = service.submit(make_spec("Adopt1", ADOPTED_TRIAL, {}), service.code)
+        gate = Path(tempfile.mkdtemp(prefix="trialflow-adopt-")) / "go"
+        body = ADOPTED_TRIAL.replace("GATE", repr(str(gate)))
+        handle = service.submit(make_spec("Adopt1", body, {}), service.code)
         wait_for_status(service, handle, TrialStatus.RUNNING)
         stored = json.loads(json.dumps(handle.to_dict()))
         self.crash(service)
         fresh = reopen()
         adopted = TrialHandle.from_dict(stored)
         fresh.adopt(adopted)
+        assert not fresh.poll(adopted, {}).status.is_terminal  # still running when adopted
+        gate.touch()
         statuses, metrics, update = poll_until_terminal(fresh, adopted)
+        shutil.rmtree(gate.parent, ignore_errors=True)
         assert statuses[-1] == TrialStatus.SUCCEEDED and update.exit_code == 0
         assert [m.value for m in metrics if m.type == "FINAL"] == [3.0]
         assert 2.0 in [m.value for m in metrics if m.type == "PERIODICAL"]  # reported after the restart

@@ -178,7 +178,8 @@ class EmulatorServer(FaultKnobs, ABC):
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(self.certificate, key)
             self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        threading.Thread(target=self._server.serve_forever, name=self.name, daemon=True).start()
+        # stop() waits for the loop to see the request: at most one poll interval (the default is 0.5 s)
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), name=self.name, daemon=True).start()
         if type(self).tick is not EmulatorServer.tick:
             self._ticker = threading.Thread(target=self._tick_forever, name=f"{self.name}-ticks", daemon=True)
             self._ticker.start()
