@@ -422,13 +422,25 @@ def _forget_task_runs(task_runs: set[UUID]) -> None:
     context = FlowRunContext.get()
     if context is None:
         return
-    # list() copies the items in one step; task threads add entries meanwhile
-    for key, (state, *_) in list(context.run_results.items()):
+    for key, (state, *_) in items_of(context.run_results):
         if state.state_details.task_run_id in task_runs:
             context.run_results.pop(key, None)
-    for task_run_id, assets in list(context.task_run_assets.items()):
+    for task_run_id, assets in items_of(context.task_run_assets):
         if not assets:
             context.task_run_assets.pop(task_run_id, None)
+
+
+def items_of(mapping: dict[Any, Any], tries: int = 100) -> list[tuple[Any, Any]]:
+    """A copy of the items of a dict that task threads change meanwhile. Copying runs no Python code of
+    its own, but the garbage collector may run a finalizer during it, and another thread may then
+    change the dict (``RuntimeError: dictionary changed size during iteration``): the copy is taken
+    again. After ``tries`` interrupted copies, none (nothing is forgotten this time)."""
+    for _ in range(tries):
+        try:
+            return list(mapping.items())
+        except RuntimeError:
+            continue
+    return []
 
 
 def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
