@@ -83,14 +83,18 @@ SERVICE_MARKERS = {
     "dlts_emulator": "emulator", "dlc_emulator": "emulator", "aml_emulator": "emulator",
 }
 ONE_WORKER = {"pool", "slurm"}  # a work pool's server and worker, a Slurm cluster: one of each per run
+# Both on the same worker, one after the other: their tests spend most of their time waiting (a
+# cancelled pool run's kill grace, Slurm's minute-long time limit), and two workers waiting at once
+# left one worker to keep two cores busy (seen in the test timeline: cores ~60 % idle for minutes).
+ONE_WORKER_GROUP = "pool-and-slurm"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks given here
 def pytest_collection_modifyitems(config, items):
     """Marks each test by the services its fixtures start (:data:`SERVICE_MARKERS`), every such test
     and every test already marked ``e2e`` as ``e2e``, and keeps the :data:`ONE_WORKER` services'
-    tests on one xdist worker each; channel-only variants of the job-platform contract run only the
-    tests about channels (:meth:`JobPlatformContract.runs_on_variant`)."""
+    tests on one xdist worker together (:data:`ONE_WORKER_GROUP`); channel-only variants of the
+    job-platform contract run only the tests about channels (:meth:`JobPlatformContract.runs_on_variant`)."""
     from trialflow.testing.contract import JobPlatformContract
 
     kept, dropped = [], []
@@ -104,8 +108,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
         if services or item.get_closest_marker("e2e"):
             item.add_marker("e2e")
-        for name in sorted(services & ONE_WORKER):
-            item.add_marker(pytest.mark.xdist_group(name))
+        if services & ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUP))
         cls = getattr(item, "cls", None)
         if (cls is not None and issubclass(cls, JobPlatformContract) and callspec is not None
                 and not cls.runs_on_variant(item.originalname, callspec.id)):
@@ -115,6 +119,18 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    _pool_tests_first(items)
+
+
+def _pool_tests_first(items: list) -> None:
+    """Within the one-worker group, the work pool's tests before the Slurm tests (the group's places
+    in the order kept): the pool starts once and stops after its last test instead of once per file."""
+    places = [i for i, item in enumerate(items) if item.get_closest_marker("xdist_group") is not None
+              and item.get_closest_marker("xdist_group").args[:1] == (ONE_WORKER_GROUP,)]
+    group = [items[i] for i in places]
+    group.sort(key=lambda item: "prefect_pool" not in getattr(item, "fixturenames", ()))  # stable
+    for i, item in zip(places, group, strict=True):
+        items[i] = item
 
 
 @pytest.fixture(autouse=True)
