@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..context import ExperimentContext
@@ -121,9 +122,8 @@ class ArtifactReporter:
         rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status,
                  **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": json_safe(trial_value(t)),
                  **{f"param.{k}": json_safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
-        if self._changed("trials", rows):
-            create_table_artifact(key=f"{self.key}-trials", table=rows, description="trials (latest 500)")
-            self.versions += 1
+        self._write_if_changed("trials", rows, lambda: create_table_artifact(
+            key=f"{self.key}-trials", table=rows, description="trials (latest 500)"))
         maximize = maximizes(self.ctx.store.experiment())
         best = best_trial(trials, maximize)
         text = "No successful trial yet." if best is None else (
@@ -132,13 +132,15 @@ class ArtifactReporter:
         text += f"\n\n{trial_counts(trials, maximize)}"
         if final:
             text += "\n\nThis run of the experiment has ended: no later trial comes into it."
-        if self._changed("best", text):
-            create_markdown_artifact(key=f"{self.key}-best", markdown=text,
-                                     description="best trial of the run" if final else "best trial so far")
-            self.versions += 1
+        self._write_if_changed("best", text, lambda: create_markdown_artifact(
+            key=f"{self.key}-best", markdown=text,
+            description="best trial of the run" if final else "best trial so far"))
 
-    def _changed(self, name: str, content: Any) -> bool:
+    def _write_if_changed(self, name: str, content: Any, write: Callable[[], object]) -> None:
+        """A new version of artifact ``name`` when ``content`` differs from its latest; the content
+        counts as written only once ``write`` returned (a failed write is tried again next time)."""
         if self._written.get(name) == content:
-            return False
+            return
+        write()
         self._written[name] = content
-        return True
+        self.versions += 1
