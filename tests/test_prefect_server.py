@@ -372,7 +372,8 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
 
     home = tmp_path / "home"
     worker = server.spawn(["prefect", "worker", "start", "--pool", "local"], tmp_path / "worker.log",
-                          TRIALFLOW_PROJECT_DIR=str(REPO), TRIALFLOW_HOME=str(home))
+                          TRIALFLOW_PROJECT_DIR=str(REPO), TRIALFLOW_HOME=str(home),
+                          PREFECT_LOGGING_LEVEL="INFO")  # its cancellation manager's lines, read below
     worker_log = lambda: (tmp_path / "worker.log").read_text()[-3000:]  # noqa: E731
     try:
         # the work-pool path of the file, as a user runs it
@@ -426,7 +427,11 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         assert cancelled.state.type.value == "CANCELLED" and cancelled.name == long_id
         assert {"trialflow", long_id, "local"} <= set(cancelled.tags)
 
-        # the UI's Retry of the cancelled run (what its button sends) resumes that experiment: nothing new
+        # the UI's Retry of the cancelled run (what its button sends) resumes that experiment: nothing new.
+        # Clicked once the worker is done with the cancelled run's process: a Retry before that (r43)
+        # let the worker's report of the killed process (Crashed, exit -15) end the retried run
+        wait_for(lambda: f"Cancelled flow run '{long_id}'" in (tmp_path / "worker.log").read_text(),
+                 timeout=120, interval=0.5)
         from prefect.states import Scheduled
 
         retry = client.set_flow_run_state(flow_run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"),
