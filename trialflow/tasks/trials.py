@@ -169,6 +169,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
     transient = 0
     last_seen = record.start_time or time.time()  # the trial had not ended by then
     final_in = record.final is not None
+    unassessed = False  # intermediate results that arrived and the assessor has not seen yet
     while True:
         reason = _cancel_reason(ctx, trial_id, record.start_time)
         if ctx.halted is not None:  # looked at after: the stop that follows a halt never cancels the trial
@@ -199,7 +200,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             continue
         cursor = update.cursor
         output.pump()
-        fresh = _absorb(ctx, trial_id, update, history)
+        unassessed = _absorb(ctx, trial_id, update, history) or unassessed
         final_in = final_in or any(r.type == "FINAL" for r in update.metrics)
         if update.interrupted is not None:
             resubmitted = _resubmit(ctx, trial_id, handle, update.interrupted)
@@ -217,7 +218,10 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             record.start_time = polled_at
             log.debug("trial %s: running", trial_id)
         last_seen = polled_at
-        if fresh and update.status == TrialStatus.RUNNING and ctx.assessor is not None and not final_in:
+        # results that came while the trial was not yet seen running are assessed once it is: one
+        # reported at once and followed by a long step was never assessed before its next report
+        if unassessed and update.status == TrialStatus.RUNNING and ctx.assessor is not None and not final_in:
+            unassessed = False
             values = [scalar_or_none(v) for v in history]
             if all(v is not None for v in values) and ctx.assessor.assess(trial_id, values):  # type: ignore[arg-type]
                 log.debug("trial %s: the assessor stops it after %d intermediate results", trial_id, len(values))
