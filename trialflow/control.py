@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .status import EXPERIMENT_LIVE, LIVE, ExperimentStatus, TrialStatus
-from .store import Control
+from .store import CONTROLLED_FIELDS, Control, config_in_force  # noqa: F401 -- the CLI reads them here
 from .trial.procs import pid_alive
 from .user_errors import UserError
 
 if TYPE_CHECKING:
     from .platforms import TrainingService
-    from .store import ExperimentRecord, ExperimentStore
+    from .store import ExperimentStore
 
 
 class UpdateError(UserError, ValueError):
@@ -39,28 +39,6 @@ class UpdateError(UserError, ValueError):
 UPDATE_RULES = {"concurrency": (Control.TRIAL_CONCURRENCY, 1, 1000),
                 "trialnum": (Control.MAX_TRIAL_NUMBER, 1, 999_999_999)}
 UPDATED_VIA = "trialflow update"  # the update history's name for ``update`` (CLI or API)
-
-
-# control -> the config field whose value it replaces (what ``update`` changes)
-CONTROLLED_FIELDS: dict[str, str] = {
-    Control.TRIAL_CONCURRENCY: "trialConcurrency", Control.MAX_TRIAL_NUMBER: "maxTrialNumber",
-    Control.MAX_EXPERIMENT_DURATION: "maxExperimentDuration", Control.SEARCH_SPACE: "searchSpace"}
-
-
-def config_in_force(record: ExperimentRecord) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The experiment's config with the values ``update`` set in place of the created ones (in force
-    now, or at the next run of a stopped experiment), and the controls left over (run state)."""
-    config = dict(record.config)
-    rest = {}
-    for key, value in record.controls.items():
-        field = CONTROLLED_FIELDS.get(key)
-        if field is None:
-            rest[key] = value
-        else:
-            config[field] = value
-            if field == "searchSpace":
-                config.pop("searchSpaceFile", None)
-    return config, rest
 
 
 def update_experiment(store: ExperimentStore, what: str, value: str | int, via: str = UPDATED_VIA) -> int:

@@ -213,6 +213,28 @@ def stored_experiment_ids(url: str) -> list[str]:
         engine.dispose()
 
 
+# control -> the config field whose value it replaces (what ``update`` changes)
+CONTROLLED_FIELDS: dict[str, str] = {
+    Control.TRIAL_CONCURRENCY: "trialConcurrency", Control.MAX_TRIAL_NUMBER: "maxTrialNumber",
+    Control.MAX_EXPERIMENT_DURATION: "maxExperimentDuration", Control.SEARCH_SPACE: "searchSpace"}
+
+
+def config_in_force(record: ExperimentRecord) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The experiment's config with the values ``update`` set in place of the created ones (in force
+    now, or at the next run of a stopped experiment), and the controls left over (run state)."""
+    config = dict(record.config)
+    rest = {}
+    for key, value in record.controls.items():
+        field = CONTROLLED_FIELDS.get(key)
+        if field is None:
+            rest[key] = value
+        else:
+            config[field] = value
+            if field == "searchSpace":
+                config.pop("searchSpaceFile", None)
+    return config, rest
+
+
 class ExperimentStore:
     """One experiment's records in an embedded or shared database."""
 

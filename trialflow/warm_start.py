@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
-from .control import config_in_force
 from .experiments import ExperimentNotFound, check_new_experiment, create_experiment, find_experiment
 from .ids import looks_like_experiment_id
 from .result_exchange import export_rows, import_items
-from .store import ExperimentStore, ImportedItem
+from .store import ExperimentStore, ImportedItem, config_in_force
 from .user_errors import UserError
 
 MAX_FILE_BYTES = 64 * 1024 * 1024

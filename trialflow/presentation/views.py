@@ -13,12 +13,11 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
-from ..control import config_in_force
 from ..experiments import list_experiments, open_store
 from ..platforms import service_name
 from ..results import best_trial, maximizes, ranked, trial_value
 from ..status import EXPERIMENT_LIVE, TrialStatus
-from ..store import ExperimentStore, TrialRecord
+from ..store import ExperimentStore, TrialRecord, config_in_force
 
 
 def is_maximize_stored(store: ExperimentStore) -> bool:
