@@ -60,9 +60,13 @@ def test_six_trials_at_concurrency_three(tmp_path, k8s, kind, reuse, channel):
 
 @pytest.mark.parametrize("kind,reuse", [("tfjob", False), ("framework", True)], ids=["tfjob", "framework-reuse"])
 def test_controller_sigkill_and_resume_reattaches_running_jobs(tmp_path, k8s, prefect_server, kind, reuse):
+    """The resumed controller meets the API failing: re-attaching reads each trial's token, and the
+    first of those reads are answered 503 or dropped -- retried, the trials go on, none is cancelled."""
     config = parse_config(k8s_experiment(tmp_path, k8s, kind, reuse, sleep=1.0, trialConcurrency=2,
                                          maxTrialNumber=4))
     exp_id, exp_dir, store = run_until_running_then_sigkill(config, prefect_server)
+    k8s.fail_next(1, 503, method="GET", path="/secrets/.+-token")
+    k8s.drop_next(1, method="GET", path="/secrets/.+-token")
     second = start_controller(exp_id, exp_dir.parent, prefect_server)
     assert second.wait(timeout=180) == 0
     assert store.experiment().status == "DONE"

@@ -24,6 +24,7 @@ Parameters of the flow are ids and paths only: secrets never become flow paramet
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -584,11 +585,17 @@ def _apply_search_space(ctx: ExperimentContext, space: Any) -> None:
     get_run_logger().info("experiment %s: search space updated; later trials use it", ctx.experiment_id)
 
 
+def _adopt_retried(trial_id: str, exc: Exception, delay: float) -> None:
+    get_run_logger().warning("trial %s: re-attaching it failed (%s); retrying in %.0f s", trial_id, exc, delay)
+
+
 def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
     """Tell the tuner the imported data and the finished trials, follow live ones; returns trials to
-    submit again."""
+    submit again. Re-attaching a trial is retried on transient platform errors with the experiment's
+    retry policy; raises the platform's error when it still fails."""
     _tell_tuner(ctx)
     resubmit = []
+    retry = experiment_retry(ctx.config)  # re-attaching may ask the platform (a token): a 5xx is retried
     for trial in ctx.store.trials():
         if trial.is_terminal:
             continue
@@ -596,7 +603,8 @@ def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
         if trial.handle is None:
             resubmit.append(trial)
         else:
-            ctx.service.adopt(TrialHandle.from_dict(trial.handle))
+            retry.call(functools.partial(ctx.service.adopt, TrialHandle.from_dict(trial.handle)),
+                       functools.partial(_adopt_retried, trial.id))
             if loop.cap is not None and not loop.cap.try_acquire(trial.id):
                 get_run_logger().warning("trial %s runs on beyond the %s cap (all slots were taken while the "
                                          "controller was away)", trial.id, loop.cap.name)
