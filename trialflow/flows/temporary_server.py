@@ -32,6 +32,7 @@ log = logging.getLogger("trialflow.experiment")
 _GUARDED: set[int] = set()
 
 _START_LOCK = threading.Lock()
+MIN_STARTUP_SECONDS = 90
 
 
 def start_temporary_server() -> str | None:
@@ -54,12 +55,21 @@ def start_temporary_server() -> str | None:
             server_module.subprocess = SimpleNamespace(  # type: ignore[assignment]
                 **{**vars(subprocess), "Popen": _popen_in_new_session})
             try:
-                server.start()
+                server.start(timeout=_startup_timeout())
             finally:
                 server_module.subprocess = real
             if database is not None:
                 remember(database, version)
     return server.api_url
+
+
+def _startup_timeout() -> int:
+    """Seconds to wait for the server's health endpoint: Prefect's setting, and at least
+    :data:`MIN_STARTUP_SECONDS` -- a server migrating a new database on a loaded machine (a shared login
+    node, a test run) can take longer than Prefect's default."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    return max(int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()), MIN_STARTUP_SECONDS)
 
 
 def _new_database() -> tuple[Path | None, str | None]:

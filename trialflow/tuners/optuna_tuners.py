@@ -3,20 +3,21 @@
 Each suggestion is one in-memory Optuna trial; the search space is walked define-by-run, so
 nested choices become conditional parameters. Continuous types are asked as a unit value and
 decoded with NNI's formulas (``search_space``), which keeps q-rounding, clipping and the normal
-family exact while the sampler models the internal space.
+family exact while the sampler models the internal space. Optuna is imported when a tuner is made:
+reading a config or listing experiments does not load it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.trial import TrialState
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..optuna_logging import quietly
 from ..search_space import SearchSpace
 from .base import Suggestion, Tuner
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import BaseDistribution
 
 
 class _OptunaChooser:
@@ -42,6 +43,8 @@ class OptunaTuner(Tuner):
 
     def __init__(self, space: SearchSpace, sampler: optuna.samplers.BaseSampler,
                  optimize_mode: str = "minimize", seed: int | None = None) -> None:
+        import optuna
+
         super().__init__(space, optimize_mode, seed)
         direction: Literal["minimize", "maximize"] = "maximize" if self.maximize else "minimize"
         with quietly():
@@ -59,6 +62,8 @@ class OptunaTuner(Tuner):
         return Suggestion(pid, params, chooser.raw)
 
     def observe(self, parameter_id: int, value: float | None) -> None:
+        from optuna.trial import TrialState
+
         trial = self._pending.pop(parameter_id, None)
         if trial is None:
             return
@@ -70,11 +75,16 @@ class OptunaTuner(Tuner):
                 self.study.tell(trial, value)
 
     def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+        import optuna
+        from optuna.trial import TrialState
+
         dists = {key: self._distribution(key, v) for key, v in raw.items()}
         state = TrialState.FAIL if value is None else TrialState.COMPLETE
         self.study.add_trial(optuna.trial.create_trial(params=raw, distributions=dists, value=value, state=state))
 
     def _distribution(self, key: str, value: Any) -> BaseDistribution:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
         known = self._distributions.get(key)
         if known is not None:
             return known
@@ -89,12 +99,18 @@ class OptunaTuner(Tuner):
 
 
 def tpe_sampler(seed: int | None, tpe_args: dict[str, Any] | None = None) -> optuna.samplers.BaseSampler:
+    import optuna
+
     return optuna.samplers.TPESampler(seed=seed, **(tpe_args or {}))
 
 
 def random_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    import optuna
+
     return optuna.samplers.RandomSampler(seed=seed)
 
 
 def cmaes_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    import optuna
+
     return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
