@@ -151,3 +151,71 @@ def test_an_oversized_or_too_deeply_nested_warm_start_file_is_one_line(tmp_path,
         with pytest.raises(warm_start.WarmStartError, match=said) as caught:
             warm_start.gather(config, tmp_path / "w")
         assert "\n" not in str(caught.value)
+
+
+# the trial logs each result once nni has taken it; the first trial reports "steps" results 0.3 s apart,
+# the next one a single result, then each its final
+REPORTING = """
+import json, os, time, nni
+p = nni.get_next_parameter()
+ledger = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ledger.jsonl")
+mine = {{"trial": nni.get_trial_id(), "pid": os.getpid()}}
+for step in range({steps} if nni.get_sequence_id() == 0 else 1):
+    nni.report_intermediate_result(step)
+    with open(ledger, "a") as f:
+        f.write(json.dumps({{**mine, "step": step}}) + "\\n")
+    time.sleep(0.3)
+nni.report_final_result(p["x"])
+with open(ledger, "a") as f:
+    f.write(json.dumps({{**mine, "final": p["x"]}}) + "\\n")
+"""
+
+
+@SERVER
+@pytest.mark.parametrize("case", ["resumed", "ended-meanwhile", "stopped-offline"])
+def test_a_stop_a_killed_controller_left_unfinished_is_finished_later(tmp_path, prefect_server, case):
+    """A controller records a trial's stop, then dies before its kill (SIGKILL between the two): the trial
+    runs on and reports results nobody reads. The resumed controller kills it, takes in every result it
+    reported, and settles the stop -- to the trial's own outcome when it had ended by itself meanwhile;
+    ``trialflow stop`` without a controller kills it too. Neither the process nor the mark outlives either."""
+    import os
+
+    from tests.conftest import run_until_running_then_sigkill, start_controller, wait_for
+    from trialflow import parse_config
+    from trialflow.control import stop_experiment
+
+    ended_by_itself = case == "ended-meanwhile"
+    write_trial(tmp_path / "code", REPORTING.format(steps=8 if ended_by_itself else 200))
+    config = parse_config(base_config(tmp_path / "code", tmp_path / "w", trialConcurrency=1, maxTrialNumber=2))
+    exp_id, exp_dir, store = run_until_running_then_sigkill(config, prefect_server, running=1)
+    ledger = tmp_path / "code" / "ledger.jsonl"
+    trial = store.trials()[0]
+
+    def reported() -> list[dict]:  # by the first trial
+        lines = ledger.read_text().splitlines() if ledger.exists() else []
+        return [e for e in map(json.loads, lines) if e["trial"] == trial.id]
+
+    assert store.record_stop(trial.id, "USER_CANCELED", "cancelled by the user")  # what the killed controller did
+    assert store.trial(trial.id).stopping
+    seen = len(reported())
+    wait_for(lambda: any("final" in e for e in reported()) if ended_by_itself else len(reported()) >= seen + 2,
+             timeout=60)  # results reported after the stop was recorded
+    if case == "stopped-offline":
+        assert stop_experiment(store, exp_dir.parent, wait=0) == []
+    else:
+        with open(tmp_path / "resumed.log", "w") as output:
+            second = start_controller(exp_id, exp_dir.parent, prefect_server, output)
+            assert second.wait(timeout=180) == 0, (tmp_path / "resumed.log").read_text()
+        assert store.experiment().status == "DONE"
+    done = store.trial(trial.id)
+    assert (done.status, done.stopping) == ("SUCCEEDED" if ended_by_itself else "USER_CANCELED", False), done
+    if ended_by_itself:
+        assert done.final == trial.parameters["x"] and done.exit_code == 0
+    else:
+        pid = reported()[0]["pid"]
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30)  # killed: it would report for a minute
+        assert done.message == "cancelled by the user"
+    if case != "stopped-offline":  # the resumed controller took in every result the trial reported
+        stored = {int(m.sequence): m.value for m in store.metrics(trial.id, "PERIODICAL")}
+        steps = [e["step"] for e in reported() if "step" in e]
+        assert all(stored.get(step) == step for step in steps), (stored, steps)

@@ -70,7 +70,9 @@ def test_artifact_versions_are_written_only_on_change_and_at_most_every_snapshot
     assert len(progress) == 1 and float(progress[0].data) == 100.0  # updated in place, never a new version
     bound = int(elapsed / 1.5) + 2  # one per interval, the first after the first trial, one at the end
     assert 2 <= len(table) <= bound, (len(table), elapsed)
-    assert 1 <= len(best) <= len(table)  # the summary only when it changed
+    # the summary only when it changed -- and at the end, which it says even when the table's last
+    # periodic version already held every trial's end
+    assert 1 <= len(best) <= len(table) + 1
     latest = max(table, key=lambda a: a.created)
     rows = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
     assert len(rows) == 12  # the final version is the whole experiment

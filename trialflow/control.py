@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .status import EXPERIMENT_LIVE, LIVE, ExperimentStatus, TrialStatus
+from .status import EXPERIMENT_LIVE, LIVE, STOPPED_BY_US, ExperimentStatus, TrialStatus
 from .store import CONTROLLED_FIELDS, Control, config_in_force  # noqa: F401 -- the CLI reads them here
 from .trial.procs import pid_alive
 from .user_errors import UserError
@@ -197,7 +197,11 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     left = store.trials(list(LIVE))
     for trial in left:
         store.set_status(trial.id, TrialStatus.USER_CANCELED, message="cancelled by trialflow stop")
-    warnings = cancel_offline(store, base, [t.handle for t in left])
+    # stops a controller recorded and died before finishing: their trials may run on
+    unsettled = [t for t in store.trials(list(STOPPED_BY_US)) if t.stopping]
+    warnings = cancel_offline(store, base, [t.handle for t in [*left, *unsettled]])
+    for trial in unsettled:
+        store.settle(trial.id, trial.status, None, trial.message)
     if store.experiment().status not in (ExperimentStatus.DONE, ExperimentStatus.ERROR):
         end_experiment(store, ExperimentStatus.STOPPED)
     record = store.experiment()

@@ -69,6 +69,9 @@ _SET_START = trials.update().where(_ONE_TRIAL, trials.c.start_time.is_(None)).va
 _SET_OTHER = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"))
 _COUNT_TRIALS = sa.select(sa.func.count()).select_from(trials).where(trials.c.experiment_id == _B("e"))
 _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
+_TRIAL_HANDLE = sa.select(trials.c.handle).where(_ONE_TRIAL)
+_SET_HANDLE = trials.update().where(_ONE_TRIAL).values(handle=_B("handle_text"))
+STOPPING = "stopping"  # in a stored handle, beside its fields: a stop recorded, not yet settled
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
 
 
@@ -137,6 +140,12 @@ class TrialRecord:
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def stopping(self) -> bool:
+        """Its stop is recorded (:meth:`ExperimentStore.record_stop`) but not settled: the controller
+        that stopped it ended before the kill was over, and the next one finishes the stop."""
+        return bool(self.handle and self.handle.get(STOPPING))
 
 
 @dataclass
@@ -385,11 +394,27 @@ class ExperimentStore:
             raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
         return False
 
+    def record_stop(self, trial_id: str, status: str, message: str) -> bool:
+        """Record a stop of ours (USER_CANCELED / EARLY_STOPPED) before its kill, marked
+        :attr:`~TrialRecord.stopping` until :meth:`settle`: a controller that dies in between leaves the
+        stop for the next one to finish. False (nothing written) when the trial is terminal already.
+        Raises KeyError for an unknown trial."""
+        params = {"e": self.experiment_id, "t": trial_id, "keep": [*TERMINAL, status], "new_status": status,
+                  "now": time.time(), "code": None, "msg": message}
+        with self._tx() as conn:
+            if conn.execute(_SET_TERMINAL, params).rowcount:
+                conn.execute(_INSERT_EVENT, params)
+                self._mark_stopping(conn, params, True)
+                return True
+            if conn.execute(_TRIAL_EXISTS, params).first() is None:
+                raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
+        return False
+
     def settle(self, trial_id: str, status: str, exit_code: int | None, message: str | None) -> bool:
         """Complete a trial we stopped (recorded USER_CANCELED / EARLY_STOPPED before the kill) once the
         kill is over: its end becomes now (metrics collected after the kill precede it), its exit code
         is kept, and ``status`` replaces the stop when the trial had exited by itself before the kill
-        landed. False when the trial is not one we stopped."""
+        landed; it is no longer :attr:`~TrialRecord.stopping`. False when the trial is not one we stopped."""
         params = {"e": self.experiment_id, "t": trial_id, "stops": list(STOPPED_BY_US), "new_status": status,
                   "now": time.time(), "code": exit_code, "msg": message}
         with self._tx() as conn:
@@ -398,7 +423,17 @@ class ExperimentStore:
                 return False
             if status != before:
                 conn.execute(_INSERT_EVENT, params)
+            self._mark_stopping(conn, params, False)
         return True
+
+    @staticmethod
+    def _mark_stopping(conn: sa.Connection, params: dict[str, Any], stopping: bool) -> None:
+        """Set or clear the trial's :data:`STOPPING` mark, in the caller's transaction."""
+        raw = conn.execute(_TRIAL_HANDLE, params).scalar_one_or_none()
+        if raw is not None:
+            handle = {k: v for k, v in json.loads(raw).items() if k != STOPPING}
+            marked = {**handle, STOPPING: True} if stopping else handle
+            conn.execute(_SET_HANDLE, {**params, "handle_text": dumps(marked)})
 
     def set_started(self, trial_id: str, when: float) -> None:
         """Give a trial that ran, but was never seen RUNNING (it ran between two polls), its start time

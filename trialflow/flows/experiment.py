@@ -555,7 +555,7 @@ def _tell_tuner(ctx: ExperimentContext, skip_misfits: bool = False) -> None:
     With ``skip_misfits`` (a changed search space), results whose values the tuner refuses are left out."""
     history = [(IMPORTED_IDS - i, raw, scalar_or_none(value)) for i, (_, raw, value) in enumerate(ctx.store.imported())]
     for trial in ctx.store.trials():
-        if not trial.is_terminal:
+        if not trial.is_terminal or trial.stopping:  # a stop still to settle is told once it is
             ctx.tuner.reserve(trial.parameter_id)
             continue
         history.append((trial.parameter_id, trial.raw,
@@ -590,15 +590,19 @@ def _adopt_retried(trial_id: str, exc: Exception, delay: float) -> None:
 
 
 def _reattach(ctx: ExperimentContext, loop: _Loop) -> list[Any]:
-    """Tell the tuner the imported data and the finished trials, follow live ones; returns trials to
-    submit again. Re-attaching a trial is retried on transient platform errors with the experiment's
-    retry policy; raises the platform's error when it still fails."""
+    """Tell the tuner the imported data and the finished trials, follow live ones -- and the trials
+    whose stop a controller recorded but did not finish (it died before the kill was over), which are
+    stopped again and settled; returns trials to submit again. Re-attaching a trial is retried on
+    transient platform errors with the experiment's retry policy; raises the platform's error when it
+    still fails."""
     _tell_tuner(ctx)
     resubmit = []
     retry = experiment_retry(ctx.config)  # re-attaching may ask the platform (a token): a 5xx is retried
     for trial in ctx.store.trials():
-        if trial.is_terminal:
+        if trial.is_terminal and not trial.stopping:
             continue
+        if trial.stopping:
+            ctx.request_cancel(trial.id, TrialStatus(trial.status))
         ctx.adopted[trial.parameter_id] = trial.raw
         if trial.handle is None:
             resubmit.append(trial)

@@ -286,34 +286,36 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
     Otherwise the stop is recorded first (so the kill's exit code never reads as the trial's own
     failure, even if this process dies now), then the kill, then the metrics written before it are
     collected and the record is settled: the end time after them, the exit code, and -- when the trial
-    turns out to have exited by itself before the kill landed -- its own outcome instead of the stop."""
+    turns out to have exited by itself before the kill landed -- its own outcome instead of the stop.
+    A stop recorded by a controller that died before settling it (:attr:`TrialRecord.stopping`) is
+    finished the same way: killed again unless it has ended, its metrics collected, settled."""
+    record = ctx.store.trial(trial_id)
     polled_at = time.time()
     try:
-        update = ctx.service.poll(handle, cursor) if started or history else None
+        update = ctx.service.poll(handle, cursor) if started or history or record.stopping else None
     except Exception:  # noqa: BLE001 -- the stop goes ahead; its final poll collects what this one missed
         update = None
     if update is not None:
         cursor = update.cursor
         _absorb(ctx, trial_id, update, history)
-        if update.status.is_terminal:
+        if update.status.is_terminal and not record.stopping:
             if _ran(update, history):
                 ctx.store.set_started(trial_id, polled_at)
             return _end(ctx, trial_id, update, history, absorbed=True), cursor
-    by_assessor = ctx.cancel_requests.get(trial_id) == TrialStatus.EARLY_STOPPED
-    final_in = reason == TrialStatus.EARLY_STOPPED and ctx.store.trial(trial_id).final is not None
-    if final_in and by_assessor:
-        del ctx.cancel_requests[trial_id]
-        return None, cursor
-    message = {TrialStatus.EARLY_STOPPED: ASSESSOR_STOP if by_assessor else DURATION_STOP,
-               TrialStatus.USER_CANCELED: "cancelled by the user"}.get(reason, reason.value)
-    recorded = ctx.store.set_status(trial_id, reason.value, message=message)
-    ctx.service.cancel(handle, reason)
-    after: TrialUpdate | None = None
-    try:
-        after = ctx.service.poll(handle, cursor)
-        _absorb(ctx, trial_id, after, history)
-    except PlatformError as exc:  # the status is recorded; only metrics written in the last moments are missed
-        log.warning("trial %s: metrics written just before the cancel could not be read: %s", trial_id, exc)
+    if record.stopping:
+        recorded, message = True, record.message or reason.value
+        final_in = message == DURATION_STOP and record.final is not None
+    else:
+        by_assessor = ctx.cancel_requests.get(trial_id) == TrialStatus.EARLY_STOPPED
+        final_in = reason == TrialStatus.EARLY_STOPPED and record.final is not None
+        if final_in and by_assessor:
+            del ctx.cancel_requests[trial_id]
+            return None, cursor
+        message = {TrialStatus.EARLY_STOPPED: ASSESSOR_STOP if by_assessor else DURATION_STOP,
+                   TrialStatus.USER_CANCELED: "cancelled by the user"}.get(reason, reason.value)
+        recorded = ctx.store.record_stop(trial_id, reason.value, message)
+    after = update if update is not None and update.status.is_terminal else _kill(ctx, trial_id, handle, reason,
+                                                                                  cursor, history)
     status, code = reason, None
     if after is not None and after.status.is_terminal:
         code = after.exit_code
@@ -328,6 +330,20 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
         ctx.store.settle(trial_id, status.value, code, message)
         _finish_tuning(ctx, trial_id, history, succeeded=status == TrialStatus.SUCCEEDED)
     return ctx.store.trial(trial_id).status, cursor
+
+
+def _kill(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: TrialStatus, cursor: dict[str, Any],
+          history: list[Any]) -> TrialUpdate | None:
+    """Kill the trial, then take in the metrics it wrote before the kill; returns that last poll (None
+    when it failed)."""
+    ctx.service.cancel(handle, reason)
+    try:
+        after = ctx.service.poll(handle, cursor)
+    except PlatformError as exc:  # the status is recorded; only metrics written in the last moments are missed
+        log.warning("trial %s: metrics written just before the cancel could not be read: %s", trial_id, exc)
+        return None
+    _absorb(ctx, trial_id, after, history)
+    return after
 
 
 def _absorb(ctx: ExperimentContext, trial_id: str, update: TrialUpdate, history: list[Any]) -> bool:
