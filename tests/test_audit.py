@@ -56,3 +56,6 @@ def test_the_audit_names_every_kind_of_broken_record(tmp_path):
     db.execute("UPDATE trials SET status = 'USER_CANCELED', end_time = 4 WHERE id = 'DDDDD'")
     db.commit()
     assert "recorded best trial AAAAA but the best under maximize is BBBBB" in "\n".join(check_experiment(exp_dir))
+    store.set_handle("DDDDD", {"trial_id": "DDDDD", "platform": "local", "data": {}, "stopping": True})
+    assert "DDDDD (#0): USER_CANCELED, its stop never settled, in an experiment that is DONE" in \
+        "\n".join(check_experiment(exp_dir))

@@ -3,7 +3,8 @@
 The test suite runs it over every experiment a test leaves behind (``tests/conftest.py``), so a
 record that is wrong in any run -- whatever the test looked at -- fails that test. Invariants:
 
-* an experiment that ended (DONE, STOPPED, ERROR) has no trial WAITING or RUNNING;
+* an experiment that ended (DONE, STOPPED, ERROR) has no trial WAITING or RUNNING, and no stop of
+  ours left unsettled (the trial still marked ``stopping``);
 * every ended trial has its end time; a trial that ran (it succeeded, exited with a code, or
   reported a metric) has its start time, no later than its end;
 * a trial recorded as stopped by us (EARLY_STOPPED, USER_CANCELED) does not carry an exit code of its
@@ -96,6 +97,8 @@ def _trial_problems(record: ExperimentRecord, trial: TrialRecord, metrics: list[
     out = []
     if record.status in ENDED and not trial.is_terminal:
         out.append(f"{trial.status} in an experiment that is {record.status}")
+    if record.status in ENDED and trial.stopping:
+        out.append(f"{trial.status}, its stop never settled, in an experiment that is {record.status}")
     if trial.is_terminal and trial.end_time is None:
         out.append(f"{trial.status} without an end time")
     ran = trial.status == TrialStatus.SUCCEEDED or trial.exit_code is not None or bool(own)
