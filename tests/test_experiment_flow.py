@@ -170,9 +170,18 @@ def test_resume_after_sigkill_reattaches_and_loses_nothing(tmp_path, prefect_ser
     assert (exp_dir / "db" / "trialflow.sqlite").exists() == (not shared)
 
 
-def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server):
+# a training script that saves its work on Ctrl-C and exits 1 answers the stop with a code of its own
+SAVES_ON_SIGINT = ("import sys, time, nni\nnni.get_next_parameter()\ntry:\n    time.sleep(60)\n"
+                   "except KeyboardInterrupt:\n    sys.exit(1)\n")
+
+
+@pytest.mark.parametrize("trial", ["import time, nni\nnni.get_next_parameter()\ntime.sleep(60)\n", SAVES_ON_SIGINT],
+                         ids=["sleeps", "exits-1-on-sigint"])
+def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server, trial):
+    """Killed and stopped trials are USER_CANCELED, also when they answer the stop signal with an exit
+    code of their own (they ended because of the stop, not by themselves)."""
     code = tmp_path / "code"
-    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(60)\n")
+    write_trial(code, trial)
     cfg = parse_config(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=3))
     exp_id, exp_dir = create_experiment(cfg)
     store = open_store(exp_dir.parent, exp_id)
@@ -184,7 +193,7 @@ def test_user_kill_and_stop_through_the_store_controls(tmp_path, prefect_server)
     store.set_control(Control.STOP, True)
     assert proc.wait(timeout=60) == 0
     assert store.experiment().status == "STOPPED"
-    assert all(t.status == "USER_CANCELED" for t in store.trials())
+    assert [t.status for t in store.trials()] == ["USER_CANCELED"] * 3, [(t.status, t.message) for t in store.trials()]
     assert len(store.trials()) == 3  # the killed trial was replaced, then the stop cancelled the rest
 
 

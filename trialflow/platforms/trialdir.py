@@ -47,11 +47,18 @@ def ended_update(state: dict[str, Any], records: list[MetricRecord], cursor: dic
     """The update of a trial whose keeper recorded ``state`` (``{"exit_code": n | None}``): exit 0 is
     SUCCEEDED; no exit code means the trial was stopped before it started (SYS_CANCELED unless we
     cancelled it); any other code is FAILED with the stderr tail -- or the cancel reason when we
-    stopped it (the status recorded first stays)."""
+    stopped it (the status recorded first stays). A trial that exited after a stop signal reached it
+    (``stop_signal``: ours, or the system's) ended by the stop, whatever its code -- one that handles
+    SIGINT, or was still starting, exits with a code of its own: the cancel reason (SYS_CANCELED when
+    the signal was not ours), and instead of that code (in the message) none; a trial the signal
+    killed keeps its ``128 + n``."""
     code = state.get("exit_code")
     if code is None:
         return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None, NEVER_STARTED, errors)
     code = int(code)
+    if state.get("stop_signal") and 0 <= code < 128:  # a code >= 128 (killed by the signal) says so itself
+        return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None,
+                           f"exit code {code} after a stop signal", errors)
     if code == 0:
         return TrialUpdate(TrialStatus.SUCCEEDED, records, cursor, 0, None, errors)
     message = f"exit code {code}" + (f"; stderr tail:\n{stderr_tail}" if stderr_tail else "")

@@ -289,20 +289,21 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
     turns out to have exited by itself before the kill landed -- its own outcome instead of the stop.
     A stop recorded by a controller that died before settling it (:attr:`TrialRecord.stopping`) is
     finished the same way: killed again unless it has ended, its metrics collected, settled."""
-    record = ctx.store.trial(trial_id)
+    resumed = ctx.store.trial(trial_id).stopping
     polled_at = time.time()
     try:
-        update = ctx.service.poll(handle, cursor) if started or history or record.stopping else None
+        update = ctx.service.poll(handle, cursor) if started or history or resumed else None
     except Exception:  # noqa: BLE001 -- the stop goes ahead; its final poll collects what this one missed
         update = None
     if update is not None:
         cursor = update.cursor
         _absorb(ctx, trial_id, update, history)
-        if update.status.is_terminal and not record.stopping:
+        if update.status.is_terminal and not resumed:
             if _ran(update, history):
                 ctx.store.set_started(trial_id, polled_at)
             return _end(ctx, trial_id, update, history, absorbed=True), cursor
-    if record.stopping:
+    record = ctx.store.trial(trial_id)  # after the poll: a final result it brought counts
+    if resumed:
         recorded, message = True, record.message or reason.value
         final_in = message == DURATION_STOP and record.final is not None
     else:

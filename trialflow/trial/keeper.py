@@ -22,11 +22,13 @@ Files in ``<trial dir>/.nni/`` (written atomically):
   launches never run a trial twice);
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time"}`` once the command runs;
-* ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``); on a
-  full disk the keeper waits until it can write it.
-The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper ignores
-SIGINT/SIGTERM so it can record the exit of a trial being stopped; ``--kill`` ends the whole group,
-keeper included, with SIGKILL at the end of the grace period.
+* ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
+  ``"stop_signal": true`` when a stop signal (SIGINT, SIGTERM) reached the group before the trial
+  ended -- whatever code it then exited with answered the stop; on a full disk the keeper waits
+  until it can write it.
+The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper survives
+SIGINT/SIGTERM (it notes them) so it can record the exit of a trial being stopped; ``--kill`` ends the
+whole group, keeper included, with SIGKILL at the end of the grace period.
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     meta_dir = os.path.join(trial_dir, META_DIR)
     with open(os.path.join(meta_dir, KEEPER_SPEC), encoding="utf-8") as f:
         spec = json.load(f)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop_signals: list[int] = []  # the stop signals the group received (the keeper outlives them)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda received, _frame: stop_signals.append(received))
     write_atomic(os.path.join(meta_dir, KEEPER_PID),
                  {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
     cwd, spec_env = _located(trial_dir, spec)
@@ -112,11 +115,15 @@ def execute(trial_dir: str, tee: bool = False) -> int:
         write_when_space(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
         copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
+        stopped = bool(stop_signals)  # before the trial's end was seen: its exit answered the stop
         for copier in copiers:
             copier.join()
     exit_code = 128 - code if code < 0 else code
+    state: dict[str, object] = {"exit_code": exit_code, "end_time": time.time()}
+    if stopped:
+        state["stop_signal"] = True
     # on a full disk the keeper outlives its trial until the end is recorded (the trial reads RUNNING)
-    write_when_space(os.path.join(meta_dir, STATE), {"exit_code": exit_code, "end_time": time.time()})
+    write_when_space(os.path.join(meta_dir, STATE), state)
     return exit_code
 
 
