@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 # imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
 _config = lazy_module("trialflow.config")
 _control = lazy_module("trialflow.control")
+_records = lazy_module("trialflow.store")
 _experiments = lazy_module("trialflow.experiments")
 _warm = lazy_module("trialflow.warm_start")
 _run_control = lazy_module("trialflow.flows.run_control")
@@ -652,9 +653,9 @@ def experiment_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> Non
     imported results came from."""
     _, store = _store(experiment_id, root)
     record = store.experiment()
-    config, controls = _control.config_in_force(record)
+    config, controls = _records.config_in_force(record)
     history = [{"time": datetime.fromtimestamp(u.time, timezone.utc).isoformat(timespec="seconds"),
-                "field": _control.CONTROLLED_FIELDS.get(u.control, u.control), "value": u.value, "via": u.via}
+                "field": _records.CONTROLLED_FIELDS.get(u.control, u.control), "value": u.value, "via": u.via}
                for u in store.updates()]
     imported = [{"source": source or "experiment import", "results": count}
                 for source, count in store.imported_sources().items()]
@@ -1040,7 +1041,7 @@ def config_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     import yaml
 
     _, store = _store(experiment_id, root)
-    config, _ = _control.config_in_force(store.experiment())
+    config, _ = _records.config_in_force(store.experiment())
     typer.echo(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), nl=False)
 
 

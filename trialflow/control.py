@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .status import EXPERIMENT_LIVE, LIVE, STOPPED_BY_US, ExperimentStatus, TrialStatus
-from .store import CONTROLLED_FIELDS, Control, config_in_force  # noqa: F401 -- the CLI reads them here
+from .store import Control
 from .trial.procs import pid_alive
 from .user_errors import UserError
 

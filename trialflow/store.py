@@ -381,6 +381,17 @@ class ExperimentStore:
                    message: str | None = None, when: float | None = None) -> bool:
         """Record a status change; False (and nothing written) when the trial is already terminal
         or already has that status."""
+        return self._set_status(trial_id, status, exit_code, message, when)
+
+    def record_stop(self, trial_id: str, status: str, message: str) -> bool:
+        """Record a stop of ours (USER_CANCELED / EARLY_STOPPED) before its kill, marked
+        :attr:`~TrialRecord.stopping` until :meth:`settle`: a controller that dies in between leaves the
+        stop for the next one to finish. False (nothing written) when the trial is terminal already.
+        Raises KeyError for an unknown trial."""
+        return self._set_status(trial_id, status, None, message, None, stopping=True)
+
+    def _set_status(self, trial_id: str, status: str, exit_code: int | None, message: str | None,
+                    when: float | None, stopping: bool = False) -> bool:
         now = when or time.time()
         stmt = _SET_RUNNING if status == TrialStatus.RUNNING else _SET_TERMINAL if status in TERMINAL else _SET_OTHER
         params = {"e": self.experiment_id, "t": trial_id, "keep": [*TERMINAL, status], "new_status": status,
@@ -388,26 +399,12 @@ class ExperimentStore:
         with self._tx() as conn:
             if conn.execute(stmt, params).rowcount:
                 conn.execute(_INSERT_EVENT, params)
+                if stopping:  # in the same transaction: a stop is never on record without its mark
+                    self._mark_stopping(conn, params, True)
                 return True
             exists = conn.execute(_TRIAL_EXISTS, params).first()
         if exists is None:
             raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
-        return False
-
-    def record_stop(self, trial_id: str, status: str, message: str) -> bool:
-        """Record a stop of ours (USER_CANCELED / EARLY_STOPPED) before its kill, marked
-        :attr:`~TrialRecord.stopping` until :meth:`settle`: a controller that dies in between leaves the
-        stop for the next one to finish. False (nothing written) when the trial is terminal already.
-        Raises KeyError for an unknown trial."""
-        params = {"e": self.experiment_id, "t": trial_id, "keep": [*TERMINAL, status], "new_status": status,
-                  "now": time.time(), "code": None, "msg": message}
-        with self._tx() as conn:
-            if conn.execute(_SET_TERMINAL, params).rowcount:
-                conn.execute(_INSERT_EVENT, params)
-                self._mark_stopping(conn, params, True)
-                return True
-            if conn.execute(_TRIAL_EXISTS, params).first() is None:
-                raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
         return False
 
     def settle(self, trial_id: str, status: str, exit_code: int | None, message: str | None) -> bool:

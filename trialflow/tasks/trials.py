@@ -176,7 +176,8 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             raise FollowingHalted(trial_id)
         if reason is not None:
             output.stopped = True
-            ended, cursor = _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None)
+            ended, cursor = _cancel(ctx, trial_id, handle, reason, cursor, history, record.start_time is not None,
+                                    record.stopping)
             if ended is not None:
                 return ended
             output.stopped, final_in = False, True  # the assessor's stop, dropped: the final result came in
@@ -277,7 +278,8 @@ def _cancel_reason(ctx: ExperimentContext, trial_id: str, start_time: float | No
 
 
 def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: TrialStatus,
-            cursor: dict[str, Any], history: list[Any], started: bool) -> tuple[str | None, dict[str, Any]]:
+            cursor: dict[str, Any], history: list[Any], started: bool, resumed: bool
+            ) -> tuple[str | None, dict[str, Any]]:
     """Stop the trial; returns its recorded status (None: it was not stopped, follow it on) and the
     metric cursor. A started trial that has ended by itself since the last poll keeps its own outcome
     (a trial not seen started is not polled first: a poll may start it). One whose final result is
@@ -288,8 +290,7 @@ def _cancel(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, reason: 
     collected and the record is settled: the end time after them, the exit code, and -- when the trial
     turns out to have exited by itself before the kill landed -- its own outcome instead of the stop.
     A stop recorded by a controller that died before settling it (:attr:`TrialRecord.stopping`) is
-    finished the same way: killed again unless it has ended, its metrics collected, settled."""
-    resumed = ctx.store.trial(trial_id).stopping
+    finished the same way (``resumed``): killed again unless it has ended, its metrics collected, settled."""
     polled_at = time.time()
     try:
         update = ctx.service.poll(handle, cursor) if started or history or resumed else None
