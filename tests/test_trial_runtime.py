@@ -174,3 +174,51 @@ def test_a_submission_killed_while_detaching_can_be_submitted_again(tmp_path):
         time.sleep(0.05)
     assert json.loads(state.read_text())["exit_code"] == 0  # it ran, instead of waiting forever
     assert (trial_dir / "trial.stdout").read_text().strip() == "42"
+
+
+SAVES_ON_SIGINT = """
+import signal, sys, time
+signal.signal(signal.SIGINT, lambda *_: sys.exit(1))  # saves its work and exits 1 on Ctrl-C
+open("ready", "w").close()
+time.sleep(float(sys.argv[1]))
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited"])
+def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, signalled):
+    """A stop signal that reaches the trial's group while the trial runs makes its exit the stop's
+    (``stop_signal`` in its state); one that arrives after the trial exited by itself, before the keeper
+    saw that exit (a busy machine), leaves the trial its own exit code."""
+    import signal
+    import time
+
+    from trialflow.trial.keeper import write_trial_files
+
+    (tmp_path / "trial.py").write_text(SAVES_ON_SIGINT)
+    linger = 30 if signalled == "while-it-runs" else 0.2
+    trial_dir = Path(write_trial_files({"trial_dir": str(tmp_path / "t"), "parameter": "{}", "keeper": {
+        "command": f"exec {sys.executable} -S trial.py {linger}", "cwd": str(tmp_path), "env": {}}}))
+    keeper = subprocess.Popen([sys.executable, "-S", "-m", "trialflow.trial.keeper", str(trial_dir)],
+                              env={**os.environ, "PYTHONPATH": RUNTIME_ROOT}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if signalled == "after-it-exited":
+            trial_pid = json.loads((trial_dir / ".nni" / "started").read_text())["pid"]
+            os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
+            while Path(f"/proc/{trial_pid}/stat").read_text().split(")")[-1].split()[0] != "Z" \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+        os.killpg(keeper.pid, signal.SIGINT)
+        os.kill(keeper.pid, signal.SIGCONT)
+        assert keeper.wait(timeout=30) == 0
+    finally:
+        if keeper.poll() is None:
+            os.killpg(keeper.pid, signal.SIGKILL)
+    state = json.loads((trial_dir / ".nni" / "state").read_text())
+    if signalled == "while-it-runs":
+        assert (state["exit_code"], state.get("stop_signal")) == (1, True)
+    else:
+        assert (state["exit_code"], state.get("stop_signal")) == (3, None)

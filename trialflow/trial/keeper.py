@@ -23,8 +23,8 @@ Files in ``<trial dir>/.nni/`` (written atomically):
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time"}`` once the command runs;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
-  ``"stop_signal": true`` when a stop signal (SIGINT, SIGTERM) reached the group before the trial
-  ended -- whatever code it then exited with answered the stop; on a full disk the keeper waits
+  ``"stop_signal": true`` when a stop signal (SIGINT, SIGTERM) reached the group while the trial
+  still ran -- whatever code it then exited with answered the stop; on a full disk the keeper waits
   until it can write it.
 The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper survives
 SIGINT/SIGTERM (it notes them) so it can record the exit of a trial being stopped; ``--kill`` ends the
@@ -90,9 +90,17 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     meta_dir = os.path.join(trial_dir, META_DIR)
     with open(os.path.join(meta_dir, KEEPER_SPEC), encoding="utf-8") as f:
         spec = json.load(f)
-    stop_signals: list[int] = []  # the stop signals the group received (the keeper outlives them)
+    stop_signals: list[int] = []  # the stop signals that reached the trial (the keeper outlives them)
+    trial: list[subprocess.Popen] = []
+
+    def note_stop(received: int, _frame: object) -> None:
+        # a signal that finds the trial already exited did not reach it: that trial ended by itself,
+        # even though the keeper had not yet seen its end (a busy machine widens that window)
+        if not trial or not _exited(trial[0].pid):
+            stop_signals.append(received)
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda received, _frame: stop_signals.append(received))
+        signal.signal(signum, note_stop)
     write_atomic(os.path.join(meta_dir, KEEPER_PID),
                  {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
     cwd, spec_env = _located(trial_dir, spec)
@@ -112,10 +120,11 @@ def execute(trial_dir: str, tee: bool = False) -> int:
             err.write(f"trialflow keeper: cannot start the trial command: {exc}\n".encode())
             write_atomic(os.path.join(meta_dir, STATE), {"exit_code": 127, "end_time": time.time()})
             return 127
+        trial.append(proc)
         write_when_space(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
         copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
-        stopped = bool(stop_signals)  # before the trial's end was seen: its exit answered the stop
+        stopped = bool(stop_signals)  # one reached the trial while it ran: its exit answered the stop
         for copier in copiers:
             copier.join()
     exit_code = 128 - code if code < 0 else code
@@ -125,6 +134,14 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     # on a full disk the keeper outlives its trial until the end is recorded (the trial reads RUNNING)
     write_when_space(os.path.join(meta_dir, STATE), state)
     return exit_code
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child ``pid`` has exited (reaped or not); it is left for its ``wait``."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped
+        return True
 
 
 def _tee(source, sink, also) -> threading.Thread:  # type: ignore[no-untyped-def]
