@@ -82,18 +82,17 @@ SERVICE_MARKERS = {
     "jupyter_kernel": "jupyter", "k8s_emulator": "emulator", "openpai_emulator": "emulator",
     "dlts_emulator": "emulator", "dlc_emulator": "emulator", "aml_emulator": "emulator",
 }
-ONE_WORKER = {"pool", "slurm"}  # a work pool's server and worker, a Slurm cluster: one of each per run
-# Both on the same worker, one after the other: their tests spend most of their time waiting (a
-# cancelled pool run's kill grace, Slurm's minute-long time limit), and two workers waiting at once
-# left one worker to keep two cores busy (seen in the test timeline: cores ~60 % idle for minutes).
-ONE_WORKER_GROUP = "pool-and-slurm"
+ONE_WORKER = ("pool", "slurm")  # a work pool's server and worker, a Slurm cluster: one of each per run
+# Each its own xdist group, so each starts once per run, and the two may run on different workers:
+# together on one worker they were the suite's longest serial stretch (17 of its 28 minutes on a
+# slower machine, the test timeline), longer than any other worker's share.
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks given here
 def pytest_collection_modifyitems(config, items):
     """Marks each test by the services its fixtures start (:data:`SERVICE_MARKERS`), every such test
-    and every test already marked ``e2e`` as ``e2e``, and keeps the :data:`ONE_WORKER` services'
-    tests on one xdist worker together (:data:`ONE_WORKER_GROUP`); channel-only variants of the
+    and every test already marked ``e2e`` as ``e2e``, and keeps each :data:`ONE_WORKER` service's
+    tests on one xdist worker (a group named after the service); channel-only variants of the
     job-platform contract run only the tests about channels (:meth:`JobPlatformContract.runs_on_variant`)."""
     from trialflow.testing.contract import JobPlatformContract
 
@@ -108,8 +107,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
         if services or item.get_closest_marker("e2e"):
             item.add_marker("e2e")
-        if services & ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUP))
+        for name in ONE_WORKER:
+            if name in services:
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
         cls = getattr(item, "cls", None)
         if (cls is not None and issubclass(cls, JobPlatformContract) and callspec is not None
                 and not cls.runs_on_variant(item.originalname, callspec.id)):
@@ -119,18 +120,6 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    _pool_tests_first(items)
-
-
-def _pool_tests_first(items: list) -> None:
-    """Within the one-worker group, the work pool's tests before the Slurm tests (the group's places
-    in the order kept): the pool starts once and stops after its last test instead of once per file."""
-    places = [i for i, item in enumerate(items) if item.get_closest_marker("xdist_group") is not None
-              and item.get_closest_marker("xdist_group").args[:1] == (ONE_WORKER_GROUP,)]
-    group = [items[i] for i in places]
-    group.sort(key=lambda item: "prefect_pool" not in getattr(item, "fixturenames", ()))  # stable
-    for i, item in zip(places, group, strict=True):
-        items[i] = item
 
 
 @pytest.fixture(autouse=True)
@@ -722,6 +711,23 @@ def pytest_runtest_logstart(nodeid, location):
 
 def pytest_runtest_logfinish(nodeid, location):
     _timeline("end", nodeid)
+
+
+def _temporary_servers() -> int:
+    module = sys.modules.get("prefect.server.api.server")
+    return len(module.SubprocessASGIServer._instances) if module is not None else 0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test outside ``e2e`` that starts Prefect's temporary server runs a flow: it fails, naming the
+    fix, so the quick loop stays free of servers and experiments."""
+    before = _temporary_servers()
+    result = yield
+    if not item.get_closest_marker("e2e") and _temporary_servers() > before:
+        pytest.fail("this test runs a flow on Prefect's temporary server: give it the prefect_server fixture "
+                    "(or mark it e2e)", pytrace=False)
+    return result
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down

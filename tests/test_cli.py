@@ -291,6 +291,7 @@ def test_the_python_api_updates_kills_and_stops_an_experiment_whose_controller_w
     store.close()
 
 
+@pytest.mark.usefixtures("prefect_server")  # runs an experiment: e2e, on the session's server
 def test_the_python_api_deletes_a_finished_experiment_and_forgets_its_config(tmp_path):
     import trialflow
     from trialflow.experiments import LIVE_CONFIGS

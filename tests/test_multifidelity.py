@@ -310,6 +310,7 @@ nni.report_final_result(p["x"])
 """
 
 
+@pytest.mark.usefixtures("prefect_server")  # runs an experiment: e2e, on the session's server
 def test_hyperband_runs_to_done_on_the_local_platform_with_nnis_contract(tmp_path):
     code = tmp_path / "code"
     write_trial(code, BUDGET_TRIAL)
@@ -342,6 +343,7 @@ nni.report_final_result(p["x"] + state["steps"])
 """
 
 
+@pytest.mark.usefixtures("prefect_server")  # runs an experiment: e2e, on the session's server
 def test_pbt_runs_generations_that_load_each_others_checkpoints(tmp_path):
     code = tmp_path / "code"
     write_trial(code, PBT_TRIAL)

@@ -20,7 +20,9 @@ from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import list_experiments, open_store
 from trialflow.testing.prefect_server import PrefectServer, stop_group
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e]  # each starts Prefect servers of its own
+# One worker runs them all, so the module's ``prefect server start`` (~15 CPU-seconds to start and idle
+# on a busy machine) starts once per run instead of once per worker
+pytestmark = [pytest.mark.timeout(600), pytest.mark.e2e, pytest.mark.xdist_group("prefect_server_start")]
 REPO = Path(__file__).resolve().parents[1]
 TRIAL = """
 import nni, sys, time
