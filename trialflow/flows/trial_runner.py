@@ -14,9 +14,10 @@ The command's output goes to the run's Prefect logs, line by line, but for its m
 trialflow reads metrics and logs. ``trial`` holds the
 trial's hyper-parameters, shown with the run; nothing reads them from there.
 
-While the command runs, the flow touches ``heartbeat`` (a file beside the run script) every
-:data:`HEARTBEAT_SECONDS`: a run whose worker or infrastructure died stops beating although Prefect
-still shows it Running, and the platform ends it as Crashed.
+From its start until its final state is set (a state hook), the flow touches ``heartbeat`` (a file
+beside the run script) every :data:`HEARTBEAT_SECONDS`: a run whose worker or infrastructure died
+stops beating although Prefect still shows it Running, and the platform ends it as Crashed; a run
+slow to report its end (a busy API) keeps beating meanwhile.
 """
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ HEARTBEAT_SECONDS = 2.0
 MAX_LOG_LINE = 10_000  # characters of one output line sent to the run's logs
 
 
+_BEATING: dict[str, threading.Event] = {}  # flow run id -> the event that stops its heartbeat
+
+
+def _stop_beating(flow: Any, flow_run: Any, state: Any) -> None:
+    """State hook: the run's final state is set, its heartbeat stops."""
+    beating = _BEATING.pop(str(flow_run.id), None)
+    if beating is not None:
+        beating.set()
+
+
 def _beat(path: Path, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
@@ -46,7 +57,8 @@ def _beat(path: Path, stop: threading.Event) -> None:
         stop.wait(HEARTBEAT_SECONDS)
 
 
-@flow(name="trialflow-trial", log_prints=False, validate_parameters=True)
+@flow(name="trialflow-trial", log_prints=False, validate_parameters=True, on_completion=[_stop_beating],
+      on_failure=[_stop_beating], on_cancellation=[_stop_beating], on_crashed=[_stop_beating])
 def trial_runner(command: list[str], metrics_url: str | None = None, token_block: str | None = None,
                  heartbeat: str | None = None, trial: dict[str, Any] | None = None) -> int:
     env = dict(os.environ)
@@ -59,6 +71,9 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
         env["TRIALFLOW_METRICS_TOKEN"] = str(block.get())
     stop = threading.Event()
     if heartbeat:
+        from prefect.runtime import flow_run
+
+        _BEATING[str(flow_run.id)] = stop
         threading.Thread(target=_beat, args=(Path(heartbeat), stop), daemon=True).start()
     logger = get_run_logger()
     # the command runs in a session of its own (a cancel stops its whole tree); a watchdog stops it
@@ -78,8 +93,6 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
     except BaseException:  # cancelled or interrupted: the trial goes with the run
         os.killpg(proc.pid, signal.SIGTERM)
         raise
-    finally:
-        stop.set()
     if code != 0:
         raise RuntimeError(f"the trial's command exited with code {code}")
     return code

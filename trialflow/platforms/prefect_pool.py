@@ -22,9 +22,10 @@ trial runtime and trial files live on the shared storage (``localStorageMountPoi
 
 Liveness. Prefect shows a run Running until its process reports, so a run whose worker or
 infrastructure died would stay Running for ever. The runner flow touches a heartbeat file beside its
-run script every 2 s; a Running run whose heartbeat is older than :data:`STALE_SECONDS` -- or that
-has not beaten once that long after entering Running -- is set Crashed in Prefect and ends its trial
-as FAILED (the row CRASHED below).
+run script every 2 s until its final state is set; a Running run whose heartbeat is older than
+:data:`STALE_SECONDS` -- or that has not beaten once that long after entering Running -- is set
+Crashed in Prefect and ends its trial as FAILED (the row CRASHED below), unless the trial's command
+had already exited 0 (its keeper's record): that trial SUCCEEDED, only its run's end went unreported.
 
 State table (the flow run's state type):
 
@@ -33,7 +34,8 @@ SCHEDULED, PENDING, PAUSED               WAITING
 RUNNING, CANCELLING                      RUNNING (a cancel in progress)
 COMPLETED                                SUCCEEDED
 FAILED, CRASHED                          FAILED (the trial's exit code and stderr tail from
-                                         the shared storage)
+                                         the shared storage); CRASHED after the trial's
+                                         command exited 0: SUCCEEDED
 CANCELLED                                USER_CANCELED / EARLY_STOPPED when trialflow cancelled
                                          it, otherwise SYS_CANCELED
 =======================================  ================================================
@@ -54,7 +56,7 @@ from pydantic import SecretStr
 
 from ..config.platforms import PrefectPoolConfig
 from ..trial.procs import read_json
-from ..trial.protocol import PARAMETER_FILE
+from ..trial.protocol import META_DIR, PARAMETER_FILE, STATE
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare
@@ -232,24 +234,38 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             return None
         state = run.state
         kind = state.type.value if state is not None else "SCHEDULED"
+        why = state.message if state is not None else None
         if kind == "RUNNING" and self._stopped_beating(name, state.timestamp.timestamp()):
             from prefect.states import Crashed
 
-            message = (f"flow run {run.name} stopped beating for {STALE_SECONDS:.0f} s while Running: its worker "
-                       "or infrastructure is gone")
+            why = (f"flow run {run.name} stopped beating for {STALE_SECONDS:.0f} s while Running: its worker "
+                   "or infrastructure is gone")
             self._call("set_flow_run_state", lambda: self.api.set_flow_run_state(
-                run.id, Crashed(message=message), force=True))
-            return self.outcome(name, "CRASHED", STATES, message)
-        return self.outcome(name, kind, STATES, state.message if state is not None else None)
+                run.id, Crashed(message=why), force=True))
+            kind = "CRASHED"
+        if kind == "CRASHED" and self._trial_exit_code(name) == 0:
+            # the trial's command succeeded before its run's process went (the run only failed to report
+            # its end): the trial's own outcome stands
+            return self.outcome(name, "COMPLETED", STATES)
+        return self.outcome(name, kind, STATES, why)
+
+    def _run_dir(self, name: str) -> tuple[str, Path]:
+        """``("trial" | "env", folder)`` of job ``name`` on the shared storage."""
+        kind, ident = name.removeprefix(f"nni_exp_{self.experiment_id}_").split("_", 1)
+        return kind, self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident)
+
+    def _trial_exit_code(self, name: str) -> int | None:
+        """The exit code the keeper recorded for trial job ``name`` (None: not ended, or not a trial's run)."""
+        kind, folder = self._run_dir(name)
+        code = (read_json(str(folder / META_DIR / STATE)) or {}).get("exit_code") if kind == "trial" else None
+        return code if isinstance(code, int) else None
 
     def _stopped_beating(self, name: str, running_since: float) -> bool:
         """Whether job ``name``, Running in Prefect since ``running_since`` (epoch seconds), has not beaten
         for :data:`STALE_SECONDS`. A run that never beat counts from when it entered Running: its
         process may have died between Prefect's Running and the flow's first beat."""
-        kind, ident = name.removeprefix(f"nni_exp_{self.experiment_id}_").split("_", 1)
-        beat = self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident, HEARTBEAT_FILE)
         try:
-            last = beat.stat().st_mtime
+            last = (self._run_dir(name)[1] / HEARTBEAT_FILE).stat().st_mtime
         except FileNotFoundError:
             last = running_since
         return time.time() - last > STALE_SECONDS
