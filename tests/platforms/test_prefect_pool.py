@@ -85,10 +85,9 @@ def test_a_missing_work_pool_is_a_clear_error(tmp_path, on_pool):
         service_of(tmp_path, prefect_section(on_pool, workPool="nope")).prepare()
 
 
-def test_a_run_whose_process_died_before_its_first_heartbeat_fails_its_trial(tmp_path, on_pool, monkeypatch):
-    """Prefect sets a run Running before the flow's first heartbeat: a worker killed in between left
-    the trial RUNNING for ever. On a pool no worker polls, the run is put Running by hand, as a worker
-    that died right after starting it would leave it."""
+def _running_without_a_worker(tmp_path, on_pool, monkeypatch, trial_id: str):
+    """A trial's run on a pool no worker polls, put Running by hand as a worker that died right after
+    starting it would leave it, with a 3 s heartbeat window: ``(service, handle)``."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.states import Running
@@ -98,10 +97,17 @@ def test_a_run_whose_process_died_before_its_first_heartbeat_fails_its_trial(tmp
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name="trialflow-no-worker", type="process"), overwrite=True)
     monkeypatch.setattr(prefect_pool, "STALE_SECONDS", 3.0)
-    svc, handle = _run_one(tmp_path, on_pool, "Died1", SLEEPING_TRIAL, workPool="trialflow-no-worker")
+    svc, handle = _run_one(tmp_path, on_pool, trial_id, SLEEPING_TRIAL, workPool="trialflow-no-worker")
     (run,) = _flow_run(on_pool, handle.data["job"])
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Running(), force=True)
+    return svc, handle
+
+
+def test_a_run_whose_process_died_before_its_first_heartbeat_fails_its_trial(tmp_path, on_pool, monkeypatch):
+    """Prefect sets a run Running before the flow's first heartbeat: a worker killed in between left
+    the trial RUNNING for ever."""
+    svc, handle = _running_without_a_worker(tmp_path, on_pool, monkeypatch, "Died1")
     assert poll_until_terminal(svc, handle, timeout=60)[0][-1] == TrialStatus.FAILED
     (run,) = _flow_run(on_pool, handle.data["job"])
     assert run.state.type.value == "CRASHED" and "stopped beating" in run.state.message
@@ -111,23 +117,10 @@ def test_a_run_whose_process_died_before_its_first_heartbeat_fails_its_trial(tmp
 def test_a_run_that_went_after_its_command_exited_0_leaves_its_trial_succeeded(tmp_path, on_pool, monkeypatch):
     """A runner whose trial's command exited 0 but which never reported its end (its process went, or
     stalled past the heartbeat window on a busy machine) is Crashed in Prefect, and the trial keeps
-    its own outcome: SUCCEEDED with exit code 0. On a pool no worker polls, the run is put Running by
-    hand and the trial's end written as its keeper writes it."""
+    its own outcome: SUCCEEDED with exit code 0. The trial's end is written as its keeper writes it."""
     import json
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.states import Running
-
-    import trialflow.platforms.prefect_pool as prefect_pool
-
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name="trialflow-no-worker", type="process"), overwrite=True)
-    monkeypatch.setattr(prefect_pool, "STALE_SECONDS", 3.0)
-    svc, handle = _run_one(tmp_path, on_pool, "Ended1", SLEEPING_TRIAL, workPool="trialflow-no-worker")
-    (run,) = _flow_run(on_pool, handle.data["job"])
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(run.id, Running(), force=True)
+    svc, handle = _running_without_a_worker(tmp_path, on_pool, monkeypatch, "Ended1")
     meta = svc.storage.path(svc.experiment_id, "trials", handle.trial_id) / ".nni"
     (meta / "state").write_text(json.dumps({"exit_code": 0, "end_time": 0}))
     statuses, _, update = poll_until_terminal(svc, handle, timeout=60)
