@@ -336,7 +336,9 @@ def test_a_sigkilled_controller_leaves_no_temporary_prefect_server(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         store = open_store(exp_dir.parent, exp_id)
-        wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+        # a new controller, then its temporary server (allowed 90 s to start) and its first trial: on a
+        # loaded machine (r53, beside two busy loops) more than 120 s
+        wait_for(lambda: store.trials(["RUNNING"]), timeout=240)
         servers = [p for p in _children(controller.pid) if "prefect.server.api.server:create_app" in _cmdline(p)]
         assert len(servers) == 1
         controller.kill()
