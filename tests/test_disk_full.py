@@ -22,6 +22,7 @@ import yaml
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.disk_space import SpaceTolerantFileHandler, no_space
 from trialflow.experiments import open_store
+from trialflow.store import DB_RELATIVE_PATH
 from trialflow.testing.audit import check_folder
 from trialflow.trial.procs import write_when_space
 
@@ -77,7 +78,8 @@ def test_a_full_disk_stops_the_controller_in_one_line_and_resume_finishes_with_e
     config.write_text(yaml.safe_dump(base_config(code, small_disk / "w", trialConcurrency=2, maxTrialNumber=2)))
     created = _trialflow("create", "--config", str(config), "--foreground", out=tmp_path / "create.out")
     try:
-        folders = wait_for(lambda: [p for p in (small_disk / "w").glob("*") if (p / "db").is_dir()])
+        # its database file, not just its folder: on a loaded machine (r53) the test came between the two
+        folders = wait_for(lambda: [p for p in (small_disk / "w").glob("*") if (p / DB_RELATIVE_PATH).is_file()])
         store = open_store(small_disk / "w", folders[0].name)
         wait_for(lambda: sum(len(store.metrics(t.id, "FINAL")) for t in store.trials(["RUNNING"])) == 2,
                  timeout=120)

@@ -330,6 +330,9 @@ def test_a_sigkilled_controller_leaves_no_temporary_prefect_server(tmp_path):
     (code / "trial.py").write_text("import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
     exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", maxTrialNumber=1)))
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect's temporary server
+    # called as a flow, the run's server is started by Prefect itself, on a new database, within Prefect's
+    # 20 s by default: not enough on a loaded machine (r53)
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
     controller = subprocess.Popen(
         [sys.executable, "-c", "import sys; from trialflow.flows.experiment import experiment_flow; "
          "experiment_flow(None, sys.argv[1], sys.argv[2])", exp_id, str(exp_dir.parent)],
