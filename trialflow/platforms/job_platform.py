@@ -276,14 +276,19 @@ class JobPlatformService(TrainingService[ConfigT]):
     def _job_ended(self, handle: TrialHandle, status: TrialStatus, message: str | None, records: list[MetricRecord],
                    cursor: dict[str, Any], errors: list[str]) -> TrialUpdate:
         """A non-reuse trial whose job ended: the job's status, with the keeper's exit code."""
-        trial_dir = self._trial_dir(handle)
-        exit_code = (read_json(LOCAL, str(trial_dir / META_DIR / STATE)) or {}).get("exit_code")
+        exit_code = self.keeper_exit_code(handle.trial_id)
         if status == TrialStatus.FAILED:
-            tail = tail_text(trial_dir / STDERR_FILE)
+            tail = tail_text(self._trial_dir(handle) / STDERR_FILE)
             message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \
                 (f"; stderr tail:\n{tail}" if tail else "")
         self._finish(handle)
-        return TrialUpdate(status, records, cursor, exit_code if isinstance(exit_code, int) else None, message, errors)
+        return TrialUpdate(status, records, cursor, exit_code, message, errors)
+
+    def keeper_exit_code(self, trial_id: str) -> int | None:
+        """The exit code the trial's keeper recorded on the shared storage; None until it has one."""
+        state = read_json(LOCAL, str(self.storage.path(self.experiment_id, "trials", trial_id) / META_DIR / STATE))
+        code = (state or {}).get("exit_code")
+        return code if isinstance(code, int) else None
 
     def _poll_reuse(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         env = self.environments.assign(handle)

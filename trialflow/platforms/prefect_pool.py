@@ -56,7 +56,7 @@ from pydantic import SecretStr
 
 from ..config.platforms import PrefectPoolConfig
 from ..trial.procs import read_json
-from ..trial.protocol import META_DIR, PARAMETER_FILE, STATE
+from ..trial.protocol import PARAMETER_FILE
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare
@@ -243,29 +243,26 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             self._call("set_flow_run_state", lambda: self.api.set_flow_run_state(
                 run.id, Crashed(message=why), force=True))
             kind = "CRASHED"
-        if kind == "CRASHED" and self._trial_exit_code(name) == 0:
+        run_of, ident = self._run_of(name)
+        if kind == "CRASHED" and run_of == "trial" and self.keeper_exit_code(ident) == 0:
             # the trial's command succeeded before its run's process went (the run only failed to report
             # its end): the trial's own outcome stands
             return self.outcome(name, "COMPLETED", STATES)
         return self.outcome(name, kind, STATES, why)
 
-    def _run_dir(self, name: str) -> tuple[str, Path]:
-        """``("trial" | "env", folder)`` of job ``name`` on the shared storage."""
+    def _run_of(self, name: str) -> tuple[str, str]:
+        """``("trial" | "env", id)`` of job ``name``."""
         kind, ident = name.removeprefix(f"nni_exp_{self.experiment_id}_").split("_", 1)
-        return kind, self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident)
-
-    def _trial_exit_code(self, name: str) -> int | None:
-        """The exit code the keeper recorded for trial job ``name`` (None: not ended, or not a trial's run)."""
-        kind, folder = self._run_dir(name)
-        code = (read_json(str(folder / META_DIR / STATE)) or {}).get("exit_code") if kind == "trial" else None
-        return code if isinstance(code, int) else None
+        return kind, ident
 
     def _stopped_beating(self, name: str, running_since: float) -> bool:
         """Whether job ``name``, Running in Prefect since ``running_since`` (epoch seconds), has not beaten
         for :data:`STALE_SECONDS`. A run that never beat counts from when it entered Running: its
         process may have died between Prefect's Running and the flow's first beat."""
+        kind, ident = self._run_of(name)
+        beat = self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident, HEARTBEAT_FILE)
         try:
-            last = (self._run_dir(name)[1] / HEARTBEAT_FILE).stat().st_mtime
+            last = beat.stat().st_mtime
         except FileNotFoundError:
             last = running_since
         return time.time() - last > STALE_SECONDS

@@ -96,7 +96,7 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     def note_stop(received: int, _frame: object) -> None:
         # a signal that finds the trial already exited did not reach it: that trial ended by itself,
         # even though the keeper had not yet seen its end (a busy machine widens that window)
-        if not trial or not _exited(trial[0].pid):
+        if not trial or pid_alive(trial[0].pid):  # a zombie counts as exited
             stop_signals.append(received)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -134,14 +134,6 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     # on a full disk the keeper outlives its trial until the end is recorded (the trial reads RUNNING)
     write_when_space(os.path.join(meta_dir, STATE), state)
     return exit_code
-
-
-def _exited(pid: int) -> bool:
-    """Whether the child ``pid`` has exited (reaped or not); it is left for its ``wait``."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # already reaped
-        return True
 
 
 def _tee(source, sink, also) -> threading.Thread:  # type: ignore[no-untyped-def]
