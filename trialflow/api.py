@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from .config import ExperimentConfig, load_config, parse_config
 from .context import ExperimentContext, open_context
 from .experiments import find_experiment, open_store
 from .ids import new_trial_id
-from .results import best_trial, end_experiment, maximizes, trial_value
+from .results import best_trial, end_experiment, maximizes, multi_objective, pareto_set, trial_value
 from .status import ExperimentStatus
 from .store import TrialRecord
 from .warm_start import create_warm_started
@@ -27,13 +27,15 @@ log = logging.getLogger("trialflow")
 
 @dataclass
 class ExperimentResult:
-    """The outcome of an experiment: status, best trial and every trial record."""
+    """The outcome of an experiment: status, best trial and every trial record. A multi-objective
+    experiment has no ``best``; ``pareto`` is its Pareto set (empty for a single-objective one)."""
 
     experiment_id: str
     status: str
     directory: Path
     trials: list[TrialRecord]
     best: TrialRecord | None
+    pareto: list[TrialRecord] = field(default_factory=list)
 
     @property
     def best_value(self) -> float | None:
@@ -81,6 +83,10 @@ def result_of(root: Path, experiment_id: str, status: str | None = None) -> Expe
         record = store.experiment()
     finally:
         store.close()
+    objectives = multi_objective(record)
+    if objectives is not None:
+        return ExperimentResult(experiment_id, status or record.status, root / experiment_id, trials, None,
+                                pareto_set(trials, objectives))
     return ExperimentResult(experiment_id, status or record.status, root / experiment_id, trials,
                             best_trial(trials, maximizes(record)))
 

@@ -103,7 +103,7 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
     prepare the service (transient platform errors retried with its platform's policy); on exit stop
     its trials' followers, unregister it and close the service (trials keep running)."""
     logging.getLogger("trialflow").setLevel(LOG_LEVELS[config.log_level or "info"])
-    tuner = create_tuner(config.tuner, config.search_space)  # type: ignore[arg-type]
+    tuner = create_tuner(config.tuner, config.search_space, config.multi_objective)  # type: ignore[arg-type]
     assessor = create_assessor(config.assessor) if config.assessor else None
     service = experiment_service(config, experiment_dir)
     ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,

@@ -6,6 +6,9 @@ The direction is decided once, when the experiment is created, by NNI's rule (it
 ``optimizeMode``): the ``optimize_mode`` of the tuner's ``classArgs``, else the advisor's, else the
 assessor's, else maximize. It is stored with the experiment; experiments stored before it was are
 read with the same rule over their stored config.
+
+An experiment with ``objectives`` in its config has no best trial: its Pareto set
+(:func:`pareto_set`: the SUCCEEDED trials whose results are feasible and not dominated) stands for it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from .objectives import Objectives
 from .status import TrialStatus
 from .store import ExperimentRecord, ExperimentStore, TrialRecord
 from .trial.protocol import STDERR_FILE
@@ -56,6 +60,40 @@ def best_trial(trials: list[TrialRecord], maximize: bool) -> TrialRecord | None:
     if not scored:
         return None
     return (max if maximize else min)(scored, key=lambda pair: pair[0])[1]
+
+
+def multi_objective(record: ExperimentRecord) -> Objectives | None:
+    """The experiment's objectives and constraints (None: one objective, the final result)."""
+    return Objectives.of_config(record.config)
+
+
+def pareto_set(trials: list[TrialRecord], objectives: Objectives) -> list[TrialRecord]:
+    """The SUCCEEDED trials whose final results are usable and feasible and that no other such trial
+    dominates, in the order given."""
+    results = {t.id: r for t in trials
+               if t.status == TrialStatus.SUCCEEDED and (r := objectives.read_or_none(t.final)) is not None}
+    front = set(objectives.pareto_optimal(results))
+    return [t for t in trials if t.id in front]
+
+
+def pareto_lines(record: ExperimentRecord, trials: list[TrialRecord]) -> list[str] | None:
+    """A multi-objective experiment's Pareto set as printed at its end and by ``view``: a heading and
+    a line per trial (its objectives' values and parameters); None for a single-objective one."""
+    objectives = multi_objective(record)
+    if objectives is None:
+        return None
+    front = pareto_set(trials, objectives)
+    lines = [f"Pareto set: {len(front)} trial{'s' if len(front) != 1 else ''} "
+             f"({', '.join(f'{o.name} {_arrow(o.maximize)}' for o in objectives.objectives)})"]
+    for t in front:
+        values = objectives.read(t.final).values
+        shown = ", ".join(f"{name} {value:.6g}" for name, value in zip(objectives.names, values, strict=True))
+        lines.append(f"  {t.id} (#{t.sequence}): {shown}; parameters {t.parameters}")
+    return lines
+
+
+def _arrow(maximize: bool) -> str:
+    return "max" if maximize else "min"
 
 
 def ranked(trials: list[TrialRecord], maximize: bool) -> list[TrialRecord]:
@@ -111,10 +149,17 @@ def _last_stderr_line(trial: TrialRecord, limit: int = 4096) -> str | None:
     return text[:200] if text else None
 
 
-def stored_best(store: ExperimentStore) -> str | None:
-    """The id of the experiment's best trial under its stored direction, as its record now stands."""
-    best = best_trial(store.trials(), maximizes(store.experiment()))
+def expected_best(record: ExperimentRecord, trials: list[TrialRecord]) -> str | None:
+    """The id of the best trial under the experiment's stored direction; None for a multi-objective one."""
+    if multi_objective(record) is not None:
+        return None
+    best = best_trial(trials, maximizes(record))
     return best.id if best is not None else None
+
+
+def stored_best(store: ExperimentStore) -> str | None:
+    """:func:`expected_best` as the experiment's record now stands."""
+    return expected_best(store.experiment(), store.trials())
 
 
 def end_experiment(store: ExperimentStore, status: str, message: str | None = None) -> None:

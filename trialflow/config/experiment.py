@@ -21,8 +21,9 @@ from pydantic import (
 
 from ..assessors import ASSESSORS
 from ..ids import looks_like_experiment_id
+from ..objectives import Bound, Objective, Objectives
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
-from ..tuners import NAS_TUNERS, TUNERS
+from ..tuners import MULTI_OBJECTIVE_NAMES, MULTI_OBJECTIVE_TUNERS, NAS_TUNERS, TUNERS
 from ..tuners.custom import is_custom
 from ..tuners.registry import registered, registered_algorithms
 from ._base import (
@@ -78,6 +79,29 @@ class AlgorithmConfig(ConfigModel):
         return self
 
 
+class ObjectiveConfig(ConfigModel):
+    """One objective of a multi-objective experiment: a key of the trial's final-result dict."""
+
+    name: str = Field(min_length=1)
+    direction: Literal["maximize", "minimize"]
+
+
+class ConstraintConfig(ConfigModel):
+    """A bound on a key of the final-result dict: a trial is feasible when every bound holds."""
+
+    name: str = Field(min_length=1)
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _a_bound(self) -> ConstraintConfig:
+        if self.min is None and self.max is None:
+            raise ValueError(f"constraint {self.name!r} needs a min, a max or both, e.g. {{name: {self.name}, max: 8}}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"constraint {self.name!r}: min {self.min} is above max {self.max}")
+        return self
+
+
 class ExperimentConfig(ConfigModel):
     """A whole experiment. Build it with :func:`load_config` (file) or :func:`parse_config` (dict)."""
 
@@ -102,6 +126,9 @@ class ExperimentConfig(ConfigModel):
     tuner: AlgorithmConfig | None = None
     assessor: AlgorithmConfig | None = None
     advisor: AlgorithmConfig | None = None
+    objectives: list[ObjectiveConfig] | None = Field(
+        default=None, description="several objectives (keys of the final-result dict) tuned at once")
+    constraints: list[ConstraintConfig] | None = None
     training_service: OneOrManyTrainingServices
     warm_start: list[WarmStartSource] | None = Field(
         default=None, description="earlier experiments (their ids) or files of `trialflow experiment export "
@@ -185,6 +212,8 @@ class ExperimentConfig(ConfigModel):
             where = f'searchSpaceFile "{self.search_space_file}"' if self.search_space_file else "searchSpace"
             raise ValueError(f"{where} is empty: give at least one parameter, e.g. "
                              '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
+        if self.objectives is not None or self.constraints is not None:
+            self._objective_rules()
         if self.is_hybrid:
             self._hybrid_rules()
         if self.shared_storage is not None:
@@ -194,6 +223,21 @@ class ExperimentConfig(ConfigModel):
             self.log_level = "debug" if debug else "info"
         self._warn_unused()
         return self
+
+    def _objective_rules(self) -> None:
+        if not self.objectives:
+            raise ValueError("constraints need objectives: list the keys of the final result to tune, e.g. "
+                             "objectives: [{name: accuracy, direction: maximize}, {name: latency_ms, direction: "
+                             "minimize}]")
+        for what, names in (("objective", [o.name for o in self.objectives]),
+                            ("constraint", [c.name for c in self.constraints or ()])):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{what} {twice[0]!r} is listed twice: give each {what} once")
+        tuner = self.tuner
+        if tuner is not None and not self.custom_tuner and (tuner.name or "").lower() not in MULTI_OBJECTIVE_TUNERS:
+            raise ValueError(f"tuner {tuner.name} cannot tune several objectives or constraints; use one of "
+                             f"{MULTI_OBJECTIVE_NAMES}, or a customized tuner")
 
     def _share_rules(self) -> None:
         if self.shared_storage.local_mounted == "nomount":  # type: ignore[union-attr]
@@ -262,6 +306,14 @@ class ExperimentConfig(ConfigModel):
         if self.custom_tuner:
             return {"parameters": dict(parameters)}
         return self.space.encode(parameters)
+
+    @property
+    def multi_objective(self) -> Objectives | None:
+        """The objectives and constraints; None for one objective (the final result, NNI's rule)."""
+        if not self.objectives:
+            return None
+        return Objectives(tuple(Objective(o.name, o.direction == "maximize") for o in self.objectives),
+                          tuple(Bound(c.name, c.min, c.max) for c in self.constraints or ()))
 
     @property
     def services(self) -> list[TrainingServiceConfig]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..context import ExperimentContext
 from ..platforms import service_name
-from ..results import best_trial, maximizes, outcome_counts, trial_value
+from ..results import best_trial, maximizes, outcome_counts, pareto_lines, trial_value
 from ..status import TrialStatus
 from ..store import TERMINAL, Control, TrialRecord
 from .api_outage import OptionalCalls, next_try_after
@@ -124,11 +124,17 @@ class ArtifactReporter:
                  **{f"param.{k}": json_safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
         self._write_if_changed("trials", rows, lambda: create_table_artifact(
             key=f"{self.key}-trials", table=rows, description="trials (latest 500)"))
-        maximize = maximizes(self.ctx.store.experiment())
+        record = self.ctx.store.experiment()
+        maximize = maximizes(record)
         best = best_trial(trials, maximize)
-        text = "No successful trial yet." if best is None else (
-            f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"
-            + "\n".join(f"- `{k}` = `{v}`" for k, v in best.parameters.items()))
+        front = pareto_lines(record, trials)
+        if front is not None:  # several objectives: the Pareto set stands for the best trial
+            text = f"# {front[0]}\n\n" + "\n".join(f"- {line.strip()}" for line in front[1:])
+        elif best is None:
+            text = "No successful trial yet."
+        else:
+            text = (f"# Best trial `{best.id}` (#{best.sequence})\n\nmetric: **{trial_value(best)}**\n\n"
+                    + "\n".join(f"- `{k}` = `{v}`" for k, v in best.parameters.items()))
         text += f"\n\n{trial_counts(trials, maximize)}"
         if final:
             text += "\n\nThis run of the experiment has ended: no later trial comes into it."

@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from ..config import ExperimentConfig
-from ..results import best_trial, maximizes, nothing_succeeded, outcome_counts, trial_value
+from ..results import best_trial, maximizes, multi_objective, nothing_succeeded, outcome_counts, trial_value
 from ..status import ExperimentStatus, TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from .artifacts import json_safe
@@ -67,6 +67,7 @@ class ExperimentEvents:
         self.store = store
         self._lock = threading.Lock()
         self._maximize = maximizes(store.experiment())
+        self._multi_objective = multi_objective(store.experiment()) is not None  # no best trial: no new-best event
         best = best_trial(store.trials(), self._maximize)
         self._best = trial_value(best) if best is not None else None
         name = config.experiment_name or experiment_id
@@ -95,7 +96,7 @@ class ExperimentEvents:
                        {**_trial_summary(trial), "status": trial.status, "final": json_safe(trial.final),
                         "exit_code": trial.exit_code, "message": trial.message, "seconds": ran})
             value = trial_value(trial)
-            if trial.status != TrialStatus.SUCCEEDED or value is None:
+            if trial.status != TrialStatus.SUCCEEDED or value is None or self._multi_objective:
                 return
             with self._lock:
                 beaten = self._best

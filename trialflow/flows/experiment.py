@@ -55,13 +55,14 @@ from ..experiments import (
 from ..ids import new_experiment_id
 from ..kept_server import ServerError
 from ..limits import PlatformCap
+from ..objectives import tuner_value
 from ..platforms import TrialHandle, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
 from ..status import ExperimentStatus, TrialStatus
 from ..store import Control, ExperimentStore
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
-from ..tuners import TunerError, create_tuner, scalar_or_none
+from ..tuners import TunerError, create_tuner
 from ..warm_start import create_warm_started
 from ..withheld import withhold
 from .artifacts import ArtifactReporter
@@ -553,16 +554,18 @@ def _suggest(ctx: ExperimentContext, loop: _Loop) -> dict[str, Any] | None:
 def _tell_tuner(ctx: ExperimentContext, skip_misfits: bool = False) -> None:
     """Tell the tuner the imported data and the finished trials, and reserve the live trials' ids.
     With ``skip_misfits`` (a changed search space), results whose values the tuner refuses are left out."""
-    history = [(IMPORTED_IDS - i, raw, scalar_or_none(value)) for i, (_, raw, value) in enumerate(ctx.store.imported())]
+    objectives = ctx.config.multi_objective
+    history = [(IMPORTED_IDS - i, raw, tuner_value(value, objectives))
+               for i, (_, raw, value) in enumerate(ctx.store.imported())]
     for trial in ctx.store.trials():
         if not trial.is_terminal or trial.stopping:  # a stop still to settle is told once it is
             ctx.tuner.reserve(trial.parameter_id)
             continue
         history.append((trial.parameter_id, trial.raw,
-                        scalar_or_none(trial.final) if trial.status == TrialStatus.SUCCEEDED else None))
+                        tuner_value(trial.final, objectives) if trial.status == TrialStatus.SUCCEEDED else None))
     for parameter_id, raw, value in history:
         try:
-            ctx.tuner.replay(parameter_id, raw, value)
+            ctx.tuner.replay(parameter_id, raw, value)  # type: ignore[arg-type]  # MultiResult: a tuner for it
         except Exception as exc:  # noqa: BLE001 -- only when skipping misfits: else it is raised
             if not skip_misfits:
                 raise
@@ -578,7 +581,7 @@ def _apply_search_space(ctx: ExperimentContext, space: Any) -> None:
         return
     with ctx.tuner_lock:
         ctx.config = ctx.config.model_copy(update={"search_space": space})
-        ctx.tuner = create_tuner(ctx.config.tuner, space)  # type: ignore[arg-type]
+        ctx.tuner = create_tuner(ctx.config.tuner, space, ctx.config.multi_objective)  # type: ignore[arg-type]
         _tell_tuner(ctx, skip_misfits=True)
     # the config file still says the old one: not an edit
     set_stored_fields(ctx.store, {"searchSpace": space}, remove=["searchSpaceFile"])

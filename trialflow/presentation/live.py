@@ -24,7 +24,7 @@ from rich.table import Table
 from ..experiments import open_store
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
 from ..kept_server import flow_run_page, sign_in_note
-from ..results import best_trial, maximizes, outcome_line, trial_value
+from ..results import best_trial, maximizes, multi_objective, outcome_line, pareto_lines, trial_value
 from ..startup_gc import collector_paused
 from ..status import TrialStatus
 from ..store import Control
@@ -49,7 +49,7 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
         store.close()
     budget = record.controls.get(Control.MAX_TRIAL_NUMBER, record.config.get("maxTrialNumber"))
     done = sum(t.is_terminal for t in trials)
-    best = best_trial(trials, maximize)
+    best = None if multi_objective(record) else best_trial(trials, maximize)
     stopping = interrupted() is not None and not record.end_time
     status = "STOPPING (Ctrl-C again quits at once)" if stopping else record.status
     title = f"experiment {experiment_id} - {status}"
@@ -141,11 +141,14 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
             live.stop()
             console.print()  # what follows (the outcome, or the CLI's error line) starts a line of its own
     store = open_store(root, experiment_id)
-    trials = store.trials()
+    record, trials = store.experiment(), store.trials()
     store.close()
     best = best_trial(trials, maximize)
     console.print(outcome_line(trials), highlight=False)
-    if best is not None:
+    front = pareto_lines(record, trials)
+    if front is not None:
+        console.print("\n".join(front), highlight=False, markup=False)
+    elif best is not None:
         console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "
                       f"parameters {best.parameters}")
     return status, state.message if state.is_failed() else None

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..experiments import list_experiments, open_store
 from ..platforms import service_name
-from ..results import best_trial, maximizes, ranked, trial_value
+from ..results import best_trial, maximizes, pareto_lines, ranked, trial_value
 from ..status import EXPERIMENT_LIVE, TrialStatus
 from ..store import ExperimentStore, TrialRecord, config_in_force
 
@@ -49,7 +49,10 @@ def print_experiment(console: Console, store: ExperimentStore) -> None:
         console.print(f"  on {name}: {sum(by_status.values())}  "
                       + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())), highlight=False)
     best = best_trial(trials, is_maximize_stored(store))
-    if best is not None:
+    front = pareto_lines(store.experiment(), trials)
+    if front is not None:
+        console.print("\n".join(front), highlight=False, markup=False)
+    elif best is not None:
         console.print(f"best trial: {best.id} (#{best.sequence}) value {trial_value(best)} "
                       f"parameters {json.dumps(best.parameters)}")
 

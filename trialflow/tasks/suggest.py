@@ -12,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 
 from ..context import ExperimentContext, get_context
 from ..ids import new_trial_id
-from ..tuners import InvalidMetric, extract_scalar
+from ..objectives import MultiResult, read_result
+from ..tuners import InvalidMetric
 
 
 @task(name="suggest_parameters", cache_policy=NO_CACHE, task_run_name="suggest-#{number}")
@@ -35,22 +36,23 @@ def observe(ctx: ExperimentContext, parameter_id: int, final: Any, succeeded: bo
             intermediate: list[float] | None = None) -> str | None:
     """Tell the tuner how a trial ended (its usable ``intermediate`` results first); returns why its
     result was invalid, if it was."""
-    value: float | None = None
+    value: float | MultiResult | None = None
     problem = None
     if succeeded:
         if final is None:
             problem = "the trial reported no final result"
         else:
             try:
-                value = extract_scalar(final)
+                value = read_result(final, ctx.config.multi_objective)
             except InvalidMetric as exc:
                 problem = f"invalid final result: {exc}"
     with ctx.tuner_lock:
         raw = ctx.adopted.pop(parameter_id, None)
         if raw is not None:
-            ctx.tuner.replay(parameter_id, raw, value)
+            ctx.tuner.replay(parameter_id, raw, value)  # type: ignore[arg-type]  # MultiResult: see below
         else:
             if intermediate:
                 ctx.tuner.intermediate_results(parameter_id, intermediate)
-            ctx.tuner.conclude(parameter_id, value, final, succeeded)
+            # a MultiResult reaches only the tuners that take several objectives (checked at create)
+            ctx.tuner.conclude(parameter_id, value, final, succeeded)  # type: ignore[arg-type]
     return problem

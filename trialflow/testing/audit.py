@@ -15,7 +15,8 @@ record that is wrong in any run -- whatever the test looked at -- fails that tes
   result as the trial's final value;
 * no more trials than the budget (``maxTrialNumber``, or a larger value set at run time);
 * trial sequence numbers are unique and run 0, 1, 2, ... without a gap;
-* the best trial recorded at the experiment's end is the best under the stored direction;
+* the best trial recorded at the experiment's end is the best under the stored direction (none for a
+  multi-objective experiment, whose Pareto set stands for it);
 * no metric stored after its trial's recorded end.
 """
 
@@ -25,7 +26,7 @@ import os
 from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
-from ..results import best_trial, exited_by_itself, maximizes
+from ..results import exited_by_itself, expected_best, maximizes
 from ..status import EXPERIMENT_ENDED, TrialStatus
 from ..store import (
     DB_RELATIVE_PATH,
@@ -150,8 +151,7 @@ def _experiment_problems(record: ExperimentRecord, trials: list[TrialRecord]) ->
         out.append(f"trial sequences are not 0..{len(trials) - 1}: duplicated {duplicates[:5]}, "
                    f"missing {missing[:5]}")
     if record.status in ENDED and all(t.status in TERMINAL for t in trials):
-        best = best_trial(trials, maximizes(record))
-        expected = best.id if best is not None else None
+        expected = expected_best(record, trials)
         if record.best_trial != expected:
             out.append(f"recorded best trial {record.best_trial} but the best under "
                        f"{'maximize' if maximizes(record) else 'minimize'} is {expected}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..search_space import SearchSpace, parse_search_space
 from .anneal import AnnealTuner
@@ -36,9 +36,12 @@ from .evolution import EvolutionTuner
 from .grid import BatchTuner, GridSearchTuner
 from .hyperband import HyperbandTuner
 from .model_based import GP_UTILITIES, DngoTuner, GpTuner, MetisTuner
-from .optuna_tuners import OptunaTuner, cmaes_sampler, random_sampler, tpe_sampler
+from .optuna_tuners import OptunaTuner, cmaes_sampler, nsga_sampler, random_sampler, tpe_sampler
 from .pbt import PbtTuner
 from .smac import SmacTuner
+
+if TYPE_CHECKING:
+    from ..objectives import Objectives
 
 
 class AlgorithmSpec(Protocol):
@@ -50,21 +53,31 @@ class AlgorithmSpec(Protocol):
     code_directory: Any
 
 __all__ = ["InvalidMetric", "Suggestion", "Tuner", "TunerError", "create_tuner", "extract_scalar",
-           "scalar_or_none", "TUNERS", "check_tuner", "NAS_TUNERS"]
+           "scalar_or_none", "TUNERS", "check_tuner", "NAS_TUNERS", "MULTI_OBJECTIVE_TUNERS",
+           "MULTI_OBJECTIVE_NAMES"]
 
-KNOWN_TUNERS = "TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP, Hyperband, BOHB, PBT, SMAC, Metis, DNGO"
+KNOWN_TUNERS = ("TPE, Random, Anneal, Evolution, GridSearch, Batch, CMAES, GP, Hyperband, BOHB, PBT, SMAC, Metis, "
+                "DNGO, NSGA2, NSGA3")
 # NNI's built-in tuners for neural architecture search: out of scope
 NAS_TUNERS = ("PPOTuner", "PPO", "NetworkMorphism", "RegularizedEvolutionTuner")
 _MODE_SEED: dict[str, Callable[[Any], str | None]] = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}
 
 
 def _tpe(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
-         tpe_args: dict[str, Any] | None = None) -> Tuner:
-    return OptunaTuner(space, tpe_sampler(seed, tpe_args), optimize_mode, seed)
+         tpe_args: dict[str, Any] | None = None, objectives: Objectives | None = None) -> Tuner:
+    return OptunaTuner(space, tpe_sampler(seed, tpe_args), optimize_mode, seed, objectives)
 
 
-def _random(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> Tuner:
-    return OptunaTuner(space, random_sampler(seed), optimize_mode, seed)
+def _random(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
+            objectives: Objectives | None = None) -> Tuner:
+    return OptunaTuner(space, random_sampler(seed), optimize_mode, seed, objectives)
+
+
+def _nsga(version: int) -> Callable[..., Tuner]:
+    def factory(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
+                population_size: int | None = None, objectives: Objectives | None = None) -> Tuner:
+        return OptunaTuner(space, nsga_sampler(version, seed, population_size), optimize_mode, seed, objectives)
+    return factory
 
 
 def _cmaes(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> Tuner:
@@ -119,6 +132,7 @@ _GP_ARGS: ArgChecks = {**_MODE_SEED, "utility": _utility_arg, "kappa": number_ar
                        "selection_num_starting_points": positive_int_arg}
 _DNGO_ARGS: ArgChecks = {**_MODE_SEED, "sample_size": positive_int_arg, "trials_per_update": positive_int_arg,
               "num_epochs_per_training": positive_int_arg}
+_NSGA_ARGS: ArgChecks = {**_MODE_SEED, "population_size": positive_int_arg}
 
 # name -> (factory, allowed classArgs)
 TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | None]]]] = {
@@ -148,7 +162,12 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
     "metistuner": (MetisTuner, _METIS_ARGS),
     "dngo": (DngoTuner, _DNGO_ARGS),
     "dngotuner": (DngoTuner, _DNGO_ARGS),
+    **{name: (_nsga(2), _NSGA_ARGS) for name in ("nsga2", "nsgaii", "nsga-ii")},
+    **{name: (_nsga(3), _NSGA_ARGS) for name in ("nsga3", "nsgaiii", "nsga-iii")},
 }
+# the built-in tuners that take several objectives and constraints (``objectives`` in the config)
+MULTI_OBJECTIVE_TUNERS = frozenset({"tpe", "random", "nsga2", "nsgaii", "nsga-ii", "nsga3", "nsgaiii", "nsga-iii"})
+MULTI_OBJECTIVE_NAMES = "TPE, Random, NSGA2, NSGA3"
 
 
 # each built-in tuner as NNI's ``nnictl algo list`` names it (keys: every spelling accepted)
@@ -156,7 +175,9 @@ NNI_NAMES = {"tpe": "TPE", "random": "Random", "anneal": "Anneal", "evolution": 
              "gridsearch": "GridSearch", "batch": "BatchTuner", "batchtuner": "BatchTuner", "cmaes": "CMAES",
              "cma-es": "CMAES", "gp": "GPTuner", "gptuner": "GPTuner", "hyperband": "Hyperband", "bohb": "BOHB",
              "pbt": "PBTTuner", "pbttuner": "PBTTuner", "smac": "SMAC", "metis": "MetisTuner",
-             "metistuner": "MetisTuner", "dngo": "DNGOTuner", "dngotuner": "DNGOTuner"}
+             "metistuner": "MetisTuner", "dngo": "DNGOTuner", "dngotuner": "DNGOTuner",
+             **dict.fromkeys(("nsga2", "nsgaii", "nsga-ii"), "NSGA2"),
+             **dict.fromkeys(("nsga3", "nsgaiii", "nsga-iii"), "NSGA3")}
 
 # built-in tuners that need an optional package: name -> (module, what it is, the extra that installs it)
 NEEDS = {"gp": ("sklearn", "scikit-learn", "gp"), "gptuner": ("sklearn", "scikit-learn", "gp"),
@@ -178,9 +199,11 @@ def check_tuner(config: AlgorithmSpec) -> None:
             raise TunerError(f"the {config.name} tuner needs {what}: pip install 'trialflow[{extra}]'") from None
 
 
-def create_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
-    """Build the configured tuner over ``search_space`` (as written in the config); unknown names
-    and bad ``classArgs`` raise :class:`TunerError`."""
+def create_tuner(config: AlgorithmSpec, search_space: Any, objectives: Objectives | None = None) -> Tuner:
+    """Build the configured tuner over ``search_space`` (as written in the config), for the experiment's
+    ``objectives`` when it has several (a built-in of :data:`MULTI_OBJECTIVE_TUNERS`, or a customized
+    tuner, which gets the final results as reported); unknown names and bad ``classArgs`` raise
+    :class:`TunerError`."""
     if is_custom(config, TUNERS):
         return _custom_tuner(config, search_space)
     name = (config.name or "").lower()
@@ -188,6 +211,10 @@ def create_tuner(config: AlgorithmSpec, search_space: Any) -> Tuner:
         raise TunerError(f"unknown tuner {config.name!r}; built-in: {KNOWN_TUNERS}")
     factory, allowed = TUNERS[name]
     args = check_args(f"tuner {config.name}", config.class_args, allowed)
+    if objectives is not None:
+        if name not in MULTI_OBJECTIVE_TUNERS:
+            raise TunerError(f"tuner {config.name} cannot tune several objectives; use one of {MULTI_OBJECTIVE_NAMES}")
+        args["objectives"] = objectives
     return factory(_parsed(search_space), **args)
 
 

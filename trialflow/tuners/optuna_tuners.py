@@ -1,4 +1,5 @@
-"""Tuners backed by Optuna's ask/tell samplers: TPE, Random and CMA-ES.
+"""Tuners backed by Optuna's ask/tell samplers: TPE, Random and CMA-ES; TPE, Random, NSGA-II and
+NSGA-III also for several objectives and constraints (``trialflow.objectives``).
 
 Each suggestion is one in-memory Optuna trial; the search space is walked define-by-run, so
 nested choices become conditional parameters. Continuous types are asked as a unit value and
@@ -18,6 +19,8 @@ from .base import Suggestion, Tuner
 if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution
+
+    from ..objectives import MultiResult, Objectives
 
 
 class _OptunaChooser:
@@ -39,16 +42,23 @@ class _OptunaChooser:
 
 
 class OptunaTuner(Tuner):
-    """Any Optuna sampler behind the Tuner seam (in-memory study, no storage round trip)."""
+    """Any Optuna sampler behind the Tuner seam (in-memory study, no storage round trip). Given
+    ``objectives``, the study has one direction per objective and the tuner is told
+    :class:`~trialflow.objectives.MultiResult` values; their violations are the trial's constraints,
+    by name (Optuna's ``set_constraint``), which its samplers respect."""
 
     def __init__(self, space: SearchSpace, sampler: optuna.samplers.BaseSampler,
-                 optimize_mode: str = "minimize", seed: int | None = None) -> None:
+                 optimize_mode: str = "minimize", seed: int | None = None,
+                 objectives: Objectives | None = None) -> None:
         import optuna
 
         super().__init__(space, optimize_mode, seed)
         direction: Literal["minimize", "maximize"] = "maximize" if self.maximize else "minimize"
+        directions = [direction] if objectives is None else \
+            ["maximize" if o.maximize else "minimize" for o in objectives.objectives]
+        self.objectives = objectives
         with quietly():
-            self.study = optuna.create_study(sampler=sampler, direction=direction)
+            self.study = optuna.create_study(sampler=sampler, directions=directions)
         self._pending: dict[int, optuna.Trial] = {}
         self._distributions: dict[str, BaseDistribution] = {}
 
@@ -61,7 +71,7 @@ class OptunaTuner(Tuner):
         self._pending[pid] = trial
         return Suggestion(pid, params, chooser.raw)
 
-    def observe(self, parameter_id: int, value: float | None) -> None:
+    def observe(self, parameter_id: int, value: float | MultiResult | None) -> None:  # type: ignore[override]
         from optuna.trial import TrialState
 
         trial = self._pending.pop(parameter_id, None)
@@ -70,17 +80,32 @@ class OptunaTuner(Tuner):
         if value is None:
             with quietly():
                 self.study.tell(trial, state=TrialState.FAIL)
-        else:
+        elif isinstance(value, float | int):
             with quietly():
                 self.study.tell(trial, value)
+        else:
+            for name, violation in self._constraints(value).items():
+                trial.set_constraint(name, violation)
+            with quietly():
+                self.study.tell(trial, list(value.values))
 
-    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+    def _constraints(self, value: MultiResult) -> dict[str, float]:
+        bounds = self.objectives.bounds if self.objectives is not None else ()
+        return {bound.name: violation for bound, violation in zip(bounds, value.violations, strict=True)}
+
+    def _replay(self, parameter_id: int, raw: dict[str, Any],  # type: ignore[override]
+                value: float | MultiResult | None) -> None:
         import optuna
         from optuna.trial import TrialState
 
         dists = {key: self._distribution(key, v) for key, v in raw.items()}
         state = TrialState.FAIL if value is None else TrialState.COMPLETE
-        self.study.add_trial(optuna.trial.create_trial(params=raw, distributions=dists, value=value, state=state))
+        if value is None or isinstance(value, float | int):
+            trial = optuna.trial.create_trial(params=raw, distributions=dists, value=value, state=state)
+        else:
+            trial = optuna.trial.create_trial(params=raw, distributions=dists, values=list(value.values), state=state,
+                                              constraints=self._constraints(value))
+        self.study.add_trial(trial)
 
     def _distribution(self, key: str, value: Any) -> BaseDistribution:
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -102,6 +127,16 @@ def tpe_sampler(seed: int | None, tpe_args: dict[str, Any] | None = None) -> opt
     import optuna
 
     return optuna.samplers.TPESampler(seed=seed, **(tpe_args or {}))
+
+
+def nsga_sampler(version: int, seed: int | None, population_size: int | None) -> optuna.samplers.BaseSampler:
+    """Optuna's NSGA-II (``version`` 2) or NSGA-III (3) sampler."""
+    import optuna
+
+    size = 50 if population_size is None else population_size  # Optuna's default
+    if version == 2:
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=size)
+    return optuna.samplers.NSGAIIISampler(seed=seed, population_size=size)
 
 
 def random_sampler(seed: int | None) -> optuna.samplers.BaseSampler:

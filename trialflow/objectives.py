@@ -1,0 +1,124 @@
+"""Several objectives and constraints: what a trial's final-result dict is worth to a multi-objective
+experiment, and which results are Pareto-optimal.
+
+An experiment with ``objectives`` in its config reads each final result as the values of those keys
+(:func:`multi_result`); ``constraints`` bound other keys (or the same), and a result is feasible when
+every bound holds. Violations follow Optuna's convention: a number per constraint, at most 0 when
+its bound holds. The Pareto set (:func:`pareto_optimal`) is the feasible results no other feasible
+result dominates under the objectives' directions. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .tuners.base import InvalidMetric, extract_scalar, scalar_or_none
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    maximize: bool
+
+
+@dataclass(frozen=True)
+class Bound:
+    name: str
+    min: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True)
+class MultiResult:
+    """A final result as a multi-objective experiment reads it: one value per objective, in the
+    config's order, and one violation per constraint (at most 0: the bound holds)."""
+
+    values: tuple[float, ...]
+    violations: tuple[float, ...] = ()
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.violations)
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """An experiment's objectives and constraints, as its config states them."""
+
+    objectives: tuple[Objective, ...]
+    bounds: tuple[Bound, ...] = ()
+
+    @classmethod
+    def of_config(cls, config: dict[str, Any]) -> Objectives | None:
+        """From a config as stored (camelCase keys); None for a single-objective experiment."""
+        objectives = config.get("objectives")
+        if not objectives:
+            return None
+        return cls(tuple(Objective(o["name"], o.get("direction") == "maximize") for o in objectives),
+                   tuple(Bound(c["name"], c.get("min"), c.get("max")) for c in config.get("constraints") or ()))
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self.objectives]
+
+    def read(self, final: Any) -> MultiResult:
+        """The result ``final`` (a dict) as this experiment reads it. Raises :class:`InvalidMetric`
+        naming what is missing or not a finite number."""
+        if not isinstance(final, dict):
+            raise InvalidMetric(f"a multi-objective experiment needs a dict final result with the keys "
+                                f"{', '.join(self.names)}, got {type(final).__name__}")
+        values = tuple(_number(final, o.name, "objective") for o in self.objectives)
+        violations = []
+        for bound in self.bounds:
+            value = _number(final, bound.name, "constraint")
+            violations.append(max(value - bound.max if bound.max is not None else -math.inf,
+                                  bound.min - value if bound.min is not None else -math.inf))
+        return MultiResult(values, tuple(violations))
+
+    def read_or_none(self, final: Any) -> MultiResult | None:
+        """:meth:`read`, or None for a missing or unusable result."""
+        if final is None:
+            return None
+        try:
+            return self.read(final)
+        except InvalidMetric:
+            return None
+
+    def dominates(self, a: Sequence[float], b: Sequence[float]) -> bool:
+        """Whether values ``a`` are at least as good as ``b`` in every objective and better in one."""
+        better = False
+        for objective, x, y in zip(self.objectives, a, b, strict=True):
+            if (x < y) if objective.maximize else (x > y):
+                return False
+            better = better or x != y
+        return better
+
+    def pareto_optimal(self, results: dict[K, MultiResult]) -> list[K]:
+        """The keys of the feasible results that no other feasible result dominates, in their order."""
+        feasible = {k: r.values for k, r in results.items() if r.feasible}
+        return [k for k, v in feasible.items() if not any(self.dominates(w, v) for w in feasible.values())]
+
+
+def _number(final: dict, key: str, what: str) -> float:
+    if key not in final:
+        raise InvalidMetric(f"the final result has no {what} {key!r} (its keys: {', '.join(map(str, final))})")
+    value = final[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)):
+        raise InvalidMetric(f"the {what} {key!r} of the final result must be a finite number, got {value!r}")
+    return float(value)
+
+
+def tuner_value(final: Any, objectives: Objectives | None) -> float | MultiResult | None:
+    """What the tuner is told of a SUCCEEDED trial's final result: a number (one objective, NNI's
+    rule), a :class:`MultiResult` (several), or None when the result is missing or unusable."""
+    return scalar_or_none(final) if objectives is None else objectives.read_or_none(final)
+
+
+def read_result(final: Any, objectives: Objectives | None) -> float | MultiResult:
+    """:func:`tuner_value` of a present result; raises :class:`InvalidMetric` saying why it is unusable."""
+    return extract_scalar(final) if objectives is None else objectives.read(final)
