@@ -146,3 +146,62 @@ def test_a_multi_objective_experiment_ends_with_its_pareto_set(tmp_path, prefect
     assert pareto_set(store.trials(), ACC_LATENCY) == result.pareto
     # every trial keeps its outcome, one without an objective too
     assert all(t.status == "SUCCEEDED" for t in result.trials)
+
+
+def _result(accuracy, latency, memory=1.0):
+    return ACC_LATENCY.read({"accuracy": accuracy, "latency_ms": latency, "memory_gb": memory})
+
+
+def test_results_ranked_by_front_then_crowding_then_violation():
+    # front 1: a, b, d (b and d are the extremes of both objectives, a between them); c is dominated;
+    # e would lead but breaks the memory bound by 1, f by 4
+    results = {"a": _result(0.9, 10), "b": _result(0.8, 5), "c": _result(0.7, 20), "d": _result(0.95, 30),
+               "e": _result(0.99, 1, memory=9), "f": _result(0.6, 25, memory=12)}
+    assert ACC_LATENCY.ranked(results) == ["b", "d", "a", "c", "e", "f"]
+
+
+def test_moasha_keeps_the_best_of_each_rung_by_dominance_and_constraints():
+    from trialflow.assessors import MultiObjectiveAshaAssessor
+
+    assessor = MultiObjectiveAshaAssessor(ACC_LATENCY, min_resource=1, reduction_factor=2)  # rungs at 1, 2, 4
+    assert not assessor.assess("t1", [_result(0.5, 10)])  # alone at rung 0
+    assert assessor.assess("t2", [_result(0.4, 12)])  # t1 dominates it: 2nd of 2, the best 1 go on
+    assert not assessor.assess("t3", [_result(0.6, 9)])  # dominates t1: 1st of 3
+    assert assessor.assess("t4", [_result(0.9, 1, memory=9)])  # infeasible: last of 4, the best 2 go on
+    assert not assessor.assess("t6", [None])  # no usable result: not judged, nothing recorded
+    assert not assessor.assess("t1", [_result(0.5, 10), _result(0.55, 9)])  # alone at rung 1
+    assert assessor.assess("t3", [_result(0.6, 9), _result(0.5, 10)])  # at rung 1 t1 dominates it
+    # two results at once: rung 0 (1st of 5) and rung 1 (1st of 3) are judged in turn
+    assert not assessor.assess("t5", [_result(0.7, 5), _result(0.7, 5)])
+    assert set(assessor.rungs[0]) == {"t1", "t2", "t3", "t4", "t5"} and set(assessor.rungs[1]) == {"t1", "t3", "t5"}
+
+
+def test_moasha_needs_objectives(tmp_path):
+    (tmp_path / "code").mkdir()
+    with pytest.raises(ConfigError, match="assessor MOASHA ranks several objectives: list them in objectives"):
+        parse_config(base_config(tmp_path / "code", tmp_path / "w", assessor={"name": "MOASHA"}))
+
+
+CURVES = """\
+import time, nni
+p = nni.get_next_parameter()
+x, y = p["x"], p["y"]
+for step in range(1, 5):
+    time.sleep(0.3)  # a training step
+    nni.report_intermediate_result({"default": x * step, "accuracy": x * step, "latency_ms": 10 * x + y,
+                                    "memory_gb": 16 * y})
+nni.report_final_result({"default": 4 * x, "accuracy": 4 * x, "latency_ms": 10 * x + y, "memory_gb": 16 * y})
+"""
+
+
+def test_moasha_stops_dominated_trials_of_a_running_experiment(tmp_path, prefect_server):
+    write_trial(tmp_path / "code", CURVES)
+    config = _config(tmp_path, tuner={"name": "Random", "classArgs": {"seed": 4}}, maxTrialNumber=10,
+                     trialConcurrency=2, constraints=[{"name": "memory_gb", "max": 8}],
+                     assessor={"name": "MOASHA", "classArgs": {"min_resource": 1, "reduction_factor": 2}})
+    result = run_experiment(config)
+    statuses = [t.status for t in result.trials]
+    assert result.status == "DONE" and len(statuses) == 10
+    assert "EARLY_STOPPED" in statuses and "SUCCEEDED" in statuses, statuses
+    assert all(t.message for t in result.trials if t.status == "EARLY_STOPPED")  # saying who stopped it
+    assert result.pareto and all(t.status == "SUCCEEDED" for t in result.pareto)

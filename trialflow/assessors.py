@@ -10,6 +10,9 @@ asynchronous successive halving over the intermediate results of any tuner's tri
 reaches a rung (``min_resource * reduction_factor**k`` results) goes on only when it is among the
 best ``1/reduction_factor`` of the trials seen at that rung; Hyperband runs several such schedules
 (brackets) side by side and assigns each trial to one.
+``MOASHA`` (beyond NNI; experiments with ``objectives``): the same rungs over several objectives and
+constraints, the trials at a rung ordered by :meth:`Objectives.ranked` (feasible first, by
+non-dominated front, then crowding distance).
 
 Lifecycle: ``assess(trial_id, history)`` after each new intermediate result returns True to stop;
 ``trial_end(trial_id, history, succeeded)`` once when the trial ends.
@@ -24,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .objectives import MultiResult, Objectives
 from .optuna_logging import quietly
 from .tuners import AlgorithmSpec
 from .tuners.base import (
@@ -45,6 +49,7 @@ class Assessor(ABC):
     """``failure`` is set when a customized assessor raised; the experiment then ends ERROR."""
 
     failure: str | None = None
+    multi_objective = False  # True: told MultiResult histories (``trialflow.objectives``), not numbers
 
     def __init__(self, optimize_mode: str = "maximize") -> None:
         self.maximize = optimize_mode == "maximize"
@@ -191,6 +196,38 @@ class HyperbandAssessor(PrunerAssessor):
         super().__init__(optuna.pruners.HyperbandPruner(min_resource, max_resource, reduction_factor), optimize_mode)
 
 
+class MultiObjectiveAshaAssessor(Assessor):
+    """Asynchronous successive halving over several objectives. A trial whose ``min_resource *
+    reduction_factor**k``-th intermediate result is in (rung ``k``) goes on only when that result is
+    among the first ``max(n // reduction_factor, 1)`` of the ``n`` results seen at that rung, ordered by
+    :meth:`Objectives.ranked`: a trial dominated by most of its rung is stopped, and an infeasible one
+    ranks after every feasible one. Rungs a history skips over are judged in turn. Thread-safe."""
+
+    multi_objective = True
+
+    def __init__(self, objectives: Objectives, min_resource: int = 1, reduction_factor: int = 3) -> None:
+        super().__init__()
+        self.objectives = objectives
+        self.min_resource = min_resource
+        self.reduction_factor = reduction_factor
+        self.rungs: dict[int, dict[str, MultiResult]] = {}  # rung -> trial -> its result there
+        self._lock = threading.Lock()
+
+    def assess(self, trial_id: str, history: list[MultiResult | None]) -> bool:  # type: ignore[override]
+        with self._lock:
+            rung, steps = 0, self.min_resource
+            while steps <= len(history):
+                seen = self.rungs.setdefault(rung, {})
+                result = history[steps - 1]
+                if trial_id not in seen and result is not None:
+                    seen[trial_id] = result
+                    keep = max(len(seen) // self.reduction_factor, 1)
+                    if self.objectives.ranked(seen).index(trial_id) >= keep:
+                        return True
+                rung, steps = rung + 1, steps * self.reduction_factor
+            return False
+
+
 ASSESSORS = {
     "medianstop": (MedianstopAssessor, {"optimize_mode": optimize_mode_arg, "start_step": _nonneg_int}),
     "curvefitting": (CurvefittingAssessor, {"optimize_mode": optimize_mode_arg, "epoch_num": positive_int_arg,
@@ -200,9 +237,12 @@ ASSESSORS = {
                             "reduction_factor": _reduction_factor, "min_early_stopping_rate": _nonneg_int}),
     "hyperband": (HyperbandAssessor, {"optimize_mode": optimize_mode_arg, "min_resource": positive_int_arg,
                                       "max_resource": _min_resource, "reduction_factor": _reduction_factor}),
+    "moasha": (MultiObjectiveAshaAssessor, {"min_resource": positive_int_arg, "reduction_factor": _reduction_factor}),
 }
-KNOWN_ASSESSORS = "Medianstop, Curvefitting, ASHA, Hyperband"
-NNI_NAMES = {"medianstop": "Medianstop", "curvefitting": "Curvefitting", "asha": "ASHA", "hyperband": "Hyperband"}
+MULTI_OBJECTIVE_ASSESSORS = frozenset({"moasha"})  # they need the config's objectives
+KNOWN_ASSESSORS = "Medianstop, Curvefitting, ASHA, Hyperband, MOASHA"
+NNI_NAMES = {"medianstop": "Medianstop", "curvefitting": "Curvefitting", "asha": "ASHA", "hyperband": "Hyperband",
+             "moasha": "MOASHA"}
 
 
 class NniAssessor(Assessor):
@@ -239,8 +279,9 @@ def check_assessor(config: AlgorithmSpec) -> None:
     check_algorithm(config, "assessor", Assessor, ASSESSORS, KNOWN_ASSESSORS)
 
 
-def create_assessor(config: AlgorithmSpec) -> Assessor:
-    """The configured assessor: a built-in name, a ``className`` or a registered name."""
+def create_assessor(config: AlgorithmSpec, objectives: Objectives | None = None) -> Assessor:
+    """The configured assessor: a built-in name, a ``className`` or a registered name; the experiment's
+    ``objectives`` go to one that takes them (:data:`MULTI_OBJECTIVE_ASSESSORS`), which needs them."""
     if is_custom(config, ASSESSORS):
         custom = load_custom(config, "assessor", Assessor)
         if issubclass(custom.cls, Assessor):
@@ -250,4 +291,9 @@ def create_assessor(config: AlgorithmSpec) -> Assessor:
     if name not in ASSESSORS:
         raise TunerError(f"unknown assessor {config.name!r}; built-in: {KNOWN_ASSESSORS}")
     cls, allowed = ASSESSORS[name]
-    return cls(**check_args(f"assessor {config.name}", config.class_args, allowed))  # type: ignore[abstract]
+    args = check_args(f"assessor {config.name}", config.class_args, allowed)
+    if name in MULTI_OBJECTIVE_ASSESSORS:
+        if objectives is None:
+            raise TunerError(f"assessor {config.name} needs objectives in the config")
+        args["objectives"] = objectives
+    return cls(**args)  # type: ignore[abstract]

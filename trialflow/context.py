@@ -104,7 +104,7 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
     its trials' followers, unregister it and close the service (trials keep running)."""
     logging.getLogger("trialflow").setLevel(LOG_LEVELS[config.log_level or "info"])
     tuner = create_tuner(config.tuner, config.search_space, config.multi_objective)  # type: ignore[arg-type]
-    assessor = create_assessor(config.assessor) if config.assessor else None
+    assessor = create_assessor(config.assessor, config.multi_objective) if config.assessor else None
     service = experiment_service(config, experiment_dir)
     ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
                             max_trial_duration=config.max_trial_duration)

@@ -89,6 +89,20 @@ class Objectives:
         except InvalidMetric:
             return None
 
+    def read_intermediate(self, value: Any) -> MultiResult | None:
+        """An intermediate result as an assessor reads it: its objectives' values (None when one is
+        missing or unusable) and the violations of the bounds whose keys it has (a bound whose key is
+        not there yet holds)."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            values = tuple(_number(value, o.name, "objective") for o in self.objectives)
+            present = tuple(b for b in self.bounds if b.name in value)
+            violations = Objectives((), present).read(value).violations if present else ()
+        except InvalidMetric:
+            return None
+        return MultiResult(values, violations)
+
     def dominates(self, a: Sequence[float], b: Sequence[float]) -> bool:
         """Whether values ``a`` are at least as good as ``b`` in every objective and better in one."""
         better = False
@@ -102,6 +116,39 @@ class Objectives:
         """The keys of the feasible results that no other feasible result dominates, in their order."""
         feasible = {k: r.values for k, r in results.items() if r.feasible}
         return [k for k, v in feasible.items() if not any(self.dominates(w, v) for w in feasible.values())]
+
+    def ranked(self, results: dict[K, MultiResult]) -> list[K]:
+        """The keys best first: the feasible results by non-dominated front (the Pareto-optimal ones,
+        then those only they dominate, ...), within a front by crowding distance (the most isolated
+        first; the extremes of each objective lead), then the infeasible ones by their total
+        violation. Ties keep the given order."""
+        feasible = {k: r.values for k, r in results.items() if r.feasible}
+        order: list[K] = []
+        remaining = list(feasible)
+        while remaining:
+            front = [k for k in remaining if not any(self.dominates(feasible[j], feasible[k]) for j in remaining)]
+            distance = _crowding_distance(front, feasible)
+            order += sorted(front, key=lambda k: -distance[k])
+            remaining = [k for k in remaining if k not in set(front)]
+        infeasible = [k for k, r in results.items() if not r.feasible]
+        return order + sorted(infeasible, key=lambda k: sum(max(v, 0.0) for v in results[k].violations))
+
+
+def _crowding_distance(front: list[K], values: dict[K, tuple[float, ...]]) -> dict[K, float]:
+    """NSGA-II's crowding distance of each member of ``front``: the sum over objectives of the normalised
+    gap between its neighbours; the extremes of each objective get infinity."""
+    distance = dict.fromkeys(front, 0.0)
+    if len(front) <= 2:
+        return dict.fromkeys(front, math.inf)
+    for i in range(len(values[front[0]])):
+        line = sorted(front, key=lambda k: values[k][i])
+        low, high = values[line[0]][i], values[line[-1]][i]
+        distance[line[0]] = distance[line[-1]] = math.inf
+        if high == low:
+            continue
+        for before, member, after in zip(line, line[1:], line[2:], strict=False):
+            distance[member] += (values[after][i] - values[before][i]) / (high - low)
+    return distance
 
 
 def _number(final: dict, key: str, what: str) -> float:

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..assessors import ASSESSORS
+from ..assessors import ASSESSORS, MULTI_OBJECTIVE_ASSESSORS
 from ..ids import looks_like_experiment_id
 from ..objectives import Bound, Objective, Objectives
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
@@ -214,6 +214,11 @@ class ExperimentConfig(ConfigModel):
                              '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
         if self.objectives is not None or self.constraints is not None:
             self._objective_rules()
+        assessor = (self.assessor.name or "").lower() if self.assessor is not None else ""
+        if assessor in MULTI_OBJECTIVE_ASSESSORS and not self.objectives:
+            raise ValueError(f"assessor {self.assessor.name} ranks several objectives: list them in objectives, "  # type: ignore[union-attr]
+                             "e.g. objectives: [{name: accuracy, direction: maximize}, {name: latency_ms, "
+                             "direction: minimize}]")
         if self.is_hybrid:
             self._hybrid_rules()
         if self.shared_storage is not None:

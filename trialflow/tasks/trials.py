@@ -223,8 +223,9 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
         # reported at once and followed by a long step was never assessed before its next report
         if unassessed and update.status == TrialStatus.RUNNING and ctx.assessor is not None and not final_in:
             unassessed = False
-            values = [scalar_or_none(v) for v in history]
-            if all(v is not None for v in values) and ctx.assessor.assess(trial_id, values):  # type: ignore[arg-type]
+            values = _assessed(ctx, history)
+            judged = ctx.assessor.multi_objective or all(v is not None for v in values)  # it skips unusable ones
+            if judged and ctx.assessor.assess(trial_id, values):
                 log.debug("trial %s: the assessor stops it after %d intermediate results", trial_id, len(values))
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
@@ -387,3 +388,12 @@ def _finish_tuning(ctx: ExperimentContext, trial_id: str, history: list[Any], su
         log.warning("trial %s: %s; the tuner treats it as failed, the experiment goes on", trial_id, problem)
     if ctx.assessor is not None:
         ctx.assessor.trial_end(trial_id, values, succeeded)
+
+
+def _assessed(ctx: ExperimentContext, history: list[Any]) -> list[Any]:
+    """The intermediate results as the assessor reads them: numbers (NNI's rule), or for one that takes
+    several objectives :class:`~trialflow.objectives.MultiResult` values; None where one is unusable."""
+    objectives = ctx.config.multi_objective
+    if ctx.assessor is not None and ctx.assessor.multi_objective and objectives is not None:
+        return [objectives.read_intermediate(v) for v in history]
+    return [scalar_or_none(v) for v in history]
