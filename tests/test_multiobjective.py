@@ -142,7 +142,7 @@ def test_a_multi_objective_experiment_ends_with_its_pareto_set(tmp_path, prefect
     assert front and {t.id for t in result.pareto} == front
     store = open_store(tmp_path / "w", result.experiment_id)
     record = store.experiment()
-    assert record.best_trial is None  # the audit checks this as well
+    assert record.best_trial is None and record.pareto == [t.id for t in result.pareto]  # the audit checks both
     assert pareto_set(store.trials(), ACC_LATENCY) == result.pareto
     # every trial keeps its outcome, one without an objective too
     assert all(t.status == "SUCCEEDED" for t in result.trials)
@@ -205,3 +205,28 @@ def test_moasha_stops_dominated_trials_of_a_running_experiment(tmp_path, prefect
     assert "EARLY_STOPPED" in statuses and "SUCCEEDED" in statuses, statuses
     assert all(t.message for t in result.trials if t.status == "EARLY_STOPPED")  # saying who stopped it
     assert result.pareto and all(t.status == "SUCCEEDED" for t in result.pareto)
+
+
+@pytest.mark.breaks_records
+def test_the_audit_checks_the_recorded_pareto_set(tmp_path):
+    from trialflow.experiments import create_experiment
+    from trialflow.results import end_experiment
+    from trialflow.store import ExperimentStore, Metric
+    from trialflow.testing.audit import check_experiment
+
+    exp_id, exp_dir = create_experiment(parse_config(_config(tmp_path, maxTrialNumber=3,
+                                                             constraints=[{"name": "memory_gb", "max": 8}])))
+    store = ExperimentStore.embedded(exp_dir, exp_id)
+    finals = {"AAAAA": (0.9, 10, 1), "BBBBB": (0.8, 20, 1), "CCCCC": (0.99, 1, 9)}  # B dominated, C infeasible
+    for i, (tid, (acc, lat, mem)) in enumerate(finals.items()):
+        store.add_trial(tid, None, i, {"x": 0.5, "y": 0.5}, {"x": 0.5, "y": 0.5})
+        store.set_status(tid, "RUNNING", when=1.0 + i)
+        store.add_metrics([Metric(tid, "FINAL", 0, {"accuracy": acc, "latency_ms": lat, "memory_gb": mem}, 2.0 + i)])
+        store.set_status(tid, "SUCCEEDED", exit_code=0, when=3.0 + i)
+    end_experiment(store, "DONE")
+    assert store.experiment().pareto == ["AAAAA"] and store.experiment().best_trial is None
+    assert check_experiment(exp_dir) == []
+    store.set_experiment(pareto=["AAAAA", "CCCCC"], best_trial="CCCCC")
+    problems = "\n".join(check_experiment(exp_dir))
+    assert "recorded Pareto set ['AAAAA', 'CCCCC'] but the non-dominated feasible trials are ['AAAAA']" in problems
+    assert "recorded best trial CCCCC but the best under maximize is None" in problems

@@ -157,13 +157,15 @@ def expected_best(record: ExperimentRecord, trials: list[TrialRecord]) -> str | 
     return best.id if best is not None else None
 
 
-def stored_best(store: ExperimentStore) -> str | None:
-    """:func:`expected_best` as the experiment's record now stands."""
-    return expected_best(store.experiment(), store.trials())
+def expected_pareto(record: ExperimentRecord, trials: list[TrialRecord]) -> list[str] | None:
+    """The ids of the Pareto set under the experiment's stored objectives; None for a single-objective one."""
+    objectives = multi_objective(record)
+    return None if objectives is None else [t.id for t in pareto_set(trials, objectives)]
 
 
 def end_experiment(store: ExperimentStore, status: str, message: str | None = None) -> None:
     """Record the experiment's end: its status (DONE, STOPPED, ERROR), the message, the end time, no
-    controller, and its best trial as the record then stands."""
+    controller, and its best trial or Pareto set as the record then stands."""
+    record, trials = store.experiment(), store.trials()
     store.set_experiment(status=status, message=message, end_time=time.time(), controller_pid=None,
-                         best_trial=stored_best(store))
+                         best_trial=expected_best(record, trials), pareto=expected_pareto(record, trials))

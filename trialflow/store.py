@@ -165,6 +165,7 @@ class ExperimentRecord:
     best_trial: str | None = None
     flow_run_id: str | None = None
     prefect_api: str | None = None
+    pareto: list[str] | None = None  # a multi-objective experiment's Pareto set (trial ids), recorded at its end
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,8 @@ class ExperimentStore:
         return ExperimentRecord(m["id"], m["name"], json.loads(m["config"]), m["config_path"], m["status"],
                                 m["message"], m["start_time"], m["end_time"], m["controller_pid"],
                                 m["next_sequence"], self.controls(), m["optimize_mode"], m["best_trial"],
-                                m["flow_run_id"], m["prefect_api"])
+                                m["flow_run_id"], m["prefect_api"],
+                                json.loads(m["pareto"]) if m["pareto"] is not None else None)
 
     def controls(self) -> dict[str, Any]:
         """Runtime changes requested through the CLI (read every loop tick, so kept cheap)."""
@@ -318,7 +320,9 @@ class ExperimentStore:
 
     def set_experiment(self, **values: Any) -> None:
         """Update experiment columns (status, message, end_time, controller_pid, start_time, best_trial,
-        flow_run_id, prefect_api; config as JSON text)."""
+        pareto (a list, stored as JSON), flow_run_id, prefect_api; config as JSON text)."""
+        if values.get("pareto") is not None:
+            values["pareto"] = dumps(values["pareto"])
         self._write(experiments.update().where(experiments.c.id == self.experiment_id).values(**values))
 
     def relocate(self, old_dir: str, new_dir: str) -> None:

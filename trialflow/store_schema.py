@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from .user_errors import UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _meta = sa.MetaData()
 experiments = sa.Table(
@@ -39,6 +39,7 @@ experiments = sa.Table(
     sa.Column("next_sequence", sa.Integer, nullable=False, default=0),
     sa.Column("optimize_mode", sa.String(8)),  # decided once at creation (``trialflow.results``)
     sa.Column("best_trial", sa.String(16)),  # recorded when the experiment ends
+    sa.Column("pareto", sa.Text),  # a multi-objective experiment's Pareto set (JSON trial ids), recorded at its end
     sa.Column("flow_run_id", sa.String(64)),  # the Prefect flow run of its latest run
     sa.Column("prefect_api", sa.Text),  # that run's API (None: Prefect's temporary server)
 )
@@ -135,7 +136,12 @@ def _to_2(conn: sa.Connection) -> None:
     updates.create(conn, checkfirst=True)
 
 
-STEPS: dict[int, Callable[[sa.Connection], None]] = {1: _to_1, 2: _to_2}
+def _to_3(conn: sa.Connection) -> None:
+    """A multi-objective experiment's Pareto set, recorded at its end."""
+    _add_missing_columns(conn, experiments)
+
+
+STEPS: dict[int, Callable[[sa.Connection], None]] = {1: _to_1, 2: _to_2, 3: _to_3}
 assert sorted(STEPS) == list(range(1, SCHEMA_VERSION + 1)), "one upgrade step per schema version"
 
 SCHEMA_ATTEMPTS = 5

@@ -17,6 +17,8 @@ record that is wrong in any run -- whatever the test looked at -- fails that tes
 * trial sequence numbers are unique and run 0, 1, 2, ... without a gap;
 * the best trial recorded at the experiment's end is the best under the stored direction (none for a
   multi-objective experiment, whose Pareto set stands for it);
+* the Pareto set recorded at a multi-objective experiment's end is exactly its SUCCEEDED trials whose
+  results are feasible and not dominated under the stored objectives (none for a single-objective one);
 * no metric stored after its trial's recorded end.
 """
 
@@ -26,7 +28,7 @@ import os
 from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
-from ..results import exited_by_itself, expected_best, maximizes
+from ..results import exited_by_itself, expected_best, expected_pareto, maximizes
 from ..status import EXPERIMENT_ENDED, TrialStatus
 from ..store import (
     DB_RELATIVE_PATH,
@@ -155,4 +157,7 @@ def _experiment_problems(record: ExperimentRecord, trials: list[TrialRecord]) ->
         if record.best_trial != expected:
             out.append(f"recorded best trial {record.best_trial} but the best under "
                        f"{'maximize' if maximizes(record) else 'minimize'} is {expected}")
+        front = expected_pareto(record, trials)
+        if record.pareto != front:
+            out.append(f"recorded Pareto set {record.pareto} but the non-dominated feasible trials are {front}")
     return out
