@@ -230,3 +230,53 @@ def test_the_audit_checks_the_recorded_pareto_set(tmp_path):
     problems = "\n".join(check_experiment(exp_dir))
     assert "recorded Pareto set ['AAAAA', 'CCCCC'] but the non-dominated feasible trials are ['AAAAA']" in problems
     assert "recorded best trial CCCCC but the best under maximize is None" in problems
+
+
+def _cli(*args: str):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=180)
+
+
+def test_views_exports_and_imports_of_a_multi_objective_experiment(tmp_path, prefect_server):
+    import csv
+    import json
+
+    write_trial(tmp_path / "code", TRIAL)
+    result = run_experiment(_config(tmp_path, tuner={"name": "TPE", "classArgs": {"seed": 5}}, maxTrialNumber=6,
+                                    trialConcurrency=3, constraints=[{"name": "memory_gb", "max": 8}]))
+    exp, root, front = result.experiment_id, str(tmp_path / "w"), {t.id for t in result.pareto}
+    listing = _cli("trial", "ls", exp, "--root", root)
+    assert listing.returncode == 0, listing.stderr
+    header = next(line for line in listing.stdout.splitlines() if "trial" in line and "status" in line).split()
+    assert header[:6] == ["trial", "#", "status", "accuracy", "latency_ms", "pareto"]
+    marked = {line.split()[0] for line in listing.stdout.splitlines() if line.split()[:1] and
+              line.split()[0] in {t.id for t in result.trials} and " * " in f" {line} "}
+    assert marked == front
+    head = _cli("trial", "ls", exp, "--root", root, "--head", "1")
+    assert [line.split()[0] for line in head.stdout.splitlines() if line.split()[:1] and line.split()[0] in
+            {t.id for t in result.trials}] in ([t.id] for t in result.pareto)  # the first of the ranked front
+    view = _cli("view", exp, "--root", root)
+    assert f"Pareto set: {len(front)} trial" in view.stdout and "best trial" not in view.stdout
+    assert all(i in view.stdout for i in front)
+    assert _cli("experiment", "export", exp, "--root", root, "-f", str(tmp_path / "r.csv"), "-t", "csv").returncode == 0
+    with open(tmp_path / "r.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {"accuracy", "latency_ms", "memory_gb", "pareto"} <= set(rows[0])
+    assert {r["trialJobId"] for r in rows if r["pareto"] == "True"} == front
+    assert _cli("experiment", "export", exp, "--root", root, "-f", str(tmp_path / "r.json")).returncode == 0
+    exported = json.loads((tmp_path / "r.json").read_text())
+    assert {r["trialJobId"] for r in exported if r["pareto"]} == front
+    # the exported rows go back in as importData; a row without the objectives is refused, naming them
+    usable = [r for r in exported if "latency_ms" in json.loads(r["value"])]
+    (tmp_path / "usable.json").write_text(json.dumps(usable))
+    imported = _cli("experiment", "import", exp, "--root", root, "-f", str(tmp_path / "usable.json"))
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    assert len(open_store(tmp_path / "w", exp).imported()) == len(usable) > 0
+    (tmp_path / "bad.json").write_text(json.dumps([{"parameter": {"x": 0.5, "y": 0.5}, "value": 0.5}]))
+    refused = _cli("experiment", "import", exp, "--root", root, "-f", str(tmp_path / "bad.json"))
+    assert refused.returncode != 0
+    assert "item 0: 'value' must be a dict with the objectives accuracy, latency_ms" in refused.stdout + refused.stderr

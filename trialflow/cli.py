@@ -833,7 +833,7 @@ def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.O
     trials = store.trials()
     if head is not None or tail is not None:
         trials = _views.sort_trials(trials, store, head, tail)
-    _views.print_trials(console, trials)
+    _views.print_trials(console, trials, _results.multi_objective(store.experiment()))
 
 
 def _ids(experiment_id: str | None, trial: str | None, trial_id: str | None) -> tuple[str | None, str]:

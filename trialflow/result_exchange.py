@@ -2,8 +2,9 @@
 
 Export: a JSON row ``{parameter, value, trialJobId, status}`` per trial, early-stopped and failed
 ones included (``value`` null without a final result; plus ``trainingService`` on hybrid experiments
-and ``intermediate`` on request); CSV columns are the parameters, then ``reward`` or the dict
-metric's keys, then ``trialJobId`` and ``status``. Import: NNI's importData, ``[{parameter, value}]``,
+and ``intermediate`` on request; ``pareto``, whether the trial is in the Pareto set, on multi-objective
+ones); CSV columns are the parameters, then ``reward`` or the dict metric's keys (every objective and
+constraint), then ``trialJobId``, ``status`` and ``pareto``. Import: NNI's importData, ``[{parameter, value}]``,
 told to the tuner on every (re)start and never counted as trials; an exported row of a trial that
 ended without a result is passed over. Import is all or nothing."""
 
@@ -16,9 +17,10 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .experiments import stored_config
+from .objectives import read_result
 from .platforms import service_name
+from .results import multi_objective, pareto_set
 from .store import ExperimentStore, ImportedItem
-from .tuners import extract_scalar
 
 
 def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:
@@ -27,9 +29,14 @@ def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, An
     if intermediate:
         for m in store.metrics(type="PERIODICAL"):
             per_trial.setdefault(m.trial_id, []).append(m.value)
-    for t in store.trials():
+    trials = store.trials()
+    objectives = multi_objective(store.experiment())
+    front = None if objectives is None else {t.id for t in pareto_set(trials, objectives)}
+    for t in trials:
         row: dict[str, Any] = {"parameter": t.parameters, "value": None if t.final is None else json.dumps(t.final),
                                "trialJobId": t.id, "status": t.status}
+        if front is not None:
+            row["pareto"] = t.id in front
         if service_name(t.handle):
             row["trainingService"] = service_name(t.handle)
         if intermediate:
@@ -56,6 +63,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         metric = value if isinstance(value, dict) else {"reward": value}
         flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
                      **metric, "trialJobId": row["trialJobId"], "status": row["status"],
+                     **({"pareto": row["pareto"]} if "pareto" in row else {}),
                      **({"intermediate": json.dumps(row["intermediate"])} if "intermediate" in row else {})})
     columns: list[str] = []
     for r in flat:
@@ -80,6 +88,7 @@ def import_items(config: ExperimentConfig, data: Any) -> list[ImportedItem]:
     if not isinstance(data, list):
         raise ValueError("the import file must hold a JSON list of {\"parameter\": {...}, \"value\": ...}")
     items = []
+    objectives = config.multi_objective
     for i, item in enumerate(data):
         if not isinstance(item, dict) or "parameter" not in item or "value" not in item:
             raise ValueError(f"item {i}: expected an object with 'parameter' and 'value'")
@@ -93,9 +102,10 @@ def import_items(config: ExperimentConfig, data: Any) -> list[ImportedItem]:
             raise ValueError(f"item {i}: 'parameter' does not fit the search space: {exc}") from None
         try:
             value = json.loads(item["value"]) if isinstance(item["value"], str) else item["value"]
-            extract_scalar(value)
+            read_result(value, objectives)
         except (ValueError, RecursionError) as exc:
-            raise ValueError(f"item {i}: 'value' must be a finite number or a dict with a numeric 'default' "
-                             f"({exc})") from None
+            wanted = "a finite number or a dict with a numeric 'default'" if objectives is None else \
+                f"a dict with the objectives {', '.join(objectives.names)}"
+            raise ValueError(f"item {i}: 'value' must be {wanted} ({exc})") from None
         items.append((item["parameter"], raw, value))
     return items

@@ -14,8 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..experiments import list_experiments, open_store
+from ..objectives import Objectives
 from ..platforms import service_name
-from ..results import best_trial, maximizes, pareto_lines, ranked, trial_value
+from ..results import best_trial, maximizes, multi_objective, pareto_lines, pareto_set, ranked, trial_value
 from ..status import EXPERIMENT_LIVE, TrialStatus
 from ..store import ExperimentStore, TrialRecord, config_in_force
 
@@ -71,9 +72,15 @@ def _duration(trial: TrialRecord) -> str:
     return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
-def _metric(trial: TrialRecord) -> str:
+def _metric(trial: TrialRecord) -> tuple[str]:
     value = trial_value(trial)
-    return "" if value is None else f"{value:.6g}"
+    return ("" if value is None else f"{value:.6g}",)
+
+
+def _objective_cells(trial: TrialRecord, objectives: Objectives, in_front: bool) -> tuple[str, ...]:
+    result = objectives.read_or_none(trial.final)
+    values = ["" for _ in objectives.names] if result is None else [f"{v:.6g}" for v in result.values]
+    return (*values, "*" if in_front else "")
 
 
 def _detail(trial: TrialRecord) -> str:
@@ -89,14 +96,18 @@ def _compact(value: object) -> str:
     return json.dumps(value) if isinstance(value, dict | list | str) else str(value)
 
 
-def print_trials(console: Console, trials: list[TrialRecord]) -> None:
+def print_trials(console: Console, trials: list[TrialRecord], objectives: Objectives | None = None) -> None:
     """The trials, one line each (id, status, metric, duration, then the parameters or the reason it
     ended, cut to the terminal's width): a rich table up to ``RICH_TABLE_ROWS``, plain aligned
-    columns beyond. A hybrid experiment's table names the service each trial ran on."""
+    columns beyond. A hybrid experiment's table names the service each trial ran on; a multi-objective
+    one's has a column per objective instead of the metric, and ``*`` in ``pareto`` for its Pareto set."""
     hybrid = any(service_name(t.handle) for t in trials)
-    columns = (*TRIAL_COLUMNS[:3], "service", *TRIAL_COLUMNS[3:]) if hybrid else TRIAL_COLUMNS
+    metric_columns: tuple[str, ...] = ("metric",) if objectives is None else (*objectives.names, "pareto")
+    columns = (*TRIAL_COLUMNS[:3], *(["service"] if hybrid else []), *metric_columns, *TRIAL_COLUMNS[4:])
+    front = set() if objectives is None else {t.id for t in pareto_set(trials, objectives)}
     rows = [(t.id, str(t.sequence), t.status, *([service_name(t.handle) or ""] if hybrid else []),
-             _metric(t), _duration(t), _detail(t)) for t in trials]
+             *(_metric(t) if objectives is None else _objective_cells(t, objectives, t.id in front)),
+             _duration(t), _detail(t)) for t in trials]
     if len(rows) <= RICH_TABLE_ROWS:
         table = Table(box=box.SIMPLE_HEAD)
         widths = [max(len(name), *(len(r[i]) for r in rows)) for i, name in enumerate(columns[:-1])]
@@ -117,8 +128,15 @@ def print_trials(console: Console, trials: list[TrialRecord]) -> None:
 
 def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | None, tail: int | None
                 ) -> list[TrialRecord]:
-    """Trials with a usable final value, best first (--head N) or worst first (--tail N)."""
-    scored = ranked(trials, is_maximize_stored(store))
+    """Trials with a usable final value, best first (--head N) or worst first (--tail N); several
+    objectives' results in :meth:`Objectives.ranked` order."""
+    objectives = multi_objective(store.experiment())
+    if objectives is None:
+        scored = ranked(trials, is_maximize_stored(store))
+    else:
+        by_id = {t.id: t for t in trials}
+        usable = {t.id: r for t in trials if (r := objectives.read_or_none(t.final)) is not None}
+        scored = [by_id[i] for i in objectives.ranked(usable)]
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
 
 
