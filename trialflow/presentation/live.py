@@ -24,7 +24,7 @@ from rich.table import Table
 from ..experiments import open_store
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
 from ..kept_server import flow_run_page, sign_in_note
-from ..results import best_trial, maximizes, multi_objective, outcome_line, pareto_lines, trial_value
+from ..results import best_trial, maximizes, multi_objective, outcome_line, pareto_lines, pareto_set, trial_value
 from ..startup_gc import collector_paused
 from ..status import TrialStatus
 from ..store import Control
@@ -49,7 +49,8 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
         store.close()
     budget = record.controls.get(Control.MAX_TRIAL_NUMBER, record.config.get("maxTrialNumber"))
     done = sum(t.is_terminal for t in trials)
-    best = None if multi_objective(record) else best_trial(trials, maximize)
+    objectives = multi_objective(record)
+    best = None if objectives is not None else best_trial(trials, maximize)
     stopping = interrupted() is not None and not record.end_time
     status = "STOPPING (Ctrl-C again quits at once)" if stopping else record.status
     title = f"experiment {experiment_id} - {status}"
@@ -57,7 +58,11 @@ def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
     table.add_column()
     table.add_column(overflow="fold")  # the UI address stays whole, over lines when it must
     table.add_row("trials done", f"{done}" + (f" / {budget}" if budget else ""))
-    table.add_row("best so far", "-" if best is None else f"{trial_value(best)} ({best.id}) {best.parameters}")
+    if objectives is not None:
+        front = pareto_set(trials, objectives)
+        table.add_row("Pareto set so far", f"{len(front)}: " + ", ".join(t.id for t in front[:12]) if front else "-")
+    else:
+        table.add_row("best so far", "-" if best is None else f"{trial_value(best)} ({best.id}) {best.parameters}")
     running = [t for t in trials if t.status in (TrialStatus.RUNNING, TrialStatus.WAITING)]
     table.add_row("running", ", ".join(f"{t.id}#{t.sequence}" for t in running[:12]) or "-")
     page = flow_run_page(record.prefect_api, record.flow_run_id)

@@ -25,10 +25,10 @@ REPORTING_TRIAL = """
 import nni, time
 p = nni.get_next_parameter()
 for i in range(5):
-    nni.report_intermediate_result({"default": p["x"] + i, "step": i})
+    nni.report_intermediate_result({"default": p["x"] + i, "step": i, "latency_ms": 2.0 * i})
     time.sleep(0.05)
 time.sleep(0.3)
-nni.report_final_result(p["x"] * 10)
+nni.report_final_result({"default": p["x"] * 10, "accuracy": p["x"] * 10, "latency_ms": 9.5, "memory_gb": 1})
 """
 FAILING_TRIAL = """
 import sys
@@ -208,8 +208,10 @@ class TrainingServiceContract:
         periodical = [m for m in metrics if m.type == "PERIODICAL"]
         assert [m.sequence for m in periodical] == [0, 1, 2, 3, 4]
         assert [m.value["default"] for m in periodical] == [0.5, 1.5, 2.5, 3.5, 4.5]
+        assert [m.value["latency_ms"] for m in periodical] == [0.0, 2.0, 4.0, 6.0, 8.0]  # several objectives
         finals = [m for m in metrics if m.type == "FINAL"]
-        assert len(finals) == 1 and finals[0].value == 5.0 and finals[0].trial_id == "Life1"
+        assert len(finals) == 1 and finals[0].trial_id == "Life1"
+        assert finals[0].value == {"default": 5.0, "accuracy": 5.0, "latency_ms": 9.5, "memory_gb": 1}
         # a fresh cursor re-reads the same records; the old cursor yields nothing new
         again = poll_until_terminal(service, handle)[1]
         assert [m.sequence for m in again if m.type == "PERIODICAL"] == [0, 1, 2, 3, 4]
