@@ -280,3 +280,41 @@ def test_views_exports_and_imports_of_a_multi_objective_experiment(tmp_path, pre
     refused = _cli("experiment", "import", exp, "--root", root, "-f", str(tmp_path / "bad.json"))
     assert refused.returncode != 0
     assert "item 0: 'value' must be a dict with the objectives accuracy, latency_ms" in refused.stdout + refused.stderr
+
+
+def test_hypervolume_of_hand_computed_fronts():
+    from trialflow.objectives import hypervolume
+
+    both_min = Objectives((Objective("a", False), Objective("b", False)))
+    assert hypervolume(both_min, [(1, 3), (2, 2), (3, 1)], (4, 4)) == 6.0  # three 1x3 strips, overlapping
+    assert hypervolume(both_min, [(1, 3), (2, 2), (5, 0)], (4, 4)) == 5.0  # (5, 0) is beyond the reference
+    assert hypervolume(Objectives((Objective("acc", True), Objective("lat", False))), [(3, 1)], (0, 4)) == 9.0
+    three = Objectives(tuple(Objective(n, False) for n in "abc"))
+    assert hypervolume(three, [(0, 0, 1), (1, 1, 0)], (2, 2, 2)) == 5.0  # 4 + 2 - their common 1
+
+
+def test_the_report_of_a_multi_objective_experiment_draws_its_front_and_hypervolume(tmp_path):
+    from trialflow.experiments import create_experiment
+    from trialflow.presentation.report import charts
+    from trialflow.results import end_experiment
+    from trialflow.store import ExperimentStore, Metric
+
+    exp_id, exp_dir = create_experiment(parse_config(_config(tmp_path, maxTrialNumber=4,
+                                                             constraints=[{"name": "memory_gb", "max": 8}])))
+    store = ExperimentStore.embedded(exp_dir, exp_id)
+    finals = {"AAAAA": (0.7, 5, 1), "BBBBB": (0.6, 20, 1), "CCCCC": (0.9, 10, 1), "DDDDD": (0.99, 1, 9)}
+    for i, (tid, (acc, lat, mem)) in enumerate(finals.items()):
+        store.add_trial(tid, None, i, {"x": 0.1 * i, "y": 0.5}, {"x": 0.1 * i, "y": 0.5})
+        store.set_status(tid, "RUNNING", when=1.0 + i)
+        store.add_metrics([Metric(tid, "FINAL", 0, {"default": acc, "accuracy": acc, "latency_ms": lat,
+                                                    "memory_gb": mem}, 2.0 + i)])
+        store.set_status(tid, "SUCCEEDED", exit_code=0, when=3.0 + i)
+    end_experiment(store, "DONE")
+    drawn = dict(charts(store, store.trials()))
+    front = {trace.name: trace for trace in drawn["Pareto front"].data}
+    assert list(front["Pareto set"].text) == ["AAAAA", "CCCCC"]  # by accuracy, the x axis
+    assert list(front["dominated"].text) == ["BBBBB"] and list(front["infeasible (breaks a constraint)"].text) == \
+        ["DDDDD"]
+    volumes = list(drawn["Hypervolume over trials"].data[0].y)
+    assert list(drawn["Hypervolume over trials"].data[0].x) == [0, 1, 2]  # the feasible trials
+    assert volumes[0] > 0 and volumes[1] == volumes[0] and volumes[2] > volumes[1]  # B adds nothing, C does

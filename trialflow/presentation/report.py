@@ -8,7 +8,10 @@ plotly directly where every trial must show, early-stopped ones too, as NNI's We
 - intermediate results per trial (``plot_intermediate_values``);
 - hyper-parameters as parallel coordinates, every trial with a value and how it ended;
 - parameter importance (``plot_param_importances`` with PED-ANOVA, which needs no scikit-learn);
-- duration per trial, coloured by how it ended.
+- duration per trial, coloured by how it ended;
+- with several objectives: the Pareto front over the first two objectives (every succeeded trial,
+  infeasible ones marked, the Pareto set joined by a line) and the hypervolume of the Pareto set
+  after each trial, against the worst feasible value of each objective.
 
 A chart without the data it needs (no intermediate results, too few finished trials for importance)
 is replaced by one sentence saying so; the others are still written. Needs the ``plots`` extra.
@@ -25,7 +28,8 @@ from typing import Any, TypeVar
 
 import optuna
 
-from ..results import maximizes, trial_value
+from ..objectives import MultiResult, Objectives, hypervolume
+from ..results import maximizes, multi_objective, pareto_set, trial_value
 from ..status import TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
@@ -97,6 +101,54 @@ def _history(shown: list[tuple[TrialRecord, float]], maximize: bool) -> Any:
     return figure
 
 
+def _scored(records: list[TrialRecord], objectives: Objectives) -> list[tuple[TrialRecord, MultiResult]]:
+    """The succeeded trials with usable results, in sequence order."""
+    return sorted(((t, r) for t in records if t.status == TrialStatus.SUCCEEDED
+                   and (r := objectives.read_or_none(t.final)) is not None), key=lambda pair: pair[0].sequence)
+
+
+def _pareto_front(records: list[TrialRecord], objectives: Objectives) -> Any:
+    go = plots_module("plotly.graph_objects")
+    scored = _scored(records, objectives)
+    front = {t.id for t in pareto_set(records, objectives)}
+    x_name, y_name = objectives.names[0], objectives.names[1] if len(objectives.names) > 1 else objectives.names[0]
+    figure = go.Figure()
+    groups = [("dominated", "#90a4ae", "circle", [(t, r) for t, r in scored if r.feasible and t.id not in front]),
+              ("infeasible (breaks a constraint)", "#c62828", "x", [(t, r) for t, r in scored if not r.feasible])]
+    for name, colour, symbol, chosen in groups:
+        if chosen:
+            figure.add_scatter(x=[r.values[0] for _, r in chosen], y=[r.values[-1] for _, r in chosen],
+                               mode="markers", name=name, marker={"color": colour, "symbol": symbol},
+                               text=[t.id for t, _ in chosen], hovertemplate="trial %{text}: %{x}, %{y}")
+    best = sorted(((t, r) for t, r in scored if t.id in front), key=lambda pair: pair[1].values[0])
+    figure.add_scatter(x=[r.values[0] for _, r in best], y=[r.values[-1] for _, r in best], mode="lines+markers",
+                       name="Pareto set", marker={"color": "#2e7d32", "size": 10}, line={"color": "#2e7d32"},
+                       text=[t.id for t, _ in best], hovertemplate="trial %{text}: %{x}, %{y}")
+    figure.update_layout(xaxis_title=f"{x_name} ({'max' if objectives.objectives[0].maximize else 'min'})",
+                         yaxis_title=f"{y_name} ({'max' if objectives.objectives[-1].maximize else 'min'})")
+    return figure
+
+
+def _hypervolume_history(records: list[TrialRecord], objectives: Objectives) -> Any:
+    go = plots_module("plotly.graph_objects")
+    feasible = [(t, r) for t, r in _scored(records, objectives) if r.feasible]
+    worst = [(min if o.maximize else max)(r.values[i] for _, r in feasible)
+             for i, o in enumerate(objectives.objectives)]
+    # a reference just beyond the worst feasible value, so that no Pareto point adds zero volume
+    span = [(max(r.values[i] for _, r in feasible) - min(r.values[i] for _, r in feasible)) or 1.0
+            for i in range(len(worst))]
+    reference = [w - 0.1 * s if o.maximize else w + 0.1 * s
+                 for w, s, o in zip(worst, span, objectives.objectives, strict=True)]
+    sequences, volumes = [], []
+    for i, (trial, _) in enumerate(feasible):
+        sequences.append(trial.sequence)
+        volumes.append(hypervolume(objectives, [r.values for _, r in feasible[:i + 1]], reference))
+    figure = go.Figure(go.Scatter(x=sequences, y=volumes, mode="lines+markers", line_shape="hv",
+                                  name="hypervolume"))
+    figure.update_layout(xaxis_title="trial sequence", yaxis_title="hypervolume of the Pareto set")
+    return figure
+
+
 def _flat(parameters: Any, prefix: str = "") -> dict[str, Any]:
     """Nested parameters (a choice of dicts) as ``outer.inner`` keys."""
     if not isinstance(parameters, dict):
@@ -154,6 +206,14 @@ def charts(store: ExperimentStore, records: list[TrialRecord]) -> list[tuple[str
          lambda: vis.plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator())),
         ("Duration per trial", None if started else "no trial has started yet", lambda: _durations(started)),
     ]
+    objectives = multi_objective(store.experiment())
+    if objectives is not None:
+        scored = _scored(records, objectives)
+        none_feasible = None if any(r.feasible for _, r in scored) else "no trial has succeeded with a feasible result"
+        makers[:0] = [
+            ("Pareto front", None if scored else "no trial has succeeded with the objectives' values",
+             lambda: _pareto_front(records, objectives)),
+            ("Hypervolume over trials", none_feasible, lambda: _hypervolume_history(records, objectives))]
     out: list[tuple[str, Any]] = []
     for title, missing, make in makers:
         if missing is not None:
