@@ -23,8 +23,7 @@ from typing import Any
 from ..config import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
-from ..trial.keeper import stop_kept_group
-from ..trial.procs import pid_alive, read_json, write_atomic
+from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
 from ..trial.protocol import KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE
 from ..trial.runtime import PARAMETER_FILE
 from .base import (
@@ -138,8 +137,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             self._started.add(handle.trial_id)
             return True
 
-    def _keeper(self, handle: TrialHandle) -> dict | None:
-        """The trial keeper's ``keeper.pid`` record once it was started. A keeper started by a
+    def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
+        """(pid, start time) of the trial's keeper once it was started. A keeper started by a
         request whose reply was lost writes its own ``keeper.pid`` at once, so it is waited for."""
         meta = os.path.join(handle.data["trial_dir"], META_DIR)
         path = os.path.join(meta, KEEPER_PID)
@@ -149,7 +148,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                and os.path.isdir(meta)):  # a removed trial directory never gets one
             time.sleep(0.02)
             info = read_json(path)
-        return info
+        return (int(info["pid"]), info.get("start_time")) if info else None
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         """The trial's status and new metrics. Raises LostHandleError when its directory is gone
@@ -166,7 +165,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         meta = os.path.join(trial_dir, META_DIR)
         keeper = self._keeper(handle)
         self._existing_dir(handle)
-        if keeper is not None and not _alive(keeper) and read_json(os.path.join(meta, STATE)) is None:
+        if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, STATE)) is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's process group ended without recording an exit code (killed)", errors)
@@ -199,9 +198,9 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         fd = self._pidfds.get(handle.trial_id)
         if fd is None:
             keeper = self._keeper(handle)
-            if keeper is not None and _alive(keeper):
+            if keeper is not None and pid_alive(*keeper):
                 try:
-                    fd = self._pidfds[handle.trial_id] = os.pidfd_open(int(keeper["pid"]))
+                    fd = self._pidfds[handle.trial_id] = os.pidfd_open(keeper[0])
                 except (AttributeError, OSError):  # no pidfds here, or the keeper just ended
                     fd = None
         if fd is None:
@@ -211,8 +210,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
 
     def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
         keeper = self._keeper(handle)
-        if keeper is not None:
-            stop_kept_group(keeper, self.kill_grace)
+        if keeper is not None and pid_alive(*keeper):
+            kill_group(keeper[0], self.kill_grace)
         self._finish(handle)
 
     def adopt(self, handle: TrialHandle) -> None:
@@ -254,8 +253,3 @@ def _checked(gpu: GpuScheduler, config: LocalConfig) -> None:
         gpu.check(config.trial_gpu_number or 0)
     except GpuError as exc:
         raise PlatformError(str(exc)) from None
-
-
-def _alive(keeper: dict) -> bool:
-    """Whether the keeper of a ``keeper.pid`` record still runs."""
-    return pid_alive(int(keeper["pid"]), keeper.get("start_time"))

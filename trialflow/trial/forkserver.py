@@ -26,8 +26,8 @@ import sys
 import threading
 import traceback
 
-from .keeper import STOP_REQUESTS, claim, keeper_record, run
-from .procs import daemonize, write_atomic
+from .keeper import claim, run, runtime_version
+from .procs import daemonize, process_start_time, write_atomic
 from .protocol import KEEPER_PID, META_DIR
 
 
@@ -48,7 +48,8 @@ def spawn(trial_dir: str) -> str:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    write_atomic(os.path.join(meta_dir, KEEPER_PID), keeper_record(pid))
+    write_atomic(os.path.join(meta_dir, KEEPER_PID),
+                 {"pid": pid, "start_time": process_start_time(pid), "version": runtime_version()})
     return str(pid)
 
 
@@ -56,8 +57,6 @@ def serve() -> int:
     """Answer requests on stdin until it closes."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for request in STOP_REQUESTS.values():  # a keeper forked from here ignores stop requests until it takes them
-        signal.signal(request, signal.SIG_IGN)
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     while line := requests.readline():
         trial_dir = os.fsdecode(line.rstrip(b"\n"))

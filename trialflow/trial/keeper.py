@@ -11,8 +11,7 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   write the trial directory and, unless the payload says ``hold``, detach a keeper -- one SSH
   command per trial;
 * ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
-  (SIGINT, SIGTERM, SIGKILL; the first two through its keeper, see below); a trial that already ended
-  is not an error;
+  (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
 * ``... keeper --pod <trial dir> <role> <primary role>``: a cluster job's replica, in the foreground
   (see :func:`pod`); paths in a ``located`` ``keeper.json`` are relative to the trial directory;
 * ``... keeper --version``: print the runtime's version.
@@ -21,7 +20,7 @@ Files in ``<trial dir>/.nni/`` (written atomically):
 * ``keeper.json`` (input): ``{"command", "cwd", "env"}``;
 * ``keeper.lock``: created exclusively by the one keeper allowed to start (so retried or repeated
   launches never run a trial twice);
-* ``keeper.pid``: ``{"pid", "start_time", "version", "passes_stops"}`` of the keeper (= process group id);
+* ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time"}`` once the command runs;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
   ``"stop_signal": true`` when a stop signal (SIGINT, SIGTERM) reached the group while the trial
@@ -30,15 +29,6 @@ Files in ``<trial dir>/.nni/`` (written atomically):
 The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper survives
 SIGINT/SIGTERM (it notes them) so it can record the exit of a trial being stopped; ``--kill`` ends the
 whole group, keeper included, with SIGKILL at the end of the grace period.
-
-Stops trialflow sends (``--kill``, the local service's cancel) go to the keeper alone, as requests
-(:data:`STOP_REQUESTS`: SIGUSR1 for SIGINT, SIGUSR2 for SIGTERM), when its ``keeper.pid`` says
-``passes_stops``. The keeper, the trial's parent, passes a request on to its group only while the
-trial has not exited, so the record is exact on a busy machine too: a trial that exited by itself
-as the stop was sent keeps its own exit code, and one that answers the stop with a code of its own
-is stopped. A stop signal sent to the whole group (a scheduler's, a terminal's) reaches the trial
-directly; it counts when the keeper finds the trial not yet exited, which a keeper descheduled for
-longer than the trial takes to answer cannot tell.
 """
 
 from __future__ import annotations
@@ -65,23 +55,14 @@ from .protocol import (
     STDOUT_FILE,
 )
 
-__all__ = ["STOP_REQUESTS", "assign_gpus", "claim", "execute", "keeper_record", "kill_trial", "pod", "run",
-           "runtime_version", "stop_kept_group", "write_atomic", "write_trial_files"]
-
-
-# what a stop sent to the keeper alone asks it to send the trial's group
-STOP_REQUESTS: dict[int, int] = {signal.SIGINT: signal.SIGUSR1, signal.SIGTERM: signal.SIGUSR2}
+__all__ = ["assign_gpus", "claim", "execute", "kill_trial", "pod", "run", "runtime_version", "write_atomic",
+           "write_trial_files"]
 
 
 def runtime_version() -> str:
     from .. import __version__
 
     return __version__
-
-
-def keeper_record(pid: int) -> dict:
-    """The ``keeper.pid`` of the keeper ``pid``."""
-    return {"pid": pid, "start_time": process_start_time(pid), "version": runtime_version(), "passes_stops": True}
 
 
 def run(trial_dir: str) -> int:
@@ -118,18 +99,10 @@ def execute(trial_dir: str, tee: bool = False) -> int:
         if not trial or pid_alive(trial[0].pid):  # a zombie counts as exited
             stop_signals.append(received)
 
-    def pass_on_stop(received: int, _frame: object) -> None:
-        stop = next(sig for sig, request in STOP_REQUESTS.items() if request == received)
-        if not trial or pid_alive(trial[0].pid):  # a trial that already exited is not told
-            stop_signals.append(stop)
-            if trial:
-                _signal_trial(trial[0].pid, stop)
-
-    for signum in STOP_REQUESTS:
+    for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, note_stop)
-    for request in STOP_REQUESTS.values():
-        signal.signal(request, pass_on_stop)
-    write_atomic(os.path.join(meta_dir, KEEPER_PID), keeper_record(os.getpid()))
+    write_atomic(os.path.join(meta_dir, KEEPER_PID),
+                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
     cwd, spec_env = _located(trial_dir, spec)
     env = {**os.environ, **spec_env}
     # bash sources ~/.bashrc when it sees it was started over SSH; that would reorder PATH (pythonPath
@@ -148,8 +121,6 @@ def execute(trial_dir: str, tee: bool = False) -> int:
             write_atomic(os.path.join(meta_dir, STATE), {"exit_code": 127, "end_time": time.time()})
             return 127
         trial.append(proc)
-        if stop_signals:  # asked to stop before the trial started: it is told at once
-            _signal_trial(proc.pid, stop_signals[-1])
         write_when_space(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
         copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
@@ -163,19 +134,6 @@ def execute(trial_dir: str, tee: bool = False) -> int:
     # on a full disk the keeper outlives its trial until the end is recorded (the trial reads RUNNING)
     write_when_space(os.path.join(meta_dir, STATE), state)
     return exit_code
-
-
-def _signal_trial(pid: int, signum: int) -> None:
-    """Send ``signum`` to the trial ``pid`` and, when the keeper leads the group, to the whole group
-    but the keeper (its own copy is discarded: ignored while it is sent)."""
-    if os.getpgrp() != os.getpid():  # a pod's keeper: the trial alone
-        os.kill(pid, signum)
-        return
-    handler = signal.signal(signum, signal.SIG_IGN)
-    try:
-        os.killpg(os.getpid(), signum)
-    finally:
-        signal.signal(signum, handler)
 
 
 def _tee(source, sink, also) -> threading.Thread:  # type: ignore[no-untyped-def]
@@ -274,21 +232,13 @@ def kill_trial(trial_dir: str, grace: float) -> None:
     while info is None and time.monotonic() < deadline and not os.path.exists(os.path.join(meta_dir, STATE)):
         time.sleep(0.05)
         info = read_json(os.path.join(meta_dir, KEEPER_PID))
-    if info:
-        stop_kept_group(info, grace)
-
-
-def stop_kept_group(keeper: dict, grace: float) -> None:
-    """Stop the process group that the keeper of the ``keeper.pid`` record ``keeper`` leads, unless that
-    keeper already ended (pid checked with its start time): SIGINT, SIGTERM, then SIGKILL, ``grace``
-    seconds apart, the first two as requests to a keeper that ``passes_stops`` (see the module doc)."""
-    if pid_alive(int(keeper["pid"]), keeper.get("start_time")):
-        kill_group(int(keeper["pid"]), grace, STOP_REQUESTS if keeper.get("passes_stops") else None)
+    if info and pid_alive(int(info["pid"]), info.get("start_time")):
+        kill_group(int(info["pid"]), grace)
 
 
 def _default_signals() -> None:
-    for signum in (*STOP_REQUESTS, *STOP_REQUESTS.values()):
-        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def main(argv: list[str]) -> int:

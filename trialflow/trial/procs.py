@@ -1,9 +1,8 @@
 """Process helpers shared by the controller and workers (standard library only, Linux ``/proc``).
 
 ``kill_group`` stops a whole trial: SIGINT, then SIGTERM, then SIGKILL to its process group, a
-grace period apart (the first two through its keeper when asked). ``pid_alive`` treats zombies as
-dead; ``process_start_time`` guards against a recycled pid (a pid plus its start time names one
-process for good).
+grace period apart. ``pid_alive`` treats zombies as dead; ``process_start_time`` guards against a
+recycled pid (a pid plus its start time names one process for good).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping
 from typing import Any
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a full disk, a spent quota
@@ -132,18 +130,13 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def kill_group(pgid: int, grace: float, leader_takes: Mapping[int, int] | None = None) -> None:
+def kill_group(pgid: int, grace: float) -> None:
     """SIGINT, SIGTERM, then SIGKILL to the process group ``pgid``, ``grace`` seconds apart, and up to
     ``grace`` more for the group to end after the SIGKILL (the kernel ends a killed process when it gets
-    to it: later on a busy machine). Returns once the group is gone or that time is up. With
-    ``leader_takes``, a signal in it goes to the group's leader alone, as the signal it maps to, while
-    the leader runs (a trial keeper passes it on to the rest of its group)."""
+    to it: later on a busy machine). Returns once the group is gone or that time is up."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
-            if leader_takes and sig in leader_takes and pid_alive(pgid):
-                os.kill(pgid, leader_takes[sig])
-            else:
-                os.killpg(pgid, sig)
+            os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
         deadline = time.monotonic() + grace
