@@ -9,10 +9,10 @@ from tests.conftest import base_config, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.config import ConfigError
 from trialflow.experiments import open_store
-from trialflow.objectives import Bound, MultiResult, Objective, Objectives
 from trialflow.results import pareto_set
 from trialflow.tuners import InvalidMetric, TunerError, create_tuner
 from trialflow.tuners.base import Tuner
+from trialflow.tuners.objectives import Bound, MultiResult, Objective, Objectives
 
 TWO = [{"name": "accuracy", "direction": "maximize"}, {"name": "latency_ms", "direction": "minimize"}]
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}, "y": {"_type": "uniform", "_value": [0, 1]}}
@@ -283,7 +283,7 @@ def test_views_exports_and_imports_of_a_multi_objective_experiment(tmp_path, pre
 
 
 def test_hypervolume_of_hand_computed_fronts():
-    from trialflow.objectives import hypervolume
+    from trialflow.tuners.objectives import hypervolume
 
     both_min = Objectives((Objective("a", False), Objective("b", False)))
     assert hypervolume(both_min, [(1, 3), (2, 2), (3, 1)], (4, 4)) == 6.0  # three 1x3 strips, overlapping

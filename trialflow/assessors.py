@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from .objectives import MultiResult, Objectives
 from .optuna_logging import quietly
 from .tuners import AlgorithmSpec
 from .tuners.base import (
@@ -38,6 +37,7 @@ from .tuners.base import (
     positive_int_arg,
 )
 from .tuners.custom import check_algorithm, describe_failure, is_custom, load_custom
+from .tuners.objectives import MultiResult, Objectives
 
 
 def _nonneg_int(value: Any) -> str | None:
@@ -49,7 +49,7 @@ class Assessor(ABC):
     """``failure`` is set when a customized assessor raised; the experiment then ends ERROR."""
 
     failure: str | None = None
-    multi_objective = False  # True: told MultiResult histories (``trialflow.objectives``), not numbers
+    multi_objective = False  # True: told MultiResult histories (``trialflow.tuners.objectives``), not numbers
 
     def __init__(self, optimize_mode: str = "maximize") -> None:
         self.maximize = optimize_mode == "maximize"

@@ -17,10 +17,10 @@ from typing import Any
 
 from .config import ExperimentConfig
 from .experiments import stored_config
-from .objectives import read_result
 from .platforms import service_name
 from .results import multi_objective, pareto_set
 from .store import ExperimentStore, ImportedItem
+from .tuners.objectives import read_result
 
 
 def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:

@@ -17,11 +17,11 @@ import time
 from collections import Counter
 from typing import Any
 
-from .objectives import Objectives
 from .status import TrialStatus
 from .store import ExperimentRecord, ExperimentStore, TrialRecord
 from .trial.protocol import STDERR_FILE
 from .tuners import scalar_or_none
+from .tuners.objectives import Objectives
 
 MODES = ("maximize", "minimize")
 # The order outcomes are counted and printed in.

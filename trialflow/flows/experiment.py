@@ -55,7 +55,6 @@ from ..experiments import (
 from ..ids import new_experiment_id
 from ..kept_server import ServerError
 from ..limits import PlatformCap
-from ..objectives import tuner_value
 from ..platforms import TrialHandle, experiment_retry
 from ..results import end_experiment, nothing_succeeded, outcome_line
 from ..status import ExperimentStatus, TrialStatus
@@ -63,6 +62,7 @@ from ..store import Control, ExperimentStore
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner
+from ..tuners.objectives import tuner_value
 from ..warm_start import create_warm_started
 from ..withheld import withhold
 from .artifacts import ArtifactReporter

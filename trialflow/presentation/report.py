@@ -28,11 +28,11 @@ from typing import Any, TypeVar
 
 import optuna
 
-from ..objectives import MultiResult, Objectives, hypervolume
 from ..results import maximizes, multi_objective, pareto_set, trial_value
 from ..status import TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
+from ..tuners.objectives import MultiResult, Objectives, hypervolume
 from .dashboard import open_mirror, plots_module
 
 MIN_FOR_IMPORTANCE = 4

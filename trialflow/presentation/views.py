@@ -14,11 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..experiments import list_experiments, open_store
-from ..objectives import Objectives
 from ..platforms import service_name
 from ..results import best_trial, maximizes, multi_objective, pareto_lines, pareto_set, ranked, trial_value
 from ..status import EXPERIMENT_LIVE, TrialStatus
 from ..store import ExperimentStore, TrialRecord, config_in_force
+from ..tuners.objectives import Objectives
 
 
 def is_maximize_stored(store: ExperimentStore) -> bool:

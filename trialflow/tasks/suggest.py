@@ -12,8 +12,8 @@ from prefect.cache_policies import NO_CACHE
 
 from ..context import ExperimentContext, get_context
 from ..ids import new_trial_id
-from ..objectives import MultiResult, read_result
 from ..tuners import InvalidMetric
+from ..tuners.objectives import MultiResult, read_result
 
 
 @task(name="suggest_parameters", cache_policy=NO_CACHE, task_run_name="suggest-#{number}")

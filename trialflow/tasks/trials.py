@@ -392,7 +392,7 @@ def _finish_tuning(ctx: ExperimentContext, trial_id: str, history: list[Any], su
 
 def _assessed(ctx: ExperimentContext, history: list[Any]) -> list[Any]:
     """The intermediate results as the assessor reads them: numbers (NNI's rule), or for one that takes
-    several objectives :class:`~trialflow.objectives.MultiResult` values; None where one is unusable."""
+    several objectives :class:`~trialflow.tuners.objectives.MultiResult` values; None where one is unusable."""
     objectives = ctx.config.multi_objective
     if ctx.assessor is not None and ctx.assessor.multi_objective and objectives is not None:
         return [objectives.read_intermediate(v) for v in history]

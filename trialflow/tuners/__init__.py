@@ -41,7 +41,7 @@ from .pbt import PbtTuner
 from .smac import SmacTuner
 
 if TYPE_CHECKING:
-    from ..objectives import Objectives
+    from .objectives import Objectives
 
 
 class AlgorithmSpec(Protocol):

@@ -1,5 +1,5 @@
 """Tuners backed by Optuna's ask/tell samplers: TPE, Random and CMA-ES; TPE, Random, NSGA-II and
-NSGA-III also for several objectives and constraints (``trialflow.objectives``).
+NSGA-III also for several objectives and constraints (``trialflow.tuners.objectives``).
 
 Each suggestion is one in-memory Optuna trial; the search space is walked define-by-run, so
 nested choices become conditional parameters. Continuous types are asked as a unit value and
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution
 
-    from ..objectives import MultiResult, Objectives
+    from .objectives import MultiResult, Objectives
 
 
 class _OptunaChooser:
@@ -44,7 +44,7 @@ class _OptunaChooser:
 class OptunaTuner(Tuner):
     """Any Optuna sampler behind the Tuner seam (in-memory study, no storage round trip). Given
     ``objectives``, the study has one direction per objective and the tuner is told
-    :class:`~trialflow.objectives.MultiResult` values; their violations are the trial's constraints,
+    :class:`~trialflow.tuners.objectives.MultiResult` values; their violations are the trial's constraints,
     by name (Optuna's ``set_constraint``), which its samplers respect."""
 
     def __init__(self, space: SearchSpace, sampler: optuna.samplers.BaseSampler,

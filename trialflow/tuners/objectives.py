@@ -15,7 +15,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .tuners.base import InvalidMetric, extract_scalar, scalar_or_none
+from .base import InvalidMetric, extract_scalar, scalar_or_none
 
 K = TypeVar("K", bound=Hashable)
 
