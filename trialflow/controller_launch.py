@@ -2,11 +2,12 @@
 Prefect and the task library: over a second) overlaps the CLI's checking of the config.
 
 Lifecycle: :func:`start_controller` starts ``python -m trialflow.controller_launch`` in a session of its
-own (a Ctrl-C in the terminal never reaches it). It points itself at the kept Prefect server, imports
-what a run needs, then reads one line from its stdin: the experiment to run. :meth:`PendingController.run`
-sends it; :meth:`PendingController.cancel` (a refused config) closes stdin instead, and the process
-ends without doing anything. Until it has an experiment its output goes to a spool file; then it moves
-it to the experiment's ``log/controller.out`` and writes there.
+own (a Ctrl-C in the terminal never reaches it). It points itself at the kept Prefect server, then
+imports what a run needs while a thread reads one line from its stdin: the experiment to run.
+:meth:`PendingController.run` sends it; :meth:`PendingController.cancel` (a refused config) closes stdin
+instead, and the process ends at once, mid-import if need be, without doing anything. Until it has an
+experiment its output goes to a spool file; then it moves it to the experiment's ``log/controller.out``
+and writes there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 
@@ -100,6 +102,25 @@ def _move_output(spool: Path, log_path: Path) -> None:
     spool.unlink(missing_ok=True)
 
 
+def _await_job(spool: Path) -> threading.Thread:
+    """Read the job line in a thread (joined before ``_JOB`` is read). When stdin closes without one
+    (the config was refused) the process exits there and then, leaving nothing behind: on a busy machine
+    its imports may take longer than the person's next command."""
+    def read() -> None:
+        line = sys.stdin.readline()
+        if not line.strip():
+            spool.unlink(missing_ok=True)
+            os._exit(0)
+        _JOB.append(line)
+
+    reader = threading.Thread(target=read, name="job-line", daemon=True)
+    reader.start()
+    return reader
+
+
+_JOB: list[str] = []  # the job line, once read
+
+
 def _main() -> int:
     spool = Path(os.readlink("/proc/self/fd/1"))
     from .kept_server import ServerError, point_this_process_at_kept_server
@@ -109,17 +130,15 @@ def _main() -> int:
         problem = None
     except ServerError as exc:
         problem = exc
+    reader = _await_job(spool)  # after the server's start: a refused config never interrupts that
     from .startup_gc import collector_paused
 
     with collector_paused():
         from .experiments import CONTROLLER_LOG
         from .flows import experiment  # imported while `create` checks the config
 
-    line = sys.stdin.readline()
-    if not line.strip():  # the config was refused: nothing to run
-        spool.unlink(missing_ok=True)
-        return 0
-    job = json.loads(line)
+    reader.join()
+    job = json.loads(_JOB[0])
     root = Path(job["root"])
     _move_output(spool, root / job["experiment_id"] / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT)
     if problem is not None:  # recorded: `create` reports the experiment's message
