@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import base_config, write_trial
+from tests.conftest import base_config, wait_for, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.config import ConfigError
 from trialflow.experiments import open_store
@@ -15,6 +15,7 @@ from trialflow.tuners.base import Tuner
 from trialflow.tuners.objectives import Bound, MultiResult, Objective, Objectives
 
 TWO = [{"name": "accuracy", "direction": "maximize"}, {"name": "latency_ms", "direction": "minimize"}]
+TWO_NAMES = ["accuracy", "latency_ms"]
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}, "y": {"_type": "uniform", "_value": [0, 1]}}
 ACC_LATENCY = Objectives((Objective("accuracy", True), Objective("latency_ms", False)), (Bound("memory_gb", max=8),))
 
@@ -33,7 +34,7 @@ def _config(tmp_path, **overrides):
     ({"constraints": [{"name": "m", "max": 1}, {"name": "m", "min": 0}]}, "constraint 'm' is listed twice"),
     ({"objectives": None, "constraints": [{"name": "memory_gb", "max": 8}]}, "constraints need objectives"),
     ({"tuner": {"name": "Anneal"}}, "tuner Anneal cannot tune several objectives or constraints; use one of TPE, "
-                                    "Random, NSGA2, NSGA3"),
+                                    "Random, GridSearch, GPTuner, SMAC, NSGA2, NSGA3"),
 ])
 def test_a_wrong_objectives_section_is_one_line_naming_the_fix(tmp_path, change, says):
     with pytest.raises(ConfigError) as caught:
@@ -103,11 +104,86 @@ def test_each_multi_objective_tuner_learns_from_results_and_constraints(name):
     assert again.suggest() is not None
 
 
+def _spec(name, **args):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, class_name=None, class_args=args, code_directory=None)
+
+
+def _told(tuner: Tuner, count: int) -> list[tuple[dict, MultiResult]]:
+    """Ask ``count`` suggestions and tell each its result on the accuracy/latency/memory problem; each
+    suggestion's parameters (its raw values under ``"raw"``) with its result."""
+    told = []
+    for _ in range(count):
+        suggestion = tuner.suggest()
+        x, y = suggestion.parameters["x"], suggestion.parameters["y"]
+        result = ACC_LATENCY.read({"accuracy": x, "latency_ms": 10 * x + y, "memory_gb": 16 * y})
+        tuner.conclude(suggestion.parameter_id, result, None, True)
+        told.append(({**suggestion.parameters, "raw": suggestion.raw}, result))
+    return told
+
+
+def test_parego_scalarization_of_hand_computed_results():
+    results = [_result(0.9, 10), _result(0.5, 30), _result(0.7, 20), _result(0.99, 1, memory=9.0)]
+    # normalised costs (accuracy negated, then to [0, 1]; latency to [0, 1]) of the three feasible ones plus
+    # the infeasible one, which takes part in the normalisation: accuracy 0.99 is the best seen
+    costs = ACC_LATENCY.scalarized(results, [0.5, 0.5])
+    acc = [(0.99 - a) / 0.49 for a in (0.9, 0.5, 0.7)]
+    lat = [(t - 1) / 29 for t in (10, 30, 20)]
+    expected = [max(0.5 * a, 0.5 * t) + 0.05 * (0.5 * a + 0.5 * t) for a, t in zip(acc, lat, strict=True)]
+    assert costs[:3] == pytest.approx(expected)
+    assert costs[3] == pytest.approx(1 + 0.05 + 1 / 2)  # violation 1 GB: beyond every feasible cost
+    assert ACC_LATENCY.scalarized(results, [1.0, 0.0])[:3] == pytest.approx([a * 1.05 for a in acc])
+
+
+def test_the_gp_tuner_with_several_objectives_learns_the_feasible_region_and_resumes():
+    pytest.importorskip("sklearn")
+    spec = _spec("GPTuner", cold_start_num=6, selection_num_warm_up=2000, selection_num_starting_points=3, seed=1)
+    tuner = create_tuner(spec, SPACE, ACC_LATENCY)
+    told = _told(tuner, 18)
+    # ParEGO proposals after the random start: infeasible results (memory 16y > 8) cost more than any
+    # feasible one, so the model steers away from y > 0.5 whatever weights it draws
+    proposed = [p["y"] for p, _ in told[6:]]
+    assert sum(y <= 0.5 for y in proposed) >= 10, proposed
+    again = create_tuner(spec, SPACE, ACC_LATENCY)
+    for number, (params, result) in enumerate(told):
+        again.replay(number, params["raw"], result)
+    assert len(again.results) == 18 and again.suggest() is not None  # type: ignore[attr-defined]
+
+
+def test_smac_is_told_one_cost_per_objective_and_infeasible_results_as_the_worst_so_far():
+    pytest.importorskip("smac")
+    tuner = create_tuner(_spec("SMAC", seed=4), SPACE, ACC_LATENCY)
+    told = _told(tuner, 8)
+    history = tuner.smac.runhistory  # type: ignore[attr-defined]
+    costs = [list(value.cost) for value in history._data.values()]
+    worst = None
+    for (_, result), cost in zip(told, costs, strict=True):
+        if result.feasible:
+            assert cost == pytest.approx([-result.values[0], result.values[1]])
+            worst = cost if worst is None else [max(w, c) for w, c in zip(worst, cost, strict=True)]
+        else:
+            assert cost == pytest.approx(worst if worst is not None else [0.0, 0.0])
+    assert any(not r.feasible for _, r in told) and any(r.feasible for _, r in told)
+
+
+def test_grid_search_walks_its_grid_whatever_the_objectives():
+    space = {"x": {"_type": "choice", "_value": [1, 2, 3]}, "y": {"_type": "choice", "_value": [0.0, 0.25]}}
+    alone = create_tuner(_spec("GridSearch"), space)
+    several = create_tuner(_spec("GridSearch"), space, ACC_LATENCY)
+    points = []
+    while (suggestion := several.suggest()) is not None:
+        points.append(suggestion.parameters)
+        several.conclude(suggestion.parameter_id, _result(0.5, 1.0), None, True)
+    assert points == [alone.suggest().parameters for _ in range(6)] and len(points) == 6
+
+
 def test_a_single_objective_tuner_is_refused_several_objectives():
     from types import SimpleNamespace
 
     spec = SimpleNamespace(name="Anneal", class_name=None, class_args={}, code_directory=None)
-    with pytest.raises(TunerError, match="cannot tune several objectives; use one of TPE, Random, NSGA2, NSGA3"):
+    with pytest.raises(TunerError, match="cannot tune several objectives; use one of TPE, Random, GridSearch, "
+                                         "GPTuner, SMAC, NSGA2, NSGA3"):
         create_tuner(spec, SPACE, ACC_LATENCY)
 
 
@@ -125,7 +201,11 @@ nni.report_final_result(result)
 @pytest.mark.parametrize("tuner", [{"name": "TPE", "classArgs": {"seed": 2}},
                                    {"name": "NSGA2", "classArgs": {"seed": 2, "population_size": 4}},
                                    {"name": "NSGA3", "classArgs": {"seed": 2, "population_size": 4}},
-                                   {"name": "Random", "classArgs": {"seed": 2}}],
+                                   {"name": "Random", "classArgs": {"seed": 2}},
+                                   {"name": "GridSearch"},
+                                   {"name": "GPTuner", "classArgs": {"cold_start_num": 4, "selection_num_warm_up": 500,
+                                                                     "selection_num_starting_points": 2}},
+                                   {"name": "SMAC", "classArgs": {"seed": 2}}],
                          ids=lambda t: t["name"])
 def test_a_multi_objective_experiment_ends_with_its_pareto_set(tmp_path, prefect_server, tuner, capsys):
     write_trial(tmp_path / "code", TRIAL)
@@ -146,6 +226,21 @@ def test_a_multi_objective_experiment_ends_with_its_pareto_set(tmp_path, prefect
     assert pareto_set(store.trials(), ACC_LATENCY) == result.pareto
     # every trial keeps its outcome, one without an objective too
     assert all(t.status == "SUCCEEDED" for t in result.trials)
+    # the end event names the Pareto set for automations, and no best trial
+    done = wait_for(lambda: _end_event(result.experiment_id), timeout=30)
+    assert done["best"] is None and [t["trial"] for t in done["pareto"]] == [t.id for t in result.pareto]
+
+
+def _end_event(experiment_id: str) -> dict | None:
+    """The payload of the experiment's ``done`` event, once the server has it."""
+    from prefect import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    with get_client(sync_client=True) as client:
+        page = client.read_events(EventFilter(event=EventNameFilter(name=["trialflow.experiment.done"]),
+                                              resource=EventResourceFilter(
+                                                  id=[f"trialflow.experiment.{experiment_id}"])), limit=5)
+    return page.events[0].payload if page.events else None
 
 
 def _result(accuracy, latency, memory=1.0):
@@ -318,3 +413,35 @@ def test_the_report_of_a_multi_objective_experiment_draws_its_front_and_hypervol
     volumes = list(drawn["Hypervolume over trials"].data[0].y)
     assert list(drawn["Hypervolume over trials"].data[0].x) == [0, 1, 2]  # the feasible trials
     assert volumes[0] > 0 and volumes[1] == volumes[0] and volumes[2] > volumes[1]  # B adds nothing, C does
+
+
+def test_the_optuna_mirror_of_a_multi_objective_experiment_has_its_directions_values_and_constraints(tmp_path):
+    import optuna
+
+    from trialflow.experiments import create_experiment
+    from trialflow.presentation.dashboard import open_mirror
+    from trialflow.store import Metric
+
+    exp_id, exp_dir = create_experiment(parse_config(_config(tmp_path, maxTrialNumber=5,
+                                                                   constraints=[{"name": "memory_gb", "max": 8}])))
+    store = open_store(exp_dir.parent, exp_id)
+    finals = {"A": {"accuracy": 0.9, "latency_ms": 20, "memory_gb": 4}, "B": {"accuracy": 0.8, "latency_ms": 10,
+              "memory_gb": 2}, "C": {"accuracy": 0.7, "latency_ms": 30, "memory_gb": 1},
+              "D": {"accuracy": 0.99, "latency_ms": 1, "memory_gb": 12}, "E": {"accuracy": 0.5}}
+    for sequence, (trial, final) in enumerate(finals.items()):
+        store.add_trial(trial, None, sequence, {"x": 0.1 * sequence, "y": 0.5}, {})
+        store.set_status(trial, "RUNNING")
+        store.add_metrics([Metric(trial, "PERIODICAL", 0, {"default": 0.5, **final}), Metric(trial, "FINAL", 0, final)])
+        store.set_status(trial, "SUCCEEDED", 0)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    assert open_mirror(store, url, "mo").sync() == 5
+    study = optuna.load_study(study_name="mo", storage=url)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"] and study.metric_names == TWO_NAMES
+    trials = {t.user_attrs["trialflow_trial_id"]: t for t in study.trials}
+    assert trials["A"].values == [0.9, 20.0] and trials["A"].system_attrs["constraints"] == [-4.0]
+    assert trials["D"].system_attrs["constraints"] == [4.0]  # infeasible: 12 GB against a bound of 8
+    assert trials["E"].state == optuna.trial.TrialState.FAIL  # its result lacks an objective
+    assert trials["A"].intermediate_values == {0: 0.5}  # a dict's default, as NNI reads it
+    # Optuna's own Pareto front (which leaves infeasible trials out) is the experiment's Pareto set
+    assert sorted(t.user_attrs["trialflow_trial_id"] for t in study.best_trials) == \
+        sorted(t.id for t in pareto_set(store.trials(), ACC_LATENCY)) == ["A", "B"]

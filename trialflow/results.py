@@ -21,7 +21,7 @@ from .status import TrialStatus
 from .store import ExperimentRecord, ExperimentStore, TrialRecord
 from .trial.protocol import STDERR_FILE
 from .tuners import scalar_or_none
-from .tuners.objectives import Objectives
+from .tuners.objectives import MultiResult, Objectives
 
 MODES = ("maximize", "minimize")
 # The order outcomes are counted and printed in.
@@ -67,12 +67,19 @@ def multi_objective(record: ExperimentRecord) -> Objectives | None:
     return Objectives.of_config(record.config)
 
 
+def multi_results(trials: list[TrialRecord], objectives: Objectives) -> dict[str, MultiResult]:
+    """The usable final results of ``trials`` (whatever their status), by trial id, in the order given."""
+    return {t.id: r for t in trials if (r := objectives.read_or_none(t.final)) is not None}
+
+
+def succeeded(trials: list[TrialRecord]) -> list[TrialRecord]:
+    return [t for t in trials if t.status == TrialStatus.SUCCEEDED]
+
+
 def pareto_set(trials: list[TrialRecord], objectives: Objectives) -> list[TrialRecord]:
     """The SUCCEEDED trials whose final results are usable and feasible and that no other such trial
     dominates, in the order given."""
-    results = {t.id: r for t in trials
-               if t.status == TrialStatus.SUCCEEDED and (r := objectives.read_or_none(t.final)) is not None}
-    front = set(objectives.pareto_optimal(results))
+    front = set(objectives.pareto_optimal(multi_results(succeeded(trials), objectives)))
     return [t for t in trials if t.id in front]
 
 

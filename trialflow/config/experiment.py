@@ -24,7 +24,7 @@ from ..ids import looks_like_experiment_id
 from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
 from ..tuners import MULTI_OBJECTIVE_NAMES, MULTI_OBJECTIVE_TUNERS, NAS_TUNERS, TUNERS
 from ..tuners.custom import is_custom
-from ..tuners.objectives import Bound, Objective, Objectives
+from ..tuners.objectives import Objectives
 from ..tuners.registry import registered, registered_algorithms
 from ._base import (
     ConfigError,
@@ -315,10 +315,8 @@ class ExperimentConfig(ConfigModel):
     @property
     def multi_objective(self) -> Objectives | None:
         """The objectives and constraints; None for one objective (the final result, NNI's rule)."""
-        if not self.objectives:
-            return None
-        return Objectives(tuple(Objective(o.name, o.direction == "maximize") for o in self.objectives),
-                          tuple(Bound(c.name, c.min, c.max) for c in self.constraints or ()))
+        return Objectives.of_config({"objectives": [o.model_dump() for o in self.objectives or ()],
+                                     "constraints": [c.model_dump() for c in self.constraints or ()]})
 
     @property
     def services(self) -> list[TrainingServiceConfig]:

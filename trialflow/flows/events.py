@@ -9,7 +9,8 @@
   metric it beat (None for the first);
 * ``trialflow.experiment.<ending>`` once at the run's end: ``done``, ``failed`` (ERROR, or DONE with
   trials of which none succeeded: the run is Failed then too) or ``stopped``; its payload holds the
-  status, message, trial counts by status and the best trial.
+  status, message, trial counts by status and the best trial (with several objectives, None: the
+  payload's ``pareto`` lists the trials of the Pareto set instead).
 
 Every event names as related resources the experiment (``trialflow.experiment.<id>``, role
 ``experiment``, named by its ``experimentName``), its platform(s) (``trialflow.platform.<name>``), its
@@ -32,7 +33,7 @@ import time
 from typing import Any
 
 from ..config import ExperimentConfig
-from ..results import best_trial, maximizes, multi_objective, nothing_succeeded, outcome_counts, trial_value
+from ..results import best_trial, maximizes, multi_objective, nothing_succeeded, outcome_counts, pareto_set, trial_value
 from ..status import ExperimentStatus, TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from .artifacts import json_safe
@@ -67,7 +68,7 @@ class ExperimentEvents:
         self.store = store
         self._lock = threading.Lock()
         self._maximize = maximizes(store.experiment())
-        self._multi_objective = multi_objective(store.experiment()) is not None  # no best trial: no new-best event
+        self._objectives = multi_objective(store.experiment())  # several: no best trial, no new-best event
         best = best_trial(store.trials(), self._maximize)
         self._best = trial_value(best) if best is not None else None
         name = config.experiment_name or experiment_id
@@ -96,7 +97,7 @@ class ExperimentEvents:
                        {**_trial_summary(trial), "status": trial.status, "final": json_safe(trial.final),
                         "exit_code": trial.exit_code, "message": trial.message, "seconds": ran})
             value = trial_value(trial)
-            if trial.status != TrialStatus.SUCCEEDED or value is None or self._multi_objective:
+            if trial.status != TrialStatus.SUCCEEDED or value is None or self._objectives is not None:
                 return
             with self._lock:
                 beaten = self._best
@@ -113,14 +114,16 @@ class ExperimentEvents:
         trials as the caller has just read them (else read here)."""
         try:
             trials = self.store.trials() if trials is None else trials
-            best = best_trial(trials, self._maximize)
+            best = best_trial(trials, self._maximize) if self._objectives is None else None
+            front = {} if self._objectives is None else \
+                {"pareto": [_trial_summary(t) for t in pareto_set(trials, self._objectives)]}
             record = self.store.experiment()
             ran = (record.end_time or time.time()) - record.start_time if record.start_time else None
             self._emit(f"{PREFIX}.experiment.{ending(status, trials)}",
                        {**self.experiment, "trialflow.experiment.status": status},
                        {"status": status, "message": message, "trials": len(trials),
                         "counts": outcome_counts(trials), "best": _trial_summary(best) if best else None,
-                        "seconds": ran})
+                        **front, "seconds": ran})
         except Exception as exc:  # noqa: BLE001
             log.warning("experiment %s: its end event could not be sent: %s", self.experiment_id, exc)
 

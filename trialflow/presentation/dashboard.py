@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from ..results import multi_objective
 from ..search_space import SearchSpace, parse_search_space
 from ..store import Control, ExperimentStore
 from .optuna_mirror import OptunaMirror
@@ -61,7 +62,7 @@ def study_name_of(store: ExperimentStore) -> str:
 def open_mirror(store: ExperimentStore, storage: Any, study_name: str | None = None) -> OptunaMirror:
     """The experiment's mirror in ``storage`` (a URL or an Optuna storage object)."""
     return OptunaMirror(store, storage, study_name or study_name_of(store), is_maximize_stored(store),
-                        stored_space(store))
+                        stored_space(store), multi_objective(store.experiment()))
 
 
 def journal_storage(experiment_dir: Path) -> Any:

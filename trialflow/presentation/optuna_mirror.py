@@ -13,8 +13,11 @@ Mapping:
   plots need that). A choice value that is not a plain scalar is shown as its JSON text. A value the
   space cannot express is kept as the user attribute ``param:<name>`` instead;
 - WAITING trials are left out until they run; SUCCEEDED with a numeric final result is COMPLETE
-  (without one, FAIL); EARLY_STOPPED is PRUNED; FAILED and both CANCELEDs are FAIL. The trialflow
-  status and trial id are user attributes, so a study can be matched back to the experiment;
+  (without one, FAIL); with several objectives the study has one direction and metric name per objective,
+  a usable final result gives a COMPLETE trial its values and its constraint violations (Optuna's
+  ``constraints`` system attribute, which optuna-dashboard's Pareto-front plot reads for feasibility);
+  EARLY_STOPPED is PRUNED; FAILED and both CANCELEDs are FAIL. The trialflow status and trial id are
+  user attributes, so a study can be matched back to the experiment;
 - finite intermediate results are the trial's intermediate values, by their reporting sequence.
 
 Resumable: a mirror opened on a storage that already holds the study carries on from what it finds
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,6 +37,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from ..optuna_logging import quietly
@@ -40,6 +45,7 @@ from ..search_space import Option, Param, SearchSpace
 from ..status import TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
+from ..tuners.objectives import Objectives
 
 TRIAL_ID_ATTR = "trialflow_trial_id"
 _FAILED = TrialState.FAIL
@@ -52,6 +58,7 @@ _STATES: dict[str, TrialState] = {
 CLOCK_SLACK = 120.0
 _MAX_IDS_PER_QUERY = 500
 _NORMAL_SPREAD = 6.0  # a normal parameter's axis: mu +- 6 sigma
+_CONSTRAINTS_ATTR = "constraints"  # Optuna's system attribute for a trial's constraint violations
 
 
 def _choice(value: Any) -> Any:
@@ -136,13 +143,20 @@ class OptunaMirror:
     """One experiment's trials as one Optuna study in ``storage`` (a URL or a storage object)."""
 
     def __init__(self, store: ExperimentStore, storage: str | BaseStorage, study_name: str, maximize: bool,
-                 space: SearchSpace | None) -> None:
+                 space: SearchSpace | None, objectives: Objectives | None = None) -> None:
         self.store = store
         self.space = space
+        self.objectives = objectives
         self.storage = optuna.storages.get_storage(storage)
+        directions = [StudyDirection.MAXIMIZE if up else StudyDirection.MINIMIZE for up in
+                      ([maximize] if objectives is None else [o.maximize for o in objectives.objectives])]
         with quietly():
             study = optuna.create_study(storage=self.storage, study_name=study_name, load_if_exists=True,
-                                        direction="maximize" if maximize else "minimize")
+                                        directions=directions)
+            if objectives is not None:
+                with warnings.catch_warnings():  # experimental in Optuna, and what optuna-dashboard labels axes by
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    study.set_metric_names(objectives.names)
         self.study_name = study_name
         self.study_id: int = study._study_id
         self._mirrored: dict[str, _Mirrored] = {}
@@ -185,20 +199,26 @@ class OptunaMirror:
                 out.setdefault(metric.trial_id, {})[metric.sequence] = value
         return out
 
-    def _outcome(self, trial: TrialRecord) -> tuple[TrialState, float | None]:
+    def _outcome(self, trial: TrialRecord) -> tuple[TrialState, list[float] | None, dict[str, Any]]:
+        """The trial's Optuna state, its values (COMPLETE only) and its system attributes."""
         state = _STATES.get(trial.status, TrialState.RUNNING)
         if state != TrialState.COMPLETE:
-            return state, None
+            return state, None, {}
+        if self.objectives is not None:
+            result = self.objectives.read_or_none(trial.final)
+            if result is None:
+                return _FAILED, None, {}
+            return state, list(result.values), {_CONSTRAINTS_ATTR: list(result.violations)} if result.violations else {}
         value = scalar_or_none(trial.final)
         if value is None or not math.isfinite(value):
-            return _FAILED, None
-        return state, value
+            return _FAILED, None, {}
+        return state, [value], {}
 
     def _sync_trial(self, trial: TrialRecord, steps: dict[int, float]) -> None:
-        state, value = self._outcome(trial)
+        state, values, system = self._outcome(trial)
         mirrored = self._mirrored.get(trial.id)
         if mirrored is None:
-            self._mirrored[trial.id] = self._create(trial, state, value, steps)
+            self._mirrored[trial.id] = self._create(trial, state, values, system, steps)
             return
         for step in sorted(set(steps) - mirrored.steps):
             self.storage.set_trial_intermediate_value(mirrored.trial_id, step, steps[step])
@@ -206,20 +226,22 @@ class OptunaMirror:
         if state.is_finished():
             for key, attr in _outcome_attrs(trial).items():
                 self.storage.set_trial_user_attr(mirrored.trial_id, key, attr)
-            self.storage.set_trial_state_values(mirrored.trial_id, state, None if value is None else [value])
+            for key, attr in system.items():
+                self.storage.set_trial_system_attr(mirrored.trial_id, key, attr)
+            self.storage.set_trial_state_values(mirrored.trial_id, state, values)
             mirrored.finished = True
 
-    def _create(self, trial: TrialRecord, state: TrialState, value: float | None,
+    def _create(self, trial: TrialRecord, state: TrialState, values: list[float] | None, system: dict[str, Any],
                 steps: dict[int, float]) -> _Mirrored:
         """One storage write for the whole trial as it stands (a finished one never needs another)."""
         params, dists, misfits = flatten(self.space, trial.parameters)
         attrs: dict[str, Any] = {TRIAL_ID_ATTR: trial.id, "sequence": trial.sequence, **_outcome_attrs(trial),
                                  **{f"param:{k}": v for k, v in misfits.items()}}
         finished = state.is_finished()
-        template = FrozenTrial(number=-1, state=state, value=value,
+        template = FrozenTrial(number=-1, state=state, value=None, values=values,
                                datetime_start=_when(trial.start_time or trial.submit_time),
                                datetime_complete=_when(trial.end_time) if finished else None,
-                               params=params, distributions=dists, user_attrs=attrs, system_attrs={},
+                               params=params, distributions=dists, user_attrs=attrs, system_attrs=system,
                                intermediate_values=steps, trial_id=-1)
         return _Mirrored(self.storage.create_new_trial(self.study_id, template_trial=template), finished,
                          set(steps))

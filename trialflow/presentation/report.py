@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import optuna
 
-from ..results import maximizes, multi_objective, pareto_set, trial_value
+from ..results import maximizes, multi_objective, multi_results, pareto_set, succeeded, trial_value
 from ..status import TrialStatus
 from ..store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
@@ -103,8 +103,9 @@ def _history(shown: list[tuple[TrialRecord, float]], maximize: bool) -> Any:
 
 def _scored(records: list[TrialRecord], objectives: Objectives) -> list[tuple[TrialRecord, MultiResult]]:
     """The succeeded trials with usable results, in sequence order."""
-    return sorted(((t, r) for t in records if t.status == TrialStatus.SUCCEEDED
-                   and (r := objectives.read_or_none(t.final)) is not None), key=lambda pair: pair[0].sequence)
+    by_id = {t.id: t for t in records}
+    return sorted(((by_id[i], r) for i, r in multi_results(succeeded(records), objectives).items()),
+                  key=lambda pair: pair[0].sequence)
 
 
 def _pareto_front(records: list[TrialRecord], objectives: Objectives) -> Any:

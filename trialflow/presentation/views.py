@@ -15,7 +15,16 @@ from rich.table import Table
 
 from ..experiments import list_experiments, open_store
 from ..platforms import service_name
-from ..results import best_trial, maximizes, multi_objective, pareto_lines, pareto_set, ranked, trial_value
+from ..results import (
+    best_trial,
+    maximizes,
+    multi_objective,
+    multi_results,
+    pareto_lines,
+    pareto_set,
+    ranked,
+    trial_value,
+)
 from ..status import EXPERIMENT_LIVE, TrialStatus
 from ..store import ExperimentStore, TrialRecord, config_in_force
 from ..tuners.objectives import Objectives
@@ -135,8 +144,7 @@ def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | N
         scored = ranked(trials, is_maximize_stored(store))
     else:
         by_id = {t.id: t for t in trials}
-        usable = {t.id: r for t in trials if (r := objectives.read_or_none(t.final)) is not None}
-        scored = [by_id[i] for i in objectives.ranked(usable)]
+        scored = [by_id[i] for i in objectives.ranked(multi_results(trials, objectives))]
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
 
 

@@ -166,8 +166,9 @@ TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | No
     **{name: (_nsga(3), _NSGA_ARGS) for name in ("nsga3", "nsgaiii", "nsga-iii")},
 }
 # the built-in tuners that take several objectives and constraints (``objectives`` in the config)
-MULTI_OBJECTIVE_TUNERS = frozenset({"tpe", "random", "nsga2", "nsgaii", "nsga-ii", "nsga3", "nsgaiii", "nsga-iii"})
-MULTI_OBJECTIVE_NAMES = "TPE, Random, NSGA2, NSGA3"
+MULTI_OBJECTIVE_TUNERS = frozenset({"tpe", "random", "gridsearch", "gp", "gptuner", "smac", "nsga2", "nsgaii",
+                                    "nsga-ii", "nsga3", "nsgaiii", "nsga-iii"})
+MULTI_OBJECTIVE_NAMES = "TPE, Random, GridSearch, GPTuner, SMAC, NSGA2, NSGA3"
 
 
 # each built-in tuner as NNI's ``nnictl algo list`` names it (keys: every spelling accepted)

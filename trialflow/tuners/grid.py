@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..search_space import ReplayChooser, SearchSpace, grid_points
 from .base import Suggestion, Tuner, TunerError
 
+if TYPE_CHECKING:
+    from .objectives import Objectives
+
 
 class GridSearchTuner(Tuner):
-    """Every grid point once, in NNI's order; ``suggest()`` returns None when the grid is done."""
+    """Every grid point once, in NNI's order; ``suggest()`` returns None when the grid is done. The
+    grid does not depend on outcomes, so it takes several ``objectives`` as readily as one."""
 
-    def __init__(self, space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> None:
+    def __init__(self, space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
+                 objectives: Objectives | None = None) -> None:
         super().__init__(space, optimize_mode, seed)
         self._points = grid_points(space)
         self._done: set[tuple[tuple[str, Any], ...]] = set()
@@ -23,10 +28,10 @@ class GridSearchTuner(Tuner):
             return Suggestion(self._new_id(), self.space.sample(ReplayChooser(point)), point)
         return None
 
-    def observe(self, parameter_id: int, value: float | None) -> None:
+    def observe(self, parameter_id: int, value: object) -> None:
         """The grid does not depend on outcomes."""
 
-    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+    def _replay(self, parameter_id: int, raw: dict[str, Any], value: object) -> None:
         self._done.add(tuple(sorted(raw.items())))
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..search_space import SearchSpace
 from .base import PreferringChooser, RandomChooser, Suggestion, Tuner, TunerError
+from .objectives import MultiResult, Objectives
 from .vectors import UnitVectors
 
 METIS_TYPES = ("choice", "randint", "uniform", "quniform")
@@ -213,17 +214,39 @@ class GpTuner(ModelTuner):
     best by ``xi``, or the upper confidence bound mean + ``kappa`` x std (``ucb``). As NNI does, the
     utility is evaluated at ``selection_num_warm_up`` random points, then L-BFGS-B runs from
     ``selection_num_starting_points`` random starts (over the continuous parameters; a choice keeps its
-    start's option); the best point found is taken."""
+    start's option); the best point found is taken.
+
+    Given ``objectives`` it is ParEGO: before each proposal the results are scalarized again with
+    weights drawn uniformly from the simplex (:meth:`Objectives.scalarized`: infeasible results cost
+    more than every feasible one), so successive proposals aim at different parts of the Pareto front."""
 
     def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", utility: str = "ei",
                  kappa: float = 5.0, xi: float = 0.0, nu: float = 2.5, alpha: float = 1e-6,
                  cold_start_num: int = 10, selection_num_warm_up: int = 100000,
-                 selection_num_starting_points: int = 250, seed: int | None = None) -> None:
+                 selection_num_starting_points: int = 250, seed: int | None = None,
+                 objectives: Objectives | None = None) -> None:
         _sklearn("GP")
         super().__init__(space, optimize_mode, seed)
         self.n_initial = max(cold_start_num, 1)
         self.utility, self.kappa, self.xi, self.nu, self.alpha = utility, kappa, xi, nu, alpha
         self.warm_up, self.starts = selection_num_warm_up, selection_num_starting_points
+        self.objectives = objectives
+        self.results: list[MultiResult] = []  # with several objectives: self.y is their scalarization
+
+    def observe(self, parameter_id: int, value: float | MultiResult | None) -> None:  # type: ignore[override]
+        if not isinstance(value, MultiResult):
+            super().observe(parameter_id, value)
+            return
+        raw = self.raw.pop(parameter_id, None)
+        if raw is not None:
+            self.x.append(self.vectors.vector(raw))
+            self.results.append(value)
+            self.y.append(0.0)  # scalarized before each proposal
+
+    def _replay(self, parameter_id: int, raw: dict[str, Any],  # type: ignore[override]
+                value: float | MultiResult | None) -> None:
+        self.raw[parameter_id] = raw
+        self.observe(parameter_id, value)
 
     def _cost(self, gp: Any, vectors: np.ndarray, best: float) -> np.ndarray:
         """The utility to maximize, negated (scores are lower-is-better; so is the cost)."""
@@ -243,6 +266,9 @@ class GpTuner(ModelTuner):
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import Matern
 
+        if self.objectives is not None:
+            weights = self.np_rng.dirichlet(np.ones(len(self.objectives.objectives)))
+            self.y = self.objectives.scalarized(self.results, weights.tolist())
         gp = GaussianProcessRegressor(Matern(nu=self.nu), alpha=self.alpha, normalize_y=True,
                                       n_restarts_optimizer=25, random_state=0)
         with warnings.catch_warnings():  # a length scale at its bound is not the user's problem

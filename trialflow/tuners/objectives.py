@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from .base import InvalidMetric, extract_scalar, scalar_or_none
 
 K = TypeVar("K", bound=Hashable)
+PAREGO_RHO = 0.05  # the weight of the weighted sum in ParEGO's augmented Chebyshev function
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,28 @@ class Objectives:
             return None
         return MultiResult(values, violations)
 
+    def minimised(self, values: Sequence[float]) -> tuple[float, ...]:
+        """``values`` as costs: lower is better in every objective (a maximized one negated)."""
+        return tuple(-v if o.maximize else v for o, v in zip(self.objectives, values, strict=True))
+
+    def scalarized(self, results: Sequence[MultiResult], weights: Sequence[float]) -> list[float]:
+        """One cost per result (lower is better), for a tuner whose model takes one number: ParEGO's
+        augmented Chebyshev function with ``weights`` (one per objective, summing to 1) over the
+        objectives normalised to [0, 1] across ``results``. A feasible result costs at most
+        1 + :data:`PAREGO_RHO`; an infeasible one more than that, growing with its total violation."""
+        points = [self.minimised(r.values) for r in results]
+        lows, highs = [min(c) for c in zip(*points, strict=True)], [max(c) for c in zip(*points, strict=True)]
+        costs = []
+        for result, point in zip(results, points, strict=True):
+            scaled = [w * ((x - lo) / (hi - lo) if hi > lo else 0.0)
+                      for w, x, lo, hi in zip(weights, point, lows, highs, strict=True)]
+            cost = max(scaled) + PAREGO_RHO * sum(scaled)
+            if not result.feasible:
+                violation = sum(max(v, 0.0) for v in result.violations)
+                cost = 1 + PAREGO_RHO + violation / (1 + violation)
+            costs.append(cost)
+        return costs
+
     def dominates(self, a: Sequence[float], b: Sequence[float]) -> bool:
         """Whether values ``a`` are at least as good as ``b`` in every objective and better in one."""
         better = False
@@ -138,11 +161,8 @@ def hypervolume(objectives: Objectives, points: list[Sequence[float]], reference
     """The volume that ``points`` (values of ``objectives``) dominate up to ``reference`` (a point worse
     than all of them in every objective; a point not better than it in every objective adds nothing):
     the slicing algorithm, exact, for the tens to hundreds of results of an experiment."""
-    def minimised(values: Sequence[float]) -> tuple[float, ...]:
-        return tuple(-v if o.maximize else v for o, v in zip(objectives.objectives, values, strict=True))
-
-    ref = minimised(reference)
-    inside = [p for p in map(minimised, points) if all(x < r for x, r in zip(p, ref, strict=True))]
+    ref = objectives.minimised(reference)
+    inside = [p for p in map(objectives.minimised, points) if all(x < r for x, r in zip(p, ref, strict=True))]
     return _sliced_volume(inside, ref)
 
 

@@ -8,6 +8,11 @@ configuration does not choose are ignored. A failed trial is told as the worst c
 SMAC avoids its region without an infinite cost in the forest. ``config_dedup`` (NNI's flag) is
 accepted: SMAC3 never hands out a configuration twice in a deterministic scenario anyway.
 
+Given several ``objectives``, SMAC3 is told one cost per objective (lower is better: a maximized one
+negated) and combines them with its ParEGO algorithm, a new random weighting at each step. SMAC3 has no
+constraints: an infeasible result is told as the worst cost seen so far in every objective, as a failed
+trial is.
+
 SMAC3 writes its run history to a temporary folder, removed when the tuner is dropped.
 """
 
@@ -20,6 +25,7 @@ from typing import Any
 
 from ..search_space import SearchSpace
 from .base import PreferringChooser, Suggestion, Tuner, TunerError
+from .objectives import MultiResult, Objectives
 
 N_TRIALS = 10**9  # the experiment decides when to stop, not SMAC
 
@@ -35,9 +41,10 @@ def _smac() -> Any:
 
 class SmacTuner(Tuner):
     def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", config_dedup: bool = False,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, objectives: Objectives | None = None) -> None:
         smac, cs = _smac()
         super().__init__(space, optimize_mode, seed)
+        self.objectives = objectives
         self.config_space = cs.ConfigurationSpace(seed=seed)
         for key, p in space.walk():
             if p.type == "choice":
@@ -49,11 +56,18 @@ class SmacTuner(Tuner):
         folder = tempfile.mkdtemp(prefix="trialflow-smac-")
         weakref.finalize(self, shutil.rmtree, folder, True)
         scenario = smac.Scenario(self.config_space, deterministic=True, n_trials=N_TRIALS,
-                                 output_directory=folder, seed=seed if seed is not None else -1)
-        self.smac = smac.HyperparameterOptimizationFacade(scenario, _never_called, overwrite=True,
-                                                          logging_level=40)
+                                 output_directory=folder, seed=seed if seed is not None else -1,
+                                 objectives=objectives.names if objectives is not None else "cost")
+        several = None
+        if objectives is not None:
+            from smac.multi_objective.parego import ParEGO
+
+            several = ParEGO(scenario, seed=seed)
+        self.smac = smac.HyperparameterOptimizationFacade(scenario, _never_called, overwrite=True, logging_level=40,
+                                                          multi_objective_algorithm=several)
         self._asked: dict[int, Any] = {}
-        self._worst: float | None = None
+        self._worst: list[float] | None = None  # per objective, of the results told so far
+        self._width = len(objectives.objectives) if objectives is not None else 1  # costs per result
 
     def suggest(self) -> Suggestion:
         info = self.smac.ask()
@@ -63,22 +77,33 @@ class SmacTuner(Tuner):
         self._asked[pid] = info
         return Suggestion(pid, params, chooser.raw)
 
-    def observe(self, parameter_id: int, value: float | None) -> None:
+    def observe(self, parameter_id: int, value: float | MultiResult | None) -> None:  # type: ignore[override]
         info = self._asked.pop(parameter_id, None)
         if info is not None:
             self._tell(info, value)
 
-    def _tell(self, info: Any, value: float | None) -> None:
+    def _tell(self, info: Any, value: float | MultiResult | None) -> None:
         from smac.runhistory.dataclasses import TrialValue
 
-        if value is None:
-            cost = self._worst if self._worst is not None else 0.0
+        costs = self._costs(value)
+        if costs is None:
+            costs = self._worst if self._worst is not None else [0.0] * self._width
         else:
-            cost = self.score(value)
-            self._worst = cost if self._worst is None else max(self._worst, cost)
-        self.smac.tell(info, TrialValue(cost=cost))
+            self._worst = costs if self._worst is None else [max(w, c) for w, c in zip(self._worst, costs,
+                                                                                          strict=True)]
+        self.smac.tell(info, TrialValue(cost=costs if self.objectives is not None else costs[0]))
 
-    def _replay(self, parameter_id: int, raw: dict[str, Any], value: float | None) -> None:
+    def _costs(self, value: float | MultiResult | None) -> list[float] | None:
+        """What SMAC is told of a usable result (lower is better); None for a failed or infeasible one."""
+        if value is None:
+            return None
+        if isinstance(value, MultiResult):
+            assert self.objectives is not None  # several values come only to a tuner made for them
+            return list(self.objectives.minimised(value.values)) if value.feasible else None
+        return [self.score(value)]
+
+    def _replay(self, parameter_id: int, raw: dict[str, Any],  # type: ignore[override]
+                value: float | MultiResult | None) -> None:
         from ConfigSpace import Configuration
         from smac.runhistory.dataclasses import TrialInfo
 
