@@ -445,3 +445,14 @@ def test_the_optuna_mirror_of_a_multi_objective_experiment_has_its_directions_va
     # Optuna's own Pareto front (which leaves infeasible trials out) is the experiment's Pareto set
     assert sorted(t.user_attrs["trialflow_trial_id"] for t in study.best_trials) == \
         sorted(t.id for t in pareto_set(store.trials(), ACC_LATENCY)) == ["A", "B"]
+
+
+def test_the_multi_objective_example_config_is_valid():
+    """examples/multi-objective, as the README points to it (run by hand: it trains real networks)."""
+    from pathlib import Path
+
+    from trialflow.config import load_config
+
+    config = load_config(Path(__file__).parent.parent / "examples" / "multi-objective" / "config.yml")
+    assert config.multi_objective.names == ["accuracy", "size_k"]
+    assert config.assessor.name == "MOASHA" and config.tuner.name == "TPE"
