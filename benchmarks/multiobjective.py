@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table  # noqa: E402
@@ -206,7 +208,7 @@ start = time.time()
 from syne_tune import Tuner
 from syne_tune.backend import LocalBackend
 from syne_tune.config_space import choice, loguniform
-from syne_tune.optimizer.schedulers.multiobjective import MOASHA
+from syne_tune.optimizer.schedulers.multiobjective.moasha import MOASHA
 sys.path.insert(0, sys.argv[1])
 from workload import MAX_EPOCHS, RUN
 
@@ -258,7 +260,7 @@ def _outcome(run_dir: Path, start: float) -> dict:
 
 # -- trialflow ----------------------------------------------------------------------------------
 
-MOASHA = {"name": "MOASHA", "classArgs": {"min_resource": 1, "reduction_factor": 3}}
+MOASHA = {"name": "MOASHA", "classArgs": {"min_resource": 1, "reduction_factor": 3, "max_resource": MAX_EPOCHS}}
 TRIALFLOW_METHODS: dict[str, dict] = {
     "tpe": {"tuner": {"name": "TPE"}},
     "tpe+moasha": {"tuner": {"name": "TPE"}, "assessor": MOASHA},
@@ -277,10 +279,12 @@ def trialflow_run(method: str, root: Path, seed: int, args: argparse.Namespace) 
                              for o in OBJECTIVES.objectives],
               "constraints": [{"name": "memory_kb", "max": MEMORY_BOUND_KB}], **algo}
     path = run_dir / "config.yml"
-    path.write_text(json.dumps(config))
+    path.write_text(yaml.safe_dump(config))  # PyYAML reads JSON's 1e-06 as a string
     start = time.time()
     created = subprocess.run(["trialflow", "create", "--config", str(path)], capture_output=True, text=True,
-                             timeout=300, check=True)
+                             timeout=300)
+    if created.returncode:
+        raise RuntimeError(f"trialflow create failed: {created.stdout}{created.stderr}")
     exp_id = created.stdout.split("experiment id: ")[1].split()[0]
     try:
         _wait_spent(run_dir, args.budget, lambda: _trialflow_over(exp_id, run_dir))

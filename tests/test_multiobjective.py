@@ -271,6 +271,20 @@ def test_moasha_keeps_the_best_of_each_rung_by_dominance_and_constraints():
     assert set(assessor.rungs[0]) == {"t1", "t2", "t3", "t4", "t5"} and set(assessor.rungs[1]) == {"t1", "t3", "t5"}
 
 
+def test_moasha_never_stops_a_trial_that_has_trained_to_max_resource():
+    from trialflow.assessors import MultiObjectiveAshaAssessor
+
+    assessor = MultiObjectiveAshaAssessor(ACC_LATENCY, min_resource=1, reduction_factor=2, max_resource=4)
+    ahead = [_result(0.9, 1)] * 4
+    assert not assessor.assess("t1", ahead)  # judged at rungs 1 and 2 only: rung 4 is the end of training
+    behind = [_result(0.95, 1), _result(0.95, 1), _result(0.1, 50), _result(0.1, 50)]
+    assert not assessor.assess("t2", behind[:3])  # rungs 1 and 2: it dominates t1 there
+    assert not assessor.assess("t2", behind)  # its 4th result is far behind t1's, but it has trained fully
+    assert set(assessor.rungs) == {0, 1}
+    unbounded = MultiObjectiveAshaAssessor(ACC_LATENCY, min_resource=1, reduction_factor=2)
+    assert not unbounded.assess("t1", ahead) and unbounded.assess("t2", behind)  # without it, rung 4 judges
+
+
 def test_moasha_needs_objectives(tmp_path):
     (tmp_path / "code").mkdir()
     with pytest.raises(ConfigError, match="assessor MOASHA ranks several objectives: list them in objectives"):

@@ -201,22 +201,26 @@ class MultiObjectiveAshaAssessor(Assessor):
     reduction_factor**k``-th intermediate result is in (rung ``k``) goes on only when that result is
     among the first ``max(n // reduction_factor, 1)`` of the ``n`` results seen at that rung, ordered by
     :meth:`Objectives.ranked`: a trial dominated by most of its rung is stopped, and an infeasible one
-    ranks after every feasible one. Rungs a history skips over are judged in turn. Thread-safe."""
+    ranks after every feasible one. Rungs a history skips over are judged in turn. With ``max_resource``
+    (the number of intermediate results of a trial that trains to the end) there is no rung at or beyond
+    it: a trial that has trained fully is never stopped as its final result comes. Thread-safe."""
 
     multi_objective = True
 
-    def __init__(self, objectives: Objectives, min_resource: int = 1, reduction_factor: int = 3) -> None:
+    def __init__(self, objectives: Objectives, min_resource: int = 1, reduction_factor: int = 3,
+                 max_resource: int | None = None) -> None:
         super().__init__()
         self.objectives = objectives
         self.min_resource = min_resource
         self.reduction_factor = reduction_factor
+        self.max_resource = max_resource
         self.rungs: dict[int, dict[str, MultiResult]] = {}  # rung -> trial -> its result there
         self._lock = threading.Lock()
 
     def assess(self, trial_id: str, history: list[MultiResult | None]) -> bool:  # type: ignore[override]
         with self._lock:
             rung, steps = 0, self.min_resource
-            while steps <= len(history):
+            while steps <= len(history) and (self.max_resource is None or steps < self.max_resource):
                 seen = self.rungs.setdefault(rung, {})
                 result = history[steps - 1]
                 if trial_id not in seen and result is not None:
@@ -237,7 +241,8 @@ ASSESSORS = {
                             "reduction_factor": _reduction_factor, "min_early_stopping_rate": _nonneg_int}),
     "hyperband": (HyperbandAssessor, {"optimize_mode": optimize_mode_arg, "min_resource": positive_int_arg,
                                       "max_resource": _min_resource, "reduction_factor": _reduction_factor}),
-    "moasha": (MultiObjectiveAshaAssessor, {"min_resource": positive_int_arg, "reduction_factor": _reduction_factor}),
+    "moasha": (MultiObjectiveAshaAssessor, {"min_resource": positive_int_arg, "reduction_factor": _reduction_factor,
+                                            "max_resource": positive_int_arg}),
 }
 MULTI_OBJECTIVE_ASSESSORS = frozenset({"moasha"})  # they need the config's objectives
 KNOWN_ASSESSORS = "Medianstop, Curvefitting, ASHA, Hyperband, MOASHA"
