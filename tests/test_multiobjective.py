@@ -391,6 +391,22 @@ def test_views_exports_and_imports_of_a_multi_objective_experiment(tmp_path, pre
     assert "item 0: 'value' must be a dict with the objectives accuracy, latency_ms" in refused.stdout + refused.stderr
 
 
+def test_a_csv_export_of_trials_without_results_has_no_reward_column(tmp_path):
+    import csv
+    import json
+
+    from trialflow.result_exchange import write_csv
+
+    rows = [{"parameter": {"x": 1}, "value": json.dumps({"accuracy": 0.9, "latency_ms": 3}), "trialJobId": "A",
+             "status": "SUCCEEDED", "pareto": True},
+            {"parameter": {"x": 2}, "value": None, "trialJobId": "B", "status": "EARLY_STOPPED", "pareto": False}]
+    write_csv(tmp_path / "r.csv", rows)
+    with open(tmp_path / "r.csv", newline="") as f:
+        read = list(csv.DictReader(f))
+    assert list(read[0]) == ["x", "accuracy", "latency_ms", "trialJobId", "status", "pareto"]
+    assert read[1]["accuracy"] == "" and read[1]["status"] == "EARLY_STOPPED"
+
+
 def test_hypervolume_of_hand_computed_fronts():
     from trialflow.tuners.objectives import hypervolume
 

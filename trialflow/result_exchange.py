@@ -59,8 +59,9 @@ def export_results(store: ExperimentStore, path: Path, kind: str, intermediate: 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     flat = []
     for row in rows:
-        value = json.loads(row["value"]) if row["value"] is not None else ""
-        metric = value if isinstance(value, dict) else {"reward": value}
+        value = json.loads(row["value"]) if row["value"] is not None else None
+        # a trial without a result adds no column: with several objectives there is no "reward" one
+        metric = value if isinstance(value, dict) else {} if value is None else {"reward": value}
         flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
                      **metric, "trialJobId": row["trialJobId"], "status": row["status"],
                      **({"pareto": row["pareto"]} if "pareto" in row else {}),
