@@ -78,8 +78,9 @@ def step(p, t):
         used = int(open(counter).read() or 0) if os.path.exists(counter) else 0
         if used >= RUN["budget"]:
             return None
-        with open(counter, "w") as f:
+        with open(counter + ".new", "w") as f:  # replaced whole: a trial killed mid-write never empties it
             f.write(str(used + 1))
+        os.replace(counter + ".new", counter)
     time.sleep(RUN["step_seconds"])
     v = value(p, t)
     with open(os.path.join(RUN["run_dir"], "log.jsonl"), "a") as f:

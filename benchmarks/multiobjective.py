@@ -87,8 +87,9 @@ def _spend(result):
         used = int(open(counter).read() or 0) if os.path.exists(counter) else 0
         if used >= RUN["budget"]:
             return False
-        with open(counter, "w") as f:
+        with open(counter + ".new", "w") as f:  # replaced whole: a trial killed mid-write never empties it
             f.write(str(used + 1))
+        os.replace(counter + ".new", counter)
         with open(os.path.join(RUN["run_dir"], "log.jsonl"), "a") as f:
             f.write(json.dumps({"time": time.time(), "used": used + 1, **result}) + "\\n")
     return True
