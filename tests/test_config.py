@@ -388,3 +388,16 @@ def test_unknown_tuner_or_assessor_is_refused_at_load(tmp_path, section, given, 
 def test_a_bad_platform_is_named_in_the_message(tmp_path):
     [problem] = problems(minimal(tmp_path, trainingService={"platform": "kubeflw"}))
     assert "got 'kubeflw'" in problem and "kubeflow" in problem
+
+
+def test_a_json_config_named_yml_keeps_its_exponent_numbers(tmp_path):
+    """JSON (and Python's json.dumps) write 1e-06 without a dot, which YAML 1.1 reads as a string: a
+    config file written that way is read with the numbers it states, as YAML 1.2 would."""
+    path = tmp_path / "config.yml"
+    path.write_text(json.dumps(minimal(tmp_path, searchSpace={"alpha": {"_type": "loguniform",
+                                                                        "_value": [1e-06, 1e-2]}})))
+    assert '"_value": [1e-06, 0.01]' in path.read_text()
+    config = load_config(path)
+    assert config.search_space["alpha"]["_value"] == [1e-06, 0.01]
+    path.write_text("experimentName: '1e5'\n" + yaml.safe_dump(minimal(tmp_path)))  # quoted, it stays text
+    assert load_config(path).experiment_name == "1e5"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -375,12 +376,23 @@ def _expanded_size_ok(data: Any, limit: int = MAX_CONFIG_VALUES) -> bool:
     return True
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads a number with an exponent and no dot (``1e-06``, as JSON and
+    Python write small numbers) as a float, as YAML 1.2 does; YAML 1.1 makes it a string."""
+
+
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                   re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                   list("-+0123456789"))
+
+
 def _load_yaml(text: str, what: str) -> Any:
-    """``yaml.safe_load`` of a config or search-space text, refusing one too big once expanded."""
+    """A config or search-space text read as YAML (safely; ``1e-06`` is a number), refusing one too big
+    once expanded."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"{what} is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 -- a SafeLoader
     except RecursionError:
         raise ValueError(_too_deep(what)) from None
     if not _expanded_size_ok(data):
