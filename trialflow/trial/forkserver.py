@@ -26,8 +26,8 @@ import sys
 import threading
 import traceback
 
-from .keeper import claim, run, runtime_version
-from .procs import daemonize, process_start_time, write_atomic
+from .keeper import claim, process_record, run
+from .procs import daemonize, write_atomic
 from .protocol import KEEPER_PID, META_DIR
 
 
@@ -48,8 +48,7 @@ def spawn(trial_dir: str) -> str:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    write_atomic(os.path.join(meta_dir, KEEPER_PID),
-                 {"pid": pid, "start_time": process_start_time(pid), "version": runtime_version()})
+    write_atomic(os.path.join(meta_dir, KEEPER_PID), process_record(pid))
     return str(pid)
 
 

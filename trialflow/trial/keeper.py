@@ -55,14 +55,20 @@ from .protocol import (
     STDOUT_FILE,
 )
 
-__all__ = ["assign_gpus", "claim", "execute", "kill_trial", "pod", "run", "runtime_version", "write_atomic",
-           "write_trial_files"]
+__all__ = ["assign_gpus", "claim", "execute", "kill_trial", "pod", "process_record", "run", "runtime_version",
+           "write_atomic", "write_trial_files"]
 
 
 def runtime_version() -> str:
     from .. import __version__
 
     return __version__
+
+
+def process_record(pid: int) -> dict:
+    """What ``keeper.pid`` (and a worker's info) says of the process ``pid``: its pid, its start time (a pid
+    plus its start time names one process for good) and the trialflow version it runs."""
+    return {"pid": pid, "start_time": process_start_time(pid), "version": runtime_version()}
 
 
 def run(trial_dir: str) -> int:
@@ -101,8 +107,7 @@ def execute(trial_dir: str, tee: bool = False) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, note_stop)
-    write_atomic(os.path.join(meta_dir, KEEPER_PID),
-                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
+    write_atomic(os.path.join(meta_dir, KEEPER_PID), process_record(os.getpid()))
     cwd, spec_env = _located(trial_dir, spec)
     env = {**os.environ, **spec_env}
     # bash sources ~/.bashrc when it sees it was started over SSH; that would reorder PATH (pythonPath

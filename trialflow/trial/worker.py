@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 
-from .keeper import claim, kill_trial, runtime_version, write_trial_files
-from .procs import daemonize, pid_alive, process_start_time, read_json, write_atomic
+from .keeper import claim, kill_trial, process_record, write_trial_files
+from .procs import daemonize, pid_alive, read_json, write_atomic
 from .protocol import HEARTBEAT, KILL, META_DIR, QUEUE, STOP, TAKEN, WORKER_IDLE_TIMEOUT, WORKER_INFO
 
 TICK = 0.02
@@ -45,8 +45,7 @@ def serve(env_dir: str, idle_timeout: float) -> None:
     queue, taken = os.path.join(env_dir, QUEUE), os.path.join(env_dir, TAKEN)
     os.makedirs(queue, exist_ok=True)
     os.makedirs(taken, exist_ok=True)
-    write_atomic(os.path.join(env_dir, WORKER_INFO),
-                 {"pid": os.getpid(), "start_time": process_start_time(os.getpid()), "version": runtime_version()})
+    write_atomic(os.path.join(env_dir, WORKER_INFO), process_record(os.getpid()))
     heartbeat = os.path.join(env_dir, HEARTBEAT)
     keepers: list[subprocess.Popen[bytes]] = []
     while True:

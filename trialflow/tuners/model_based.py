@@ -243,11 +243,6 @@ class GpTuner(ModelTuner):
             self.results.append(value)
             self.y.append(0.0)  # scalarized before each proposal
 
-    def _replay(self, parameter_id: int, raw: dict[str, Any],  # type: ignore[override]
-                value: float | MultiResult | None) -> None:
-        self.raw[parameter_id] = raw
-        self.observe(parameter_id, value)
-
     def _cost(self, gp: Any, vectors: np.ndarray, best: float) -> np.ndarray:
         """The utility to maximize, negated (scores are lower-is-better; so is the cost)."""
         from scipy.stats import norm

@@ -117,13 +117,13 @@ class Objectives:
         lows, highs = [min(c) for c in zip(*points, strict=True)], [max(c) for c in zip(*points, strict=True)]
         costs = []
         for result, point in zip(results, points, strict=True):
-            scaled = [w * ((x - lo) / (hi - lo) if hi > lo else 0.0)
-                      for w, x, lo, hi in zip(weights, point, lows, highs, strict=True)]
-            cost = max(scaled) + PAREGO_RHO * sum(scaled)
-            if not result.feasible:
+            if result.feasible:
+                scaled = [w * ((x - lo) / (hi - lo) if hi > lo else 0.0)
+                          for w, x, lo, hi in zip(weights, point, lows, highs, strict=True)]
+                costs.append(max(scaled) + PAREGO_RHO * sum(scaled))
+            else:
                 violation = sum(max(v, 0.0) for v in result.violations)
-                cost = 1 + PAREGO_RHO + violation / (1 + violation)
-            costs.append(cost)
+                costs.append(1 + PAREGO_RHO + violation / (1 + violation))
         return costs
 
     def dominates(self, a: Sequence[float], b: Sequence[float]) -> bool:

@@ -67,7 +67,6 @@ class SmacTuner(Tuner):
                                                           multi_objective_algorithm=several)
         self._asked: dict[int, Any] = {}
         self._worst: list[float] | None = None  # per objective, of the results told so far
-        self._width = len(objectives.objectives) if objectives is not None else 1  # costs per result
 
     def suggest(self) -> Suggestion:
         info = self.smac.ask()
@@ -87,7 +86,8 @@ class SmacTuner(Tuner):
 
         costs = self._costs(value)
         if costs is None:
-            costs = self._worst if self._worst is not None else [0.0] * self._width
+            costs = self._worst if self._worst is not None else \
+                [0.0] * (len(self.objectives.objectives) if self.objectives is not None else 1)
         else:
             self._worst = costs if self._worst is None else [max(w, c) for w, c in zip(self._worst, costs,
                                                                                           strict=True)]
