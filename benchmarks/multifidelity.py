@@ -25,19 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._budget import Runner, prepare, run_seeds, run_trialflow, wait_spent  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv  # noqa: E402
 from benchmarks.overhead import install_nni  # noqa: E402
@@ -169,17 +167,8 @@ print(json.dumps({"start": start}))
 
 
 def _prepare(root: Path, name: str, seed: int, args: argparse.Namespace) -> tuple[Path, Path]:
-    run_dir, code = root / name / f"seed{seed}", root / name / f"seed{seed}" / "code"
-    code.mkdir(parents=True)
-    (code / "workload.py").write_text(WORKLOAD)
-    (code / "trial.py").write_text(NNI_TRIAL)
-    (code / "mf_run.json").write_text(json.dumps({"run_dir": str(run_dir), "budget": args.budget, "seed": seed,
-                                                  "step_seconds": args.step_seconds, "max_steps": MAX_STEPS}))
-    return run_dir, code
-
-
-def _spent(run_dir: Path, budget: int) -> bool:
-    return _steps(run_dir) >= budget
+    return prepare(root, name, seed, {"workload.py": WORKLOAD, "trial.py": NNI_TRIAL}, "mf_run.json",
+                   {"budget": args.budget, "seed": seed, "step_seconds": args.step_seconds, "max_steps": MAX_STEPS})
 
 
 def _outcome(run_dir: Path, start: float, target: float) -> dict[str, float]:
@@ -219,47 +208,10 @@ def trialflow_run(method: str, root: Path, seed: int, args: argparse.Namespace) 
             section.setdefault("classArgs", {})["seed"] = seed
     space = SPACE if method != "pbt" else {**SPACE, "PBT_STEPS": {"_type": "choice", "_value": [PBT_STEPS]}}
     config = {"searchSpace": space, "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
-              "trialConcurrency": args.concurrency, "maxTrialNumber": 100000,
-              "experimentWorkingDirectory": str(run_dir / "w"), "trainingService": {"platform": "local"}, **algo}
-    path = run_dir / "config.yml"
-    path.write_text(json.dumps(config))
-    start = time.time()
-    created = subprocess.run(["trialflow", "create", "--config", str(path)], capture_output=True, text=True,
-                             timeout=300, check=True)
-    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
-    _wait_spent(run_dir, args.budget, lambda: _trialflow_over(exp_id, run_dir))
-    subprocess.run(["trialflow", "stop", exp_id], capture_output=True, timeout=300)
+              "trialConcurrency": args.concurrency, "maxTrialNumber": 100000, "trainingService": {"platform": "local"},
+              **algo}
+    start = run_trialflow(config, run_dir, args.budget)
     return _outcome(run_dir, start, args.target)
-
-
-def _trialflow_over(exp_id: str, run_dir: Path) -> bool:
-    from trialflow.experiments import open_store
-
-    return open_store(run_dir / "w", exp_id).experiment().status not in ("RUNNING", "CREATED", "INITIALIZED")
-
-
-STALL_SECONDS = 90.0  # no training step for this long: the method is stuck
-
-
-class Stalled(RuntimeError):
-    """The method stopped training before the budget was spent (its reason in the message)."""
-
-
-def _steps(run_dir: Path) -> int:
-    path = run_dir / "steps"
-    return int(path.read_text() or 0) if path.exists() else 0
-
-
-def _wait_spent(run_dir: Path, budget: int, over: Callable[[], bool], why: Callable[[], str] = lambda: "") -> None:
-    last, since = -1, time.monotonic()
-    while not _spent(run_dir, budget):
-        if over():
-            raise Stalled(f"it ended after {_steps(run_dir)} of {budget} steps {why()}".strip())
-        if _steps(run_dir) != last:
-            last, since = _steps(run_dir), time.monotonic()
-        elif time.monotonic() - since > STALL_SECONDS:
-            raise Stalled(f"no step for {STALL_SECONDS:.0f} s after {last} of {budget} steps {why()}".strip())
-        time.sleep(0.2)
 
 
 # -- NNI 3.0 ------------------------------------------------------------------------------------
@@ -292,7 +244,7 @@ def nni_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dic
         return f"(its dispatcher: {errors[-1].strip()})" if errors else ""
 
     try:
-        _wait_spent(run_dir, args.budget, over, why)
+        wait_spent(run_dir, args.budget, over, why)
     finally:
         subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=300)
     return _outcome(run_dir, start, args.target)
@@ -374,7 +326,7 @@ def main() -> None:
         install_ray(args.ray_venv)
     if args.install_nni and args.nni_venv and not (args.nni_venv / "bin" / "nnictl").exists():
         install_nni(args.nni_venv)
-    runners: dict[str, Callable[[Path, int, argparse.Namespace], dict[str, float]]] = {
+    runners: dict[str, Runner] = {
         f"trialflow-{m}": (lambda root, seed, a, m=m: trialflow_run(m, root, seed, a)) for m in TRIALFLOW_METHODS}
     if args.ray_venv:
         runners.update({f"ray-{m}": (lambda root, seed, a, m=m: ray_run(m, root, seed, a))
@@ -384,20 +336,7 @@ def main() -> None:
                         for m in ("hyperband", "bohb")})
     if args.only:
         runners = {k: v for k, v in runners.items() if k in args.only.split(",")}
-    root = Path(tempfile.mkdtemp(prefix="trialflow-mf-"))
-    results: dict[str, list[dict[str, float]]] = {}
-    failures: dict[str, list[str]] = {}
-    try:
-        for seed in range(args.seeds):  # seeds outermost: a slow drift of the machine hits every method alike
-            for name, run in runners.items():
-                print(f"{name} seed {seed} ...", file=sys.stderr, flush=True)
-                try:
-                    results.setdefault(name, []).append(run(root, seed, args))
-                except Stalled as exc:
-                    failures.setdefault(name, []).append(str(exc))
-                    print(f"  {name} seed {seed} failed: {exc}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    results, failures = run_seeds(runners, args, "trialflow-mf-")
     print(textwrap.dedent(f"""
         budget {args.budget} steps of {args.step_seconds} s, concurrency {args.concurrency}, target {args.target},
         medians over {args.seeds} seeds (ratios: against the row named in the last column)"""))

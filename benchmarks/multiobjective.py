@@ -33,23 +33,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._budget import Runner, prepare, run_seeds, run_trialflow  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv  # noqa: E402
-from benchmarks.multifidelity import Stalled, _trialflow_over, _wait_spent  # noqa: E402
 from trialflow.tuners.objectives import Objective, Objectives, hypervolume  # noqa: E402
 
 MAX_EPOCHS = 27
@@ -234,15 +229,9 @@ print(json.dumps({"start": start}))
 
 
 def _prepare(root: Path, name: str, seed: int, args: argparse.Namespace) -> tuple[Path, Path]:
-    run_dir, code = root / name / f"seed{seed}", root / name / f"seed{seed}" / "code"
-    code.mkdir(parents=True)
-    (code / "workload.py").write_text(WORKLOAD)
-    (code / "trial.py").write_text(NNI_TRIAL)
-    (code / "syne_trial.py").write_text(SYNE_TRIAL)
-    (code / "mo_run.json").write_text(json.dumps({"run_dir": str(run_dir), "budget": args.budget, "seed": seed,
-                                                  "step_seconds": args.step_seconds, "max_epochs": MAX_EPOCHS,
-                                                  "workload": args.workload}))
-    return run_dir, code
+    return prepare(root, name, seed, {"workload.py": WORKLOAD, "trial.py": NNI_TRIAL, "syne_trial.py": SYNE_TRIAL},
+                   "mo_run.json", {"budget": args.budget, "seed": seed, "step_seconds": args.step_seconds,
+                                   "max_epochs": MAX_EPOCHS, "workload": args.workload})
 
 
 def _volume(entries: list[dict]) -> float:
@@ -274,23 +263,11 @@ def trialflow_run(method: str, root: Path, seed: int, args: argparse.Namespace) 
     algo = json.loads(json.dumps(TRIALFLOW_METHODS[method]))
     algo["tuner"].setdefault("classArgs", {})["seed"] = seed
     config = {"searchSpace": SPACE, "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
-              "trialConcurrency": args.concurrency, "maxTrialNumber": 100000,
-              "experimentWorkingDirectory": str(run_dir / "w"), "trainingService": {"platform": "local"},
+              "trialConcurrency": args.concurrency, "maxTrialNumber": 100000, "trainingService": {"platform": "local"},
               "objectives": [{"name": o.name, "direction": "maximize" if o.maximize else "minimize"}
                              for o in OBJECTIVES.objectives],
               "constraints": [{"name": "memory_kb", "max": MEMORY_BOUND_KB}], **algo}
-    path = run_dir / "config.yml"
-    path.write_text(yaml.safe_dump(config))  # PyYAML reads JSON's 1e-06 as a string
-    start = time.time()
-    created = subprocess.run(["trialflow", "create", "--config", str(path)], capture_output=True, text=True,
-                             timeout=300)
-    if created.returncode:
-        raise RuntimeError(f"trialflow create failed: {created.stdout}{created.stderr}")
-    exp_id = created.stdout.split("experiment id: ")[1].split()[0]
-    try:
-        _wait_spent(run_dir, args.budget, lambda: _trialflow_over(exp_id, run_dir))
-    finally:
-        subprocess.run(["trialflow", "stop", exp_id], capture_output=True, timeout=300)
+    start = run_trialflow(config, run_dir, args.budget)
     return _outcome(run_dir, start)
 
 
@@ -377,7 +354,7 @@ def main() -> None:
         os.environ.setdefault(name, value)
     if args.install:
         install(args)
-    runners: dict[str, Callable[[Path, int, argparse.Namespace], dict]] = {
+    runners: dict[str, Runner] = {
         f"trialflow-{m}": (lambda root, seed, a, m=m: trialflow_run(m, root, seed, a)) for m in TRIALFLOW_METHODS}
     if args.optuna_venv:
         runners["optuna-tpe"] = optuna_run
@@ -385,20 +362,7 @@ def main() -> None:
         runners["syne-moasha"] = syne_run
     if args.only:
         runners = {k: v for k, v in runners.items() if k in args.only.split(",")}
-    root = Path(tempfile.mkdtemp(prefix="trialflow-mo-"))
-    results: dict[str, list[dict]] = {}
-    failures: dict[str, list[str]] = {}
-    try:
-        for seed in range(args.seeds):  # seeds outermost: a slow drift of the machine hits every method alike
-            for name, run in runners.items():
-                print(f"{name} seed {seed} ...", file=sys.stderr, flush=True)
-                try:
-                    results.setdefault(name, []).append(run(root, seed, args))
-                except (Stalled, RuntimeError) as exc:
-                    failures.setdefault(name, []).append(str(exc))
-                    print(f"  {name} seed {seed} failed: {exc}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    results, failures = run_seeds(runners, args, "trialflow-mo-", failing=(RuntimeError,))  # Stalled is one
     print(textwrap.dedent(f"""
         {args.workload}: budget {args.budget} epochs (at most {MAX_EPOCHS} a trial), concurrency {args.concurrency},
         memory <= {MEMORY_BOUND_KB:g} kB; medians over {args.seeds} seeds; ratios against {BASE}"""))
