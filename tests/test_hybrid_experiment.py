@@ -61,7 +61,8 @@ def test_local_remote_and_kubeflow_in_one_experiment(tmp_path, sshd_servers, kno
     _check_all_ran_once(tmp_path, store, result.trials, 15)
     per_service = Counter(service_name(t.handle) for t in result.trials)
     assert set(per_service) == set(SERVICES)
-    assert max(per_service.values()) - min(per_service.values()) <= 3  # spread by free capacity
+    # every service took trials; how many each took follows how fast it frees slots (the placement rule
+    # itself is checked without timing in tests/platforms/test_hybrid_placement.py)
     assert _peak(_events(tmp_path)) <= 6
 
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
