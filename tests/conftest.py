@@ -80,9 +80,10 @@ SERVICE_MARKERS = {
     "prefect_server": "prefect", "prefect_pool": "pool", "on_pool": "pool", "sshd_servers": "sshd",
     "known_hosts": "sshd", "slurm_cluster": "slurm", "postgres_server": "postgres", "chromium": "chromium",
     "jupyter_kernel": "jupyter", "k8s_emulator": "emulator", "openpai_emulator": "emulator",
-    "dlts_emulator": "emulator", "dlc_emulator": "emulator", "aml_emulator": "emulator",
+    "dlts_emulator": "emulator", "dlc_emulator": "emulator", "aml_emulator": "emulator", "mlflow_server": "mlflow",
 }
-ONE_WORKER = ("pool", "slurm")  # a work pool's server and worker, a Slurm cluster: one of each per run
+# a work pool's server and worker, a Slurm cluster, an MLflow server: one of each per run
+ONE_WORKER = ("pool", "slurm", "mlflow")
 # Each its own xdist group, so each starts once per run, and the two may run on different workers:
 # together on one worker they were the suite's longest serial stretch (17 of its 28 minutes on a
 # slower machine, the test timeline), longer than any other worker's share.
@@ -408,6 +409,19 @@ def postgres_server():
 
     with LocalPostgres() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def mlflow_server():
+    """One MLflow tracking server on 127.0.0.1 for the session, with basic authentication (``mlflow
+    server`` from PyPI); a test that stops it starts it again."""
+    from trialflow.testing.mlflow_server import LocalMlflow
+
+    server = LocalMlflow().start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

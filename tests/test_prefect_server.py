@@ -308,7 +308,8 @@ def test_block_register_puts_every_platform_block_in_the_catalog(server, client,
     assert run.returncode == 0, run.stdout + run.stderr
     slugs = {b.slug for b in client.read_block_types()}
     assert {"trialflow-ssh-credentials", "trialflow-kubernetes-credentials", "trialflow-openpai-credentials",
-            "trialflow-dlts-credentials", "trialflow-azure-ml-credentials", "trialflow-pai-dlc-credentials"} <= slugs
+            "trialflow-dlts-credentials", "trialflow-azure-ml-credentials", "trialflow-pai-dlc-credentials",
+            "trialflow-mlflow-credentials"} <= slugs
     dlc = client.read_block_type_by_slug("trialflow-pai-dlc-credentials")
     schema = next(s for s in client.read_block_schemas() if s.block_type_id == dlc.id)
     assert schema.fields["properties"]["access_key_secret"]["format"] == "password"  # a SecretStr in the UI

@@ -318,3 +318,34 @@ def test_a_shared_storage_account_key_never_leaks(tmp_path, prefect_server, scan
     assert f"accountKey {PASSWORD}" in kept.read_text()  # blobfuse got it
     _assert_nowhere([PASSWORD], [tmp_path / "w", tmp_path / "blob", code], set(),
                     [*_prefect_texts(result.experiment_id), *scan_logs()])
+
+
+def test_an_mlflow_login_never_leaks(tmp_path, prefect_server, mlflow_server, scan_logs, monkeypatch):
+    """The MLflow tracking server's password (a real server with basic authentication), saved in a block:
+    not in the experiment folder, the trials' environment or output, Prefect, the logs, or anything the
+    experiment logged to MLflow (tags, parameters, artifacts)."""
+    import uuid
+
+    from mlflow import MlflowClient
+
+    from trialflow.blocks import MLflowCredentials
+
+    MLflowCredentials(username="admin", password=mlflow_server.password).save("sentinel-mlflow")
+    code = tmp_path / "code"
+    write_trial(code, "import os, nni\nnni.get_next_parameter()\nprint(dict(os.environ))\nnni.report_final_result(1)\n")
+    name = f"leak-{uuid.uuid4().hex[:8]}"
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=2, tracking={"mlflow": {
+        "trackingUri": mlflow_server.uri, "experimentName": name, "credentials": "sentinel-mlflow"}}))
+    assert result.status == "DONE"
+    for key, value in mlflow_server.login.items():
+        monkeypatch.setenv(key, value)
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    assert len(runs) == 3  # the experiment and its two trials were logged with the login
+    logged = tmp_path / "logged"
+    for run in runs:
+        client.download_artifacts(run.info.run_id, "", str(logged / run.info.run_id))
+    assert any(logged.rglob("trial.stdout"))  # the trials' output (their environment) was scanned
+    _assert_nowhere([mlflow_server.password], [tmp_path / "w", logged], set(),
+                    [json.dumps([r.to_dictionary() for r in runs]), *_prefect_texts(result.experiment_id),
+                     *scan_logs()])

@@ -13,8 +13,9 @@ from .aml import AzureMLCredentials
 from .dlc import PAIDLCCredentials
 from .dlts import DLTSCredentials
 from .kubernetes import KubernetesCredentials
+from .mlflow import MLflowCredentials
 from .openpai import OpenPAICredentials
 from .remote import SSHCredentials
 
 __all__ = ["AzureMLCredentials", "BlockNotFoundError", "DLTSCredentials", "KubernetesCredentials",
-           "OpenPAICredentials", "PAIDLCCredentials", "SSHCredentials", "load_block"]
+           "MLflowCredentials", "OpenPAICredentials", "PAIDLCCredentials", "SSHCredentials", "load_block"]

@@ -9,6 +9,7 @@ import re
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -103,6 +104,34 @@ class ConstraintConfig(ConfigModel):
         return self
 
 
+class MlflowTrackingConfig(ConfigModel):
+    """An MLflow tracking server the experiment is logged to: the experiment one parent run, each
+    ended trial a nested run (``pip install 'trialflow[mlflow]'``)."""
+
+    tracking_uri: str = Field(min_length=1, description="the tracking server, e.g. http://127.0.0.1:5000")
+    experiment_name: str | None = Field(default=None, description="MLflow experiment the runs go to; default: "
+                                        "the experimentName, else trialflow")
+    credentials: str | None = Field(default=None, description="name of a trialflow MLflow credentials block "
+                                    "(token, or user name and password)")
+
+    @model_validator(mode="after")
+    def _installed(self) -> MlflowTrackingConfig:
+        import importlib.util
+
+        if urlsplit(self.tracking_uri).password is not None:
+            raise ValueError("trackingUri holds a password: save the login in an MLflowCredentials block and name "
+                             "it in credentials")
+        if importlib.util.find_spec("mlflow") is None:
+            raise ValueError("MLflow is not installed: pip install 'trialflow[mlflow]', or remove tracking.mlflow")
+        return self
+
+
+class TrackingConfig(ConfigModel):
+    """Experiment trackers the record is logged to, by the controller (trial code unchanged)."""
+
+    mlflow: MlflowTrackingConfig | None = None
+
+
 class ExperimentConfig(ConfigModel):
     """A whole experiment. Build it with :func:`load_config` (file) or :func:`parse_config` (dict)."""
 
@@ -135,6 +164,7 @@ class ExperimentConfig(ConfigModel):
         default=None, description="earlier experiments (their ids) or files of `trialflow experiment export "
         "--type json` whose finished trials this experiment's tuner learns from (as importData; not trials)")
     shared_storage: SharedStorageConfig | None = None
+    tracking: TrackingConfig | None = None
     store_url: SecretStr | None = Field(
         default=None, description="URL of a shared experiment store, e.g. postgresql+psycopg://user@db.example.org/"
         "trialflow (pip install 'trialflow[postgres]'); default: embedded SQLite in the experiment directory")

@@ -61,6 +61,7 @@ from ..status import ExperimentStatus, TrialStatus
 from ..store import Control, ExperimentStore
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
+from ..tracking import tracking
 from ..tuners import TunerError, create_tuner
 from ..tuners.objectives import tuner_value
 from ..warm_start import create_warm_started
@@ -165,12 +166,16 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         events = ExperimentEvents(experiment_id, store, config)
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
+            # finished before the context closes: the service reads the last trials' logs for it
+            tracker = stack.enter_context(tracking(experiment_id, config, store, ctx.service))
         except Exception as exc:
             logger.error("experiment %s could not start: %s", experiment_id, exc)  # in experiment.log too
             end_experiment(store, ExperimentStatus.ERROR, str(exc))
             events.experiment_ended(ExperimentStatus.ERROR, str(exc))
             raise
         ctx.on_trial_end.append(events.trial_ended)
+        if tracker is not None:
+            ctx.on_trial_end.append(tracker.trial_ended)
         store.set_experiment(status=ExperimentStatus.RUNNING, message=None, end_time=None, controller_pid=os.getpid(),
                              flow_run_id=flow_run_id, prefect_api=_configured_api())
         logger.info("experiment %s running on %s; trials under %s", experiment_id, ctx.service.platform, exp_dir)

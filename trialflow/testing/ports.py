@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import random
 import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 HOST = "127.0.0.1"
 LOWEST = 10000  # below: well-known and registered services a machine may run
@@ -48,3 +52,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
+
+
+def wait_serving(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, what: str,
+                 timeout: float) -> None:
+    """Return once ``ready()`` (the server ``proc`` started answers); raises RuntimeError with the end of
+    its ``log`` when it exits first, or when ``timeout`` seconds pass (the caller stops it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not answer within {timeout} s")

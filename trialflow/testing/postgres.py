@@ -11,10 +11,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from .ports import free_port
+from .ports import free_port, wait_serving
 
 USER = "trialflow"
 
@@ -57,17 +56,14 @@ class LocalPostgres:
             [*self._as, str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
              "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200"],
             stdout=subprocess.DEVNULL, stderr=open(self.directory / "server.log", "ab"), start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ready = subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
-                                   capture_output=True)
-            if ready.returncode == 0:
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"postgres exited: {(self.directory / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"postgres did not accept connections within {timeout} s")
+        try:
+            wait_serving(lambda: subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                                                capture_output=True).returncode == 0,
+                         self.proc, self.directory / "server.log", "postgres", timeout)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

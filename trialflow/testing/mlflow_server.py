@@ -1,0 +1,77 @@
+"""A throwaway MLflow tracking server on 127.0.0.1 for tests: ``mlflow server`` from PyPI with its
+SQLite backend, a local artifact store and MLflow's basic-auth app (one admin user), in a temporary
+directory. :meth:`LocalMlflow.stop` and :meth:`LocalMlflow.start` again keep its port and data (a
+tracker that goes away and comes back); it stops with the process that started it, also when that
+process is killed, and :meth:`LocalMlflow.close` removes its directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import requests
+
+from ..trial.procs import stop_with
+from .ports import free_port, wait_serving
+from .prefect_server import stop_group
+
+ADMIN = "admin"
+
+
+class LocalMlflow:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="trialflow-mlflow-"))
+        self.password = "tf-" + os.urandom(9).hex()
+        self.proc: subprocess.Popen[bytes] | None = None
+        (self.directory / "auth.ini").write_text(
+            f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{self.directory / 'auth.db'}\n"
+            f"admin_username = {ADMIN}\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def login(self) -> dict[str, str]:
+        """The MLflow client's environment for the admin user."""
+        return {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": self.password}
+
+    def start(self, timeout: float = 180.0) -> LocalMlflow:
+        """Start it (again) and wait until it answers; raises RuntimeError when it does not."""
+        env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(self.directory / "auth.ini"),
+               "MLFLOW_AUTH_ADMIN_PASSWORD": self.password, "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()}
+        with open(self.directory / "server.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}", "--artifacts-destination",
+                 str(self.directory / "artifacts"), "--workers", "1", "--app-name", "basic-auth"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.directory,
+                start_new_session=True)
+        stop_with(os.getpid(), self.proc.pid)
+        try:
+            wait_serving(self._answers, self.proc, self.directory / "server.log", "mlflow server", timeout)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            return requests.get(f"{self.uri}/health", timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    def stop(self) -> None:
+        """Stop it; its data stays for :meth:`start`."""
+        if self.proc is not None:
+            stop_group(self.proc)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,49 @@
+"""What a tracker is told of a trial: its parameters and results as flat name -> value pairs.
+
+Trackers take flat names and scalar values; a trial's parameters may nest (NNI's nested choices) and
+its results may be a number (NNI's default metric) or a dict of them. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+DEFAULT_METRIC = "default"  # NNI's name for a result given as a bare number
+_UNSAFE = re.compile(r"[^\w\-. /:]")  # what MLflow refuses in a metric or parameter name
+
+
+def safe_name(name: str) -> str:
+    """``name`` with every character a tracker refuses replaced by ``_`` (never empty)."""
+    return _UNSAFE.sub("_", name) or "_"
+
+
+def numbers(result: Any) -> dict[str, float]:
+    """A result's numeric values by name: a bare number as :data:`DEFAULT_METRIC`, a dict's numeric
+    entries by their keys (nested dicts, strings and booleans left out)."""
+    if isinstance(result, bool):
+        return {}
+    if isinstance(result, int | float):
+        return {DEFAULT_METRIC: float(result)}
+    if isinstance(result, dict):
+        return {safe_name(str(k)): float(v) for k, v in result.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {}
+
+
+def finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def flat_parameters(parameters: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Parameters as text by ``/``-joined path: nested dicts are walked, lists written as JSON."""
+    out: dict[str, str] = {}
+    for key, value in parameters.items():
+        name = f"{prefix}{safe_name(str(key))}"
+        if isinstance(value, dict):
+            out.update(flat_parameters(value, f"{name}/"))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out

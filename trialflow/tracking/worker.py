@@ -1,0 +1,128 @@
+"""The tracking worker: a process beside the controller that logs the experiment's record to MLflow.
+
+``python -m trialflow.tracking.worker`` reads JSON lines on stdin: first the job (experiment id, the
+store's URL, the tracker's settings, the MLflow client's environment with the login), then
+``{"trial": id, "logs": {file name: text}}`` when a trial's end is recorded (its log files as its
+service read them) and ``{"finish": true}`` once the experiment's end is. It logs from the record,
+never from what the controller holds: on connecting it also logs every trial that ended before this
+run and is not logged yet, and at the finish every ended trial still unlogged (their log files read
+from their folders when those are on this machine). A tracker
+that does not answer is retried with backoff and said once (``WARNING ...`` on stderr, which the
+controller logs), and again when it answers. It exits after ``finish`` (0 once everything is logged,
+2 when the tracker still does not answer after :data:`FINISH_TRIES`), or at once when stdin closes
+before it (its controller is gone: what is left is logged at the experiment's next run). Apart from
+those lines it prints nothing; the login reaches only this process's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+from typing import Any
+
+MAX_BACKOFF_SECONDS = 30.0
+MAX_LOG_BYTES = 2 * 1024 * 1024  # the end of each log file a tracker gets; the whole stays with the trial
+FINISH_TRIES = 4  # after the experiment ended: about 7 s of retries, then the next run logs the rest
+_EOF = object()
+
+
+def say(level: str, message: str) -> None:
+    """One line for the controller's log (``level`` is a logging level name)."""
+    print(f"{level} {message}", file=sys.stderr, flush=True)
+
+
+def _read_lines(inbox: queue.Queue[Any]) -> None:
+    for line in sys.stdin:
+        if line.strip():
+            inbox.put(json.loads(line))
+    inbox.put(_EOF)
+
+
+def run(job: dict[str, Any]) -> int:
+    """Log until finished (0) or until stdin closes (1)."""
+    from ..platforms.trialdir import read_trial_logs
+    from ..status import TrialStatus
+    from ..store import ExperimentStore
+    from .mlflow_runs import MlflowRuns
+
+    store = ExperimentStore(job["store_url"], job["experiment_id"])
+    runs = MlflowRuns(job["tracking_uri"], job["mlflow_experiment"], job["experiment_id"])
+    inbox: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=_read_lines, args=(inbox,), daemon=True).start()
+    pending: set[str] = set()
+    logs: dict[str, dict[str, str]] = {}  # trial id -> its log files, as its service read them
+    finishing = connected = False
+    failures = 0
+    where = f"MLflow at {job['tracking_uri']}"
+    while True:
+        if failures:
+            wait: float | None = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** failures)
+        else:
+            wait = 0 if not connected or pending or finishing else None
+        try:
+            message = inbox.get(timeout=wait)
+        except queue.Empty:
+            message = None
+        while message is not None:
+            if message is _EOF:
+                if not finishing:  # the controller is gone: the next run logs the rest
+                    return 1
+                break
+            if "trial" in message:
+                pending.add(message["trial"])
+                logs[message["trial"]] = message.get("logs") or {}
+            finishing = finishing or bool(message.get("finish"))
+            try:
+                message = inbox.get_nowait()
+            except queue.Empty:
+                message = None
+        try:
+            if not connected:
+                logged = runs.connect(store.experiment(), job["config"], job["platforms"], job["tuner"])
+                # what an earlier run left unlogged; a trial ending in this run comes with its logs
+                pending |= {t.id for t in store.trials() if t.is_terminal and not t.stopping and t.id not in logged
+                            and (t.end_time or 0) < job["started"]}
+                connected = True
+            if finishing:  # a trial whose end was recorded without a word from the controller
+                pending |= {t.id for t in store.trials() if t.is_terminal and not t.stopping and t.id not in runs.runs}
+            for trial in sorted((store.trial(i) for i in pending), key=lambda t: t.sequence):
+                if TrialStatus(trial.status).is_terminal:
+                    output = logs.get(trial.id) or (read_trial_logs(trial.log_dir, MAX_LOG_BYTES) if trial.log_dir
+                                                    and os.path.isdir(trial.log_dir) else {})
+                    runs.log_trial(trial, store.metrics(trial.id), output)
+                pending.discard(trial.id)
+                logs.pop(trial.id, None)
+            if finishing:
+                runs.finish(store.experiment())
+            if failures:
+                say("INFO", f"{where} answers again: every ended trial is logged")
+            if finishing:
+                return 0
+            failures = 0
+        except Exception as exc:  # noqa: BLE001 -- whatever the client raises: retried, said once
+            connected = False  # reconnecting deletes a trial's run that was cut off while being logged
+            if failures == 0:
+                reason = " ".join(str(exc).split())[:300]
+                say("WARNING", f"{where} cannot log this experiment now ({type(exc).__name__}: {reason}); "
+                               "its trials are logged when it answers again")
+            failures += 1
+            if finishing and failures >= FINISH_TRIES:
+                say("WARNING", f"{where}: the trials not logged yet are logged when the experiment runs again")
+                return 2
+
+
+def main() -> int:
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 1
+    job = json.loads(line)
+    os.environ.update(job["environment"])  # the MLflow client's settings and login: this process only
+    sys.stdout = open(os.devnull, "w")  # MLflow prints run links; the controller reads stderr only
+    return run(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
