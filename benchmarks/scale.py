@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,18 @@ def _cpu_seconds(pid: int) -> float:
     """A process's CPU seconds, its reaped children's included (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _session_cpu_seconds(session: int) -> float:
+    """The CPU seconds of every process in the session ``session`` (a server and its workers)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == session:
+                total += _cpu_seconds(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _machine_busy_seconds() -> float:
@@ -131,8 +144,37 @@ def tpe_suggestion_ms(points: list[int]) -> list[float]:
         return [measure("TPE", _history(n, random.Random(n)), 15, workdir)[1] for n in points]
 
 
-def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
-    """Run the scale experiment; returns the measured figures (see the module doc)."""
+class _WorkerCpu(threading.Thread):
+    """The CPU seconds of the experiment's tracking worker, sampled until the experiment ends."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.seconds = 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        pid = None
+        while not self.done.wait(0.2):
+            if pid is None:
+                pid = next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and
+                            b"trialflow.tracking.worker" in _read(p / "cmdline")), None)
+            if pid is not None:
+                try:
+                    self.seconds = max(self.seconds, _cpu_seconds(pid))
+                except (OSError, IndexError):
+                    pid = None  # ended (its last samples counted)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, mlflow_uri: str | None = None) -> dict:
+    """Run the scale experiment (logged to the MLflow server at ``mlflow_uri`` when given); returns the
+    measured figures (see the module doc)."""
     from trialflow.experiments import open_store
 
     ideal = math.ceil(trials / concurrency) * sleep
@@ -146,6 +188,8 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
                   "trialConcurrency": concurrency, "maxTrialNumber": trials,
                   "experimentWorkingDirectory": str(work), "tuner": {"name": "Random", "classArgs": {"seed": 0}},
                   "trainingService": {"platform": "local"}}
+        if mlflow_uri:
+            config["tracking"] = {"mlflow": {"trackingUri": mlflow_uri, "experimentName": f"scale-{time.time():.0f}"}}
         config_path = Path(tmp) / "config.json"
         config_path.write_text(json.dumps(config))
         from trialflow.kept_server import ensure_server, stop_server
@@ -156,12 +200,17 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
         env.update(PREFECT_LOGGING_LEVEL=os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"),
                    TRIALFLOW_HOME=str(home), TRIALFLOW_PREFECT_SERVER=os.environ.get("SCALE_SERVER", "kept"))
         server_cpu, busy = _cpu_seconds(server.pid), _machine_busy_seconds()
+        worker = _WorkerCpu()
+        worker.start()
         try:
+            started = time.perf_counter()
             out = subprocess.run([sys.executable, __file__, "--controller", str(config_path)], env=env, check=True,
                                  stdout=subprocess.PIPE, text=True).stdout
+            controller_wall = time.perf_counter() - started
             server_cpu, busy = _cpu_seconds(server.pid) - server_cpu, _machine_busy_seconds() - busy
             server_kb = _vm_hwm_kb(server.pid)
         finally:
+            worker.done.set()
             stop_server(home)
         summary = json.loads(out.strip().splitlines()[-1])
         exp_id = summary["experiment_id"]
@@ -179,6 +228,7 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True) -> dict:
             "status": summary["status"], "succeeded": summary["succeeded"],
             "controller_mb": summary["controller_kb"] / 1024,
             "server_mb": (server_kb or 0) / 1024, "bookkeeping": books,
+            "tracking_worker_ms_per_trial": 1000 * worker.seconds / trials, "controller_wall": controller_wall,
             "cpu_ms_per_trial": {"controller": 1000 * summary["controller_cpu"] / trials,
                                  "Prefect server": 1000 * server_cpu / trials,
                                  "trials and the rest":
@@ -226,12 +276,42 @@ def summary(profile: str) -> list[list[object]]:
             summary_row(name, "this Python's start-up, CPU", r["python_start_ms"], "ms", "-", None)]
 
 
+def tracking_cost(trials: int, concurrency: int, sleep: float) -> None:
+    """The same experiment without and with an MLflow tracker (``mlflow server`` on loopback, one run
+    after the other): the tracking worker's CPU per trial against the controller's, and both walls."""
+    from trialflow.testing.mlflow_server import LocalMlflow
+
+    mlflow = LocalMlflow(auth=False).start()
+    try:
+        bare = run(trials, concurrency, sleep, tpe=False)
+        mlflow_cpu = _session_cpu_seconds(mlflow.proc.pid)  # type: ignore[union-attr]
+        logged = run(trials, concurrency, sleep, tpe=False, mlflow_uri=mlflow.uri)
+        mlflow_cpu = _session_cpu_seconds(mlflow.proc.pid) - mlflow_cpu  # type: ignore[union-attr]
+    finally:
+        mlflow.close()
+    loop = bare["cpu_ms_per_trial"]["controller"]
+    worker = logged["tracking_worker_ms_per_trial"]
+    print_table(f"{trials} trials x {sleep:g} s at concurrency {concurrency}, without and with MLflow tracking",
+                ["measure", "without", "with MLflow", "ratio / share"],
+                [["wall (first submit -> last end)", f"{bare['wall']:.1f} s", f"{logged['wall']:.1f} s",
+                  f"{logged['wall'] / bare['wall']:.3f}x"],
+                 ["controller process, start to exit (with logging's end)", f"{bare['controller_wall']:.1f} s",
+                  f"{logged['controller_wall']:.1f} s", f"{logged['controller_wall'] / bare['controller_wall']:.3f}x"],
+                 ["controller CPU per trial", f"{loop:.1f} ms", f"{logged['cpu_ms_per_trial']['controller']:.1f} ms",
+                  f"{logged['cpu_ms_per_trial']['controller'] / loop:.3f}x"],
+                 ["tracking worker CPU per trial", "-", f"{worker:.1f} ms",
+                  f"{100 * worker / loop:.1f} % of the loop's"],
+                 ["MLflow server CPU per trial", "-", f"{1000 * mlflow_cpu / trials:.1f} ms", "-"]])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=1.0)
     parser.add_argument("--json", help="also write the measured figures to this file")
+    parser.add_argument("--mlflow", action="store_true",
+                        help="run it twice, without and with logging to a local MLflow server, and print the cost")
     add_venv_option(parser)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -240,6 +320,9 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     if args.controller:
         controller(args.controller)
+        return
+    if args.mlflow:
+        tracking_cost(args.trials, args.concurrency, args.sleep)
         return
     result = run(args.trials, args.concurrency, args.sleep)
     report(result)

@@ -1,6 +1,6 @@
 """A throwaway MLflow tracking server on 127.0.0.1 for tests: ``mlflow server`` from PyPI with its
-SQLite backend, a local artifact store and MLflow's basic-auth app (one admin user), in a temporary
-directory. :meth:`LocalMlflow.stop` and :meth:`LocalMlflow.start` again keep its port and data (a
+SQLite backend, a local artifact store and (unless ``auth=False``) MLflow's basic-auth app (one admin
+user), in a temporary directory. :meth:`LocalMlflow.stop` and :meth:`LocalMlflow.start` again keep its port and data (a
 tracker that goes away and comes back); it stops with the process that started it, also when that
 process is killed, and :meth:`LocalMlflow.close` removes its directory."""
 
@@ -23,7 +23,8 @@ ADMIN = "admin"
 
 
 class LocalMlflow:
-    def __init__(self) -> None:
+    def __init__(self, auth: bool = True) -> None:
+        self.auth = auth
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="trialflow-mlflow-"))
         self.password = "tf-" + os.urandom(9).hex()
@@ -49,7 +50,8 @@ class LocalMlflow:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
                  "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}", "--artifacts-destination",
-                 str(self.directory / "artifacts"), "--workers", "1", "--app-name", "basic-auth"],
+                 str(self.directory / "artifacts"), "--workers", "1",
+                 *(["--app-name", "basic-auth"] if self.auth else [])],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.directory,
                 start_new_session=True)
         stop_with(os.getpid(), self.proc.pid)

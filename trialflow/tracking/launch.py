@@ -6,10 +6,11 @@ stops the controller, which then finishes the worker) and hands it the job on st
 the ``credentials`` block included (never in the worker's arguments, environment at start, files or
 logs). :meth:`Tracking.trial_ended` is called from the trials' task threads and never blocks or
 raises: a thread of its own reads the trial's log files through the service and sends them on. At
-exit it tells the worker to finish and waits up to :data:`FLUSH_SECONDS` while the tracker answers;
-what is still unlogged then is logged at the experiment's next run. The worker's lines go to the
-``trialflow.tracking`` logger (the terminal and the experiment's log). A tracker never fails the
-experiment; a missing credentials block does, at start (:class:`BlockNotFoundError`).
+exit it tells the worker to finish and waits while it logs (at most :data:`FLUSH_SECONDS` without a
+trial logged); what is still unlogged then is logged at the experiment's next run. The worker's
+lines go to the ``trialflow.tracking`` logger (the terminal and the experiment's log). A tracker
+never fails the experiment; a missing credentials block does, at start
+(:class:`BlockNotFoundError`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from typing import IO, Any
 from ..config import ExperimentConfig
 from ..platforms import TrainingService, TrialHandle
 from ..store import ExperimentStore
-from .worker import MAX_LOG_BYTES
+from .worker import MAX_LOG_BYTES, PROGRESS
 
 log = logging.getLogger("trialflow.tracking")
-FLUSH_SECONDS = 120.0
+FLUSH_SECONDS = 60.0  # at the end: how long the worker may log nothing before it is stopped
 # the MLflow client's own retries would hold the worker for minutes on a tracker that is down: it
 # retries itself, with its own backoff, and says so once
 CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
@@ -48,6 +49,7 @@ class Tracking:
         self.service = service
         self._ended: queue.Queue[str | None] = queue.Queue()
         self._lost = False
+        self._progress = time.monotonic()  # when the worker last logged a trial
         self._relay_thread = threading.Thread(target=self._relay, args=(proc.stderr,), daemon=True,
                                               name="tracking-relay")
         self._relay_thread.start()
@@ -57,7 +59,9 @@ class Tracking:
     def _relay(self, stream: IO[str]) -> None:
         for line in stream:
             level, _, message = line.rstrip("\n").partition(" ")
-            if level in _LEVELS:
+            if level == PROGRESS:
+                self._progress = time.monotonic()
+            elif level in _LEVELS:
                 log.log(_LEVELS[level], "experiment %s: %s", self.experiment_id, message)
             else:  # the client's own warnings, a traceback
                 log.debug("tracking worker: %s", line.rstrip("\n"))
@@ -98,13 +102,15 @@ class Tracking:
         self._lost = True
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=FLUSH_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            log.warning("experiment %s: its tracker did not take every trial within %.0f s; the rest are logged "
-                        "when the experiment runs again", self.experiment_id, FLUSH_SECONDS)
+        self._progress = time.monotonic()
+        while self.proc.poll() is None:
+            if time.monotonic() - self._progress > FLUSH_SECONDS:
+                self.proc.kill()
+                self.proc.wait()
+                log.warning("experiment %s: its tracker took no trial for %.0f s; the rest are logged when the "
+                            "experiment runs again", self.experiment_id, FLUSH_SECONDS)
+                break
+            time.sleep(0.1)
         self._relay_thread.join(timeout=5)
 
 

@@ -6,12 +6,13 @@ store's URL, the tracker's settings, the MLflow client's environment with the lo
 service read them) and ``{"finish": true}`` once the experiment's end is. It logs from the record,
 never from what the controller holds: on connecting it also logs every trial that ended before this
 run and is not logged yet, and at the finish every ended trial still unlogged (their log files read
-from their folders when those are on this machine). A tracker
-that does not answer is retried with backoff and said once (``WARNING ...`` on stderr, which the
-controller logs), and again when it answers. It exits after ``finish`` (0 once everything is logged,
-2 when the tracker still does not answer after :data:`FINISH_TRIES`), or at once when stdin closes
-before it (its controller is gone: what is left is logged at the experiment's next run). Apart from
-those lines it prints nothing; the login reaches only this process's environment.
+from their folders when those are on this machine). A tracker that does not answer is retried with
+backoff and said once (``WARNING ...`` on stderr, which the controller logs), and again when it
+answers; ``LOGGED <trial id>`` follows each trial logged. It exits after ``finish`` (0 once
+everything is logged, 2 when the tracker still does not answer after :data:`FINISH_TRIES`), or at
+once when stdin closes before it (its controller is gone: what is left is logged at the experiment's
+next run). Apart from those lines it prints nothing; the login reaches only this process's
+environment.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import threading
 from typing import Any
 
 MAX_BACKOFF_SECONDS = 30.0
+BACKLOG_SAID = 20  # trials left to log at the experiment's end from which the wait is said
+PROGRESS = "LOGGED"  # the line after each trial logged: the controller waits while they come
 MAX_LOG_BYTES = 2 * 1024 * 1024  # the end of each log file a tracker gets; the whole stays with the trial
 FINISH_TRIES = 4  # after the experiment ended: about 7 s of retries, then the next run logs the rest
 _EOF = object()
@@ -88,11 +91,14 @@ def run(job: dict[str, Any]) -> int:
                 connected = True
             if finishing:  # a trial whose end was recorded without a word from the controller
                 pending |= {t.id for t in store.trials() if t.is_terminal and not t.stopping and t.id not in runs.runs}
+                if len(pending) >= BACKLOG_SAID and failures == 0:
+                    say("INFO", f"{where}: logging the last {len(pending)} ended trials")
             for trial in sorted((store.trial(i) for i in pending), key=lambda t: t.sequence):
                 if TrialStatus(trial.status).is_terminal:
                     output = logs.get(trial.id) or (read_trial_logs(trial.log_dir, MAX_LOG_BYTES) if trial.log_dir
                                                     and os.path.isdir(trial.log_dir) else {})
                     runs.log_trial(trial, store.metrics(trial.id), output)
+                    say(PROGRESS, trial.id)
                 pending.discard(trial.id)
                 logs.pop(trial.id, None)
             if finishing:
