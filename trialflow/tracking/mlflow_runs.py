@@ -162,7 +162,9 @@ class MlflowRuns:
         self.runs[trial.id] = run_id
 
     def _log_output(self, run_id: str, logs: dict[str, str]) -> None:
-        """The trial's log files (``trial.stdout``, ``trial.stderr``, ``trial.log``) under ``logs/``."""
+        """The trial's log files (``trial.stdout``, ``trial.stderr``, ``trial.log``) under ``logs/``, those
+        that hold something."""
+        logs = {name: text for name, text in logs.items() if text}  # an upload each: empty files are left out
         if not logs:
             return
         with tempfile.TemporaryDirectory() as tmp:
