@@ -72,6 +72,11 @@ class AlgorithmConfig(ConfigModel):
     code_directory: ConfigPath | None = None
     class_args: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """How the algorithm is named: its built-in name, else its class name."""
+        return self.name or self.class_name or ""
+
     @model_validator(mode="after")
     def _name_or_class(self) -> AlgorithmConfig:
         if (self.name is None) == (self.class_name is None):

@@ -74,7 +74,7 @@ class ExperimentEvents:
         name = config.experiment_name or experiment_id
         self.experiment = {"prefect.resource.id": f"{PREFIX}.experiment.{experiment_id}",
                            "prefect.resource.name": name, "prefect.resource.role": "experiment"}
-        tuner = (config.tuner.name or config.tuner.class_name) if config.tuner else None
+        tuner = config.tuner.label if config.tuner else None
         self.related = [self.experiment,
                         *({"prefect.resource.id": f"{PREFIX}.platform.{s.platform}", "prefect.resource.name":
                            s.platform, "prefect.resource.role": "platform"} for s in config.services),

@@ -68,7 +68,7 @@ def _this_run() -> Any:
 def run_tags(experiment_id: str, config: ExperimentConfig) -> list[str]:
     """The tags of an experiment's run: ``trialflow``, its id, its platforms, its tuner and, when it has
     one, its ``experimentName`` (as ``name:<name>``: the UI's run list shows tags beside the id)."""
-    tuner = (config.tuner.name or config.tuner.class_name) if config.tuner else None
+    tuner = config.tuner.label if config.tuner else None
     platforms = [s.platform for s in config.services]
     named = [f"name:{config.experiment_name}"] if config.experiment_name else []
     return list(dict.fromkeys([TAG, experiment_id, *platforms, *([tuner] if tuner else []), *named]))

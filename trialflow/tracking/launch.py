@@ -133,7 +133,7 @@ def tracking(experiment_id: str, config: ExperimentConfig, store: ExperimentStor
            "tracking_uri": section.tracking_uri,
            "mlflow_experiment": section.experiment_name or config.experiment_name or "trialflow",
            "config": config.dump(), "platforms": ",".join(s.platform for s in config.services),
-           "tuner": (tuner.name or tuner.class_name) if tuner else None, "environment": environment}
+           "tuner": tuner.label if tuner else None, "environment": environment}
     proc = subprocess.Popen([sys.executable, "-m", "trialflow.tracking.worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     tracker = Tracking(proc, experiment_id, store, service)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..status import ExperimentStatus, TrialStatus
 from ..store import ExperimentRecord, Metric, TrialRecord
-from .values import finite, flat_parameters, numbers
+from .values import flat_parameters, numbers
 
 KIND = "trialflow.kind"  # "experiment" (the parent run) or "trial"
 EXPERIMENT = "trialflow.experiment_id"
@@ -33,7 +33,7 @@ TRIAL = "trialflow.trial_id"
 STATUS = "trialflow.status"
 BEST = "trialflow.best"
 PARETO = "trialflow.pareto"
-_BATCH = 1000  # MLflow's most metrics per log_batch call (and more than its 100 params and tags)
+_METRICS_PER_CALL, _PARAMS_PER_CALL = 1000, 100  # the most MLflow takes in one log_batch call
 _RUN_STATUS = {TrialStatus.SUCCEEDED: "FINISHED", TrialStatus.FAILED: "FAILED"}  # other ends: KILLED
 _EXPERIMENT_STATUS: dict[str, str] = {ExperimentStatus.DONE: "FINISHED", ExperimentStatus.ERROR: "FAILED",
                       ExperimentStatus.STOPPED: "KILLED"}
@@ -111,7 +111,7 @@ class MlflowRuns:
         """Tag the best trial's run (or the Pareto set's) and end the parent run as the experiment
         ended; a record still RUNNING (a full disk) leaves it running."""
         assert self.parent is not None
-        chosen = set(record.pareto or ()) if record.pareto is not None else {record.best_trial} - {None}
+        chosen = set(record.pareto) if record.pareto is not None else {record.best_trial} - {None}
         tag = PARETO if record.pareto is not None else BEST
         for run in self._search(f"tags.`{EXPERIMENT}` = '{self.experiment_id}' and tags.`{tag}` = 'true'"):
             if run.data.tags.get(TRIAL) not in chosen:  # an earlier run's best, beaten since
@@ -146,16 +146,16 @@ class MlflowRuns:
         for metric in metrics:
             if metric.type == "PERIODICAL":
                 values += [MlflowMetric(f"intermediate/{k}", v, _ms(metric.time) or 0, metric.sequence)
-                           for k, v in numbers(metric.value).items() if finite(v)]
+                           for k, v in numbers(metric.value).items()]
         final_at = int((trial.end_time or time.time()) * 1000)
-        values += [MlflowMetric(k, v, final_at, 0) for k, v in numbers(trial.final).items() if finite(v)]
+        values += [MlflowMetric(k, v, final_at, 0) for k, v in numbers(trial.final).items()]
         params = [Param(k, v[:6000]) for k, v in flat_parameters(trial.parameters).items()]
         tag_list = [RunTag(k, str(v)[:5000]) for k, v in extra.items()]
-        for i in range(0, max(len(values), len(params), 1), _BATCH):
-            self.client.log_batch(run_id, metrics=values[i:i + _BATCH], params=params[i:i + 100] if i == 0 else [],
+        calls = max(1, -(-len(values) // _METRICS_PER_CALL), -(-len(params) // _PARAMS_PER_CALL))
+        for i in range(calls):
+            self.client.log_batch(run_id, metrics=values[i * _METRICS_PER_CALL:(i + 1) * _METRICS_PER_CALL],
+                                  params=params[i * _PARAMS_PER_CALL:(i + 1) * _PARAMS_PER_CALL],
                                   tags=tag_list if i == 0 else [])
-        for j in range(100, len(params), 100):
-            self.client.log_batch(run_id, params=params[j:j + 100])
         self._log_output(run_id, logs)
         self.client.set_terminated(run_id, _RUN_STATUS.get(TrialStatus(trial.status), "KILLED"),
                                    end_time=_ms(trial.end_time))

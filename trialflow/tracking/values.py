@@ -21,20 +21,14 @@ def safe_name(name: str) -> str:
 
 
 def numbers(result: Any) -> dict[str, float]:
-    """A result's numeric values by name: a bare number as :data:`DEFAULT_METRIC`, a dict's numeric
-    entries by their keys (nested dicts, strings and booleans left out)."""
-    if isinstance(result, bool):
-        return {}
-    if isinstance(result, int | float):
-        return {DEFAULT_METRIC: float(result)}
+    """A result's finite numeric values by name: a bare number as :data:`DEFAULT_METRIC`, a dict's
+    numeric entries by their keys (nested dicts, strings, booleans, NaN and infinities left out)."""
     if isinstance(result, dict):
-        return {safe_name(str(k)): float(v) for k, v in result.items()
-                if isinstance(v, int | float) and not isinstance(v, bool)}
-    return {}
-
-
-def finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
+        found = {safe_name(str(k)): v for k, v in result.items()}
+    else:
+        found = {DEFAULT_METRIC: result}
+    return {k: float(v) for k, v in found.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def flat_parameters(parameters: dict[str, Any], prefix: str = "") -> dict[str, str]:
