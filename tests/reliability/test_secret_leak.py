@@ -349,3 +349,19 @@ def test_an_mlflow_login_never_leaks(tmp_path, prefect_server, mlflow_server, sc
     _assert_nowhere([mlflow_server.password], [tmp_path / "w", logged], set(),
                     [json.dumps([r.to_dictionary() for r in runs]), *_prefect_texts(result.experiment_id),
                      *scan_logs()])
+
+
+def test_a_wandb_key_never_leaks(tmp_path, prefect_server, scan_logs):
+    """A W&B API key saved in a block, for an online W&B (a loopback one that refuses it): sent to W&B
+    only, not in the experiment folder (W&B's own run files and logs included), the trials'
+    environment or output, Prefect or the logs."""
+    from tests.test_tracking_wandb import key_was_sent, refusing_wandb
+
+    code = tmp_path / "code"
+    write_trial(code, "import os, nni\nnni.get_next_parameter()\nprint(dict(os.environ))\nnni.report_final_result(1)\n")
+    with refusing_wandb("sentinel-wandb") as (key, seen):
+        result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=2, tracking={"wandb": {
+            "project": "leak", "mode": "online", "credentials": "sentinel-wandb"}}))
+    assert result.status == "DONE" and key_was_sent(key, seen)
+    assert any((tmp_path / "w").rglob("trial.stdout")) and any((tmp_path / "w").rglob("debug-internal.log"))
+    _assert_nowhere([key], [tmp_path / "w"], set(), [*_prefect_texts(result.experiment_id), *scan_logs()])

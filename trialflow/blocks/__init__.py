@@ -16,6 +16,8 @@ from .kubernetes import KubernetesCredentials
 from .mlflow import MLflowCredentials
 from .openpai import OpenPAICredentials
 from .remote import SSHCredentials
+from .wandb import WandbCredentials
 
 __all__ = ["AzureMLCredentials", "BlockNotFoundError", "DLTSCredentials", "KubernetesCredentials",
-           "MLflowCredentials", "OpenPAICredentials", "PAIDLCCredentials", "SSHCredentials", "load_block"]
+           "MLflowCredentials", "OpenPAICredentials", "PAIDLCCredentials", "SSHCredentials", "WandbCredentials",
+           "load_block"]

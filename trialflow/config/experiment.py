@@ -131,10 +131,35 @@ class MlflowTrackingConfig(ConfigModel):
         return self
 
 
+class WandbTrackingConfig(ConfigModel):
+    """Weights & Biases runs the experiment is logged to: each ended trial a run and the experiment one
+    more, grouped by the experiment; their files in the experiment's folder under ``wandb/``
+    (``pip install 'trialflow[wandb]'``)."""
+
+    project: str = Field(min_length=1, description="W&B project the runs go to")
+    mode: Literal["offline", "online"] = Field(default="offline", description="offline: files only, sent later "
+                                                 "with `wandb sync`; online: sent as they are logged")
+    entity: str | None = Field(default=None, description="W&B team or user; default: the login's")
+    credentials: str | None = Field(default=None, description="name of a trialflow W&B credentials block (API "
+                                    "key); default in online mode: the login of `wandb login`")
+
+    @model_validator(mode="after")
+    def _installed(self) -> WandbTrackingConfig:
+        import importlib.util
+
+        if self.credentials and self.mode == "offline":
+            raise ValueError("tracking.wandb: credentials are for mode: online (offline runs are sent later "
+                             "with `wandb sync`)")
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError("W&B is not installed: pip install 'trialflow[wandb]', or remove tracking.wandb")
+        return self
+
+
 class TrackingConfig(ConfigModel):
     """Experiment trackers the record is logged to, by the controller (trial code unchanged)."""
 
     mlflow: MlflowTrackingConfig | None = None
+    wandb: WandbTrackingConfig | None = None
 
 
 class ExperimentConfig(ConfigModel):

@@ -167,7 +167,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         try:
             ctx = stack.enter_context(open_context(experiment_id, exp_dir, config, store))
             # finished before the context closes: the service reads the last trials' logs for it
-            tracker = stack.enter_context(tracking(experiment_id, config, store, ctx.service))
+            tracker = stack.enter_context(tracking(experiment_id, exp_dir, config, store, ctx.service))
         except Exception as exc:
             logger.error("experiment %s could not start: %s", experiment_id, exc)  # in experiment.log too
             end_experiment(store, ExperimentStatus.ERROR, str(exc))

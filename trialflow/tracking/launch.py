@@ -1,16 +1,16 @@
-"""The controller's side of experiment tracking: it starts the tracking worker and tells it of ends.
+"""The controller's side of experiment tracking: it starts a tracking worker per tracker and tells them of ends.
 
 :func:`tracking` is entered once the experiment's context is open and exited after its end is
-recorded. It starts ``python -m trialflow.tracking.worker`` (its own session: Ctrl-C in the terminal
-stops the controller, which then finishes the worker) and hands it the job on stdin, the login from
-the ``credentials`` block included (never in the worker's arguments, environment at start, files or
-logs). :meth:`Tracking.trial_ended` is called from the trials' task threads and never blocks or
-raises: a thread of its own reads the trial's log files through the service and sends them on. At
-exit it tells the worker to finish and waits while it logs (at most :data:`FLUSH_SECONDS` without a
-trial logged); what is still unlogged then is logged at the experiment's next run. The worker's
-lines go to the ``trialflow.tracking`` logger (the terminal and the experiment's log). A tracker
-never fails the experiment; a missing credentials block does, at start
-(:class:`BlockNotFoundError`).
+recorded. For each tracker in the config (MLflow, W&B) it starts ``python -m trialflow.tracking.worker``
+(its own session: Ctrl-C in the terminal stops the controller, which then finishes the worker) and
+hands it the job on stdin, the login from the ``credentials`` block included (never in the worker's
+arguments, environment at start, files or logs). :meth:`Tracking.trial_ended` is called from the
+trials' task threads and never blocks or raises: a thread of its own reads the trial's log files
+through the service once and sends them to every worker. At exit it tells the workers to finish and
+waits while they log (each at most :data:`FLUSH_SECONDS` without a trial logged); what is still
+unlogged then is logged at the experiment's next run. The workers' lines go to the
+``trialflow.tracking`` logger (the terminal and the experiment's log). A tracker never fails the
+experiment; a missing credentials block does, at start (:class:`BlockNotFoundError`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any
 
 from ..config import ExperimentConfig
@@ -35,48 +36,81 @@ log = logging.getLogger("trialflow.tracking")
 FLUSH_SECONDS = 60.0  # at the end: how long the worker may log nothing before it is stopped
 # the MLflow client's own retries would hold the worker for minutes on a tracker that is down: it
 # retries itself, with its own backoff, and says so once
-CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+MLFLOW_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
                    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+WANDB_SETTINGS = {"WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
 _LEVELS = {"INFO": logging.INFO, "WARNING": logging.WARNING}
 
 
-class Tracking:
-    def __init__(self, proc: subprocess.Popen[str], experiment_id: str, store: ExperimentStore,
-                 service: TrainingService) -> None:
-        self.proc = proc
+class _Worker:
+    """One tracker's worker process: what is sent to it, what it says, how long it may take at the end."""
+
+    def __init__(self, job: dict[str, Any], experiment_id: str) -> None:
         self.experiment_id = experiment_id
-        self.store = store
-        self.service = service
-        self._ended: queue.Queue[str | None] = queue.Queue()
-        self._lost = False
-        self._progress = time.monotonic()  # when the worker last logged a trial
-        self._relay_thread = threading.Thread(target=self._relay, args=(proc.stderr,), daemon=True,
-                                              name="tracking-relay")
-        self._relay_thread.start()
-        self._sender = threading.Thread(target=self._send_ended, daemon=True, name="tracking-sender")
-        self._sender.start()
+        self.proc = subprocess.Popen([sys.executable, "-m", "trialflow.tracking.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.lost = False
+        self.progress = time.monotonic()  # when the worker last logged a trial
+        assert self.proc.stderr is not None
+        self.relay_thread = threading.Thread(target=self._relay, args=(self.proc.stderr,), daemon=True,
+                                             name="tracking-relay")
+        self.relay_thread.start()
+        self.send(job)
 
     def _relay(self, stream: IO[str]) -> None:
         for line in stream:
             level, _, message = line.rstrip("\n").partition(" ")
             if level == PROGRESS:
-                self._progress = time.monotonic()
+                self.progress = time.monotonic()
             elif level in _LEVELS:
                 log.log(_LEVELS[level], "experiment %s: %s", self.experiment_id, message)
             else:  # the client's own warnings, a traceback
                 log.debug("tracking worker: %s", line.rstrip("\n"))
 
-    def _send(self, message: dict[str, Any]) -> None:
-        if self._lost:
+    def send(self, message: dict[str, Any]) -> None:
+        if self.lost:
             return
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(message) + "\n")
             self.proc.stdin.flush()
         except (OSError, ValueError):
-            self._lost = True
+            self.lost = True
             log.warning("experiment %s: its tracking worker ended (exit %s); the trials not logged yet are "
                         "logged when the experiment runs again", self.experiment_id, self.proc.poll())
+
+    def finish(self) -> None:
+        """Tell the worker the experiment's end is recorded; it exits once everything is logged."""
+        self.send({"finish": True})
+        self.lost = True
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.progress = time.monotonic()
+
+    def done(self) -> bool:
+        """Whether the worker exited; one that logged nothing for :data:`FLUSH_SECONDS` is stopped."""
+        if self.proc.poll() is not None:
+            return True
+        if time.monotonic() - self.progress <= FLUSH_SECONDS:
+            return False
+        self.proc.kill()
+        self.proc.wait()
+        log.warning("experiment %s: its tracker took no trial for %.0f s; the rest are logged when the "
+                    "experiment runs again", self.experiment_id, FLUSH_SECONDS)
+        return True
+
+
+class Tracking:
+    def __init__(self, workers: list[_Worker], experiment_id: str, store: ExperimentStore,
+                 service: TrainingService) -> None:
+        self.workers = workers
+        self.experiment_id = experiment_id
+        self.store = store
+        self.service = service
+        self._ended: queue.Queue[str | None] = queue.Queue()
+        self._sender = threading.Thread(target=self._send_ended, daemon=True, name="tracking-sender")
+        self._sender.start()
 
     def _logs(self, trial_id: str) -> dict[str, str]:
         """The trial's log files as its service reads them (their ends); empty when it cannot."""
@@ -89,55 +123,62 @@ class Tracking:
 
     def _send_ended(self) -> None:
         while (trial_id := self._ended.get()) is not None:
-            self._send({"trial": trial_id, "logs": self._logs(trial_id)})
+            message = {"trial": trial_id, "logs": self._logs(trial_id)}
+            for worker in self.workers:
+                worker.send(message)
 
     def trial_ended(self, trial_id: str) -> None:
         self._ended.put(trial_id)
 
     def finish(self) -> None:
-        """Tell the worker the experiment's end is recorded and wait for it (bounded)."""
+        """Tell the workers the experiment's end is recorded and wait for them (bounded)."""
         self._ended.put(None)
         self._sender.join()
-        self._send({"finish": True})
-        self._lost = True
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        self._progress = time.monotonic()
-        while self.proc.poll() is None:
-            if time.monotonic() - self._progress > FLUSH_SECONDS:
-                self.proc.kill()
-                self.proc.wait()
-                log.warning("experiment %s: its tracker took no trial for %.0f s; the rest are logged when the "
-                            "experiment runs again", self.experiment_id, FLUSH_SECONDS)
-                break
+        for worker in self.workers:
+            worker.finish()
+        waiting = list(self.workers)
+        while waiting := [w for w in waiting if not w.done()]:
             time.sleep(0.1)
-        self._relay_thread.join(timeout=5)
+        for worker in self.workers:
+            worker.relay_thread.join(timeout=5)
+
+
+def _jobs(experiment_id: str, config: ExperimentConfig, exp_dir: Path) -> list[dict[str, Any]]:
+    """A worker's job per tracker in the config (without what every job has)."""
+    from ..blocks import MLflowCredentials, WandbCredentials, load_block
+
+    jobs = []
+    if config.tracking and (mlflow := config.tracking.mlflow):
+        environment = dict(MLFLOW_SETTINGS)
+        if mlflow.credentials:
+            environment.update(load_block(MLflowCredentials, mlflow.credentials).environment())
+        name = mlflow.experiment_name or config.experiment_name or "trialflow"
+        jobs.append({"tracker": "mlflow", "environment": environment,
+                     "settings": {"tracking_uri": mlflow.tracking_uri, "mlflow_experiment": name}})
+    if config.tracking and (wandb := config.tracking.wandb):
+        environment = dict(WANDB_SETTINGS)
+        if wandb.credentials:
+            environment.update(load_block(WandbCredentials, wandb.credentials).environment())
+        jobs.append({"tracker": "wandb", "environment": environment,
+                     "settings": {"folder": str(exp_dir / "wandb"), "project": wandb.project, "mode": wandb.mode,
+                                  "entity": wandb.entity}})
+    return jobs
 
 
 @contextmanager
-def tracking(experiment_id: str, config: ExperimentConfig, store: ExperimentStore,
+def tracking(experiment_id: str, exp_dir: Path, config: ExperimentConfig, store: ExperimentStore,
              service: TrainingService) -> Iterator[Tracking | None]:
-    """The experiment's tracking worker while the block runs (None when the config names no tracker);
+    """The experiment's tracking workers while the block runs (None when the config names no tracker);
     ``service`` reads ended trials' logs, so it stays open until the block ends."""
-    section = config.tracking.mlflow if config.tracking else None
-    if section is None:
+    jobs = _jobs(experiment_id, config, exp_dir)
+    if not jobs:
         yield None
         return
-    environment = dict(CLIENT_SETTINGS)
-    if section.credentials:
-        from ..blocks import MLflowCredentials, load_block
-
-        environment.update(load_block(MLflowCredentials, section.credentials).environment())
     tuner = config.tuner or config.advisor
-    job = {"experiment_id": experiment_id, "started": time.time(), "store_url": store.url,
-           "tracking_uri": section.tracking_uri,
-           "mlflow_experiment": section.experiment_name or config.experiment_name or "trialflow",
-           "config": config.dump(), "platforms": ",".join(s.platform for s in config.services),
-           "tuner": tuner.label if tuner else None, "environment": environment}
-    proc = subprocess.Popen([sys.executable, "-m", "trialflow.tracking.worker"], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    tracker = Tracking(proc, experiment_id, store, service)
-    tracker._send(job)
+    shared = {"experiment_id": experiment_id, "started": time.time(), "store_url": store.url,
+              "config": config.dump(), "platforms": ",".join(s.platform for s in config.services),
+              "tuner": tuner.label if tuner else None}
+    tracker = Tracking([_Worker({**shared, **job}, experiment_id) for job in jobs], experiment_id, store, service)
     try:
         yield tracker
     finally:

@@ -11,7 +11,7 @@ and logged again. At the end the best trial (``trialflow.best``) or the Pareto s
 (``trialflow.pareto``) is tagged.
 
 Lifecycle: one :class:`MlflowRuns` per tracking worker; :meth:`connect` first (again after it raised),
-then :meth:`log_trial` per ended trial and :meth:`finish` once. Every method raises what MLflow's
+then :meth:`log_trial` per ended trial, :meth:`finish` once and :meth:`close`. Every method raises what MLflow's
 client raises (the worker retries); it needs ``trialflow[mlflow]``.
 """
 
@@ -44,10 +44,11 @@ def _ms(seconds: float | None) -> int | None:
 
 
 class MlflowRuns:
-    def __init__(self, tracking_uri: str, mlflow_experiment: str, experiment_id: str) -> None:
+    def __init__(self, experiment_id: str, tracking_uri: str, mlflow_experiment: str) -> None:
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.where = f"MLflow at {tracking_uri}"
         self.mlflow_experiment = mlflow_experiment
         self.experiment_id = experiment_id
         self.parent: str | None = None  # the parent run's id, once connected
@@ -123,6 +124,9 @@ class MlflowRuns:
         self.client.set_tag(self.parent, STATUS, record.status)
         if record.status in _EXPERIMENT_STATUS:
             self.client.set_terminated(self.parent, _EXPERIMENT_STATUS[record.status], end_time=_ms(record.end_time))
+
+    def close(self) -> None:
+        """Nothing to stop: the client holds no process."""
 
     # ---- a trial ----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""The tracking worker: a process beside the controller that logs the experiment's record to MLflow.
+"""The tracking worker: a process beside the controller that logs the experiment's record to one tracker.
 
 ``python -m trialflow.tracking.worker`` reads JSON lines on stdin: first the job (experiment id, the
-store's URL, the tracker's settings, the MLflow client's environment with the login), then
+store's URL, which tracker (``mlflow`` or ``wandb``) and its settings, the client's environment with
+the login), then
 ``{"trial": id, "logs": {file name: text}}`` when a trial's end is recorded (its log files as its
 service read them) and ``{"finish": true}`` once the experiment's end is. It logs from the record,
 never from what the controller holds: on connecting it also logs every trial that ended before this
@@ -22,7 +23,10 @@ import os
 import queue
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..store import ExperimentRecord, ExperimentStore, Metric, TrialRecord
 
 MAX_BACKOFF_SECONDS = 30.0
 BACKLOG_SAID = 20  # trials left to log at the experiment's end from which the wait is said
@@ -37,6 +41,30 @@ def say(level: str, message: str) -> None:
     print(f"{level} {message}", file=sys.stderr, flush=True)
 
 
+class TrackerRuns(Protocol):
+    """One tracker's runs (:class:`~.mlflow_runs.MlflowRuns`, :class:`~.wandb_runs.WandbRuns`)."""
+
+    where: str  # the tracker, as the lines the controller logs name it
+    runs: dict[str, str]  # trial id -> its run, for the trials logged
+
+    def connect(self, record: ExperimentRecord, config: dict[str, Any], platforms: str,
+                tuner: str | None) -> set[str]: ...
+    def log_trial(self, trial: TrialRecord, metrics: list[Metric], logs: dict[str, str]) -> None: ...
+    def finish(self, record: ExperimentRecord) -> None: ...
+    def close(self) -> None: ...
+
+
+def open_runs(job: dict[str, Any]) -> TrackerRuns:
+    """The job's tracker, its client made (nothing sent yet)."""
+    if job["tracker"] == "wandb":
+        from .wandb_runs import WandbRuns
+
+        return WandbRuns(job["experiment_id"], **job["settings"])
+    from .mlflow_runs import MlflowRuns
+
+    return MlflowRuns(job["experiment_id"], **job["settings"])
+
+
 def _read_lines(inbox: queue.Queue[Any]) -> None:
     for line in sys.stdin:
         if line.strip():
@@ -46,20 +74,27 @@ def _read_lines(inbox: queue.Queue[Any]) -> None:
 
 def run(job: dict[str, Any]) -> int:
     """Log until finished (0) or until stdin closes (1)."""
-    from ..platforms.trialdir import read_trial_logs
-    from ..status import TrialStatus
     from ..store import ExperimentStore
-    from .mlflow_runs import MlflowRuns
 
     store = ExperimentStore(job["store_url"], job["experiment_id"])
-    runs = MlflowRuns(job["tracking_uri"], job["mlflow_experiment"], job["experiment_id"])
+    runs = open_runs(job)
+    try:
+        return _log(job, store, runs)
+    finally:
+        runs.close()
+
+
+def _log(job: dict[str, Any], store: ExperimentStore, runs: TrackerRuns) -> int:
+    from ..platforms.trialdir import read_trial_logs
+    from ..status import TrialStatus
+
     inbox: queue.Queue[Any] = queue.Queue()
     threading.Thread(target=_read_lines, args=(inbox,), daemon=True).start()
     pending: set[str] = set()
     logs: dict[str, dict[str, str]] = {}  # trial id -> its log files, as its service read them
     finishing = connected = False
     failures = 0
-    where = f"MLflow at {job['tracking_uri']}"
+    where = runs.where
     while True:
         if failures:
             wait: float | None = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** failures)
@@ -126,7 +161,7 @@ def main() -> int:
         return 1
     job = json.loads(line)
     os.environ.update(job["environment"])  # the MLflow client's settings and login: this process only
-    sys.stdout = open(os.devnull, "w")  # MLflow prints run links; the controller reads stderr only
+    sys.stdout = open(os.devnull, "w")  # clients print run links; the controller reads stderr only
     return run(job)
 
 
