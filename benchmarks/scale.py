@@ -27,6 +27,11 @@ checkout (created when missing), as a user's ``pip install`` would have it; see 
 
 ``SCALE_SERVER=temporary`` runs it on Prefect's temporary server instead of the kept one (its CPU then
 counts in "the rest").
+
+``--mlflow`` / ``--wandb`` run it twice, without and with a tracker (a local ``mlflow server``; W&B
+offline runs), and print what tracking costs: both walls, the controller's CPU per trial, the tracking
+worker's (W&B's service included), and the tracker's client alone logging made-up trials in this
+process, each against the loop's (the controller's CPU per trial without tracking).
 """
 
 from __future__ import annotations
@@ -144,8 +149,28 @@ def tpe_suggestion_ms(points: list[int]) -> list[float]:
         return [measure("TPE", _history(n, random.Random(n)), 15, workdir)[1] for n in points]
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """The CPU seconds of ``pid`` and every process below it (W&B's service runs in a session of its own)."""
+    parents: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, total = {pid}, 0.0
+    while grown := {p for p, parent in parents.items() if parent in tree} - tree:
+        tree |= grown
+    for member in tree:
+        try:
+            total += _cpu_seconds(member)
+        except (OSError, IndexError):
+            continue
+    return total
+
+
 class _WorkerCpu(threading.Thread):
-    """The CPU seconds of the experiment's tracking worker, sampled until the experiment ends."""
+    """The CPU seconds of the experiment's tracking worker and its children, sampled until the experiment ends."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -159,10 +184,10 @@ class _WorkerCpu(threading.Thread):
                 pid = next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and
                             b"trialflow.tracking.worker" in _read(p / "cmdline")), None)
             if pid is not None:
-                try:
-                    self.seconds = max(self.seconds, _cpu_seconds(pid))
-                except (OSError, IndexError):
+                if not Path(f"/proc/{pid}").exists():
                     pid = None  # ended (its last samples counted)
+                    continue
+                self.seconds = max(self.seconds, _tree_cpu_seconds(pid))
 
 
 def _read(path: Path) -> bytes:
@@ -172,9 +197,9 @@ def _read(path: Path) -> bytes:
         return b""
 
 
-def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, mlflow_uri: str | None = None) -> dict:
-    """Run the scale experiment (logged to the MLflow server at ``mlflow_uri`` when given); returns the
-    measured figures (see the module doc)."""
+def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, tracking: dict | None = None) -> dict:
+    """Run the scale experiment (logged to the trackers of ``tracking``, a config section, when given);
+    returns the measured figures (see the module doc)."""
     from trialflow.experiments import open_store
 
     ideal = math.ceil(trials / concurrency) * sleep
@@ -188,8 +213,8 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, mlflow_ur
                   "trialConcurrency": concurrency, "maxTrialNumber": trials,
                   "experimentWorkingDirectory": str(work), "tuner": {"name": "Random", "classArgs": {"seed": 0}},
                   "trainingService": {"platform": "local"}}
-        if mlflow_uri:
-            config["tracking"] = {"mlflow": {"trackingUri": mlflow_uri, "experimentName": f"scale-{time.time():.0f}"}}
+        if tracking:
+            config["tracking"] = tracking
         config_path = Path(tmp) / "config.json"
         config_path.write_text(json.dumps(config))
         from trialflow.kept_server import ensure_server, stop_server
@@ -276,23 +301,66 @@ def summary(profile: str) -> list[list[object]]:
             summary_row(name, "this Python's start-up, CPU", r["python_start_ms"], "ms", "-", None)]
 
 
-def tracking_cost(trials: int, concurrency: int, sleep: float) -> None:
-    """The same experiment without and with an MLflow tracker (``mlflow server`` on loopback, one run
-    after the other): the tracking worker's CPU per trial against the controller's, and both walls."""
+def _client_cpu_ms(tracker: str, settings: dict, runs: int = 200) -> float:
+    """CPU ms per trial of the tracker's client alone (this process, W&B's service included): the
+    tracking worker's runs class logging made-up ended trials like the scale trial (one final result,
+    two small log files), with no store and no controller."""
+    from trialflow.store import ExperimentRecord, Metric, TrialRecord
+    from trialflow.tracking.worker import open_runs
+
+    experiment_id = f"client{int(time.time()) % 10**6}"
+    now = time.time()
+    record = ExperimentRecord(experiment_id, "scale", {}, None, "RUNNING", None, now, None, None, 0)
+    logger = open_runs({"tracker": tracker, "experiment_id": experiment_id, "settings": settings})
+    logger.connect(record, {}, "local", "Random")
+    logs = {"trial.stdout": "out\n", "trial.stderr": "err\n"}
+
+    def log(i: int) -> None:
+        trial = TrialRecord(f"t{i}", i, i, {"x": random.random()}, {}, "SUCCEEDED", None, 0, None, None, now, now,
+                            now + 1, 0.5)
+        logger.log_trial(trial, [Metric(trial.id, "FINAL", 0, 0.5, now + 1)], logs)
+
+    for i in range(20):  # warm: imports, connections, W&B's service
+        log(i)
+    def cpu() -> float:  # this process and W&B's service (the MLflow server, a child too, is not the client)
+        services = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                    and b"wandb-core" in _read(p / "cmdline")]
+        return _cpu_seconds(os.getpid()) + sum(_tree_cpu_seconds(pid) for pid in services)
+
+    before = cpu()
+    for i in range(20, 20 + runs):
+        log(i)
+    spent = cpu() - before
+    logger.close()
+    return 1000 * spent / runs
+
+
+def tracking_cost(trials: int, concurrency: int, sleep: float, tracker: str) -> None:
+    """The same experiment without and with a tracker, one run after the other: ``mlflow`` (``mlflow
+    server`` on loopback) or ``wandb`` (offline runs): the tracking worker's CPU per trial (W&B's service
+    included) against the controller's, and both walls."""
     from trialflow.testing.mlflow_server import LocalMlflow
 
-    mlflow = LocalMlflow(auth=False).start()
+    mlflow = LocalMlflow(auth=False).start() if tracker == "mlflow" else None
     try:
         bare = run(trials, concurrency, sleep, tpe=False)
-        mlflow_cpu = _session_cpu_seconds(mlflow.proc.pid)  # type: ignore[union-attr]
-        logged = run(trials, concurrency, sleep, tpe=False, mlflow_uri=mlflow.uri)
-        mlflow_cpu = _session_cpu_seconds(mlflow.proc.pid) - mlflow_cpu  # type: ignore[union-attr]
+        server_cpu = _session_cpu_seconds(mlflow.proc.pid) if mlflow else 0.0  # type: ignore[union-attr]
+        section = ({"mlflow": {"trackingUri": mlflow.uri, "experimentName": f"scale-{time.time():.0f}"}} if mlflow
+                   else {"wandb": {"project": "scale"}})
+        logged = run(trials, concurrency, sleep, tpe=False, tracking=section)
+        if mlflow:
+            server_cpu = _session_cpu_seconds(mlflow.proc.pid) - server_cpu  # type: ignore[union-attr]
+        with tempfile.TemporaryDirectory() as folder:
+            client = _client_cpu_ms(tracker, {"tracking_uri": mlflow.uri, "mlflow_experiment": "client"} if mlflow
+                                    else {"folder": folder, "project": "client", "mode": "offline", "entity": None})
     finally:
-        mlflow.close()
+        if mlflow:
+            mlflow.close()
     loop = bare["cpu_ms_per_trial"]["controller"]
     worker = logged["tracking_worker_ms_per_trial"]
-    print_table(f"{trials} trials x {sleep:g} s at concurrency {concurrency}, without and with MLflow tracking",
-                ["measure", "without", "with MLflow", "ratio / share"],
+    name = "MLflow" if mlflow else "W&B (offline)"
+    print_table(f"{trials} trials x {sleep:g} s at concurrency {concurrency}, without and with {name} tracking",
+                ["measure", "without", f"with {name}", "ratio / share"],
                 [["wall (first submit -> last end)", f"{bare['wall']:.1f} s", f"{logged['wall']:.1f} s",
                   f"{logged['wall'] / bare['wall']:.3f}x"],
                  ["controller process, start to exit (with logging's end)", f"{bare['controller_wall']:.1f} s",
@@ -301,7 +369,17 @@ def tracking_cost(trials: int, concurrency: int, sleep: float) -> None:
                   f"{logged['cpu_ms_per_trial']['controller'] / loop:.3f}x"],
                  ["tracking worker CPU per trial", "-", f"{worker:.1f} ms",
                   f"{100 * worker / loop:.1f} % of the loop's"],
-                 ["MLflow server CPU per trial", "-", f"{1000 * mlflow_cpu / trials:.1f} ms", "-"]])
+                 [f"{name}'s client alone, CPU per trial logged", "-", f"{client:.1f} ms",
+                  f"{100 * client / loop:.1f} % of the loop's"],
+                 *([["MLflow server CPU per trial", "-", f"{1000 * server_cpu / trials:.1f} ms", "-"]] if mlflow
+                   else []),
+                 *[[f"CPU per trial: {where}", f"{ms:.1f} ms", f"{logged['cpu_ms_per_trial'][where]:.1f} ms",
+                    f"{logged['cpu_ms_per_trial'][where] / ms:.3f}x"]
+                   for where, ms in bare["cpu_ms_per_trial"].items() if where != "controller"],
+                 *[[f"median ms per trial at {point:,}: {what}", f"{a:.1f}", f"{b:.1f}", f"{b / a:.3f}x" if a else "-"]
+                   for point in bare["bookkeeping"]
+                   for what, a, b in zip(("launch", "collect", "turnaround", "in the trial beyond its sleep"),
+                                         bare["bookkeeping"][point], logged["bookkeeping"][point], strict=True)]])
 
 
 def main() -> None:
@@ -312,6 +390,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the measured figures to this file")
     parser.add_argument("--mlflow", action="store_true",
                         help="run it twice, without and with logging to a local MLflow server, and print the cost")
+    parser.add_argument("--wandb", action="store_true",
+                        help="run it twice, without and with logging W&B offline runs, and print the cost")
     add_venv_option(parser)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -321,8 +401,8 @@ def main() -> None:
     if args.controller:
         controller(args.controller)
         return
-    if args.mlflow:
-        tracking_cost(args.trials, args.concurrency, args.sleep)
+    if args.mlflow or args.wandb:
+        tracking_cost(args.trials, args.concurrency, args.sleep, "mlflow" if args.mlflow else "wandb")
         return
     result = run(args.trials, args.concurrency, args.sleep)
     report(result)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..status import ExperimentStatus, TrialStatus
 from ..store import ExperimentRecord, Metric, TrialRecord
-from .values import flat_parameters, numbers
+from .values import as_text, flat_parameters, numbers
 
 KIND = "trialflow.kind"  # "experiment" (the parent run) or "trial"
 EXPERIMENT = "trialflow.experiment_id"
@@ -153,7 +153,7 @@ class MlflowRuns:
                            for k, v in numbers(metric.value).items()]
         final_at = int((trial.end_time or time.time()) * 1000)
         values += [MlflowMetric(k, v, final_at, 0) for k, v in numbers(trial.final).items()]
-        params = [Param(k, v[:6000]) for k, v in flat_parameters(trial.parameters).items()]
+        params = [Param(k, as_text(v)[:6000]) for k, v in flat_parameters(trial.parameters).items()]
         tag_list = [RunTag(k, str(v)[:5000]) for k, v in extra.items()]
         calls = max(1, -(-len(values) // _METRICS_PER_CALL), -(-len(params) // _PARAMS_PER_CALL))
         for i in range(calls):

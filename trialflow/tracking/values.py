@@ -31,13 +31,25 @@ def numbers(result: Any) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def flat_parameters(parameters: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Parameters as text by ``/``-joined path: nested dicts are walked, lists written as JSON."""
-    out: dict[str, str] = {}
+def flat_parameters(parameters: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Parameters by ``/``-joined path, as the Optuna mirror names them: an NNI nested choice
+    (``{"_name": option, ...}``) is the option's name under the choice's, its own parameters under
+    ``<choice>/<option>/``; other dicts are walked; other values kept as they are."""
+    out: dict[str, Any] = {}
     for key, value in parameters.items():
         name = f"{prefix}{safe_name(str(key))}"
-        if isinstance(value, dict):
+        if isinstance(value, dict) and "_name" in value:
+            option = str(value["_name"])
+            out[name] = option
+            out.update(flat_parameters({k: v for k, v in value.items() if k != "_name"},
+                                       f"{name}/{safe_name(option)}/"))
+        elif isinstance(value, dict):
             out.update(flat_parameters(value, f"{name}/"))
         else:
-            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+            out[name] = value
     return out
+
+
+def as_text(value: Any) -> str:
+    """A parameter's value as a tracker that takes text shows it (JSON for all but strings)."""
+    return value if isinstance(value, str) else json.dumps(value, default=str)

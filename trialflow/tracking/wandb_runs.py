@@ -1,7 +1,7 @@
 """An experiment's record as Weights & Biases runs, grouped by the experiment.
 
 Each ended trial is a run (id ``<experiment id>-<trial id>``, job type ``trial``, group the experiment
-id) with its parameters as the run's config, every intermediate result as a step of
+id) with its parameters as the run's config (named as in MLflow), every intermediate result as a step of
 ``intermediate/<name>``, its final result(s) under their names in the summary, its status (tag and
 ``trialflow.status``; W&B's finished for a success, failed otherwise), start and end times, exit code
 and message, and the ends of its log files as the run's files under ``logs/``. At the experiment's
@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from ..status import TrialStatus
 from ..store import ExperimentRecord, Metric, TrialRecord
-from .values import numbers
+from .values import flat_parameters, numbers
 
 LEDGER = "logged-trials"  # trial ids whose runs finished, one per line
 RUN_FOLDER_PREFIXES = ("offline-run-", "run-")  # W&B's names: <prefix><time>-<run id>
@@ -59,7 +59,8 @@ class WandbRuns:
     def _start(self, run_id: str, name: str, job_type: str, config: dict[str, Any], tags: list[str]) -> Any:
         return self.wandb.init(mode=self.mode, dir=str(self.folder), project=self.project, entity=self.entity,
                                group=self.experiment_id, job_type=job_type, name=name, id=run_id, config=config,
-                               tags=tags, resume="allow", reinit="create_new", settings=self._settings())
+                               tags=tags, resume="allow" if self.mode == "online" else None, reinit="create_new",
+                               settings=self._settings())
 
     def _run_folders(self) -> dict[Path, str]:
         """The run folders under ``folder/wandb`` (one per time a run was started) -> their runs' ids."""
@@ -91,7 +92,7 @@ class WandbRuns:
         if trial.id in self.runs:
             return
         run_id = f"{self.experiment_id}-{trial.id}"
-        run = self._start(run_id, trial.id, "trial", trial.parameters, [trial.status])
+        run = self._start(run_id, trial.id, "trial", flat_parameters(trial.parameters), [trial.status])
         try:
             for metric in metrics:
                 if metric.type == "PERIODICAL" and (values := numbers(metric.value)):
