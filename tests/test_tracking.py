@@ -15,8 +15,7 @@ import pytest
 
 from tests.conftest import base_config, k8s_section, run_in_thread, wait_for, write_trial
 from tests.test_cli import cli
-from trialflow import parse_config, run_experiment
-from trialflow.config import ConfigError
+from trialflow import run_experiment
 from trialflow.experiments import open_store
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -216,16 +215,3 @@ def test_a_tracker_that_refuses_the_login_never_fails_the_experiment(tmp_path, m
     assert log.count("cannot log this experiment now") == 1 and "401" in log, log
     assert "not-the-password" not in log and "Traceback" not in log
     assert _runs(_client(mlflow_server, monkeypatch), config) == []
-
-
-@pytest.mark.parametrize("tracking,says", [
-    ({"mlflow": {"trackingUri": "http://admin:pw@127.0.0.1:5000"}}, "trackingUri holds a password"),
-    ({"mlfow": {"trackingUri": "http://127.0.0.1:5000"}}, "mlflow"),
-    ({"mlflow": {"experimentName": "x"}}, "trackingUri"),
-])
-def test_a_wrong_tracking_section_is_one_line_naming_the_fix(tmp_path, tracking, says):
-    (tmp_path / "code").mkdir()
-    with pytest.raises(ConfigError) as caught:
-        parse_config(base_config(tmp_path / "code", tmp_path / "w", tracking=tracking))
-    assert len(caught.value.problems) == 1 and says in caught.value.problems[0]
-    assert "pw@" not in str(caught.value)

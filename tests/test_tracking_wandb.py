@@ -20,8 +20,7 @@ import pytest
 from tests.conftest import base_config, write_trial
 from tests.test_cli import cli
 from tests.test_tracking import TRIAL, _workers
-from trialflow import parse_config, run_experiment
-from trialflow.config import ConfigError
+from trialflow import run_experiment
 from trialflow.experiments import open_store
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -190,15 +189,3 @@ def test_an_online_wandb_that_refuses_the_key_never_fails_the_experiment(tmp_pat
     log = (exp_dir / "log" / "experiment.log").read_text()
     assert log.count("cannot log this experiment now") == 1 and "401" in log and "Traceback" not in log, log
     assert not (exp_dir / "wandb" / "logged-trials").exists() and _workers() == []
-
-
-@pytest.mark.parametrize("tracking,says", [
-    ({"wandb": {"project": "p", "credentials": "my-key"}}, "credentials are for mode: online"),
-    ({"wandb": {"mode": "offline"}}, "project"),
-    ({"wandb": {"project": "p", "mode": "shared"}}, "mode"),
-])
-def test_a_wrong_wandb_section_is_one_line_naming_the_fix(tmp_path, tracking, says):
-    (tmp_path / "code").mkdir()
-    with pytest.raises(ConfigError) as caught:
-        parse_config(base_config(tmp_path / "code", tmp_path / "w", tracking=tracking))
-    assert len(caught.value.problems) == 1 and says in caught.value.problems[0], caught.value.problems

@@ -84,7 +84,7 @@ class WandbRuns:
         for path, run_id in self._run_folders().items():
             if run_id.startswith(prefix) and run_id[len(prefix):] not in logged:
                 shutil.rmtree(path)  # this experiment's trial, cut off while being logged
-        self._experiment = {"config": config, "platforms": platforms, "tuner": tuner, "name": record.name}
+        self._experiment = {"config": config, "platforms": platforms, "tuner": tuner}
         return logged
 
     def log_trial(self, trial: TrialRecord, metrics: list[Metric], logs: dict[str, str]) -> None:
