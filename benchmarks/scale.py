@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -70,22 +71,56 @@ def controller(config_path: str) -> None:
                       "controller_kb": usage.ru_maxrss, "controller_cpu": usage.ru_utime + usage.ru_stime}))
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """A process's /proc/<pid>/stat fields after its name (state, ppid, pgrp, session, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _cpu_seconds(pid: int) -> float:
     """A process's CPU seconds, its reaped children's included (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in _stat_fields(pid)[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, list[str]]:
+    """Every process's stat fields by pid (those gone while read are left out)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit():
+                found[int(proc.name)] = _stat_fields(int(proc.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _total_cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU seconds of ``pids`` (those gone meanwhile count nothing)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += _cpu_seconds(pid)
+        except (OSError, IndexError):
+            continue
+    return total
 
 
 def _session_cpu_seconds(session: int) -> float:
     """The CPU seconds of every process in the session ``session`` (a server and its workers)."""
-    total = 0.0
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == session:
-                total += _cpu_seconds(int(proc.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+    return _total_cpu_seconds(pid for pid, fields in _processes().items() if int(fields[3]) == session)
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """The CPU seconds of ``pid`` and every process below it (W&B's service runs in a session of its own)."""
+    parents = {p: int(fields[1]) for p, fields in _processes().items()}
+    tree = {pid}
+    while grown := {p for p, parent in parents.items() if parent in tree} - tree:
+        tree |= grown
+    return _total_cpu_seconds(tree)
+
+
+def _running(marker: bytes) -> list[int]:
+    """The processes whose command line holds ``marker``."""
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _read(p / "cmdline")]
 
 
 def _machine_busy_seconds() -> float:
@@ -149,26 +184,6 @@ def tpe_suggestion_ms(points: list[int]) -> list[float]:
         return [measure("TPE", _history(n, random.Random(n)), 15, workdir)[1] for n in points]
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """The CPU seconds of ``pid`` and every process below it (W&B's service runs in a session of its own)."""
-    parents: dict[int, int] = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit():
-                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, total = {pid}, 0.0
-    while grown := {p for p, parent in parents.items() if parent in tree} - tree:
-        tree |= grown
-    for member in tree:
-        try:
-            total += _cpu_seconds(member)
-        except (OSError, IndexError):
-            continue
-    return total
-
-
 class _WorkerCpu(threading.Thread):
     """The CPU seconds of the experiment's tracking worker and its children, sampled until the experiment ends."""
 
@@ -181,8 +196,7 @@ class _WorkerCpu(threading.Thread):
         pid = None
         while not self.done.wait(0.2):
             if pid is None:
-                pid = next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and
-                            b"trialflow.tracking.worker" in _read(p / "cmdline")), None)
+                pid = next(iter(_running(b"trialflow.tracking.worker")), None)
             if pid is not None:
                 if not Path(f"/proc/{pid}").exists():
                     pid = None  # ended (its last samples counted)
@@ -323,9 +337,7 @@ def _client_cpu_ms(tracker: str, settings: dict, runs: int = 200) -> float:
     for i in range(20):  # warm: imports, connections, W&B's service
         log(i)
     def cpu() -> float:  # this process and W&B's service (the MLflow server, a child too, is not the client)
-        services = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                    and b"wandb-core" in _read(p / "cmdline")]
-        return _cpu_seconds(os.getpid()) + sum(_tree_cpu_seconds(pid) for pid in services)
+        return _cpu_seconds(os.getpid()) + sum(_tree_cpu_seconds(pid) for pid in _running(b"wandb-core"))
 
     before = cpu()
     for i in range(20, 20 + runs):

@@ -147,19 +147,19 @@ def _jobs(experiment_id: str, config: ExperimentConfig, exp_dir: Path) -> list[d
     """A worker's job per tracker in the config (without what every job has)."""
     from ..blocks import MLflowCredentials, WandbCredentials, load_block
 
+    def environment(settings: dict[str, str], block_type: Any, block: str | None) -> dict[str, str]:
+        """The client's settings and, when the section names a credentials block, its login."""
+        return {**settings, **(load_block(block_type, block).environment() if block else {})}
+
     jobs = []
     if config.tracking and (mlflow := config.tracking.mlflow):
-        environment = dict(MLFLOW_SETTINGS)
-        if mlflow.credentials:
-            environment.update(load_block(MLflowCredentials, mlflow.credentials).environment())
         name = mlflow.experiment_name or config.experiment_name or "trialflow"
-        jobs.append({"tracker": "mlflow", "environment": environment,
+        jobs.append({"tracker": "mlflow", "environment": environment(MLFLOW_SETTINGS, MLflowCredentials,
+                                                                     mlflow.credentials),
                      "settings": {"tracking_uri": mlflow.tracking_uri, "mlflow_experiment": name}})
     if config.tracking and (wandb := config.tracking.wandb):
-        environment = dict(WANDB_SETTINGS)
-        if wandb.credentials:
-            environment.update(load_block(WandbCredentials, wandb.credentials).environment())
-        jobs.append({"tracker": "wandb", "environment": environment,
+        jobs.append({"tracker": "wandb", "environment": environment(WANDB_SETTINGS, WandbCredentials,
+                                                                    wandb.credentials),
                      "settings": {"folder": str(exp_dir / "wandb"), "project": wandb.project, "mode": wandb.mode,
                                   "entity": wandb.entity}})
     return jobs

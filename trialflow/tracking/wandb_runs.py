@@ -48,7 +48,10 @@ class WandbRuns:
         self.project, self.mode, self.entity = project, mode, entity
         self.where = f"W&B project {project} ({mode})"
         self.runs: dict[str, str] = {}  # trial id -> its run's id
-        self._experiment: dict[str, Any] = {}
+        # what the experiment's run holds beside the record, from connect
+        self._config: dict[str, Any] = {}
+        self._platforms = ""
+        self._tuner: str | None = None
 
     def _settings(self) -> Any:
         """What W&B records of this machine beside the run: nothing (no system metrics, code, git, packages or
@@ -84,7 +87,7 @@ class WandbRuns:
         for path, run_id in self._run_folders().items():
             if run_id.startswith(prefix) and run_id[len(prefix):] not in logged:
                 shutil.rmtree(path)  # this experiment's trial, cut off while being logged
-        self._experiment = {"config": config, "platforms": platforms, "tuner": tuner}
+        self._config, self._platforms, self._tuner = config, platforms, tuner
         return logged
 
     def log_trial(self, trial: TrialRecord, metrics: list[Metric], logs: dict[str, str]) -> None:
@@ -123,11 +126,10 @@ class WandbRuns:
         for path, run_id in self._run_folders().items():
             if run_id == self.experiment_id:
                 shutil.rmtree(path)
-        info = self._experiment
-        tags = [record.status] + ([info["tuner"]] if info.get("tuner") else [])
+        tags = [record.status] + ([self._tuner] if self._tuner else [])
         run = self._start(self.experiment_id, record.name or self.experiment_id, "experiment",
-                          {"trialflow": info.get("config", {})}, tags)
-        summary: dict[str, Any] = {"trialflow.status": record.status, "trialflow.platform": info.get("platforms"),
+                          {"trialflow": self._config}, tags)
+        summary: dict[str, Any] = {"trialflow.status": record.status, "trialflow.platform": self._platforms,
                                    "trialflow.trials_logged": len(self.runs), "trialflow.start_time": record.start_time,
                                    "trialflow.end_time": record.end_time or time.time()}
         if record.pareto is not None:

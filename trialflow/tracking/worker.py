@@ -160,7 +160,7 @@ def main() -> int:
     if not line.strip():
         return 1
     job = json.loads(line)
-    os.environ.update(job["environment"])  # the MLflow client's settings and login: this process only
+    os.environ.update(job["environment"])  # the client's settings and login: this process (and its children) only
     sys.stdout = open(os.devnull, "w")  # clients print run links; the controller reads stderr only
     return run(job)
 
