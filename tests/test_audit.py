@@ -59,3 +59,11 @@ def test_the_audit_names_every_kind_of_broken_record(tmp_path):
     store.set_handle("DDDDD", {"trial_id": "DDDDD", "platform": "local", "data": {}, "stopping": True})
     assert "DDDDD (#0): USER_CANCELED, its stop never settled, in an experiment that is DONE" in \
         "\n".join(check_experiment(exp_dir))
+    # run again after two interruptions, with only one recorded, after its end
+    from trialflow.platforms.base import interruption_note
+
+    store.set_handle("CCCCC", {"trial_id": "CCCCC", "platform": "local", "data": {"attempt": 2}})
+    store.note("CCCCC", interruption_note(1, "pod p was evicted"))
+    problems = "\n".join(check_experiment(exp_dir))
+    assert "CCCCC (#2): attempt 2 but its interruption events start attempts [1]" in problems
+    assert "CCCCC (#2): an interruption recorded after its end" in problems

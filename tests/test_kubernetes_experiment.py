@@ -11,6 +11,7 @@ from tests.conftest import base_config, k8s_section, run_until_running_then_sigk
 from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import open_store
+from trialflow.testing.contract import RESUMING_TRIAL
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -121,3 +122,66 @@ def test_nnis_role_only_framework_config_runs_each_trial_in_its_own_job(tmp_path
     _check_done(tmp_path, open_store(tmp_path / "w", result.experiment_id), result.trials, 3)
     mine = [j for j in k8s.objects("frameworks") if j["metadata"]["labels"].get("expId") == result.experiment_id]
     assert len(mine) == 3 and not (k8s.nfs_dir / "nni" / result.experiment_id / "envs").exists()
+
+
+def _preempt_when_paused(k8s, stop):
+    """The test's scheduler: preempts the pod of the trial that says it paused (once)."""
+    import time
+
+    from trialflow.ids import lowercase_id
+
+    while not stop.is_set():
+        for paused in k8s.nfs_dir.glob("nni/*/trials/*/checkpoint/paused"):
+            trial_id = paused.parent.parent.name
+            jobs = [j["metadata"]["name"] for j in k8s.objects("tfjobs")
+                    if j["metadata"]["labels"].get("trialId") == lowercase_id(trial_id)]
+            pods = [p["metadata"]["name"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
+                    and p["metadata"]["ownerReferences"][0]["name"] in jobs]
+            if pods:
+                k8s.disrupt(pods[0], reason="PreemptionByScheduler", message="Preempted by pod urgent-1 on node n1")
+                paused.unlink()
+                return
+        time.sleep(0.05)
+
+
+def test_a_preempted_trial_runs_again_from_its_checkpoint_and_is_no_failure(tmp_path, k8s):
+    """A pod preempted mid-run: the trial runs again as a new job with the same parameters, resumes
+    from its checkpoint folder, its intermediate results numbered on (0..5, each once), and succeeds;
+    the preemption is an event of the trial, not a trial of the budget, and ``trial ls`` shows runs."""
+    import os
+    import subprocess
+    import threading
+
+    from tests.conftest import write_trial
+
+    write_trial(tmp_path / "code", RESUMING_TRIAL)
+    section = k8s_section("tfjob", k8s.nfs_dir, command="python3 trial.py")
+    config = base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py", trainingService=section,
+                         trialConcurrency=2, maxTrialNumber=3)
+    stop = threading.Event()
+    scheduler = threading.Thread(target=_preempt_when_paused, args=(k8s, stop), daemon=True)
+    scheduler.start()
+    try:
+        result = run_experiment(config)
+    finally:
+        stop.set()
+        scheduler.join()
+    assert result.status == "DONE" and len(result.trials) == 3
+    assert all(t.status == "SUCCEEDED" for t in result.trials), [(t.status, t.message) for t in result.trials]
+    store = open_store(tmp_path / "w", result.experiment_id)
+    [first] = [t for t in result.trials if t.sequence == 0]
+    from trialflow.ids import lowercase_id
+
+    assert first.handle["data"]["attempt"] == 1  # a job of its own for the second run
+    assert first.handle["data"]["job"].endswith("-trial-" + lowercase_id(first.id + "r1"))
+    periodical = store.metrics(first.id, "PERIODICAL")
+    assert [(m.sequence, m.value) for m in periodical] == [(i, pytest.approx(first.parameters["x"] + i))
+                                                           for i in range(6)]
+    notes = [message for _, _, message in store.status_history(first.id) if message and "interrupted" in message]
+    assert len(notes) == 1 and "run again as attempt 1: pod" in notes[0] and "preempted" in notes[0], notes
+    shown = subprocess.run(["trialflow", "trial", "ls", result.experiment_id, "--root", str(tmp_path / "w")],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    header = next(line for line in shown.stdout.splitlines() if "status" in line)
+    row = next(line for line in shown.stdout.splitlines() if first.id in line)
+    assert "runs" in header and row.split()[header.split().index("runs")] == "2", shown.stdout

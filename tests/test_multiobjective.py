@@ -203,7 +203,8 @@ nni.report_final_result(result)
                                    {"name": "NSGA3", "classArgs": {"seed": 2, "population_size": 4}},
                                    {"name": "Random", "classArgs": {"seed": 2}},
                                    {"name": "GridSearch"},
-                                   {"name": "GPTuner", "classArgs": {"cold_start_num": 4, "selection_num_warm_up": 500,
+                                   {"name": "GPTuner", "classArgs": {"seed": 2, "cold_start_num": 4,
+                                                                     "selection_num_warm_up": 500,
                                                                      "selection_num_starting_points": 2}},
                                    {"name": "SMAC", "classArgs": {"seed": 2}}],
                          ids=lambda t: t["name"])

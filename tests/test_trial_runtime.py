@@ -126,6 +126,30 @@ def test_reporting_before_getting_parameters_is_refused_inside_an_experiment(tmp
     assert proc.returncode != 0 and "get_next_parameter() needs to be called before" in proc.stderr
 
 
+def test_a_run_after_an_interruption_numbers_its_results_on_and_finds_its_checkpoint_folder(tmp_path):
+    """What the platform tells a later run (its attempt, the results stored before it) reaches the
+    trial's API: intermediate results go on from the stored count, the final one is the run's own,
+    and the checkpoint folder is the trial directory's ``checkpoint/`` unless the platform names one."""
+    from trialflow.platforms.trialdir import read_metrics_file
+    from trialflow.trial.protocol import PARAMETER_FILE
+
+    (tmp_path / ".nni").mkdir()
+    (tmp_path / PARAMETER_FILE).write_text(json.dumps({"parameter_id": 0, "parameters": {"x": 1}}))
+    (tmp_path / "t.py").write_text(
+        "import nni, os\nfrom trialflow.trial import get_attempt, get_checkpoint_dir\n"
+        "nni.get_next_parameter()\nnni.report_intermediate_result(get_attempt())\n"
+        "nni.report_intermediate_result(os.path.isdir(get_checkpoint_dir()))\nnni.report_final_result(get_checkpoint_dir())\n")
+    env = {**os.environ, "NNI_PLATFORM": "local", "NNI_SYS_DIR": str(tmp_path), "NNI_TRIAL_JOB_ID": "Intr1",
+           "TRIALFLOW_METRIC_CHANNEL": "file", "TRIALFLOW_ATTEMPT": "2", "TRIALFLOW_INTERMEDIATE_REPORTED": "3",
+           "PYTHONPATH": os.pathsep.join([NNI_SHIM_DIR, RUNTIME_ROOT])}
+    env.pop("TRIALFLOW_CHECKPOINT_DIR", None)
+    proc = subprocess.run([sys.executable, "t.py"], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = read_metrics_file(tmp_path, 0, "Intr1")[0]
+    assert [(r.type, r.sequence, r.value) for r in records] == [
+        ("PERIODICAL", 3, 2), ("PERIODICAL", 4, True), ("FINAL", 0, str(tmp_path / "checkpoint"))]
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_unchanged_nni_trial_code_metrics_arrive_in_order(tmp_path):
     from trialflow import run_experiment

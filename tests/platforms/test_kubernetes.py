@@ -25,12 +25,15 @@ from trialflow.platforms.frameworkcontroller import framework_state
 from trialflow.platforms.kubeflow import condition_state
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
+    InterruptionContract,
     JobPlatformContract,
     poll_until_terminal,
     prepared,
+    spec_maker,
     submit_retrying,
 )
 from trialflow.testing.emulators.k8s_schemas import FRAMEWORK_SCHEMA, specs_dir, validate_custom_object
+from trialflow.testing.emulators.kubernetes import match_labels
 
 COMMAND = 'python3 "$NNI_TRIAL_JOB_ID.py"'
 VARIANTS = {
@@ -62,6 +65,34 @@ class TestKubernetesContract(JobPlatformContract):
         super().test_metrics_arrive_on_the_configured_channel(service, make_spec)
         if service.channel != "http":
             assert service.receiver is None
+
+
+# each job kind with one of Kubernetes' ways of ending a pod apart from its command
+DISRUPTIONS = {"tfjob": "PreemptionByScheduler", "pytorchjob": "TerminationByKubelet",
+               "framework": "DeletionByTaintManager", "adaptdl": "EvictionByEvictionAPI"}
+
+
+class TestKubernetesInterruptions(InterruptionContract):
+    @pytest.fixture(params=list(DISRUPTIONS))
+    def service(self, request, tmp_path, k8s):
+        svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, request.param), tmp_path / "code")
+        svc.disruption = DISRUPTIONS[request.param]
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def make_spec(self, service):
+        return spec_maker(service, Path(service.config.trial_code_directory))
+
+    @pytest.fixture
+    def interrupt(self, service, k8s):
+        def disrupt(handle):
+            selector = service.pod_selector(handle.data["job"])
+            [pod] = [p["metadata"]["name"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
+                     and match_labels(p["metadata"]["labels"], selector)]
+            k8s.disrupt(pod, reason=service.disruption, message="emulated")
+            return f"pod {pod} "
+        return disrupt
 
 
 GPU_PROBE = ("import os, nni\nnni.get_next_parameter()\n"

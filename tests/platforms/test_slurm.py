@@ -20,6 +20,7 @@ from trialflow.platforms import PlatformError, TrialHandle, TrialStatus
 from trialflow.platforms.slurm import SlurmTrainingService
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
+    InterruptionContract,
     TrainingServiceContract,
     poll_until_terminal,
     prepared,
@@ -58,6 +59,22 @@ def make_spec(service, tmp_path):
 
 class TestSlurmContract(TrainingServiceContract):
     pass
+
+
+class TestSlurmInterruptions(InterruptionContract):
+    @pytest.fixture
+    def service(self, tmp_path, slurm_cluster, monkeypatch):
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        svc = prepared(slurm_service(tmp_path, slurm_cluster), tmp_path / "code")
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def interrupt(self, slurm_cluster):
+        def requeue(handle):
+            slurm_cluster.run("scontrol", "requeue", handle.data["job_id"])
+            return f"Slurm job {handle.data['job_id']}"
+        return requeue
 
 
 def _running(svc, trial_id: str, body: str = SLEEPING_TRIAL):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..status import TrialStatus
-from ..trial.protocol import OUTPUT_FILES
+from ..trial.protocol import ATTEMPT_ENV, OUTPUT_FILES, REPORTED_ENV
 from ..trial.records import MetricRecord
 from .errors import LostHandleError, PlatformError, TransientPlatformError
 
@@ -41,6 +41,12 @@ class TrialSpec:
     code_dir: Path
     gpu_number: int | None = None
     attempt: int = 0  # resubmissions after infrastructure interruptions; platforms name each run apart
+    reported: int = 0  # intermediate results stored before this run: its own number on from there
+
+    def attempt_env(self) -> dict[str, str]:
+        """What tells the trial's command which run it is and where its intermediate results go on
+        (every platform adds it to the trial's environment; the checkpoint folder is the platform's)."""
+        return {ATTEMPT_ENV: str(self.attempt), REPORTED_ENV: str(self.reported)}
 
     def parameter_record(self) -> str:
         """The exact ``parameter.cfg`` content NNI trial code expects (docs/nni.md#parameters)."""
@@ -84,6 +90,22 @@ class TrialUpdate:
     # ended this run of the trial: not the trial's failure. The flow resubmits it with the same
     # parameters (``TrialSpec.attempt`` + 1); see :meth:`TrainingService.interrupted`.
     interrupted: str | None = None
+
+
+INTERRUPTION_NOTE = "interrupted; run again as attempt"
+
+
+def interruption_note(attempt: int, why: str) -> str:
+    """The event an interruption adds to the trial's history: the run it starts, and the platform's reason."""
+    return f"{INTERRUPTION_NOTE} {attempt}: {why}"
+
+
+def attempt_of(message: str | None) -> int | None:
+    """The attempt an event of :func:`interruption_note` started (None for any other event)."""
+    if not message or not message.startswith(INTERRUPTION_NOTE + " "):
+        return None
+    number = message[len(INTERRUPTION_NOTE) + 1:].split(":", 1)[0]
+    return int(number) if number.isdigit() else None
 
 
 @dataclass(frozen=True)

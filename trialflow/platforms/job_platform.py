@@ -18,7 +18,10 @@ job, named deterministically; platforms look the name up first, so a retried sub
 second job. ``poll`` maps the job's state through the platform's table; metrics come from the
 receiver (then, at the end, the job logs fill any gap), from the job logs only, or from the file on
 the share. ``cancel`` deletes the job (the caller recorded the status first). A job deleted by
-someone else ends its trial as SYS_CANCELED.
+someone else ends its trial as SYS_CANCELED. A job the platform ended apart from its trial
+(:meth:`JobPlatformService.job_interruption`: an evicted or preempted pod, a lost node) is an
+interruption: the trial runs again as a new job of its own (``...r<attempt>``) in the same trial
+directory, the earlier run's ``.nni/`` set aside and ``checkpoint/`` kept.
 
 With ``reuseMode: true`` trials are queued to long-lived environments
 (:mod:`.job_environments`); a trial whose environment ended or vanished is SYS_CANCELED.
@@ -63,7 +66,16 @@ from .metric_channel import MetricChannel
 from .metrics_receiver import MetricsReceiver
 from .mounted_share import MountedShare
 from .runtime_files import runtime_files, runtime_key
-from .trialdir import LOCAL, read_from, read_json, read_output_files, read_trial, read_trial_logs, tail_text
+from .trialdir import (
+    LOCAL,
+    read_from,
+    read_json,
+    read_output_files,
+    read_trial,
+    read_trial_logs,
+    set_aside_earlier_run,
+    tail_text,
+)
 
 log = logging.getLogger("trialflow.platforms")
 
@@ -143,6 +155,11 @@ class JobPlatformService(TrainingService[ConfigT]):
     def delete_token(self, name: str) -> None:
         """Forget the token stored as ``name`` (idempotent)."""
 
+    def job_interruption(self, name: str) -> str | None:
+        """Why the platform ended the job ``name`` apart from its trial (its pod evicted or preempted, its
+        node lost), in the platform's own words; None when nothing but the trial ended it (default)."""
+        return None
+
     def job_logs(self, name: str) -> dict[str, bytes]:
         """The job's output by replica (whole logs); the ``logs`` metric channel and the HTTP channel's
         gap filler read it. Default: none (the trial's files on the share are read instead)."""
@@ -187,12 +204,12 @@ class JobPlatformService(TrainingService[ConfigT]):
         its device plugin decides, so nothing is overridden here)."""
         channel = self.metrics.keeper_value()
         return {"NNI_PLATFORM": self.platform, "NNI_EXP_ID": spec.experiment_id, "NNI_TRIAL_JOB_ID": spec.trial_id,
-                "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": channel}
+                "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": channel, **spec.attempt_env()}
 
     def _keeper_spec(self, spec: TrialSpec, code: CodeRef) -> dict[str, Any]:
         command = spec.command if self.reuse else next(iter(self.roles().values()))
         return {"command": command, "cwd": f"../../../code/{code.content_hash}", "env": self.keeper_env(spec),
-                "located": True, "roles": self.roles()}
+                "located": True, "roles": self.roles(), "attempt": spec.attempt}
 
     def metrics_url(self) -> str | None:
         """Where jobs push metrics (None without the HTTP channel)."""
@@ -204,6 +221,8 @@ class JobPlatformService(TrainingService[ConfigT]):
 
     def submit(self, spec: TrialSpec, code: CodeRef) -> TrialHandle:
         trial_dir = self.storage.path(spec.experiment_id, "trials", spec.trial_id)
+        self._cancelled.pop(spec.trial_id, None)  # a run after an interruption: the cancel was of the one before
+        set_aside_earlier_run(LOCAL, str(trial_dir), spec.attempt)
         (trial_dir / META_DIR).mkdir(parents=True, exist_ok=True)
         write_atomic(str(trial_dir / PARAMETER_FILE), spec.parameter_record())
         keeper = self._keeper_spec(spec, code)
@@ -212,7 +231,8 @@ class JobPlatformService(TrainingService[ConfigT]):
         if self.reuse:
             return TrialHandle(spec.trial_id, self.platform, {**self.environments.submit(spec, keeper),
                                                               **self.handle_extra()})
-        name = self.job_name("trial", spec.trial_id)
+        # each run its own job: the interrupted one may still be being deleted
+        name = self.job_name("trial", spec.trial_id + (f"r{spec.attempt}" if spec.attempt else ""))
         primary = next(iter(self.roles()))
         commands = {}
         for role in self.roles():
@@ -271,6 +291,11 @@ class JobPlatformService(TrainingService[ConfigT]):
         records, errors = self._metrics(handle, cursor, status.is_terminal and found is not None)
         if not status.is_terminal:
             return TrialUpdate(status, records, cursor, None, message, errors)
+        if found is not None and handle.trial_id not in self._cancelled and \
+                self.keeper_exit_code(handle.trial_id) != 0:  # a trial that succeeded keeps its outcome
+            why = self.job_interruption(handle.data["job"])
+            if why is not None:
+                return self.interrupted(handle, why, records, cursor)
         return self._job_ended(handle, status, message, records, cursor, errors)
 
     def _job_ended(self, handle: TrialHandle, status: TrialStatus, message: str | None, records: list[MetricRecord],

@@ -22,6 +22,38 @@ from .base import TrialStatus
 from .job_platform import JobPlatformService
 from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
 
+# Kubernetes' pod disruption conditions: a DisruptionTarget condition's reasons, and the reasons the
+# kubelet and the node lifecycle controller give a pod they ended; each means the pod's node or the
+# scheduler ended it, not its command
+DISRUPTION_REASONS = {
+    "PreemptionByScheduler": "was preempted by a higher-priority pod",
+    "DeletionByTaintManager": "was deleted from a NoExecute-tainted node (node lost or drained)",
+    "EvictionByEvictionAPI": "was evicted (a node drain or the cluster autoscaler)",
+    "DeletionByPodGC": "was deleted with its node",
+    "TerminationByKubelet": "was terminated by the kubelet (node pressure or shutdown)",
+}
+NODE_ENDED_REASONS = ("Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated", "UnexpectedAdmissionError")
+
+
+def pod_disruption(pod: Any) -> str | None:
+    """Why Kubernetes ended ``pod`` (a ``V1Pod``) apart from its command: a ``DisruptionTarget``
+    condition that holds, or a Failed pod the kubelet or the node lifecycle ended; None otherwise."""
+    status = pod.status
+    if status is None:
+        return None
+    for condition in status.conditions or []:
+        if condition.type == "DisruptionTarget" and condition.status == "True":
+            text = DISRUPTION_REASONS.get(condition.reason or "", "was disrupted")
+            return f"pod {pod.metadata.name} {text} ({_detail(condition.reason, condition.message)})"
+    if status.phase == "Failed" and status.reason in NODE_ENDED_REASONS:
+        return f"pod {pod.metadata.name} was ended by its node ({_detail(status.reason, status.message)})"
+    return None
+
+
+def _detail(reason: str | None, message: str | None) -> str:
+    return f"{reason}: {message}" if message else str(reason)
+
+
 # the Kubernetes family's configs: each has namespace and credentials
 K8sConfigT = TypeVar("K8sConfigT", bound=KubeflowConfig | FrameworkControllerConfig | AdlConfig)
 
@@ -127,6 +159,10 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
 
     def job_logs(self, name: str) -> dict[str, bytes]:
         return self.api.pod_logs(self.pod_selector(name))
+
+    def job_interruption(self, name: str) -> str | None:
+        """A pod of the job that Kubernetes disrupted (:func:`pod_disruption`)."""
+        return next((why for pod in self.api.pods(self.pod_selector(name)) if (why := pod_disruption(pod))), None)
 
     # ---- Secrets shared by an experiment's jobs (Kubeflow, FrameworkController) -------------------
 

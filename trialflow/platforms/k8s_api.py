@@ -201,11 +201,15 @@ class KubeApi:
             raise PlatformError(f"namespace {self.namespace!r} does not exist in the cluster; create it "
                                 f"(kubectl create namespace {self.namespace}) or set namespace") from None
 
+    def pods(self, selector: str) -> list[Any]:
+        """The pods matching ``selector`` (the client's ``V1Pod`` objects)."""
+        found = self.call("listing pods", self.core.list_namespaced_pod, self.namespace, label_selector=selector)
+        return list(found.items)
+
     def pod_logs(self, selector: str) -> dict[str, bytes]:
         """The logs (bytes) of the pods matching ``selector``, by pod name."""
-        pods = self.call("listing pods", self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         out = {}
-        for pod in pods.items:
+        for pod in self.pods(selector):
             try:
                 response = self.call(f"reading the log of pod {pod.metadata.name}",
                                      self.core.read_namespaced_pod_log, pod.metadata.name, self.namespace,

@@ -14,6 +14,7 @@ waits on its keeper's pidfd, so its end is seen at once, not at the next poll.
 from __future__ import annotations
 
 import os
+import posixpath
 import select
 import threading
 import time
@@ -24,7 +25,7 @@ from ..config import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
-from ..trial.protocol import KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE
+from ..trial.protocol import CHECKPOINT_DIR, CHECKPOINT_ENV, KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE
 from ..trial.runtime import PARAMETER_FILE
 from .base import (
     CodeRef,
@@ -52,6 +53,7 @@ def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpu
         "NNI_PLATFORM": platform, "NNI_EXP_ID": spec.experiment_id, "NNI_TRIAL_JOB_ID": spec.trial_id,
         "NNI_SYS_DIR": trial_dir, "NNI_OUTPUT_DIR": trial_dir, "NNI_CODE_DIR": code_dir,
         "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": "file",
+        CHECKPOINT_ENV: posixpath.join(trial_dir, CHECKPOINT_DIR), **spec.attempt_env(),
     }
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))

@@ -76,7 +76,15 @@ from .ownership import claim
 from .remote_machine import RemoteMachine, clean_machines
 from .runtime_files import check_version
 from .ssh import SshConnection, machine_target
-from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs, scan_bundle, tail_text
+from .trialdir import (
+    EnvironmentDir,
+    install_code,
+    read_trial,
+    read_trial_logs,
+    scan_bundle,
+    set_aside_earlier_run,
+    tail_text,
+)
 from .trialfs import LocalFS
 
 log = logging.getLogger("trialflow.platforms")
@@ -297,10 +305,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         keeper = {"command": spec.command, "cwd": code_dir, "env": env, "attempt": spec.attempt}
         payload = {"trial_dir": trial_dir, "parameter": spec.parameter_record(), "keeper": keeper}
         meta = posixpath.join(trial_dir, META_DIR)
-        if spec.attempt:  # the interrupted run's records move aside; the new run starts clean
-            earlier = read_json(login.fs, posixpath.join(meta, "keeper.json")) or {}
-            if int(earlier.get("attempt", 0)) < spec.attempt and login.fs.exists(meta):
-                login.fs.rename(meta, f"{meta}-{earlier.get('attempt', 0)}")
+        set_aside_earlier_run(login.fs, trial_dir, spec.attempt)
         if self.reuse:
             return self._enqueue(spec, payload)
         login.run(login.command("keeper", "--submit"), json.dumps(dict(payload, hold=True)).encode())

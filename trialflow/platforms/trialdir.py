@@ -21,6 +21,7 @@ from ..codebundle import CodeBundle, CodeDirError, scan_code_dir
 from ..trial.protocol import (
     HEARTBEAT,
     HOLD,
+    KEEPER_SPEC,
     KILL,
     LOG_FILES,
     META_DIR,
@@ -73,6 +74,19 @@ def read_json(fs: TrialFS, path: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def set_aside_earlier_run(fs: TrialFS, trial_dir: str, attempt: int) -> None:
+    """Before run ``attempt`` (n >= 1) of a trial is written: the meta directory of the run before it
+    moves to ``.nni-<its attempt>``, so the new run's keeper starts clean (its own lock, state and
+    metrics) while the earlier run's records stay to read; ``checkpoint/`` and the trial's other files
+    stay where they are. Idempotent: a meta directory already of this attempt is left."""
+    meta = posixpath.join(trial_dir, META_DIR)
+    if not attempt or not fs.exists(meta):
+        return
+    earlier = int((read_json(fs, posixpath.join(meta, KEEPER_SPEC)) or {}).get("attempt", 0))
+    if earlier < attempt:
+        fs.rename(meta, f"{meta}-{earlier}")
 
 
 def tail_text(path: str | Path, limit: int = STDERR_TAIL_BYTES, fs: TrialFS = LOCAL) -> str:

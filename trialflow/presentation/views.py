@@ -109,14 +109,19 @@ def print_trials(console: Console, trials: list[TrialRecord], objectives: Object
     """The trials, one line each (id, status, metric, duration, then the parameters or the reason it
     ended, cut to the terminal's width): a rich table up to ``RICH_TABLE_ROWS``, plain aligned
     columns beyond. A hybrid experiment's table names the service each trial ran on; a multi-objective
-    one's has a column per objective instead of the metric, and ``*`` in ``pareto`` for its Pareto set."""
+    one's has a column per objective instead of the metric, and ``*`` in ``pareto`` for its Pareto set.
+    Once any trial was run again after an interruption, ``runs`` says how many runs each had."""
     hybrid = any(service_name(t.handle) for t in trials)
+    runs = [1 + int(((t.handle or {}).get("data") or {}).get("attempt", 0)) for t in trials]
+    rerun = any(n > 1 for n in runs)
     metric_columns: tuple[str, ...] = ("metric",) if objectives is None else (*objectives.names, "pareto")
-    columns = (*TRIAL_COLUMNS[:3], *(["service"] if hybrid else []), *metric_columns, *TRIAL_COLUMNS[4:])
+    columns = (*TRIAL_COLUMNS[:3], *(["service"] if hybrid else []), *(["runs"] if rerun else []), *metric_columns,
+               *TRIAL_COLUMNS[4:])
     front = set() if objectives is None else {t.id for t in pareto_set(trials, objectives)}
     rows = [(t.id, str(t.sequence), t.status, *([service_name(t.handle) or ""] if hybrid else []),
+             *([str(n)] if rerun else []),
              *(_metric(t) if objectives is None else _objective_cells(t, objectives, t.id in front)),
-             _duration(t), _detail(t)) for t in trials]
+             _duration(t), _detail(t)) for t, n in zip(trials, runs, strict=True)]
     if len(rows) <= RICH_TABLE_ROWS:
         table = Table(box=box.SIMPLE_HEAD)
         widths = [max(len(name), *(len(r[i]) for r in rows)) for i, name in enumerate(columns[:-1])]

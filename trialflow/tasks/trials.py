@@ -42,6 +42,7 @@ from ..platforms import (
     TrialUpdate,
     experiment_retry,
 )
+from ..platforms.base import interruption_note
 from ..results import exited_by_itself
 from ..status import ASSESSOR_STOP, DURATION_STOP
 from ..store import Metric
@@ -236,8 +237,9 @@ def _resubmit(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, why: s
     """An infrastructure event ended the trial's run (its platform said so, within the section's
     ``maxInterruptions``): whatever is left of that run is cancelled and the trial is submitted again
     with the same parameters, as attempt n + 1 (stored in the handle before this returns, so a resumed
-    controller follows the new run). The tuner and assessor are not told. Returns the new handle, or
-    the FAILED update when the new submission fails for good."""
+    controller follows the new run), its intermediate results numbered on after those stored. The
+    interruption is an event of the trial's history; the tuner and assessor are not told. Returns the
+    new handle, or the FAILED update when the new submission fails for good."""
     attempt = int(handle.data.get("attempt", 0)) + 1
     log.warning("trial %s: %s; not the trial's failure: resubmitting it with the same parameters (interruption "
                 "%d)", trial_id, why, attempt)
@@ -248,11 +250,13 @@ def _resubmit(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, why: s
     except PlatformError as exc:  # the new run goes ahead; the platform names each run apart
         log.warning("trial %s: what is left of the interrupted run was not cancelled: %s", trial_id, exc)
     record = ctx.store.trial(trial_id)
+    reported = max((m.sequence for m in ctx.store.metrics(trial_id, "PERIODICAL")), default=-1) + 1
 
     def submit() -> TrialHandle:
         spec = ctx.service.trial_spec(ctx.experiment_id, trial_id, record.sequence, record.parameter_id,
                                       record.parameters)
-        return ctx.service.submit(dataclasses.replace(spec, attempt=attempt), ctx.code)  # type: ignore[arg-type]
+        return ctx.service.submit(dataclasses.replace(spec, attempt=attempt, reported=reported),
+                                  ctx.code)  # type: ignore[arg-type]
 
     try:
         fresh = experiment_retry(ctx.config).call(submit)
@@ -260,6 +264,7 @@ def _resubmit(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, why: s
         return TrialUpdate(TrialStatus.FAILED, message=f"{why}; resubmitting it failed: {exc}")
     fresh = TrialHandle(fresh.trial_id, fresh.platform, {**fresh.data, "attempt": attempt})
     ctx.store.set_handle(trial_id, fresh.to_dict())
+    ctx.store.note(trial_id, interruption_note(attempt, why))
     return fresh
 
 

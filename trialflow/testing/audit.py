@@ -19,7 +19,9 @@ record that is wrong in any run -- whatever the test looked at -- fails that tes
   multi-objective experiment, whose Pareto set stands for it);
 * the Pareto set recorded at a multi-objective experiment's end is exactly its SUCCEEDED trials whose
   results are feasible and not dominated under the stored objectives (none for a single-objective one);
-* no metric stored after its trial's recorded end.
+* no metric stored after its trial's recorded end;
+* a trial run again after n interruptions (attempt n) has n interruption events, starting attempts
+  1..n in order, none after its end: no interrupted run's outcome became the trial's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
+from ..platforms.base import attempt_of
 from ..results import exited_by_itself, expected_best, expected_pareto, maximizes
 from ..status import EXPERIMENT_ENDED, TrialStatus
 from ..store import (
@@ -89,7 +92,8 @@ def check_store(store: ExperimentStore) -> list[str]:
     metrics = store.metrics()
     problems: list[str] = []
     for trial in trials:
-        found = _trial_problems(record, trial, metrics) + _stopped_after_its_work(store, trial, metrics)
+        found = (_trial_problems(record, trial, metrics) + _stopped_after_its_work(store, trial, metrics)
+                 + _interrupted_runs(store, trial))
         problems += [f"trial {trial.id} (#{trial.sequence}): {p}" for p in found]
     problems += _experiment_problems(record, trials)
     return [f"experiment {record.id}: {p}" for p in problems]
@@ -131,6 +135,22 @@ def _stopped_after_its_work(store: ExperimentStore, trial: TrialRecord, metrics:
     if finals and stops and min(finals) < min(stops):
         return [f"EARLY_STOPPED though its final result was recorded {min(stops) - min(finals):.3f} s before the stop"]
     return []
+
+
+def _interrupted_runs(store: ExperimentStore, trial: TrialRecord) -> list[str]:
+    """A trial run n times after interruptions has n interruption events, in order, none after its end
+    (an interrupted run's outcome is never the trial's)."""
+    attempt = int(((trial.handle or {}).get("data") or {}).get("attempt", 0))
+    if not attempt:
+        return []
+    events = [(attempt_of(message), when) for _, when, message in store.status_history(trial.id)]
+    runs = [(n, when) for n, when in events if n is not None]
+    out = []
+    if [n for n, _ in runs] != list(range(1, attempt + 1)):
+        out.append(f"attempt {attempt} but its interruption events start attempts {[n for n, _ in runs]}")
+    if trial.end_time is not None and any(when > trial.end_time + CLOCK_SLACK for _, when in runs):
+        out.append("an interruption recorded after its end")
+    return out
 
 
 def _why_ran(trial: TrialRecord, own: list[Metric]) -> str:

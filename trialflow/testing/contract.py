@@ -5,6 +5,7 @@ held to it: a platform's test module subclasses :class:`TrainingServiceContract`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -69,6 +70,26 @@ with open(os.path.join(p["save_checkpoint_dir"], "model.txt"), "w") as f:
     f.write(loaded + nni.get_trial_id() + ";")
 nni.report_final_result({"default": float(p["TRIAL_BUDGET"]), "loaded": loaded,
                          "save": p["save_checkpoint_dir"]})
+"""
+
+# checkpoints after each step; the first run of sequence 0 says it paused (``checkpoint/paused``) and
+# waits to be interrupted after three steps, a later run goes on from the step its checkpoint holds
+RESUMING_TRIAL = """
+import nni, os, time
+p = nni.get_next_parameter()
+checkpoint = os.environ["TRIALFLOW_CHECKPOINT_DIR"]
+mark = os.path.join(checkpoint, "step")
+start = int(open(mark).read()) if os.path.exists(mark) else 0
+for step in range(start, 6):
+    nni.report_intermediate_result(p["x"] + step)
+    with open(mark + ".tmp", "w") as f:
+        f.write(str(step + 1))
+    os.replace(mark + ".tmp", mark)
+    if step == 2 and nni.get_sequence_id() == 0 and os.environ["TRIALFLOW_ATTEMPT"] == "0":
+        open(os.path.join(checkpoint, "paused"), "w").close()
+        time.sleep(120)
+    time.sleep(0.05)
+nni.report_final_result({"default": p["x"] * 10, "resumed_at": start, "attempt": os.environ["TRIALFLOW_ATTEMPT"]})
 """
 
 
@@ -303,3 +324,47 @@ class JobPlatformContract(TrainingServiceContract):
         assert [m.value for m in metrics] == [7.0]
         if service.channel == "http":
             assert service.receiver.stats.accepted == accepted + 1  # pushed, not only read from logs
+
+
+class InterruptionContract:
+    """For a platform that reports interruptions: subclass beside the platform's contract and provide
+    the fixtures ``service``, ``make_spec`` and ``interrupt(handle)``, which ends the trial's running
+    run the way the platform's infrastructure does (a pod evicted, a job requeued) and returns words
+    the service's report of it must hold."""
+
+    def test_an_interrupted_trial_resumes_from_its_checkpoint_and_succeeds(self, service, make_spec, interrupt):
+        """The run is reported interrupted (not ended); the trial's next run, submitted as the flow does
+        (the rest of the first cancelled, the same parameters as attempt 1, numbering on after the stored
+        results), resumes from the checkpoint and succeeds: six intermediate results, each once, in order."""
+        spec = make_spec("Resume1", RESUMING_TRIAL, {"x": 2})
+        handle = service.submit(spec, service.code)
+        cursor, seen = {}, []
+        deadline = time.monotonic() + patience(service, TERMINAL_TIMEOUT)
+        while len(seen) < 3:
+            assert time.monotonic() < deadline, f"the first run reported {seen} only"
+            update = service.poll(handle, cursor)
+            cursor = update.cursor
+            seen += [m for m in update.metrics if m.type == "PERIODICAL"]
+            assert not update.status.is_terminal, update.message
+            service.wait(handle, 0.05)
+        words = interrupt(handle)
+        while True:
+            assert time.monotonic() < deadline, "the interruption was never reported"
+            update = service.poll(handle, cursor)
+            cursor = update.cursor
+            seen += [m for m in update.metrics if m.type == "PERIODICAL"]
+            if update.interrupted is not None:
+                break
+            assert not update.status.is_terminal, f"ended {update.status.value} instead: {update.message}"
+            service.wait(handle, 0.05)
+        assert update.status == TrialStatus.WAITING and words in update.interrupted, update.interrupted
+        service.cancel(handle, TrialStatus.SYS_CANCELED)
+        again = dataclasses.replace(spec, attempt=1, reported=max(m.sequence for m in seen) + 1)
+        second = service.submit(again, service.code)
+        statuses, metrics, _ = poll_until_terminal(service, TrialHandle(second.trial_id, second.platform,
+                                                                        {**second.data, "attempt": 1}))
+        assert statuses[-1] == TrialStatus.SUCCEEDED
+        periodical = seen + [m for m in metrics if m.type == "PERIODICAL"]
+        assert [(m.sequence, m.value) for m in periodical] == [(i, 2 + i) for i in range(6)]
+        [final] = [m.value for m in metrics if m.type == "FINAL"]
+        assert final == {"default": 20, "resumed_at": 3, "attempt": "1"}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 
 from .runtime import (
+    get_attempt,
+    get_checkpoint_dir,
     get_current_parameter,
     get_experiment_id,
     get_next_parameter,
@@ -26,6 +28,8 @@ RUNTIME_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 __all__ = [
     "NNI_SHIM_DIR",
     "RUNTIME_ROOT",
+    "get_attempt",
+    "get_checkpoint_dir",
     "get_current_parameter",
     "get_experiment_id",
     "get_next_parameter",

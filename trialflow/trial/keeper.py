@@ -44,6 +44,8 @@ import time
 
 from .procs import daemonize, kill_group, pid_alive, process_start_time, read_json, write_atomic, write_when_space
 from .protocol import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_ENV,
     KEEPER_LOCK,
     KEEPER_PID,
     KEEPER_SPEC,
@@ -85,6 +87,7 @@ def _located(trial_dir: str, spec: dict) -> tuple[str, dict]:
     if spec.get("located"):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env.update({"NNI_SYS_DIR": trial_dir, "NNI_OUTPUT_DIR": trial_dir, "NNI_CODE_DIR": cwd,
+                    CHECKPOINT_ENV: os.path.join(trial_dir, CHECKPOINT_DIR),
                     "PYTHONPATH": os.pathsep.join([os.path.join(root, "trialflow", "trial", "nni_shim"), root])})
     return cwd, env
 
@@ -109,6 +112,8 @@ def execute(trial_dir: str, tee: bool = False) -> int:
         signal.signal(signum, note_stop)
     write_atomic(os.path.join(meta_dir, KEEPER_PID), process_record(os.getpid()))
     cwd, spec_env = _located(trial_dir, spec)
+    if spec_env.get(CHECKPOINT_ENV):  # the trial's own, kept across its runs
+        os.makedirs(spec_env[CHECKPOINT_ENV], exist_ok=True)
     env = {**os.environ, **spec_env}
     # bash sources ~/.bashrc when it sees it was started over SSH; that would reorder PATH (pythonPath
     # first, as NNI promises) and cost a shell start-up per trial. The trial command runs rc-free.

@@ -3,9 +3,10 @@ controller exchange (standard library only; the controller side is ``trialflow.p
 
 A trial directory holds ``parameter.cfg``, ``trial.stdout``, ``trial.stderr``, ``trial.log`` and the
 meta directory ``.nni/`` with ``keeper.json`` (what to run), ``keeper.lock`` (claimed by the one keeper
-allowed to start), ``keeper.pid``, ``started``, ``state`` (how it ended) and ``metrics``. A reuse
-environment directory holds ``worker.json``, the ``queue/``, ``hold/``, ``taken/`` and ``kill/`` boxes
-and the ``heartbeat`` and ``stop`` files.
+allowed to start), ``keeper.pid``, ``started``, ``state`` (how it ended) and ``metrics``, and
+``checkpoint/``, the trial's own folder that outlives its runs (an interrupted run's ``.nni/`` is set
+aside as ``.nni-<attempt>``). A reuse environment directory holds ``worker.json``, the ``queue/``,
+``hold/``, ``taken/`` and ``kill/`` boxes and the ``heartbeat`` and ``stop`` files.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ STARTED = "started"
 STATE = "state"
 METRICS = "metrics"
 METRICS_FILE = os.path.join(META_DIR, METRICS)
+# kept across a trial's runs (a run an interruption ended is followed by another): the folder a trial
+# checkpoints to and resumes from, and what tells a run which one it is and where its results go on
+CHECKPOINT_DIR = "checkpoint"  # in the trial directory
+CHECKPOINT_ENV = "TRIALFLOW_CHECKPOINT_DIR"
+ATTEMPT_ENV = "TRIALFLOW_ATTEMPT"  # 0 for the first run, n after n interruptions
+REPORTED_ENV = "TRIALFLOW_INTERMEDIATE_REPORTED"  # intermediate results stored before this run
 
 # ---- reuse environment directory ----
 WORKER_INFO = "worker.json"

@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 
-from .protocol import METRICS_FILE, PARAMETER_FILE
+from .protocol import ATTEMPT_ENV, CHECKPOINT_DIR, CHECKPOINT_ENV, METRICS_FILE, PARAMETER_FILE, REPORTED_ENV
 from .records import MetricRecord, encode_file_record, encode_stdout_line
 
 TYPE_CHECKING = False  # typing stays unimported at run time: ~3 ms less CPU per trial process
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 PARAMETER_WAIT_SECONDS = 600.0
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"params": None, "parameter_id": None, "fetched": False, "intermediate": 0, "final": 0}
+# "intermediate" is None until the first report: a run after an interruption numbers on from the
+# results stored before it (REPORTED_ENV), so none of them is taken for a duplicate
+_state: dict[str, Any] = {"params": None, "parameter_id": None, "fetched": False, "intermediate": None, "final": 0}
 
 
 def _platform() -> str | None:
@@ -47,6 +49,28 @@ def get_sequence_id() -> int:
         return int(os.environ.get("NNI_TRIAL_SEQ_ID", "0"))
     except ValueError:
         return 0
+
+
+def _int_env(name: str) -> int:
+    try:
+        return max(0, int(os.environ.get(name, "0")))
+    except ValueError:
+        return 0
+
+
+def get_attempt() -> int:
+    """Which run of this trial this is: 0 for the first, n after n interruptions (preemption, eviction,
+    a requeue) that the platform reported; each run gets the same parameters."""
+    return _int_env(ATTEMPT_ENV)
+
+
+def get_checkpoint_dir() -> str:
+    """The trial's checkpoint folder, made if missing: the same folder for every run of the trial, on
+    the storage its platform uses, so a run after an interruption resumes from what the one before
+    saved. Outside an experiment: ``./checkpoint``."""
+    path = os.environ.get(CHECKPOINT_ENV) or os.path.join(os.environ.get("NNI_SYS_DIR", "."), CHECKPOINT_DIR)
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def get_next_parameter() -> dict[str, Any] | None:
@@ -123,6 +147,8 @@ def _send(kind: str, metric: Any) -> None:
         if _platform() is not None and not _state["fetched"]:
             raise AssertionError("get_next_parameter() needs to be called before reporting results")
         counter = "intermediate" if kind == "PERIODICAL" else "final"
+        if _state[counter] is None:
+            _state[counter] = _int_env(REPORTED_ENV)
         sequence = _state[counter]
         _state[counter] += 1
         if _platform() is None:

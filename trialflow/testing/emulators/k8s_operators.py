@@ -57,6 +57,7 @@ class PodRun:
     phase: str = "Pending"
     deleted: bool = False
     thread: threading.Thread | None = None
+    disruption: str | None = None  # the DisruptionTarget reason Kubernetes ended the pod for
 
 
 @dataclass
@@ -110,6 +111,26 @@ class Controller:
                 self._remove_pods(job, keep_objects=True)
                 self._write_status(job, _framework_completed(obj, -210, "StopFrameworkRequested", "Failed",
                                                              "Permanent", "the framework was stopped by a user"))
+
+    def disrupt(self, ns: str, name: str, reason: str, message: str) -> None:
+        """Kubernetes ending a running pod apart from its command (preemption, eviction, a lost node):
+        the ``DisruptionTarget`` condition with ``reason`` first, then its processes are stopped
+        (SIGTERM, SIGKILL after the grace period) and it ends Failed -- reason ``Evicted`` when the
+        kubelet ended it (``TerminationByKubelet``). The pod object stays, as an evicted pod's does.
+        Raises LookupError for a pod that is not running."""
+        pod = next((p for job in self.jobs.values() for p in job.pods
+                    if p.namespace == ns and p.name == name and p.phase == "Running"), None)
+        if pod is None:
+            raise LookupError(f"no running pod {ns}/{name}")
+        with self.cluster.lock:
+            pod.disruption = reason
+            status = pod.obj["status"]
+            status["conditions"] = [*(status.get("conditions") or []),
+                                    {"type": "DisruptionTarget", "status": "True", "reason": reason,
+                                     "message": message, "lastTransitionTime": _now()}]
+            self.cluster.put("pods", pod.namespace, pod.obj)
+        if pod.proc is not None and pod.proc.poll() is None:
+            kill_tree(pod.proc.pid, self.kill_grace)
 
     def pod_log(self, ns: str, name: str, query: dict[str, list[str]]) -> str:
         for job in self.jobs.values():
@@ -328,6 +349,10 @@ class Controller:
                                                 "ready": False, "restartCount": 0, "image": "", "imageID": "",
                                                 "state": {"terminated": {"exitCode": exit_code,
                                                                          "finishedAt": _now()}}}]
+            if pod.disruption is not None:  # the condition stays; the kubelet names its eviction
+                status["conditions"] = pod.obj["status"].get("conditions") or []
+                if phase == "Failed" and pod.disruption == "TerminationByKubelet":
+                    reason, message = "Evicted", "The node was low on resource: memory."
             if reason:
                 status["reason"], status["message"] = reason, message
             pod.obj["status"] = status

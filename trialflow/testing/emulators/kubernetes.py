@@ -203,6 +203,13 @@ class KubernetesEmulator(EmulatorServer):
     def objects(self, plural: str, namespace: str = "default") -> list[dict[str, Any]]:
         return copy.deepcopy(self.cluster.items(plural, namespace))
 
+    def disrupt(self, pod: str, namespace: str = "default", reason: str = "TerminationByKubelet",
+                message: str = "The node was low on resource: memory.") -> None:
+        """End a running pod as Kubernetes would for ``reason`` (a ``DisruptionTarget`` reason:
+        ``PreemptionByScheduler``, ``DeletionByTaintManager``, ``EvictionByEvictionAPI``,
+        ``TerminationByKubelet``); see :meth:`Controller.disrupt`. Raises LookupError when it is not running."""
+        self.controller.disrupt(namespace, pod, reason, message)
+
     def count(self, method: str, plural: str) -> int:
         return sum(1 for m, p in self.requests if m == method and re.search(rf"/{plural}(/|$|\?)", p))
 
