@@ -178,7 +178,9 @@ def test_a_preempted_trial_runs_again_from_its_checkpoint_and_is_no_failure(tmp_
     assert [(m.sequence, m.value) for m in periodical] == [(i, pytest.approx(first.parameters["x"] + i))
                                                            for i in range(6)]
     notes = [message for _, _, message in store.status_history(first.id) if message and "interrupted" in message]
-    assert len(notes) == 1 and "run again as attempt 1: pod" in notes[0] and "preempted" in notes[0], notes
+    job = first.handle["data"]["job"].removesuffix(lowercase_id(first.id + "r1")) + lowercase_id(first.id)
+    assert len(notes) == 1 and f"run again as attempt 1: job {job}: Kubernetes stopped the trial's pod" in notes[0] \
+        and "restarting because 1 Worker replica(s) failed" in notes[0], notes
     shown = subprocess.run(["trialflow", "trial", "ls", result.experiment_id, "--root", str(tmp_path / "w")],
                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert shown.returncode == 0, shown.stdout + shown.stderr

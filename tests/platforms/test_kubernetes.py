@@ -67,7 +67,9 @@ class TestKubernetesContract(JobPlatformContract):
             assert service.receiver is None
 
 
-# each job kind with one of Kubernetes' ways of ending a pod apart from its command
+# each job kind with one of Kubernetes' ways of ending a pod apart from its command; Kubeflow's
+# operator then creates the replica again (restartPolicy: ExitCode), FrameworkController's and
+# AdaptDL's jobs fail with the disrupted pod in place
 DISRUPTIONS = {"tfjob": "PreemptionByScheduler", "pytorchjob": "TerminationByKubelet",
                "framework": "DeletionByTaintManager", "adaptdl": "EvictionByEvictionAPI"}
 
@@ -91,6 +93,8 @@ class TestKubernetesInterruptions(InterruptionContract):
             [pod] = [p["metadata"]["name"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
                      and match_labels(p["metadata"]["labels"], selector)]
             k8s.disrupt(pod, reason=service.disruption, message="emulated")
+            if service.platform == "kubeflow":  # the operator creates the stopped replica again in place
+                return f"job {handle.data['job']}: Kubernetes stopped the trial's pod"
             return f"pod {pod} "
         return disrupt
 
@@ -153,6 +157,51 @@ def _first_container(manifest):
     if "taskRoles" in spec:
         return spec["taskRoles"][0]["task"]["pod"]["spec"]["containers"][0]
     return spec["template"]["spec"]["containers"][0]
+
+
+SPOT = {"priorityClassName": "preemptible", "nodeSelector": {"pool": "spot"},
+        "tolerations": [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+                         "effect": "NoSchedule"}]}
+
+
+def _pod_specs(obj):
+    """Every pod spec inside a job manifest (its replicas' templates)."""
+    if isinstance(obj, dict):
+        found = [obj] if "containers" in obj else []
+        return found + [spec for value in obj.values() for spec in _pod_specs(value)]
+    return [spec for value in obj for spec in _pod_specs(value)] if isinstance(obj, list) else []
+
+
+@pytest.mark.parametrize("kind", ["tfjob", "pytorchjob", "framework", "adaptdl"])
+def test_cheap_capacity_reaches_every_pod_in_kubernetes_terms(tmp_path, k8s, kind):
+    """priorityClassName, tolerations and nodeSelector go into every replica's pod spec, validate
+    against the published schemas, and reach the pods the operator makes."""
+    svc, manifest = _render(tmp_path, tmp_path, kind, **SPOT)
+    assert validate_custom_object(svc.plural, manifest) == []
+    specs = _pod_specs(manifest["spec"])
+    assert specs and all({k: spec.get(k) for k in SPOT} == SPOT for spec in specs)
+
+    svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, kind, **SPOT), tmp_path / "code")
+    try:
+        write_trial(tmp_path / "code", "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n",
+                    "Spot1.py")
+        handle = svc.submit(TrialSpec(svc.experiment_id, "Spot1", 0, 0, {}, COMMAND, tmp_path / "code", None),
+                            svc.upload_code(tmp_path / "code"))
+        assert poll_until_terminal(svc, handle)[2].status == TrialStatus.SUCCEEDED
+        pods = [p for p in k8s.objects("pods") if match_labels(p["metadata"]["labels"],
+                                                              svc.pod_selector(handle.data["job"]))]
+        assert pods and all({k: p["spec"].get(k) for k in SPOT} == SPOT for p in pods)
+    finally:
+        svc.close()
+
+
+def test_a_toleration_with_an_unknown_field_is_one_clear_line():
+    from trialflow.config.platforms import KubeflowConfig
+
+    with pytest.raises(ValueError, match=r"tolerations\[0\] has effects; a toleration takes effect, key, operator, "
+                                         r"tolerationSeconds, value"):
+        KubeflowConfig.model_validate({**k8s_section("tfjob", Path(".")), "trialCommand": "x",
+                                       "trialCodeDirectory": ".", "tolerations": [{"key": "a", "effects": "x"}]})
 
 
 def test_manifests_follow_nni_names_resources_and_storage(tmp_path):

@@ -364,6 +364,40 @@ FrameworkStorageConfig = Annotated[
 ]
 
 
+TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+
+
+class KubernetesCapacity(ConfigModel):
+    """Where a Kubernetes section's pods may run and how readily they yield, in Kubernetes' own terms:
+    cheap capacity. A pod on it that is preempted or evicted is an interruption (``maxInterruptions``),
+    not the trial's failure."""
+
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, description="the pods' PriorityClass: a low one lets higher-priority pods "
+        "preempt trials, each preemption an interruption")
+    tolerations: list[dict[str, Any]] | None = Field(
+        default=None, description="the pods' tolerations, e.g. of a spot node pool's taint "
+        "({key: ..., operator: Exists, effect: NoSchedule})")
+    node_selector: dict[str, str] | None = Field(default=None, description="node labels the pods must run on "
+                                                                           "(e.g. a spot node pool's)")
+
+    @field_validator("tolerations")
+    @classmethod
+    def _toleration_keys(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, toleration in enumerate(value or []):
+            unknown = sorted(set(toleration) - TOLERATION_KEYS)
+            if unknown:
+                raise ValueError(f"tolerations[{i}] has {', '.join(unknown)}; a toleration takes "
+                                 f"{', '.join(sorted(TOLERATION_KEYS))}")
+        return value
+
+    def pod_capacity(self) -> dict[str, Any]:
+        """The pod spec fields these settings give (none when unset)."""
+        fields = {"priorityClassName": self.priority_class_name, "tolerations": self.tolerations,
+                  "nodeSelector": self.node_selector}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
 class KubeflowRoleConfig(ConfigModel):
     replicas: int = Field(gt=0)
     command: str
@@ -375,7 +409,7 @@ class KubeflowRoleConfig(ConfigModel):
     private_registry_auth_path: ConfigPath | None = None
 
 
-class KubeflowConfig(TrainingServiceConfig):
+class KubeflowConfig(TrainingServiceConfig, KubernetesCapacity):
     platform: Literal["kubeflow"] = "kubeflow"
     roles_carry_commands: ClassVar[bool] = True
     operator: Literal["tf-operator", "pytorch-operator"]
@@ -420,7 +454,7 @@ class FrameworkControllerRoleConfig(ConfigModel):
     private_registry_auth_path: ConfigPath | None = None
 
 
-class FrameworkControllerConfig(TrainingServiceConfig):
+class FrameworkControllerConfig(TrainingServiceConfig, KubernetesCapacity):
     platform: Literal["frameworkcontroller"] = "frameworkcontroller"
     roles_carry_commands: ClassVar[bool] = True
     storage: FrameworkStorageConfig
@@ -488,7 +522,7 @@ class AdlCheckpoint(ConfigModel):
     storage_size: str
 
 
-class AdlConfig(TrainingServiceConfig):
+class AdlConfig(TrainingServiceConfig, KubernetesCapacity):
     """AdaptDL; NNI only accepted it through v1 files, trialflow also takes it as a v2 section."""
 
     platform: Literal["adl"] = "adl"

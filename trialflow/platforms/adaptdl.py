@@ -112,6 +112,7 @@ class AdaptDLTrainingService(KubernetesJobService[AdlConfig]):
                         {"name": "TRIALFLOW_TRIAL_SCRIPT", "value": commands["main"][-1]}, *env],
                 "volumeMounts": mounts, "resources": res}],
             "volumes": volumes,
+            **c.pod_capacity(),
         }
         if c.image_pull_secrets:
             pod_spec["imagePullSecrets"] = c.image_pull_secrets

@@ -130,6 +130,7 @@ class FrameworkControllerTrainingService(KubernetesJobService[FrameworkControlle
                 "restartPolicy": "OnFailure", "hostNetwork": False,
                 "volumes": [storage_volume(self.config.storage, self.azure_secret_name()),
                             {"name": "frameworkbarrier-volume", "emptyDir": {}}],
+                **self.config.pod_capacity(),
             }
             if self.config.service_account_name:
                 pod_spec["serviceAccountName"] = self.config.service_account_name
@@ -162,6 +163,7 @@ class FrameworkControllerTrainingService(KubernetesJobService[FrameworkControlle
             pod_meta = pod.setdefault("metadata", {})
             pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **object_labels}
             spec, container = pod["spec"], pod["spec"]["containers"][0]
+            spec.update(self.config.pod_capacity())  # the section's, over the template's
             container["command"] = commands.get(role["name"], container["command"])
             container["env"] = [*(container.get("env") or []), *env]
             mounts = container.setdefault("volumeMounts", [])

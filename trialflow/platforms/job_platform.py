@@ -155,10 +155,21 @@ class JobPlatformService(TrainingService[ConfigT]):
     def delete_token(self, name: str) -> None:
         """Forget the token stored as ``name`` (idempotent)."""
 
-    def job_interruption(self, name: str) -> str | None:
-        """Why the platform ended the job ``name`` apart from its trial (its pod evicted or preempted, its
-        node lost), in the platform's own words; None when nothing but the trial ended it (default)."""
+    def job_interruption(self, name: str, trial_id: str) -> str | None:
+        """Why the platform ended the run of trial ``trial_id`` in job ``name`` apart from the trial (its
+        pod evicted or preempted, its node lost), in the platform's own words; None when nothing but
+        the trial ended it (default). Asked once the job ended, or while :meth:`job_restarting`."""
         return None
+
+    def job_restarting(self, name: str, trial_id: str) -> bool:
+        """Whether the platform runs job ``name``'s replicas again in place (as the last
+        :meth:`job_status` found it) or the trial's run ended by a stop signal trialflow did not send
+        while the job goes on: either may be an interruption."""
+        return bool(self.keeper_state(trial_id).get("stop_signal"))
+
+    def keeper_state(self, trial_id: str) -> dict[str, Any]:
+        """The end the trial's keeper recorded on the shared storage (``{}`` until it has one)."""
+        return read_json(LOCAL, str(self.storage.path(self.experiment_id, "trials", trial_id) / META_DIR / STATE)) or {}
 
     def job_logs(self, name: str) -> dict[str, bytes]:
         """The job's output by replica (whole logs); the ``logs`` metric channel and the HTTP channel's
@@ -235,9 +246,10 @@ class JobPlatformService(TrainingService[ConfigT]):
         name = self.job_name("trial", spec.trial_id + (f"r{spec.attempt}" if spec.attempt else ""))
         primary = next(iter(self.roles()))
         commands = {}
-        for role in self.roles():
-            script = trial_dir / f"run_{role.lower()}.sh"
-            write_atomic(str(script), self.run_script(["--pod", f"trials/{spec.trial_id}", role, primary], "keeper"))
+        for role in self.roles():  # a run after an interruption: scripts of its own, knowing their run
+            script = trial_dir / f"run_{role.lower()}{f'-r{spec.attempt}' if spec.attempt else ''}.sh"
+            write_atomic(str(script), self.run_script(["--pod", f"trials/{spec.trial_id}", role, primary,
+                                                       str(spec.attempt)], "keeper"))
             commands[role] = ["sh", self.storage.container_path(spec.experiment_id, "trials", spec.trial_id,
                                                                 script.name)]
         ids = {"trialId": spec.trial_id}
@@ -288,14 +300,16 @@ class JobPlatformService(TrainingService[ConfigT]):
             status, message = found
             if status == TrialStatus.SYS_CANCELED and handle.trial_id in self._cancelled:  # we stopped it
                 status, message = self._cancelled[handle.trial_id], None
+        ended = status.is_terminal or (found is not None
+                                       and self.job_restarting(handle.data["job"], handle.trial_id))
         records, errors = self._metrics(handle, cursor, status.is_terminal and found is not None)
-        if not status.is_terminal:
-            return TrialUpdate(status, records, cursor, None, message, errors)
-        if found is not None and handle.trial_id not in self._cancelled and \
+        if ended and found is not None and handle.trial_id not in self._cancelled and \
                 self.keeper_exit_code(handle.trial_id) != 0:  # a trial that succeeded keeps its outcome
-            why = self.job_interruption(handle.data["job"])
+            why = self.job_interruption(handle.data["job"], handle.trial_id)
             if why is not None:
                 return self.interrupted(handle, why, records, cursor)
+        if not status.is_terminal:
+            return TrialUpdate(status, records, cursor, None, message, errors)
         return self._job_ended(handle, status, message, records, cursor, errors)
 
     def _job_ended(self, handle: TrialHandle, status: TrialStatus, message: str | None, records: list[MetricRecord],
@@ -311,8 +325,7 @@ class JobPlatformService(TrainingService[ConfigT]):
 
     def keeper_exit_code(self, trial_id: str) -> int | None:
         """The exit code the trial's keeper recorded on the shared storage; None until it has one."""
-        state = read_json(LOCAL, str(self.storage.path(self.experiment_id, "trials", trial_id) / META_DIR / STATE))
-        code = (state or {}).get("exit_code")
+        code = self.keeper_state(trial_id).get("exit_code")
         return code if isinstance(code, int) else None
 
     def _poll_reuse(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:

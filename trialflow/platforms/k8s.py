@@ -67,6 +67,7 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
     def __init__(self, config: K8sConfigT, experiment_dir: Path) -> None:
         self.namespace = config.namespace
         self._api: KubeApi | None = None
+        self._restarts: dict[str, str] = {}  # job -> the operator's message, while it restarts replicas
         super().__init__(config, experiment_dir)
 
     @property
@@ -139,9 +140,22 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
         self.api.create_job(self.group, self.version, self.plural,
                             self.manifest(name, object_labels, commands, self._metric_env(token_ref)))
 
+    def restart_message(self, obj: dict[str, Any]) -> str | None:
+        """The operator's word that it is creating the job's failed replicas again, None otherwise
+        (default: operators that never do)."""
+        return None
+
     def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
         obj = self.api.get_job(self.group, self.version, self.plural, name)
+        restart = None if obj is None else self.restart_message(obj)
+        if restart is None:
+            self._restarts.pop(name, None)
+        else:
+            self._restarts[name] = restart
         return None if obj is None else self.job_state(obj)
+
+    def job_restarting(self, name: str, trial_id: str) -> bool:
+        return name in self._restarts or super().job_restarting(name, trial_id)
 
     def delete_job(self, name: str) -> None:
         self.api.delete_job(self.group, self.version, self.plural, name)
@@ -160,9 +174,16 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
     def job_logs(self, name: str) -> dict[str, bytes]:
         return self.api.pod_logs(self.pod_selector(name))
 
-    def job_interruption(self, name: str) -> str | None:
-        """A pod of the job that Kubernetes disrupted (:func:`pod_disruption`)."""
-        return next((why for pod in self.api.pods(self.pod_selector(name)) if (why := pod_disruption(pod))), None)
+    def job_interruption(self, name: str, trial_id: str) -> str | None:
+        """A pod of the job that Kubernetes disrupted (:func:`pod_disruption`); else a trial run that
+        a stop signal trialflow did not send ended, or that recorded no end in a job whose operator
+        created its pod again (the kubelet stopped the pod; the disrupted object is gone)."""
+        why = next((why for pod in self.api.pods(self.pod_selector(name)) if (why := pod_disruption(pod))), None)
+        state = self.keeper_state(trial_id)
+        if why is None and (state.get("stop_signal") or (name in self._restarts and not state)):
+            why = f"job {name}: Kubernetes stopped the trial's pod (its run recorded no end of its own)" + \
+                (f"; {self._restarts[name]}" if name in self._restarts else "")
+        return why
 
     # ---- Secrets shared by an experiment's jobs (Kubeflow, FrameworkController) -------------------
 

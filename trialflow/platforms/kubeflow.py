@@ -15,6 +15,10 @@ Running, Restarting            RUNNING
 Succeeded                      SUCCEEDED
 Failed                         FAILED
 =============================  ==============
+
+A restart after Kubernetes stopped the trial's pod (the operator creates a replica killed by a signal
+again under ``restartPolicy: ExitCode``) is an interruption: the trial runs again as a job of its own,
+while the replica created again runs nothing and fails (exit 1), so the job ends.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class KubeflowTrainingService(KubernetesJobService[KubeflowConfig]):
                     "resources": resources(config.cpu_number, config.memory_size, config.gpu_number),
                 }],
                 "volumes": [storage_volume(self.config.storage, self.azure_secret_name())],
+                **self.config.pod_capacity(),
             }
             if config.private_registry_auth_path is not None:
                 pod_spec["imagePullSecrets"] = [{"name": self.registry_secret_name()}]
@@ -104,6 +109,12 @@ class KubeflowTrainingService(KubernetesJobService[KubeflowConfig]):
 
     def job_state(self, obj: dict[str, Any]) -> tuple[TrialStatus, str | None]:
         return condition_state(obj)
+
+    def restart_message(self, obj: dict[str, Any]) -> str | None:
+        """``restartPolicy: ExitCode`` (NNI's): a replica killed by a signal is created again in place,
+        and the job keeps a Restarting condition (True while it restarts, False after)."""
+        restarts = [c for c in ((obj.get("status") or {}).get("conditions") or []) if c.get("type") == "Restarting"]
+        return str(restarts[-1].get("message") or "Restarting") if restarts else None
 
     def pod_selector(self, name: str) -> str:
         return f"training.kubeflow.org/job-name={name}"

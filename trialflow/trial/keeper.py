@@ -163,14 +163,27 @@ def _tee(source, sink, also) -> threading.Thread:  # type: ignore[no-untyped-def
     return thread
 
 
-def pod(trial_dir: str, role: str, primary: str) -> int:
+def pod(trial_dir: str, role: str, primary: str, attempt: int | None = None) -> int:
     """A replica of a cluster job (foreground; the pod's exit code is the command's). The first
     replica of the primary role to claim the trial runs the trial itself; other replicas run their
-    role's command beside it, in ``replicas/<pod name>/``, reporting nothing."""
+    role's command beside it, in ``replicas/<pod name>/``, reporting nothing. A replica of a job made
+    for run ``attempt`` of the trial runs nothing once a later run took the trial directory over; the
+    primary replica created again in place (its pod name holds the claim) runs nothing and exits 1, a
+    code no operator retries: the trial's run was stopped, it runs again only as a new job."""
     trial_dir = os.path.abspath(trial_dir)
-    if role == primary and claim(trial_dir):
-        return execute(trial_dir, tee=True)
     spec = read_json(os.path.join(trial_dir, META_DIR, KEEPER_SPEC)) or {}
+    if attempt is not None and int(spec.get("attempt", 0)) != attempt:
+        print(f"trialflow: run {spec.get('attempt', 0)} of this trial took over from run {attempt}; this replica "
+              "runs nothing", file=sys.stderr)
+        return 0
+    host = os.environ.get("HOSTNAME", "")
+    if role == primary:
+        if claim(trial_dir, host):
+            return execute(trial_dir, tee=True)
+        if host and _claimed_by(trial_dir) == host:
+            print("trialflow: this pod ran the trial before it was stopped; the trial runs again only as a new job",
+                  file=sys.stderr)
+            return 1
     command = (spec.get("roles") or {}).get(role) or spec.get("command", "true")
     replica_dir = os.path.join(trial_dir, "replicas", os.environ.get("HOSTNAME") or str(os.getpid()))
     os.makedirs(replica_dir, exist_ok=True)
@@ -192,13 +205,26 @@ def write_trial_files(payload: dict) -> str:
     return trial_dir
 
 
-def claim(trial_dir: str) -> bool:
-    """True for the one caller allowed to start this trial's keeper."""
+def claim(trial_dir: str, owner: str = "") -> bool:
+    """True for the one caller allowed to start this trial's keeper; ``owner`` (a pod's name) is
+    written into the claim."""
     try:
-        os.close(os.open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
+        fd = os.open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
+    try:
+        os.write(fd, owner.encode())
+    finally:
+        os.close(fd)
+    return True
+
+
+def _claimed_by(trial_dir: str) -> str:
+    try:
+        with open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def assign_gpus(spec: dict, gpus: list[int]) -> dict:
@@ -263,14 +289,14 @@ def main(argv: list[str]) -> int:
         payload = json.load(sys.stdin)
         trial_dir = write_trial_files(payload)
         return 0 if payload.get("hold") else detach(trial_dir)
-    if argv[:1] == ["--pod"] and len(argv) == 4:
-        return pod(argv[1], argv[2], argv[3])
+    if argv[:1] == ["--pod"] and len(argv) in (4, 5) and (len(argv) == 4 or argv[4].isdigit()):
+        return pod(argv[1], argv[2], argv[3], int(argv[4]) if len(argv) == 5 else None)
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
     if len(argv) == 1:
         return run(argv[0])
-    print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> | "
+    print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> [attempt] | "
           "--kill <trial dir> <grace> | --version",
           file=sys.stderr)
     return 2

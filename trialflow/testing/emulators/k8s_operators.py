@@ -114,10 +114,11 @@ class Controller:
 
     def disrupt(self, ns: str, name: str, reason: str, message: str) -> None:
         """Kubernetes ending a running pod apart from its command (preemption, eviction, a lost node):
-        the ``DisruptionTarget`` condition with ``reason`` first, then its processes are stopped
-        (SIGTERM, SIGKILL after the grace period) and it ends Failed -- reason ``Evicted`` when the
-        kubelet ended it (``TerminationByKubelet``). The pod object stays, as an evicted pod's does.
-        Raises LookupError for a pod that is not running."""
+        the ``DisruptionTarget`` condition with ``reason`` first, then its container is stopped as the
+        kubelet stops one (SIGTERM to its first process, SIGKILL to all that is left after the grace
+        period) and it ends Failed -- reason ``Evicted`` when the kubelet ended it
+        (``TerminationByKubelet``). The pod object stays, as an evicted pod's does. Raises LookupError
+        for a pod that is not running."""
         pod = next((p for job in self.jobs.values() for p in job.pods
                     if p.namespace == ns and p.name == name and p.phase == "Running"), None)
         if pod is None:
@@ -130,7 +131,12 @@ class Controller:
                                      "message": message, "lastTransitionTime": _now()}]
             self.cluster.put("pods", pod.namespace, pod.obj)
         if pod.proc is not None and pod.proc.poll() is None:
-            kill_tree(pod.proc.pid, self.kill_grace)
+            pod.proc.terminate()
+            try:
+                pod.proc.wait(self.kill_grace)
+            except subprocess.TimeoutExpired:
+                pass
+            kill_tree(pod.proc.pid, 0)
 
     def pod_log(self, ns: str, name: str, query: dict[str, list[str]]) -> str:
         for job in self.jobs.values():
@@ -167,7 +173,7 @@ class Controller:
             key, operator = KUBEFLOW[job.plural]
             replicas = [(rtype, int(spec.get("replicas", 1)), spec["template"])
                         for rtype, spec in obj["spec"][key].items()]
-            labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/operator-name": operator}
+            labels = _kubeflow_labels(job)
             self._write_status(job, {"conditions": [_condition("Created", f"{obj['kind']} {name} is created.")],
                                      "replicaStatuses": {}, "startTime": _now()})
         elif job.plural == "frameworks":
@@ -385,8 +391,35 @@ class Controller:
                 obj["status"] = status
                 self.cluster.put(job.plural, job.namespace, obj)
 
+    def _restart_retryable(self, job: JobRun, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The training-operator's ``restartPolicy: ExitCode``: a replica that failed with a retryable
+        exit code (128 or more: killed by a signal, as when Kubernetes stops a pod) is deleted and
+        created again, and the job is Restarting (Running False) until its replicas run again."""
+        key = KUBEFLOW[job.plural][0]
+        failed = [p for p in job.pods if p.phase == "Failed" and (p.exit_code or 0) >= 128
+                  and obj["spec"][key][p.role].get("restartPolicy") == "ExitCode"]
+        if not failed:
+            return None
+        status = dict(obj.get("status") or {})
+        conditions = [dict(c, status="False") if c["type"] == "Running" and c["status"] == "True" else c
+                      for c in status.get("conditions") or []]
+        for pod in failed:
+            job.pods.remove(pod)
+            self.cluster.remove("pods", pod.namespace, pod.name)
+            template = obj["spec"][key][pod.role]["template"]
+            job.pods.append(self._start_pod(job, obj, pod.role, pod.index, template, _kubeflow_labels(job)))
+        roles = sorted({p.role for p in failed})
+        status["conditions"] = conditions + [_condition(
+            "Restarting", f"{obj['kind']} {job.name} is restarting because {len(failed)} {', '.join(roles)} "
+                          "replica(s) failed.", f"{obj['kind']}Restarting")]
+        return status
+
     def _reconcile(self, job: JobRun, obj: dict[str, Any]) -> None:
         phases = [p.phase for p in job.pods]
+        restarted = self._restart_retryable(job, obj) if job.plural in KUBEFLOW else None
+        if restarted is not None:
+            self._write_status(job, restarted)
+            return
         if job.plural in KUBEFLOW:
             status = _kubeflow_status(obj, job)
         elif job.plural == "frameworks":
@@ -410,6 +443,11 @@ def _finished(plural: str, status: dict[str, Any]) -> bool:
     if plural == "frameworks":
         return status.get("state") == "Completed"
     return status.get("phase") in ("Succeeded", "Failed")
+
+
+def _kubeflow_labels(job: JobRun) -> dict[str, str]:
+    return {"training.kubeflow.org/job-name": job.name,
+            "training.kubeflow.org/operator-name": KUBEFLOW[job.plural][1]}
 
 
 def _condition(kind: str, message: str, reason: str | None = None) -> dict[str, Any]:
@@ -442,10 +480,10 @@ def _kubeflow_status(obj: dict[str, Any], job: JobRun) -> dict[str, Any] | None:
         new = _condition("Running", f"{obj['kind']} {job.name} is running.")
     if new is None:
         return status if status != obj.get("status") else None
+    for c in conditions:  # one of Running and Restarting holds at a time
+        if c["type"] in ("Running", "Restarting") and c["status"] == "True":
+            c["status"] = "False"
     if new["type"] != "Running":
-        for c in conditions:
-            if c["type"] == "Running":
-                c["status"] = "False"
         status["completionTime"] = _now()
     status["conditions"] = conditions + [new]
     return status
