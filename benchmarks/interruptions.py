@@ -157,6 +157,16 @@ def _run(made: tuple[dict[str, Any], Path], scheduler: Scheduler | None, args: A
     return _measure(store, log, args.steps, len(actions), wall, actions)
 
 
+def _chaos_and_calm(tmp: Path, section: dict[str, Any], args: Any, running: Any, disrupt: Any
+                    ) -> tuple[Outcome, Outcome]:
+    """A warm-up (the Prefect server's start), the run with disruptions, then the same without."""
+    _run(_config(tmp, 2, 2, args.seed, section, args, "warm-up"), None, args)
+    scheduler = Scheduler(args.fraction, args.seed, args.steps * args.step_seconds, running, disrupt)
+    chaos = _run(_config(tmp, args.trials, args.concurrency, args.seed, section, args, "chaos"), scheduler, args)
+    calm = _run(_config(tmp, args.trials, args.concurrency, args.seed, section, args, "calm"), None, args)
+    return calm, chaos
+
+
 def kubernetes(args: Any, tmp: Path) -> tuple[Outcome, Outcome]:
     """(the chaos-free run, the run with disruptions) on the emulator."""
     from trialflow.testing.emulators.kubernetes import KubernetesEmulator
@@ -196,12 +206,7 @@ def kubernetes(args: Any, tmp: Path) -> tuple[Outcome, Outcome]:
         return f"{reason} on {pod}"
 
     try:
-        window = args.steps * args.step_seconds
-        _run(_config(tmp, 2, 2, args.seed, section, args, "warm-up"), None, args)  # the Prefect server's start
-        chaos = _run(_config(tmp, args.trials, args.concurrency, args.seed, section, args, "chaos"),
-                     Scheduler(args.fraction, args.seed, window, first_runs, disrupt), args)
-        calm = _run(_config(tmp, args.trials, args.concurrency, args.seed, section, args, "calm"), None, args)
-        return calm, chaos
+        return _chaos_and_calm(tmp, section, args, first_runs, disrupt)
     finally:
         emulator.stop()
 
@@ -232,12 +237,7 @@ def slurm(args: Any, tmp: Path) -> tuple[Outcome, Outcome]:
         return f"scontrol requeue {job_id}"
 
     try:
-        window = args.steps * args.step_seconds
-        _run(_config(tmp, 2, 2, args.seed, section, args, "warm-up"), None, args)
-        chaos = _run(_config(tmp, args.trials, args.concurrency, args.seed, section, args, "chaos"),
-                     Scheduler(args.fraction, args.seed, window, first_runs, requeue), args)
-        calm = _run(_config(tmp, args.trials, args.concurrency, args.seed, section, args, "calm"), None, args)
-        return calm, chaos
+        return _chaos_and_calm(tmp, section, args, first_runs, requeue)
     finally:
         cluster.stop()
 

@@ -181,6 +181,19 @@ def test_a_preempted_trial_runs_again_from_its_checkpoint_and_is_no_failure(tmp_
     job = first.handle["data"]["job"].removesuffix(lowercase_id(first.id + "r1")) + lowercase_id(first.id)
     assert len(notes) == 1 and f"run again as attempt 1: job {job}: Kubernetes stopped the trial's pod" in notes[0] \
         and "restarting because 1 Worker replica(s) failed" in notes[0], notes
+    # the Prefect UI: the trial's task run says how many runs it took
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    from tests.conftest import wait_for
+
+    def task_run_message():
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(
+                any_=[f"trial-{first.id}"])))
+        return runs[0].state.message if runs and runs[0].state and runs[0].state.is_final() else None
+
+    assert wait_for(task_run_message, timeout=30) == f"trial {first.id} succeeded (2 runs: 1 interrupted)"
     shown = subprocess.run(["trialflow", "trial", "ls", result.experiment_id, "--root", str(tmp_path / "w")],
                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert shown.returncode == 0, shown.stdout + shown.stderr

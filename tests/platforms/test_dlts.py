@@ -24,8 +24,10 @@ from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec
 from trialflow.platforms.dlts import FIXED_FIELDS, STATES, dlts_state
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
+    InterruptionContract,
     JobPlatformContract,
     poll_until_terminal,
+    prepared,
     submit_retrying,
     wait_for_status,
 )
@@ -42,6 +44,25 @@ dlts_service, service, _run_one = job_platform(dlts_section, "dlts_emulator", VA
 
 class TestDLTSContract(JobPlatformContract):
     pass
+
+
+class TestDLTSInterruptions(InterruptionContract):
+    """The cluster pauses the trial's job for other work (a preemptible job)."""
+
+    @pytest.fixture
+    def service(self, tmp_path, dlts_emulator):
+        svc = prepared(dlts_service(tmp_path, dlts_emulator, preemptible=True), tmp_path / "code")
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def interrupt(self, dlts_emulator):
+        def pause(handle):
+            [job] = dlts_emulator.named(handle.data["job"])
+            assert job.params["preemptionAllowed"] == "True"  # preemptible: true
+            dlts_emulator.pause_job(job.id)
+            return f"DLTS job {handle.data['job']} was pa"
+        return pause
 
 
 def test_job_bodies_are_nnis_and_pass_the_dashboards_validator(tmp_path, dlts_emulator):
@@ -74,7 +95,9 @@ def test_dlts_state_table(tmp_path, dlts_emulator, state, expected):
 
 
 def test_a_job_killed_by_someone_else_is_sys_canceled_and_a_paused_one_is_killed(tmp_path, dlts_emulator):
-    svc, handle = _run_one(tmp_path, dlts_emulator, "Kill1", SLEEPING_TRIAL)
+    """Killed outside trialflow: SYS_CANCELED. Paused by the cluster: trialflow kills it, and it is an
+    interruption (a failure once maxInterruptions is used up)."""
+    svc, handle = _run_one(tmp_path, dlts_emulator, "Kill1", SLEEPING_TRIAL, maxInterruptions=0)
     wait_for_status(svc, handle, TrialStatus.RUNNING)
     dlts_emulator.kill_job(dlts_emulator.named(handle.data["job"])[0].id)
     statuses, _, update = poll_until_terminal(svc, handle)
@@ -86,7 +109,9 @@ def test_a_job_killed_by_someone_else_is_sys_canceled_and_a_paused_one_is_killed
     job = dlts_emulator.named(paused.data["job"])[0]
     dlts_emulator.pause_job(job.id)
     wait_for(lambda: job.status == "paused", timeout=10)
-    assert poll_until_terminal(svc, paused)[0][-1] == TrialStatus.SYS_CANCELED
+    statuses, _, update = poll_until_terminal(svc, paused)
+    assert statuses[-1] == TrialStatus.FAILED and "was paused by the cluster" in update.message
+    assert "(maxInterruptions: 0)" in update.message
     assert job.status == "killed"  # trialflow killed the paused job instead of waiting on it
     svc.close()
 

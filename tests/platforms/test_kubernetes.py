@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import k8s_section, write_trial
+from tests.conftest import k8s_section, wait_for, write_trial
 from trialflow.config.platforms import PLATFORM_CONFIGS
 from trialflow.ids import new_experiment_id
 from trialflow.platforms import (
@@ -29,8 +29,8 @@ from trialflow.testing.contract import (
     JobPlatformContract,
     poll_until_terminal,
     prepared,
-    spec_maker,
     submit_retrying,
+    wait_for_status,
 )
 from trialflow.testing.emulators.k8s_schemas import FRAMEWORK_SCHEMA, specs_dir, validate_custom_object
 from trialflow.testing.emulators.kubernetes import match_labels
@@ -83,10 +83,6 @@ class TestKubernetesInterruptions(InterruptionContract):
         svc.close()
 
     @pytest.fixture
-    def make_spec(self, service):
-        return spec_maker(service, Path(service.config.trial_code_directory))
-
-    @pytest.fixture
     def interrupt(self, service, k8s):
         def disrupt(handle):
             selector = service.pod_selector(handle.data["job"])
@@ -97,6 +93,30 @@ class TestKubernetesInterruptions(InterruptionContract):
                 return f"job {handle.data['job']}: Kubernetes stopped the trial's pod"
             return f"pod {pod} "
         return disrupt
+
+
+def test_a_pod_evicted_through_the_eviction_api_is_an_interruption(tmp_path, k8s):
+    """``kubectl drain``'s call (the ``kubernetes`` client's ``create_namespaced_pod_eviction``) ends the
+    trial's pod; its job's end is reported as an interruption naming the eviction, not a failure."""
+    from kubernetes import client, config
+
+    svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, "framework"), tmp_path / "code")
+    try:
+        write_trial(tmp_path / "code", SLEEPING_TRIAL, "Evict1.py")
+        handle = svc.submit(TrialSpec(svc.experiment_id, "Evict1", 0, 0, {}, COMMAND, tmp_path / "code", None),
+                            svc.upload_code(tmp_path / "code"))
+        wait_for_status(svc, handle, TrialStatus.RUNNING)
+        [pod] = [p["metadata"]["name"] for p in k8s.objects("pods")
+                 if match_labels(p["metadata"]["labels"], svc.pod_selector(handle.data["job"]))]
+        api = client.CoreV1Api(config.new_client_from_config(str(k8s.kubeconfig)))
+        api.create_namespaced_pod_eviction(pod, "default", client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=pod, namespace="default")))
+        update = wait_for(lambda: (u := svc.poll(handle, {})).interrupted is not None and u, timeout=30)
+        assert update.status == TrialStatus.WAITING
+        assert f"pod {pod} was evicted (a node drain or the cluster autoscaler)" in update.interrupted
+        assert "EvictionByEvictionAPI" in update.interrupted
+    finally:
+        svc.close()
 
 
 GPU_PROBE = ("import os, nni\nnni.get_next_parameter()\n"

@@ -10,7 +10,14 @@ import pytest
 from tests.conftest import FINAL_ONLY, job_platform, prefect_section, service_of, submit_one, wait_for
 from trialflow.platforms import PlatformError, TrialStatus
 from trialflow.platforms.prefect_pool import STATES, secret_name
-from trialflow.testing.contract import SLEEPING_TRIAL, JobPlatformContract, poll_until_terminal, wait_for_status
+from trialflow.testing.contract import (
+    SLEEPING_TRIAL,
+    InterruptionContract,
+    JobPlatformContract,
+    poll_until_terminal,
+    prepared,
+    wait_for_status,
+)
 
 VARIANTS = {"prefect": (False, "http"), "prefect-reuse": (True, "http")}
 pool_service, service, _run_one = job_platform(prefect_section, "on_pool", VARIANTS)
@@ -19,6 +26,29 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("on_pool")]
 
 class TestPrefectPoolContract(JobPlatformContract):
     pass
+
+
+class TestPrefectPoolInterruptions(InterruptionContract):
+    """The trial's flow run crashes as when its machine or container goes: its process is killed."""
+
+    @pytest.fixture
+    def service(self, tmp_path, on_pool):
+        svc = prepared(pool_service(tmp_path, on_pool), tmp_path / "code")
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def interrupt(self):
+        import os
+        import signal
+
+        from tests.test_prefect_pool_experiment import _parent, _processes_of_trial
+
+        def kill_runner(handle):
+            trial = wait_for(lambda: _processes_of_trial(handle.trial_id), timeout=60)[0]
+            os.kill(_parent(os.getsid(trial)), signal.SIGKILL)  # the flow run's process
+            return f"flow run {handle.data['job']} crashed"
+        return kill_runner
 
 
 def _flow_run(pool, name):
@@ -85,7 +115,7 @@ def test_a_missing_work_pool_is_a_clear_error(tmp_path, on_pool):
         service_of(tmp_path, prefect_section(on_pool, workPool="nope")).prepare()
 
 
-def _running_without_a_worker(tmp_path, on_pool, monkeypatch, trial_id: str):
+def _running_without_a_worker(tmp_path, on_pool, monkeypatch, trial_id: str, **fields):
     """A trial's run on a pool no worker polls, put Running by hand as a worker that died right after
     starting it would leave it, with a 3 s heartbeat window: ``(service, handle)``."""
     from prefect.client.orchestration import get_client
@@ -97,20 +127,27 @@ def _running_without_a_worker(tmp_path, on_pool, monkeypatch, trial_id: str):
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name="trialflow-no-worker", type="process"), overwrite=True)
     monkeypatch.setattr(prefect_pool, "STALE_SECONDS", 3.0)
-    svc, handle = _run_one(tmp_path, on_pool, trial_id, SLEEPING_TRIAL, workPool="trialflow-no-worker")
+    svc, handle = _run_one(tmp_path, on_pool, trial_id, SLEEPING_TRIAL, workPool="trialflow-no-worker", **fields)
     (run,) = _flow_run(on_pool, handle.data["job"])
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Running(), force=True)
     return svc, handle
 
 
-def test_a_run_whose_process_died_before_its_first_heartbeat_fails_its_trial(tmp_path, on_pool, monkeypatch):
+def test_a_run_whose_process_died_before_its_first_heartbeat_interrupts_its_trial(tmp_path, on_pool, monkeypatch):
     """Prefect sets a run Running before the flow's first heartbeat: a worker killed in between left
-    the trial RUNNING for ever."""
+    the trial RUNNING for ever. The run is set Crashed, an interruption (the trial runs again), and a
+    failure once ``maxInterruptions`` is used up."""
     svc, handle = _running_without_a_worker(tmp_path, on_pool, monkeypatch, "Died1")
-    assert poll_until_terminal(svc, handle, timeout=60)[0][-1] == TrialStatus.FAILED
+    update = wait_for(lambda: (u := svc.poll(handle, {})).interrupted is not None and u, timeout=60)
+    assert update.status == TrialStatus.WAITING and "stopped beating" in update.interrupted
     (run,) = _flow_run(on_pool, handle.data["job"])
     assert run.state.type.value == "CRASHED" and "stopped beating" in run.state.message
+    svc.close()
+
+    svc, handle = _running_without_a_worker(tmp_path, on_pool, monkeypatch, "Died2", maxInterruptions=0)
+    statuses, _, update = poll_until_terminal(svc, handle, timeout=60)
+    assert statuses[-1] == TrialStatus.FAILED and "(maxInterruptions: 0)" in update.message
     svc.close()
 
 

@@ -4,6 +4,7 @@ and trials that survive a dropped connection."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,7 +18,12 @@ from trialflow.config.platforms import RemoteConfig
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.remote import RemoteTrainingService
 from trialflow.platforms.runtime_files import VersionMismatchError, check_version
-from trialflow.testing.contract import SLEEPING_TRIAL, TrainingServiceContract, poll_until_terminal
+from trialflow.testing.contract import (
+    SLEEPING_TRIAL,
+    InterruptionContract,
+    TrainingServiceContract,
+    poll_until_terminal,
+)
 
 
 def remote_service(tmp_path: Path, servers, known_hosts: Path, exp_id: str = "exp00001", **fields
@@ -51,6 +57,23 @@ def make_spec(tmp_path, service):
 
 class TestRemoteContract(TrainingServiceContract):
     pass
+
+
+class TestRemoteInterruptions(InterruptionContract):
+    """The machine loses the trial's processes, keeper included, as a restart does: nothing is recorded."""
+
+    @pytest.fixture
+    def interrupt(self, tmp_path):
+        import signal
+
+        from tests.test_prefect_pool_experiment import _processes_of_trial
+
+        def restart(handle):
+            keeper = json.loads((Path(handle.data["trial_dir"]) / ".nni" / "keeper.pid").read_text())["pid"]
+            for pid in {keeper, *_processes_of_trial(handle.trial_id)}:
+                os.kill(pid, signal.SIGKILL)
+            return "ended without recording an exit code (the machine restarted"
+        return restart
 
 
 def test_trial_runs_in_the_uploaded_code_with_its_own_directory(service, make_spec, tmp_path):

@@ -562,6 +562,8 @@ class DltsConfig(TrainingServiceConfig):
     verify_tls: bool = True
     ca_bundle: ConfigPath | None = None
     metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
+    preemptible: bool = Field(default=False, description="let the cluster pause the jobs for other work "
+                              "(preemptionAllowed): cheap capacity; each pause is an interruption")
 
     @field_validator("dashboard")
     @classmethod

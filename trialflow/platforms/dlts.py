@@ -23,7 +23,8 @@ State table (``jobStatus``, docs/platforms.md#job-states):
 unapproved, queued, scheduling  WAITING
 running                         RUNNING
 pausing, paused                 RUNNING, and trialflow kills the job (as NNI did: a
-                                paused trial would hold its slot forever)
+                                paused trial would hold its slot forever); an
+                                interruption: the trial runs again as a new job
 finished                        SUCCEEDED
 failed, error                   FAILED
 killing, killed                 USER_CANCELED / EARLY_STOPPED when trialflow killed it,
@@ -74,7 +75,7 @@ def dlts_state(job: dict[str, Any]) -> tuple[str, str | None]:
     if STATES.get(state) == TrialStatus.SYS_CANCELED:
         return state, f"DLTS job {job.get('jobName')} was killed outside trialflow ({state})"
     if state in PAUSED:
-        return state, f"DLTS job {job.get('jobName')} was {state} by the platform; trialflow kills it"
+        return state, f"DLTS job {job.get('jobName')} was {state} by the cluster; trialflow kills it"
     return state, None
 
 
@@ -84,6 +85,7 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
 
     def __init__(self, config: DltsConfig, experiment_dir: Path) -> None:
         self._gpu_type = config.gpu_type
+        self._paused: dict[str, str] = {}  # job -> what the cluster said when it paused it
         super().__init__(config, experiment_dir)
         self.email, self._password, self.team = self._login()
 
@@ -148,7 +150,8 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
         config = self.config
         return {"jobName": name, "resourcegpu": config.trial_gpu_number or 0, "image": config.image,
                 "cmd": self.shell_command(command, token_ref), "team": self.team, "vcName": self.team,
-                "userName": self.email, "gpuType": self._gpu_type or "", **FIXED_FIELDS}
+                "userName": self.email, "gpuType": self._gpu_type or "", **FIXED_FIELDS,
+                "preemptionAllowed": str(config.preemptible)}
 
     def find_jobs(self, name: str) -> list[tuple[str, str]]:
         response = self.api.call("GET", f"api/v2/clusters/{self._cluster()}/teams/{quote(self.team)}/jobs",
@@ -178,8 +181,13 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
             return None
         state, message = dlts_state(response.json())
         if state in PAUSED:
+            self._paused[name] = str(message)
             self._kill(job_id)
         return self.apply_states(name, state, STATES), message
+
+    def job_interruption(self, name: str, trial_id: str) -> str | None:
+        """A job the cluster paused (to give its resources to other work), which trialflow killed."""
+        return self._paused.get(name)
 
     def _kill(self, job_id: str) -> None:
         self.api.call("PUT", f"api/clusters/{self._cluster()}/jobs/{quote(job_id)}/status", ok=(200, 201, 202),

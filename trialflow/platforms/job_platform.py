@@ -243,7 +243,7 @@ class JobPlatformService(TrainingService[ConfigT]):
             return TrialHandle(spec.trial_id, self.platform, {**self.environments.submit(spec, keeper),
                                                               **self.handle_extra()})
         # each run its own job: the interrupted one may still be being deleted
-        name = self.job_name("trial", spec.trial_id + (f"r{spec.attempt}" if spec.attempt else ""))
+        name = self.job_name("trial", self.run_ident(spec.trial_id, spec.attempt))
         primary = next(iter(self.roles()))
         commands = {}
         for role in self.roles():  # a run after an interruption: scripts of its own, knowing their run
@@ -256,6 +256,10 @@ class JobPlatformService(TrainingService[ConfigT]):
         self.job_token(f"{name}-token", ids, spec.trial_id)
         self.start_job(name, ids, commands, f"{name}-token")
         return TrialHandle(spec.trial_id, self.platform, {"job": name, "reuse": False, **self.handle_extra()})
+
+    def run_ident(self, trial_id: str, attempt: int) -> str:
+        """What names run ``attempt`` of a trial in its job's name: the trial id, then ``r<attempt>``."""
+        return trial_id + (f"r{attempt}" if attempt else "")
 
     def handle_extra(self) -> dict[str, Any]:
         """Platform fields kept in every handle (e.g. the Kubernetes namespace)."""

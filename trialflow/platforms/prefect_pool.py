@@ -24,7 +24,7 @@ Liveness. Prefect shows a run Running until its process reports, so a run whose 
 infrastructure died would stay Running for ever. The runner flow touches a heartbeat file beside its
 run script every 2 s until its final state is set; a Running run whose heartbeat is older than
 :data:`STALE_SECONDS` -- or that has not beaten once that long after entering Running -- is set
-Crashed in Prefect and ends its trial as FAILED (the row CRASHED below), unless the trial's command
+Crashed in Prefect, an interruption of its trial (the row CRASHED below), unless the trial's command
 had already exited 0 (its keeper's record): that trial SUCCEEDED, only its run's end went unreported.
 
 State table (the flow run's state type):
@@ -33,9 +33,12 @@ State table (the flow run's state type):
 SCHEDULED, PENDING, PAUSED               WAITING
 RUNNING, CANCELLING                      RUNNING (a cancel in progress)
 COMPLETED                                SUCCEEDED
-FAILED, CRASHED                          FAILED (the trial's exit code and stderr tail from
-                                         the shared storage); CRASHED after the trial's
-                                         command exited 0: SUCCEEDED
+FAILED                                   FAILED (the trial's exit code and stderr tail from
+                                         the shared storage)
+CRASHED                                  an interruption (its worker or infrastructure
+                                         went): the trial runs again as a run of its own
+                                         (``..._r<attempt>``); SUCCEEDED after the trial's
+                                         command exited 0; FAILED past maxInterruptions
 CANCELLED                                USER_CANCELED / EARLY_STOPPED when trialflow cancelled
                                          it, otherwise SYS_CANCELED
 =======================================  ================================================
@@ -104,6 +107,7 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
 
     def __init__(self, config: PrefectPoolConfig, experiment_dir: Path) -> None:
         self.deployment_id: UUID | None = None
+        self._crashed: dict[str, str] = {}  # job -> why its run crashed
         super().__init__(config, experiment_dir)
 
     def connect(self) -> Any:
@@ -180,6 +184,9 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
     def job_name(self, kind: str, ident: str) -> str:
         return f"nni_exp_{self.experiment_id}_{kind}_{ident}"
 
+    def run_ident(self, trial_id: str, attempt: int) -> str:
+        return trial_id + (f"_r{attempt}" if attempt else "")
+
     def find_jobs(self, name: str) -> list[tuple[str, str]]:
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
@@ -248,12 +255,20 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             # the trial's command succeeded before its run's process went (the run only failed to report
             # its end): the trial's own outcome stands
             return self.outcome(name, "COMPLETED", STATES)
+        if kind == "CRASHED":
+            self._crashed[name] = why or "Crashed"
         return self.outcome(name, kind, STATES, why)
 
+    def job_interruption(self, name: str, trial_id: str) -> str | None:
+        """A run Prefect (or the heartbeat) found Crashed: its worker or infrastructure went, not the
+        trial (a trial's own failure fails its run)."""
+        why = self._crashed.get(name)
+        return None if why is None else f"flow run {name} crashed: {why}"
+
     def _run_of(self, name: str) -> tuple[str, str]:
-        """``("trial" | "env", id)`` of job ``name``."""
+        """``("trial" | "env", id)`` of job ``name`` (a trial's run after an interruption: its trial's id)."""
         kind, ident = name.removeprefix(f"nni_exp_{self.experiment_id}_").split("_", 1)
-        return kind, ident
+        return kind, ident.split("_r", 1)[0]
 
     def _stopped_beating(self, name: str, running_since: float) -> bool:
         """Whether job ``name``, Running in Prefect since ``running_since`` (epoch seconds), has not beaten
@@ -261,8 +276,8 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         process may have died between Prefect's Running and the flow's first beat."""
         kind, ident = self._run_of(name)
         beat = self.storage.path(self.experiment_id, "trials" if kind == "trial" else "envs", ident, HEARTBEAT_FILE)
-        try:
-            last = beat.stat().st_mtime
+        try:  # a beat from before this run entered Running is an earlier run's
+            last = max(beat.stat().st_mtime, running_since)
         except FileNotFoundError:
             last = running_since
         return time.time() - last > STALE_SECONDS

@@ -68,7 +68,15 @@ from .remote_machine import Placements, RemoteMachine, clean_machines, machine_k
 from .runtime_files import check_version
 from .share import MOUNT_CONFIG, OUTPUT_DIR, Share
 from .ssh import SshConnection, machine_target
-from .trialdir import EnvironmentDir, install_code, read_json, read_trial, read_trial_logs, scan_bundle
+from .trialdir import (
+    EnvironmentDir,
+    install_code,
+    read_json,
+    read_trial,
+    read_trial_logs,
+    scan_bundle,
+    set_aside_earlier_run,
+)
 
 log = logging.getLogger("trialflow.platforms")
 LIVENESS_SECONDS = 3.0
@@ -223,7 +231,9 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         env["PATH"] = machine.path_env
         hold = bool(gpu_number) and gpus is None
         payload = {"trial_dir": trial_dir, "parameter": spec.parameter_record(), "hold": hold,
-                   "keeper": {"command": spec.command, "cwd": code_dir, "env": env, "gpus": gpus}}
+                   "keeper": {"command": spec.command, "cwd": code_dir, "env": env, "gpus": gpus,
+                              "attempt": spec.attempt}}
+        set_aside_earlier_run(machine.fs, trial_dir, spec.attempt)  # the same machine: its checkpoint is there
         handle = TrialHandle(spec.trial_id, self.platform, {
             "machine": machine.key, "trial_dir": trial_dir, "reuse": self.reuse, "gpu_number": gpu_number})
         with self._lock:
@@ -303,14 +313,14 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
 
     def _vanished(self, machine: RemoteMachine, handle: TrialHandle, cursor: dict[str, Any], records: list[Any],
                   errors: list[str]) -> TrialUpdate:
-        """The keeper is gone: unless it recorded an end after all, the trial was killed."""
+        """The keeper is gone: unless it recorded an end after all, the trial's run was lost with it (the
+        machine restarted, or its processes were killed): an interruption."""
         state_path = posixpath.join(handle.data["trial_dir"], META_DIR, STATE)
         if machine.fs.exists(state_path):
             return TrialUpdate(TrialStatus.RUNNING, records, cursor, None, None, errors)  # next poll reads it
         self._finish(machine, handle)
-        return TrialUpdate(TrialStatus.SYS_CANCELED, records, cursor, None,
-                           f"the trial's keeper on {machine.key} ended without recording an exit code "
-                           "(killed, or the machine restarted)", errors)
+        return self.interrupted(handle, f"the trial's keeper on {machine.key} ended without recording an exit "
+                                        "code (the machine restarted, or its processes were killed)", records, cursor)
 
     def wait(self, handle: TrialHandle, timeout: float) -> None:
         """Sleep between polls: short at first (a short trial ends sooner than one poll interval),

@@ -135,15 +135,19 @@ def _stop_quietly(ctx: ExperimentContext, trial_id: str) -> None:
 
 
 def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
-    """The Prefect state mirroring a trial's terminal status (the UI's colours tell the story)."""
-    message = ctx.store.trial(trial_id).message
+    """The Prefect state mirroring a trial's terminal status (the UI's colours tell the story); a trial
+    run again after interruptions says how many runs it took."""
+    record = ctx.store.trial(trial_id)
+    attempt = int(((record.handle or {}).get("data") or {}).get("attempt", 0))
+    runs = f" ({attempt + 1} runs: {attempt} interrupted)" if attempt else ""
+    message = record.message
     if status == TrialStatus.SUCCEEDED.value:
-        return Completed(message=f"trial {trial_id} succeeded", data=status)
+        return Completed(message=f"trial {trial_id} succeeded{runs}", data=status)
     if status == TrialStatus.EARLY_STOPPED.value:  # Cancelled-type: the run graph draws it apart from successes
         return Cancelled(name="EarlyStopped", message=message or "stopped early", data=status)
     if status in (TrialStatus.USER_CANCELED.value, TrialStatus.SYS_CANCELED.value):
         return Cancelled(message=f"{status}: {message or 'cancelled'}", data=status)
-    failure = f"trial {trial_id} {status}: {message or ''}".strip()
+    failure = f"trial {trial_id} {status}{runs}: {message or ''}".strip()
     output_logger().error("%s", failure)  # with its real line breaks (Prefect's own lines quote it)
     return Failed(message=failure, data=status)
 

@@ -330,7 +330,12 @@ class InterruptionContract:
     """For a platform that reports interruptions: subclass beside the platform's contract and provide
     the fixtures ``service``, ``make_spec`` and ``interrupt(handle)``, which ends the trial's running
     run the way the platform's infrastructure does (a pod evicted, a job requeued) and returns words
-    the service's report of it must hold."""
+    the service's report of it must hold. ``make_spec`` defaults to job platforms' (each trial's
+    script in the code directory)."""
+
+    @pytest.fixture
+    def make_spec(self, service):
+        return spec_maker(service, Path(service.config.trial_code_directory))
 
     def test_an_interrupted_trial_resumes_from_its_checkpoint_and_succeeds(self, service, make_spec, interrupt):
         """The run is reported interrupted (not ended); the trial's next run, submitted as the flow does

@@ -22,6 +22,7 @@ pods: SIGTERM to the process tree, SIGKILL after the grace period.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -111,6 +112,18 @@ class Controller:
                 self._remove_pods(job, keep_objects=True)
                 self._write_status(job, _framework_completed(obj, -210, "StopFrameworkRequested", "Failed",
                                                              "Permanent", "the framework was stopped by a user"))
+
+    def start_disruption(self, ns: str, name: str, reason: str, message: str) -> None:
+        """:meth:`disrupt` in the background (as the API answers an eviction at once); raises
+        LookupError at once for a pod that is not running."""
+        if not any(p.namespace == ns and p.name == name and p.phase == "Running"
+                   for job in self.jobs.values() for p in job.pods):
+            raise LookupError(f"no running pod {ns}/{name}")
+        def disrupt() -> None:
+            with contextlib.suppress(LookupError):  # it ended meanwhile
+                self.disrupt(ns, name, reason, message)
+
+        threading.Thread(target=disrupt, daemon=True).start()
 
     def disrupt(self, ns: str, name: str, reason: str, message: str) -> None:
         """Kubernetes ending a running pod apart from its command (preemption, eviction, a lost node):

@@ -1,7 +1,8 @@
 """A Kubernetes API server emulator for tests: real HTTP on 127.0.0.1, spoken to by the official
 ``kubernetes`` client through an ordinary kubeconfig (bearer token checked).
 
-It serves what trialflow's Kubernetes services use: namespaces, pods (and their logs), secrets,
+It serves what trialflow's Kubernetes services use: namespaces, pods (their logs and the Eviction
+API's ``eviction`` subresource), secrets,
 configmaps, persistentvolumeclaims, and the custom resources ``kubeflow.org/v1`` tfjobs and
 pytorchjobs, ``frameworkcontroller.microsoft.com/v1`` frameworks and ``adaptdl.petuum.com/v1``
 adaptdljobs: create, get, list with label selectors, patch (JSON patch and merge patch), delete,
@@ -42,7 +43,7 @@ CORE_RESOURCES = {"pods": "Pod", "secrets": "Secret", "configmaps": "ConfigMap",
                   "persistentvolumeclaims": "PersistentVolumeClaim", "namespaces": "Namespace"}
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?/?$")
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status|eviction))?/?$")
 
 
 def now_iso() -> str:
@@ -261,6 +262,8 @@ class KubernetesEmulator(EmulatorServer):
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             if sub == "log":
                 return 200, self.controller.pod_log(ns, name, query)
+            if sub == "eviction" and plural == "pods" and method == "POST":
+                return 201, self._evict(ns, name, body)
             if method == "GET":
                 return 200, obj
             if method == "DELETE":
@@ -274,6 +277,20 @@ class KubernetesEmulator(EmulatorServer):
             if method in ("PATCH", "PUT"):
                 return 200, self._update(plural, ns, obj, body, content_type, resource, sub, group is not None)
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+
+    def _evict(self, ns: str, name: str, body: Any) -> dict[str, Any]:
+        """The Eviction API (``policy/v1`` Eviction, as ``kubectl drain`` sends): the pod is disrupted
+        with reason ``EvictionByEvictionAPI`` (no PodDisruptionBudget is emulated)."""
+        if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction" or \
+                (body.get("metadata") or {}).get("name") != name:  # the kind may be left to the URL
+            raise ApiError(400, "BadRequest", f"the body of an eviction of pod {name} must be a policy/v1 Eviction "
+                                              "naming it")
+        try:
+            self.controller.start_disruption(ns, name, "EvictionByEvictionAPI", "Eviction API: evicting")
+        except LookupError as exc:
+            raise ApiError(429, "TooManyRequests", f"Cannot evict pod as it would violate the pod's disruption "
+                                                   f"budget: {exc}") from None
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def _create(self, plural: str, kind: str, api_version: str, ns: str, body: Any, resource: str,
                 custom: bool) -> dict[str, Any]:
