@@ -71,13 +71,15 @@ class TestKubernetesContract(JobPlatformContract):
 # operator then creates the replica again (restartPolicy: ExitCode), FrameworkController's and
 # AdaptDL's jobs fail with the disrupted pod in place
 DISRUPTIONS = {"tfjob": "PreemptionByScheduler", "pytorchjob": "TerminationByKubelet",
-               "framework": "DeletionByTaintManager", "adaptdl": "EvictionByEvictionAPI"}
+               "framework": "DeletionByTaintManager", "adaptdl": "EvictionByEvictionAPI",
+               "framework-reuse": "PreemptionByScheduler"}
 
 
 class TestKubernetesInterruptions(InterruptionContract):
     @pytest.fixture(params=list(DISRUPTIONS))
     def service(self, request, tmp_path, k8s):
-        svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, request.param), tmp_path / "code")
+        kind, _, reuse = request.param.partition("-")
+        svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, kind, reuse=bool(reuse)), tmp_path / "code")
         svc.disruption = DISRUPTIONS[request.param]
         yield svc
         svc.close()

@@ -344,6 +344,11 @@ class JobPlatformService(TrainingService[ConfigT]):
         if state is not None and (gone is None or state.get("exit_code") == 0):
             self._finish(handle)
             return found.update(cursor, cancelled)
+        if gone is not None and cancelled is None:  # the platform ended the environment under the trial?
+            why = self.job_interruption(env.job, handle.trial_id)
+            if why is not None:
+                self.environments.release(handle.trial_id)
+                return self.interrupted(handle, f"its environment {env.id}: {why}", found.records, cursor)
         if gone is not None:
             self._finish(handle)
             return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, found.records, cursor, None,

@@ -366,9 +366,9 @@ class InterruptionContract:
         service.cancel(handle, TrialStatus.SYS_CANCELED)
         again = dataclasses.replace(spec, attempt=1, reported=max(m.sequence for m in seen) + 1)
         second = service.submit(again, service.code)
-        statuses, metrics, _ = poll_until_terminal(service, TrialHandle(second.trial_id, second.platform,
-                                                                        {**second.data, "attempt": 1}))
-        assert statuses[-1] == TrialStatus.SUCCEEDED
+        statuses, metrics, last = poll_until_terminal(service, TrialHandle(second.trial_id, second.platform,
+                                                                           {**second.data, "attempt": 1}))
+        assert statuses[-1] == TrialStatus.SUCCEEDED, last.message
         periodical = seen + [m for m in metrics if m.type == "PERIODICAL"]
         assert [(m.sequence, m.value) for m in periodical] == [(i, 2 + i) for i in range(6)]
         [final] = [m.value for m in metrics if m.type == "FINAL"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .processes import base_env, kill_tree, map_mounts
+from .processes import base_env, kill_tree, map_mounts, stop_container
 
 TICK = 0.02
 KUBEFLOW = {"tfjobs": ("tfReplicaSpecs", "tfjob-controller"), "pytorchjobs": ("pytorchReplicaSpecs",
@@ -144,12 +144,7 @@ class Controller:
                                      "message": message, "lastTransitionTime": _now()}]
             self.cluster.put("pods", pod.namespace, pod.obj)
         if pod.proc is not None and pod.proc.poll() is None:
-            pod.proc.terminate()
-            try:
-                pod.proc.wait(self.kill_grace)
-            except subprocess.TimeoutExpired:
-                pass
-            kill_tree(pod.proc.pid, 0)
+            stop_container(pod.proc.pid, self.kill_grace)
 
     def pod_log(self, ns: str, name: str, query: dict[str, list[str]]) -> str:
         for job in self.jobs.values():

@@ -39,14 +39,40 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def kill_tree(pid: int, grace: float) -> None:
-    """SIGTERM a process and all its descendants (also those in other sessions), SIGKILL after ``grace``."""
+def tree_of(pid: int) -> list[int]:
+    """A process and all its descendants (also those in other sessions), the process first."""
     tree = _children()
     pids, todo = [], [pid]
     while todo:
         current = todo.pop()
         pids.append(current)
         todo.extend(tree.get(current, []))
+    return pids
+
+
+def stop_container(pid: int, grace: float) -> None:
+    """As a container runtime stops a container: SIGTERM to its first process, then SIGKILL after
+    ``grace`` to every process the container held (taken before the SIGTERM, so none that the first
+    process's end orphaned escapes)."""
+    pids = tree_of(pid)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    for p in pids + tree_of(pid)[1:]:
+        if _alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def kill_tree(pid: int, grace: float) -> None:
+    """SIGTERM a process and all its descendants (also those in other sessions), SIGKILL after ``grace``."""
+    pids = tree_of(pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in pids:
             try:
