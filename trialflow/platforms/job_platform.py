@@ -24,7 +24,8 @@ interruption: the trial runs again as a new job of its own (``...r<attempt>``) i
 directory, the earlier run's ``.nni/`` set aside and ``checkpoint/`` kept.
 
 With ``reuseMode: true`` trials are queued to long-lived environments
-(:mod:`.job_environments`); a trial whose environment ended or vanished is SYS_CANCELED.
+(:mod:`.job_environments`); a trial whose environment ended or vanished is SYS_CANCELED, unless
+the platform ended it under the trial (an interruption: the trial runs again in another one).
 ``close()`` stops and deletes the environments.
 
 A platform implements the abstract methods below: the job (start, state, delete, logs), the
@@ -158,7 +159,8 @@ class JobPlatformService(TrainingService[ConfigT]):
     def job_interruption(self, name: str, trial_id: str) -> str | None:
         """Why the platform ended the run of trial ``trial_id`` in job ``name`` apart from the trial (its
         pod evicted or preempted, its node lost), in the platform's own words; None when nothing but
-        the trial ended it (default). Asked once the job ended, or while :meth:`job_restarting`."""
+        the trial ended it (default). Asked once the job (or the trial's reuse environment) ended, or
+        while :meth:`job_restarting`."""
         return None
 
     def job_restarting(self, name: str, trial_id: str) -> bool:
