@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import shutil
 import tempfile
 import textwrap
@@ -341,7 +342,9 @@ class InterruptionContract:
         """The run is reported interrupted (not ended); the trial's next run, submitted as the flow does
         (the rest of the first cancelled, the same parameters as attempt 1, numbering on after the stored
         results), resumes from the checkpoint and succeeds: six intermediate results, each once, in order."""
-        spec = make_spec("Resume1", RESUMING_TRIAL, {"x": 2})
+        # an id of its own: a platform's ``interrupt`` may find the trial's processes by it, and other
+        # tests may run this one's trial beside it
+        spec = make_spec(f"Resume{secrets.token_hex(3)}", RESUMING_TRIAL, {"x": 2})
         handle = service.submit(spec, service.code)
         cursor, seen = {}, []
         deadline = time.monotonic() + patience(service, TERMINAL_TIMEOUT)
