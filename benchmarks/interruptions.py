@@ -105,13 +105,14 @@ class Scheduler:
 
 
 def _measure(store: Any, steps_log: Path, steps: int, injected: int, wall: float, actions: list[str]) -> Outcome:
+    from trialflow.platforms.base import stored_attempt
     from trialflow.testing.audit import check_store
 
     trials = store.trials()
     done = collections.Counter(json.loads(line)["trial"] for line in steps_log.read_text().splitlines())
     lost = sum(t.status != "SUCCEEDED" for t in trials)
     false = sum(t.status == "FAILED" or t.final != t.parameters["x"] * 10 for t in trials)
-    attempts = {t.id: int(((t.handle or {}).get("data") or {}).get("attempt", 0)) for t in trials}
+    attempts = {t.id: stored_attempt(t.handle) for t in trials}
     repeated = [(done[t.id] - steps) for t in trials if attempts[t.id]]
     bad = 0
     for trial in trials:

@@ -100,6 +100,11 @@ def interruption_note(attempt: int, why: str) -> str:
     return f"{INTERRUPTION_NOTE} {attempt}: {why}"
 
 
+def stored_attempt(handle: dict[str, Any] | None) -> int:
+    """The attempt a stored trial handle (``TrialRecord.handle``) names: 0 until an interruption."""
+    return int(((handle or {}).get("data") or {}).get("attempt", 0))
+
+
 def attempt_of(message: str | None) -> int | None:
     """The attempt an event of :func:`interruption_note` started (None for any other event)."""
     if not message or not message.startswith(INTERRUPTION_NOTE + " "):

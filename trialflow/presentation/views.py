@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..experiments import list_experiments, open_store
 from ..platforms import service_name
+from ..platforms.base import stored_attempt
 from ..results import (
     best_trial,
     maximizes,
@@ -112,7 +113,7 @@ def print_trials(console: Console, trials: list[TrialRecord], objectives: Object
     one's has a column per objective instead of the metric, and ``*`` in ``pareto`` for its Pareto set.
     Once any trial was run again after an interruption, ``runs`` says how many runs each had."""
     hybrid = any(service_name(t.handle) for t in trials)
-    runs = [1 + int(((t.handle or {}).get("data") or {}).get("attempt", 0)) for t in trials]
+    runs = [1 + stored_attempt(t.handle) for t in trials]
     rerun = any(n > 1 for n in runs)
     metric_columns: tuple[str, ...] = ("metric",) if objectives is None else (*objectives.names, "pareto")
     columns = (*TRIAL_COLUMNS[:3], *(["service"] if hybrid else []), *(["runs"] if rerun else []), *metric_columns,

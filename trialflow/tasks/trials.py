@@ -42,7 +42,7 @@ from ..platforms import (
     TrialUpdate,
     experiment_retry,
 )
-from ..platforms.base import interruption_note
+from ..platforms.base import interruption_note, stored_attempt
 from ..results import exited_by_itself
 from ..status import ASSESSOR_STOP, DURATION_STOP
 from ..store import Metric
@@ -138,7 +138,7 @@ def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
     """The Prefect state mirroring a trial's terminal status (the UI's colours tell the story); a trial
     run again after interruptions says how many runs it took."""
     record = ctx.store.trial(trial_id)
-    attempt = int(((record.handle or {}).get("data") or {}).get("attempt", 0))
+    attempt = stored_attempt(record.handle)
     runs = f" ({attempt + 1} runs: {attempt} interrupted)" if attempt else ""
     message = record.message
     if status == TrialStatus.SUCCEEDED.value:

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
-from ..platforms.base import attempt_of
+from ..platforms.base import attempt_of, stored_attempt
 from ..results import exited_by_itself, expected_best, expected_pareto, maximizes
 from ..status import EXPERIMENT_ENDED, TrialStatus
 from ..store import (
@@ -140,7 +140,7 @@ def _stopped_after_its_work(store: ExperimentStore, trial: TrialRecord, metrics:
 def _interrupted_runs(store: ExperimentStore, trial: TrialRecord) -> list[str]:
     """A trial run n times after interruptions has n interruption events, in order, none after its end
     (an interrupted run's outcome is never the trial's)."""
-    attempt = int(((trial.handle or {}).get("data") or {}).get("attempt", 0))
+    attempt = stored_attempt(trial.handle)
     if not attempt:
         return []
     events = [(attempt_of(message), when) for _, when, message in store.status_history(trial.id)]
