@@ -185,7 +185,7 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
             self._kill(job_id)
         return self.apply_states(name, state, STATES), message
 
-    def job_interruption(self, name: str, trial_id: str) -> str | None:
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
         """A job the cluster paused (to give its resources to other work), which trialflow killed."""
         return self._paused.get(name)
 

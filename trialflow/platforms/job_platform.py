@@ -156,18 +156,18 @@ class JobPlatformService(TrainingService[ConfigT]):
     def delete_token(self, name: str) -> None:
         """Forget the token stored as ``name`` (idempotent)."""
 
-    def job_interruption(self, name: str, trial_id: str) -> str | None:
-        """Why the platform ended the run of trial ``trial_id`` in job ``name`` apart from the trial (its
-        pod evicted or preempted, its node lost), in the platform's own words; None when nothing but
-        the trial ended it (default). Asked once the job (or the trial's reuse environment) ended, or
-        while :meth:`job_restarting`."""
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
+        """Why the platform ended the trial's run in job ``name`` apart from the trial (its pod evicted
+        or preempted, its node lost), in the platform's own words; None when nothing but the trial
+        ended it (default). ``state`` is the end the run's keeper recorded (``{}`` for none). Asked once
+        the job (or the trial's reuse environment) ended, or while :meth:`job_restarting`."""
         return None
 
-    def job_restarting(self, name: str, trial_id: str) -> bool:
+    def job_restarting(self, name: str, state: dict[str, Any]) -> bool:
         """Whether the platform runs job ``name``'s replicas again in place (as the last
-        :meth:`job_status` found it) or the trial's run ended by a stop signal trialflow did not send
-        while the job goes on: either may be an interruption."""
-        return bool(self.keeper_state(trial_id).get("stop_signal"))
+        :meth:`job_status` found it) or the trial's run ended (``state``, its keeper's record) by a
+        stop signal trialflow did not send while the job goes on: either may be an interruption."""
+        return bool(state.get("stop_signal"))
 
     def keeper_state(self, trial_id: str) -> dict[str, Any]:
         """The end the trial's keeper recorded on the shared storage (``{}`` until it has one)."""
@@ -306,12 +306,12 @@ class JobPlatformService(TrainingService[ConfigT]):
             status, message = found
             if status == TrialStatus.SYS_CANCELED and handle.trial_id in self._cancelled:  # we stopped it
                 status, message = self._cancelled[handle.trial_id], None
-        ended = status.is_terminal or (found is not None
-                                       and self.job_restarting(handle.data["job"], handle.trial_id))
+        state = self.keeper_state(handle.trial_id)
+        ended = status.is_terminal or (found is not None and self.job_restarting(handle.data["job"], state))
         records, errors = self._metrics(handle, cursor, status.is_terminal and found is not None)
         if ended and found is not None and handle.trial_id not in self._cancelled and \
-                self.keeper_exit_code(handle.trial_id) != 0:  # a trial that succeeded keeps its outcome
-            why = self.job_interruption(handle.data["job"], handle.trial_id)
+                state.get("exit_code") != 0:  # a trial that succeeded keeps its outcome
+            why = self.job_interruption(handle.data["job"], state)
             if why is not None:
                 return self.interrupted(handle, why, records, cursor)
         if not status.is_terminal:
@@ -347,7 +347,7 @@ class JobPlatformService(TrainingService[ConfigT]):
             self._finish(handle)
             return found.update(cursor, cancelled)
         if gone is not None and cancelled is None:  # the platform ended the environment under the trial?
-            why = self.job_interruption(env.job, handle.trial_id)
+            why = self.job_interruption(env.job, state or {})
             if why is not None:
                 self.environments.release(handle.trial_id)
                 return self.interrupted(handle, f"its environment {env.id}: {why}", found.records, cursor)

@@ -154,8 +154,8 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
             self._restarts[name] = restart
         return None if obj is None else self.job_state(obj)
 
-    def job_restarting(self, name: str, trial_id: str) -> bool:
-        return name in self._restarts or super().job_restarting(name, trial_id)
+    def job_restarting(self, name: str, state: dict[str, Any]) -> bool:
+        return name in self._restarts or super().job_restarting(name, state)
 
     def delete_job(self, name: str) -> None:
         self.api.delete_job(self.group, self.version, self.plural, name)
@@ -174,12 +174,11 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
     def job_logs(self, name: str) -> dict[str, bytes]:
         return self.api.pod_logs(self.pod_selector(name))
 
-    def job_interruption(self, name: str, trial_id: str) -> str | None:
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
         """A pod of the job that Kubernetes disrupted (:func:`pod_disruption`); else a trial run that
         a stop signal trialflow did not send ended, or that recorded no end in a job whose operator
         created its pod again (the kubelet stopped the pod; the disrupted object is gone)."""
         why = next((why for pod in self.api.pods(self.pod_selector(name)) if (why := pod_disruption(pod))), None)
-        state = self.keeper_state(trial_id)
         if why is None and (state.get("stop_signal") or (name in self._restarts and not state)):
             why = f"job {name}: Kubernetes stopped the trial's pod (its run recorded no end of its own)" + \
                 (f"; {self._restarts[name]}" if name in self._restarts else "")

@@ -259,7 +259,7 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             self._crashed[name] = why or "Crashed"
         return self.outcome(name, kind, STATES, why)
 
-    def job_interruption(self, name: str, trial_id: str) -> str | None:
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
         """A run Prefect (or the heartbeat) found Crashed: its worker or infrastructure went, not the
         trial (a trial's own failure fails its run)."""
         why = self._crashed.get(name)
