@@ -631,6 +631,13 @@ def aml_section(emulator, reuse: bool = False, channel: str = "http", **extra) -
 FINAL_ONLY = "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n"
 
 
+def wait_until_trial_runs(svc, trial_id: str, timeout: float = 30) -> None:
+    """Wait until a job platform's trial command started (its keeper's ``started`` on the share): a
+    job's running state comes before it."""
+    started = svc.storage.path(svc.experiment_id, "trials", trial_id) / ".nni" / "started"
+    wait_for(started.exists, timeout=timeout)
+
+
 def job_platform(section, emulator_fixture: str, variants: dict):
     """A job platform's test helpers: ``service_for(tmp_path, emulator, reuse, channel, **fields)``,
     the contract's ``service`` fixture over ``variants`` (id -> (reuse, channel)), and

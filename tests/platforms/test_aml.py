@@ -9,13 +9,23 @@ import sys
 
 import pytest
 
-from tests.conftest import FINAL_ONLY, aml_section, job_platform, service_of, submit_one, wait_for
+from tests.conftest import (
+    FINAL_ONLY,
+    aml_section,
+    job_platform,
+    service_of,
+    submit_one,
+    wait_for,
+    wait_until_trial_runs,
+)
 from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.aml import STATES
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
+    InterruptionContract,
     JobPlatformContract,
     poll_until_terminal,
+    prepared,
     submit_retrying,
     wait_for_status,
 )
@@ -30,6 +40,49 @@ aml_service, service, _run_one = job_platform(aml_section, "aml_emulator", VARIA
 
 class TestAzureMLContract(JobPlatformContract):
     pass
+
+
+class TestAzureMLInterruptions(InterruptionContract):
+    """Azure ML preempts the spot node under the trial's job and queues the job again."""
+
+    @pytest.fixture(params=[False, True], ids=["job", "reuse"])
+    def service(self, request, tmp_path, aml_emulator):
+        svc = prepared(aml_service(tmp_path, aml_emulator, reuse=request.param, jobTier="Spot"), tmp_path / "code")
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def interrupt(self, aml_emulator):
+        def preempt(handle):
+            job = aml_emulator.jobs[handle.data["job"]]
+            assert job.body["properties"]["queueSettings"]["jobTier"] == "Spot"
+            aml_emulator.preempt(job.name)
+            return "Azure ML runs job"
+        return preempt
+
+
+def test_a_job_whose_node_was_preempted_is_an_interruption_even_unseen_in_the_queue(tmp_path, aml_emulator):
+    """Polled only after the job queued again ran and failed (its run again found the trial claimed and
+    ran nothing), or after a preemption Azure ML did not requeue: the compute's node list says the
+    node under the job was preempted. A trial's own failure stays a failure."""
+    for trial, requeue in (("Node1", True), ("Node2", False)):
+        svc, handle = _run_one(tmp_path, aml_emulator, trial, SLEEPING_TRIAL, maxInterruptions=0)
+        wait_until_trial_runs(svc, trial)
+        job = aml_emulator.jobs[handle.data["job"]]
+        node = job.node
+        aml_emulator.preempt(job.name, requeue=requeue)
+        wait_for(lambda job=job: job.status == "Failed", timeout=30)
+        if requeue:
+            assert job.node != node and "runs again only as a new job" in (
+                aml_emulator.directory / "jobs" / f"{job.name}.log").read_text()
+        statuses, _, update = poll_until_terminal(svc, handle)
+        assert statuses[-1] == TrialStatus.FAILED and f"Azure ML preempted node {node} of compute" in update.message
+        assert "(maxInterruptions: 0)" in update.message
+        svc.close()
+    svc, handle = _run_one(tmp_path, aml_emulator, "Own3", "import sys\nsys.exit(3)\n")
+    statuses, _, update = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.FAILED and update.interrupted is None and "exit code 3" in update.message
+    svc.close()
 
 
 def test_command_jobs_mount_the_datastore_and_carry_nnis_names(tmp_path, aml_emulator):

@@ -18,13 +18,16 @@ from tests.conftest import (
     job_platform,
     submit_one,
     wait_for,
+    wait_until_trial_runs,
 )
 from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.dlc import STATES, endpoint_of
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
+    InterruptionContract,
     JobPlatformContract,
     poll_until_terminal,
+    prepared,
     submit_retrying,
     wait_for_status,
 )
@@ -39,6 +42,48 @@ dlc_service, service, _run_one = job_platform(dlc_section, "dlc_emulator", VARIA
 
 class TestDLCContract(JobPlatformContract):
     pass
+
+
+class TestDLCInterruptions(InterruptionContract):
+    """PAI-DLC reclaims the spot instance under the trial's pod."""
+
+    @pytest.fixture(params=[False, True], ids=["job", "reuse"])
+    def service(self, request, tmp_path, dlc_emulator):
+        svc = prepared(dlc_service(tmp_path, dlc_emulator, reuse=request.param, spotDiscountLimit=0.4),
+                       tmp_path / "code")
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def interrupt(self, dlc_emulator):
+        def reclaim(handle):
+            [job] = dlc_emulator.named(handle.data["job"])
+            [spec] = job.body["JobSpecs"]
+            assert spec["SpotSpec"] == {"SpotStrategy": "SpotWithPriceLimit", "SpotDiscountLimit": 0.4}
+            assert spec["UseSpotInstance"] is True
+            dlc_emulator.evict(job.id)
+            return "PAI-DLC evicted pod"
+        return reclaim
+
+
+def test_a_job_restarted_in_place_is_an_interruption_and_its_pod_run_again_runs_nothing(tmp_path, dlc_emulator):
+    """PAI-DLC restarts a job's pod in place (fault tolerance): the pod run again finds the trial
+    claimed (its only replica) and runs nothing; the trial's run is an interruption, a failure once
+    maxInterruptions is used up. A trial's own failure stays a failure."""
+    svc, handle = _run_one(tmp_path, dlc_emulator, "Restart1", SLEEPING_TRIAL, maxInterruptions=0)
+    wait_until_trial_runs(svc, "Restart1")
+    [job] = dlc_emulator.named(handle.data["job"])
+    dlc_emulator.restart(job.id)
+    wait_for(lambda: job.status == "Failed", timeout=30)  # the pod run again exited 1 at once
+    assert "runs again only as a new job" in (dlc_emulator.directory / "jobs" / f"{job.pods[0][0]}.log").read_text()
+    assert dlc_emulator.record(job)["RestartTimes"] == "1/3"
+    statuses, _, update = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.FAILED and "PAI-DLC runs job" in update.message
+    assert "(maxInterruptions: 0)" in update.message
+    svc, handle = _run_one(tmp_path, dlc_emulator, "Own2", "import sys\nsys.exit(3)\n")
+    statuses, _, update = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.FAILED and update.interrupted is None and "exit code 3" in update.message
+    svc.close()
 
 
 def test_create_requests_are_nnis_and_the_emulator_saw_them_signed(tmp_path, dlc_emulator):

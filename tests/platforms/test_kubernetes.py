@@ -72,7 +72,7 @@ class TestKubernetesContract(JobPlatformContract):
 # AdaptDL's jobs fail with the disrupted pod in place
 DISRUPTIONS = {"tfjob": "PreemptionByScheduler", "pytorchjob": "TerminationByKubelet",
                "framework": "DeletionByTaintManager", "adaptdl": "EvictionByEvictionAPI",
-               "framework-reuse": "PreemptionByScheduler"}
+               "framework-reuse": "PreemptionByScheduler", "tfjob-reuse": "DeletionByTaintManager"}
 
 
 class TestKubernetesInterruptions(InterruptionContract):

@@ -19,6 +19,7 @@ from tests.conftest import (
     job_platform,
     openpai_section,
     wait_for,
+    wait_until_trial_runs,
     write_trial,
 )
 from trialflow.config.platforms import PLATFORM_CONFIGS
@@ -26,8 +27,10 @@ from trialflow.platforms import PlatformError, TransientPlatformError, TrialSpec
 from trialflow.platforms.openpai import STATES, openpai_state
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
+    InterruptionContract,
     JobPlatformContract,
     poll_until_terminal,
+    prepared,
     submit_retrying,
     wait_for_status,
 )
@@ -46,6 +49,61 @@ pai_service, service, _run_one = job_platform(openpai_section, "openpai_emulator
 
 class TestOpenPAIContract(JobPlatformContract):
     pass
+
+
+class TestOpenPAIInterruptions(InterruptionContract):
+    """The hived scheduler preempts an opportunistic job's pod for other work; OpenPAI runs the job
+    again as a platform retry."""
+
+    @pytest.fixture(params=[False, True], ids=["job", "reuse"])
+    def service(self, request, tmp_path, openpai_emulator):
+        svc = prepared(pai_service(tmp_path, openpai_emulator, reuse=request.param, jobPriorityClass="oppo"),
+                       tmp_path / "code")
+        yield svc
+        svc.close()
+
+    @pytest.fixture
+    def interrupt(self, openpai_emulator):
+        def preempt(handle):
+            job = openpai_emulator.job(handle.data["job"])  # the trial's own, or its environment's
+            assert job.protocol["extras"]["hivedScheduler"] == {"jobPriorityClass": "oppo"}
+            openpai_emulator.preempt(job.name)
+            return "1 platform retry, now attempt 1"
+        return preempt
+
+
+def test_a_retried_job_runs_nothing_again_and_a_platform_failure_without_retry_is_an_interruption(
+        tmp_path, openpai_emulator):
+    """The attempt OpenPAI runs after a preemption finds the trial claimed and runs nothing (the
+    details show the retry as the swagger describes it); a job ended by a transient platform failure
+    it did not retry (a lost node here) is an interruption too, a failure once maxInterruptions is used
+    up; a trial's own failure stays a failure."""
+    svc, handle = _run_one(tmp_path, openpai_emulator, "Pre1", SLEEPING_TRIAL)
+    wait_until_trial_runs(svc, "Pre1")
+    job = openpai_emulator.job(handle.data["job"])
+    openpai_emulator.preempt(job.name)
+    wait_for(lambda: job.state == "FAILED", timeout=30)  # its second attempt ran nothing and exited 1
+    detail = openpai_emulator.detail(job)
+    assert openpai_response_errors("JobDetail", detail) == []
+    assert detail["jobStatus"]["retryDetails"] == {"user": 0, "platform": 1, "resource": 0}
+    assert "runs again only as a new job" in (openpai_emulator.directory / "jobs" / f"{PAI_USER}~{job.name}" /
+                                              "taskrole-0.log").read_text()
+    update = svc.poll(handle, {})
+    assert update.interrupted and "OpenPAI runs job" in update.interrupted and "platform retry" in update.interrupted
+    svc.close()
+
+    svc, handle = _run_one(tmp_path, openpai_emulator, "Lost1", SLEEPING_TRIAL, maxInterruptions=0)
+    wait_for_status(svc, handle, TrialStatus.RUNNING)
+    openpai_emulator.preempt(handle.data["job"], code=-1001, retry=False)  # the job ends FAILED
+    statuses, _, update = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.FAILED and "ended by PodNodeLost (exit code -1001" in update.message
+    assert "(maxInterruptions: 0)" in update.message
+    svc, handle = _run_one(tmp_path, openpai_emulator, "Own1", "import sys\nsys.exit(3)\n")
+    statuses, _, update = poll_until_terminal(svc, handle)
+    assert statuses[-1] == TrialStatus.FAILED and update.interrupted is None
+    spec = openpai_emulator.detail(openpai_emulator.job(handle.data["job"]))["jobStatus"]["appExitSpec"]
+    assert (spec["code"], spec["behavior"]) == (3, "UNKNOWN")  # the exit spec's fallback: not transient
+    svc.close()
 
 
 # ---- the job protocol -----------------------------------------------------------------------

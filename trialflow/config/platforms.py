@@ -202,6 +202,10 @@ class OpenpaiConfig(TrainingServiceConfig):
     ca_bundle: ConfigPath | None = Field(default=None, description="CA bundle (PEM) of a private certificate "
                                                                    "authority to verify the server with")
     metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
+    job_priority_class: Literal["crit", "prod", "test", "oppo"] | None = Field(
+        default=None, description="the hived scheduler's priority class of the jobs "
+        "(extras.hivedScheduler.jobPriorityClass): oppo runs on idle capacity that other jobs preempt, each "
+        "preemption an interruption")
 
     @field_validator("host")
     @classmethod
@@ -256,6 +260,9 @@ class AmlConfig(TrainingServiceConfig):
     local_storage_mount_point: ConfigPath | None = Field(default=None, description=_LOCAL_MOUNT + "; required to run")
     reuse_mode: bool = True
     metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
+    job_tier: Literal["Spot", "Basic", "Standard", "Premium"] | None = Field(
+        default=None, description="the jobs' tier (queue settings): Spot runs on capacity Azure may preempt, each "
+        "preemption an interruption (so is one on a low-priority compute cluster)")
 
 
 class DlcConfig(TrainingServiceConfig):
@@ -283,6 +290,9 @@ class DlcConfig(TrainingServiceConfig):
     container_storage_mount_point: str = Field(min_length=1, description="where jobs mount the NAS data source")
     reuse_mode: bool = True
     metric_channel: MetricChannel = Field(default="http", description=_SHARE_CHANNEL)
+    spot_discount_limit: float | None = Field(
+        default=None, gt=0, le=1, description="run the pods on spot instances at up to this share of the "
+        "on-demand price (SpotSpec SpotWithPriceLimit, e.g. 0.5); a reclaimed instance is an interruption")
 
     @field_validator("pod_count", mode="before")
     @classmethod

@@ -35,6 +35,12 @@ CancelRequested, Canceled                                        USER_CANCELED /
                                                                  SYS_CANCELED
 (anything else, Unknown)                                         the previous state, logged
 ===============================================================  ===================================
+
+Interruptions (docs/platforms.md#interruptions): a job Azure ML queues again after it ran (as it does
+when the low-priority or spot node under it is preempted) while the trial's run recorded no end of its
+own, or a job that ended while the compute lists its node as ``preempted`` (``compute.list_nodes``).
+The job run again finds the trial claimed and runs nothing; the trial runs again as a new job.
+``jobTier: Spot`` asks for spot capacity (the job's queue settings).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from .rest_api import reveal, scrub
 from .rest_jobs import RestJobService
 
 T = TypeVar("T")
+log = logging.getLogger("trialflow.platforms")
 INPUT = "nni"
 STATES = {
     **dict.fromkeys(("NotStarted", "Starting", "Provisioning", "Preparing", "Queued", "Paused"), TrialStatus.WAITING),
@@ -63,6 +70,7 @@ STATES = {
     "Failed": TrialStatus.FAILED, "NotResponding": TrialStatus.FAILED,
     "CancelRequested": TrialStatus.SYS_CANCELED, "Canceled": TrialStatus.SYS_CANCELED,
 }
+REQUEUED = ("Starting", "Provisioning", "Preparing", "Queued")  # after Running: Azure ML runs the job again
 
 
 def _sdk() -> Any:
@@ -82,6 +90,7 @@ class AzureMLTrainingService(RestJobService[AmlConfig]):
     def __init__(self, config: AmlConfig, experiment_dir: Path) -> None:
         super().__init__(config, experiment_dir)
         self._secrets: list[str] = []
+        self._ran: set[str] = set()  # jobs seen Running
 
     def credential(self) -> Any:
         """The azure-identity credential of the config (see the module docstring)."""
@@ -191,7 +200,8 @@ class AzureMLTrainingService(RestJobService[AmlConfig]):
         return ml.command(command=self.shell_command(command, token_ref), name=name, display_name=name,
                           experiment_name=f"nni_exp_{self.experiment_id}", compute=config.compute_target,
                           environment=Environment(image=config.docker_image),
-                          inputs={INPUT: ml.Input(type="uri_folder", path=path, mode="rw_mount")})
+                          inputs={INPUT: ml.Input(type="uri_folder", path=path, mode="rw_mount")},
+                          job_tier=config.job_tier)
 
     def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None:
         if self._get(name) is not None:
@@ -204,7 +214,46 @@ class AzureMLTrainingService(RestJobService[AmlConfig]):
         job = self._get(name)
         if job is None:
             return None
-        return self.outcome(name, str(getattr(job.status, "value", job.status) or "Unknown"), STATES)
+        state = str(getattr(job.status, "value", job.status) or "Unknown")
+        if state == "Running":
+            self._ran.add(name)
+        elif state in REQUEUED and name in self._ran:
+            self.note_restart(name, f"it ran, then was {state} again")
+        return self.outcome(name, state, STATES)
+
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
+        """A job Azure ML queued again after it ran (as it does when the node under it is preempted),
+        whose trial run recorded no end of its own, or one whose node the compute lists as preempted."""
+        return super().job_interruption(name, state) or self._preempted_node(name)
+
+    def _preempted_node(self, name: str) -> str | None:
+        """The compute's word that the node under job ``name`` was preempted; None when it has none,
+        or the compute cannot be read (a serverless job, no permission: logged)."""
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            nodes = self._call("compute.list_nodes",
+                               lambda: list(self.api.compute.list_nodes(self.config.compute_target)))
+        except ResourceNotFoundError:
+            return None
+        except PlatformError as exc:
+            if isinstance(exc, TransientPlatformError):
+                raise
+            log.info("job %s: its compute's nodes cannot be read, so a preempted node is not seen: %s", name, exc)
+            return None
+        for node in nodes or []:
+            # the SDK's AmlComputeNodeInfo copies the REST fields in, named as the service spells them
+            # (nodeId, nodeState, runId) by some API versions and in snake case by others
+            info = vars(node)
+            field = {key: info.get(key) or info.get(rest) for key, rest in
+                     (("node_id", "nodeId"), ("node_state", "nodeState"), ("run_id", "runId"))}
+            if field["run_id"] == name and str(field["node_state"]).lower() == "preempted":
+                return f"Azure ML preempted node {field['node_id']} of compute {self.config.compute_target} " \
+                    f"under job {name}"
+        return None
+
+    def sole_primary(self) -> bool:
+        return True  # a command job on one node
 
     def delete_job(self, name: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
@@ -217,3 +266,4 @@ class AzureMLTrainingService(RestJobService[AmlConfig]):
             if isinstance(exc, TransientPlatformError):
                 raise
         self.forget_state(name)
+        self._ran.discard(name)

@@ -31,6 +31,12 @@ Stopping, Stopped                                                      USER_CANC
                                                                        otherwise SYS_CANCELED
 (anything else)                                                        the previous state, logged
 =====================================================================  =============================
+
+Interruptions (docs/platforms.md#interruptions): a job with a pod PAI-DLC evicted (the pod's
+``SubStatus: Evicted``, as when a spot instance is reclaimed), or one PAI-DLC restarts in place
+(``Restarting``, ``RestartTimes``) while the trial's run recorded no end of its own: the replica run
+again finds the trial claimed and runs nothing, and the trial runs again as a new job.
+``spotDiscountLimit`` asks for spot instances (``SpotSpec``, SpotWithPriceLimit).
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ class DLCTrainingService(RestJobService[DlcConfig]):
         super().__init__(config, experiment_dir)
         self._key_id, self._key_secret, self.endpoint, self.protocol = self._login()
         self._secrets = [self._key_id, self._key_secret]
+        self._evicted: dict[str, str | None] = {}  # job -> what PAI-DLC said when it evicted a pod of it
 
     def _login(self) -> tuple[str, str, str, str]:
         config = self.config
@@ -159,8 +166,10 @@ class DLCTrainingService(RestJobService[DlcConfig]):
                                                       mount_path=config.container_storage_mount_point)]
         if config.oss_data_source_id:
             sources.append(models.CreateJobRequestDataSources(data_source_id=config.oss_data_source_id))
+        spot = None if config.spot_discount_limit is None else models.SpotSpec(
+            spot_strategy="SpotWithPriceLimit", spot_discount_limit=config.spot_discount_limit)
         spec = models.JobSpec(type=config.type, image=config.image, pod_count=config.pod_count,
-                              ecs_spec=config.ecs_spec)
+                              ecs_spec=config.ecs_spec, spot_spec=spot, use_spot_instance=spot is not None or None)
         return models.CreateJobRequest(display_name=name, job_type=config.job_type, job_specs=[spec],
                                        user_command=self.shell_command(command, token_ref), data_sources=sources,
                                        workspace_id=config.workspace_id)
@@ -191,7 +200,21 @@ class DLCTrainingService(RestJobService[DlcConfig]):
                 return None
             raise
         why = ": ".join(str(p) for p in (job.reason_code, job.reason_message) if p)
+        used = str(job.restart_times or "").split("/")[0]  # "<restarts used>/<most allowed>"
+        restarted = job.status == "Restarting" or (used.isdigit() and int(used) > 0)
+        self.note_restart(name, f"restarted {used or 'once'}: {why or 'no reason given'}" if restarted else None)
+        evicted = [str(pod.pod_id) for pod in job.pods or [] if pod.sub_status == "Evicted"]
+        self._evicted[name] = f"PAI-DLC evicted pod {', '.join(evicted)} of job {name}" + \
+            (f" ({why})" if why else "") if evicted else None
         return self.outcome(name, str(job.status or ""), STATES, why)
+
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
+        """A job with a pod PAI-DLC evicted (``SubStatus: Evicted``: its spot instance reclaimed, or
+        preempted), or one it restarts in place (``Restarting``) whose trial run recorded no end of its own."""
+        return self._evicted.get(name) or super().job_interruption(name, state)
+
+    def sole_primary(self) -> bool:
+        return self.config.pod_count == 1
 
     def delete_job(self, name: str) -> None:
         job_id = self.job_id(name)
@@ -202,3 +225,4 @@ class DLCTrainingService(RestJobService[DlcConfig]):
                 if isinstance(exc, TransientPlatformError):
                     raise
         self.forget_state(name)
+        self._evicted.pop(name, None)

@@ -68,6 +68,7 @@ class JobHost(Protocol):
     def run_script(self, args: list[str], module: str) -> str: ...
     def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None: ...
     def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None: ...
+    def job_restarting(self, name: str, state: dict[str, Any]) -> bool: ...
     def delete_job(self, name: str) -> None: ...
     def delete_token(self, name: str) -> None: ...
 
@@ -135,6 +136,12 @@ class EnvironmentPool:
             env.trial = handle.trial_id
             return env
 
+    def ended(self, env_id: str) -> bool:
+        """Whether environment ``env_id`` is known gone (:meth:`gone`): its worker runs nothing of ours."""
+        with self._lock:
+            env = self.envs.get(env_id)
+            return env is not None and env.ended is not None
+
     def release(self, trial_id: str) -> None:
         """The trial ended: its environment takes the next one."""
         with self._lock:
@@ -143,8 +150,8 @@ class EnvironmentPool:
                     env.trial = None
 
     def gone(self, env: Environment, force: bool = False) -> str | None:
-        """Why the environment's job is gone (deleted, or ended), None while it runs; the platform is
-        asked at most every few seconds unless ``force``."""
+        """Why the environment's job is gone (deleted, ended, or run again in place by the platform),
+        None while it runs; the platform is asked at most every few seconds unless ``force``."""
         now = time.monotonic()
         if env.ended is None and (force or now - env.checked >= ENV_CHECK_SECONDS):
             env.checked = now
@@ -153,7 +160,16 @@ class EnvironmentPool:
                 env.ended = f"its environment job {env.job} was deleted"
             elif found[0].is_terminal:
                 env.ended = f"its environment job {env.job} ended ({found[0].value}: {found[1]})"
+            elif self.service.job_restarting(env.job, {}):  # its worker runs again, the trials it ran do not
+                self.abandon(env, f"its environment job {env.job} is run again in place")
         return env.ended
+
+    def abandon(self, env: Environment, why: str) -> str:
+        """Give environment ``env`` up (``why``): no trial goes to it any more, and its worker (one the
+        platform runs again) is asked to leave. Returns ``why``."""
+        env.ended = why
+        self.files(env.id).stop()
+        return why
 
     def heartbeat(self) -> None:
         """Tell every running environment that its controller lives (at most every few seconds)."""

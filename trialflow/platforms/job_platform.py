@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import time
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any
@@ -79,12 +81,14 @@ from .trialdir import (
 )
 
 log = logging.getLogger("trialflow.platforms")
+ENV_VERDICT_SECONDS = 15.0  # how long a reuse trial stopped under its environment waits for the platform's word
 
 
 class JobPlatformService(TrainingService[ConfigT]):
     """A job platform whose jobs mount the share; subclasses implement the abstract methods."""
 
     reuse_supported = True
+    label = "the platform"  # how messages name the platform
     logs_on_share = False  # True: job logs are the trial's stdout on the share (no log API used)
     other_channels = "metricChannel: file (metrics through the shared storage)"  # hint without the receiver
 
@@ -97,6 +101,8 @@ class JobPlatformService(TrainingService[ConfigT]):
         self.reuse = config.reuse_mode and self.reuse_supported
         self.storage = self.make_storage()
         self._cancelled: dict[str, TrialStatus] = {}
+        self._restarts: dict[str, str] = {}  # job -> the platform's word, while it runs the job again in place
+        self._stopped_at: dict[str, float] = {}  # reuse trial -> when its run was first seen ended by a stop
         self.environments = EnvironmentPool(self)
 
     @property
@@ -159,15 +165,36 @@ class JobPlatformService(TrainingService[ConfigT]):
     def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
         """Why the platform ended the trial's run in job ``name`` apart from the trial (its pod evicted
         or preempted, its node lost), in the platform's own words; None when nothing but the trial
-        ended it (default). ``state`` is the end the run's keeper recorded (``{}`` for none). Asked once
-        the job (or the trial's reuse environment) ended, or while :meth:`job_restarting`."""
+        ended it. ``state`` is the end the run's keeper recorded (``{}`` for none). Asked once the job
+        (or the trial's reuse environment) ended, or while :meth:`job_restarting`. Default: the
+        platform runs the job again in place (:meth:`note_restart`) and the run recorded no end of
+        its own, or one by a stop signal or SIGKILL (the platform stopping the replica)."""
+        if name in self._restarts and (not state or state.get("stop_signal") or
+                                       state.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)):
+            return f"{self.label} runs job {name} again ({self._restarts[name]}); the trial's run recorded no end " \
+                "of its own"
         return None
 
+    def note_restart(self, name: str, why: str | None) -> None:
+        """Record what :meth:`job_status` found: the platform runs job ``name`` again in place
+        (``why``, in its words) or, for None, does not."""
+        if why is None:
+            self._restarts.pop(name, None)
+        else:
+            self._restarts[name] = why
+
     def job_restarting(self, name: str, state: dict[str, Any]) -> bool:
-        """Whether the platform runs job ``name``'s replicas again in place (as the last
-        :meth:`job_status` found it) or the trial's run ended (``state``, its keeper's record) by a
-        stop signal trialflow did not send while the job goes on: either may be an interruption."""
-        return bool(state.get("stop_signal"))
+        """Whether the platform runs job ``name``'s replicas again in place (:meth:`note_restart`,
+        as the last :meth:`job_status` found it) or the trial's run ended (``state``, its keeper's
+        record) by a stop signal trialflow did not send while the job goes on: either may be an
+        interruption."""
+        return name in self._restarts or bool(state.get("stop_signal"))
+
+    def sole_primary(self) -> bool:
+        """Whether the job runs one replica of its primary role, so that a primary replica that finds
+        the trial claimed is that replica run again (on any host) and runs nothing (default: False,
+        the claim's pod name tells)."""
+        return False
 
     def keeper_state(self, trial_id: str) -> dict[str, Any]:
         """The end the trial's keeper recorded on the shared storage (``{}`` until it has one)."""
@@ -222,7 +249,7 @@ class JobPlatformService(TrainingService[ConfigT]):
     def _keeper_spec(self, spec: TrialSpec, code: CodeRef) -> dict[str, Any]:
         command = spec.command if self.reuse else next(iter(self.roles().values()))
         return {"command": command, "cwd": f"../../../code/{code.content_hash}", "env": self.keeper_env(spec),
-                "located": True, "roles": self.roles(), "attempt": spec.attempt}
+                "located": True, "roles": self.roles(), "attempt": spec.attempt, "sole_primary": self.sole_primary()}
 
     def metrics_url(self) -> str | None:
         """Where jobs push metrics (None without the HTTP channel)."""
@@ -343,13 +370,21 @@ class JobPlatformService(TrainingService[ConfigT]):
         if state is not None and state.get("exit_code") != 0 and gone is None and cancelled is None:
             gone = self.environments.gone(env, force=True)  # killed with its environment: not the trial's failure
         found.records, found.errors = self._metrics(handle, cursor, state is not None or gone is not None)
+        if state is not None and gone is None and cancelled is None and self._awaits_environment(handle, state):
+            why = self.job_interruption(env.job, state)  # the platform may say so before the job changes
+            if why is None:
+                return TrialUpdate(TrialStatus.RUNNING, found.records, cursor, None, None, found.errors)
+            gone = self.environments.abandon(env, f"its environment job {env.job} was stopped under the trial")
+        else:
+            why = None
         if state is not None and (gone is None or state.get("exit_code") == 0):
             self._finish(handle)
             return found.update(cursor, cancelled)
         if gone is not None and cancelled is None:  # the platform ended the environment under the trial?
-            why = self.job_interruption(env.job, state or {})
+            why = why or self.job_interruption(env.job, state or {})
             if why is not None:
                 self.environments.release(handle.trial_id)
+                self._stopped_at.pop(handle.trial_id, None)
                 return self.interrupted(handle, f"its environment {env.id}: {why}", found.records, cursor)
         if gone is not None:
             self._finish(handle)
@@ -357,6 +392,17 @@ class JobPlatformService(TrainingService[ConfigT]):
                                f"the trial did not finish: {gone}", found.errors)
         status = TrialStatus.RUNNING if STARTED in (found.names or ()) else TrialStatus.WAITING
         return TrialUpdate(status, found.records, cursor, None, None, found.errors)
+
+    def _awaits_environment(self, handle: TrialHandle, state: dict[str, Any]) -> bool:
+        """Whether a reuse trial whose run ended by a stop (a stop signal trialflow did not send, or
+        SIGKILL) waits for its environment's verdict: a platform that stops the environment under the
+        trial says so only after its processes ended (a retry counted, the job queued again). It waits
+        ``ENV_VERDICT_SECONDS`` at most, then ends as its run did."""
+        stopped = state.get("stop_signal") or state.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+        if not stopped:
+            return False
+        first = self._stopped_at.setdefault(handle.trial_id, time.monotonic())
+        return time.monotonic() - first < ENV_VERDICT_SECONDS
 
     def _metrics(self, handle: TrialHandle, cursor: dict[str, Any], final: bool
                  ) -> tuple[list[MetricRecord], list[str]]:
@@ -374,6 +420,7 @@ class JobPlatformService(TrainingService[ConfigT]):
 
     def _finish(self, handle: TrialHandle) -> None:
         self.environments.release(handle.trial_id)
+        self._stopped_at.pop(handle.trial_id, None)
         if not handle.data.get("reuse"):
             try:
                 self.delete_token(f"{handle.data['job']}-token")
@@ -390,7 +437,9 @@ class JobPlatformService(TrainingService[ConfigT]):
             self.delete_job(handle.data["job"])
             self.delete_token(f"{handle.data['job']}-token")
             return
-        self.environments.files(str(handle.data["env"])).kill(handle.trial_id, f"../../trials/{handle.trial_id}")
+        if not self.environments.ended(str(handle.data["env"])):  # a gone one's run ended; a kill request
+            # there could reach the trial's next run (the same trial directory) should its worker run again
+            self.environments.files(str(handle.data["env"])).kill(handle.trial_id, f"../../trials/{handle.trial_id}")
 
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach after a restart: the environment is known again, and the token (read back from

@@ -67,7 +67,6 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
     def __init__(self, config: K8sConfigT, experiment_dir: Path) -> None:
         self.namespace = config.namespace
         self._api: KubeApi | None = None
-        self._restarts: dict[str, str] = {}  # job -> the operator's message, while it restarts replicas
         super().__init__(config, experiment_dir)
 
     @property
@@ -147,15 +146,8 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
 
     def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
         obj = self.api.get_job(self.group, self.version, self.plural, name)
-        restart = None if obj is None else self.restart_message(obj)
-        if restart is None:
-            self._restarts.pop(name, None)
-        else:
-            self._restarts[name] = restart
+        self.note_restart(name, None if obj is None else self.restart_message(obj))
         return None if obj is None else self.job_state(obj)
-
-    def job_restarting(self, name: str, state: dict[str, Any]) -> bool:
-        return name in self._restarts or super().job_restarting(name, state)
 
     def delete_job(self, name: str) -> None:
         self.api.delete_job(self.group, self.version, self.plural, name)

@@ -29,6 +29,13 @@ STOPPING, STOPPED      USER_CANCELED / EARLY_STOPPED when trialflow stopped it,
                        otherwise SYS_CANCELED
 UNKNOWN (or new)       the previous state, logged
 =====================  ====================================================
+
+Interruptions (docs/platforms.md#interruptions): OpenPAI runs a job again by itself after a platform
+failure (its exit spec's PLATFORM_FAILURE / TRANSIENT codes: a pod preempted for other work, evicted,
+on a lost node), counted in ``retryDetails.platform``. The replica run again finds the trial claimed
+and runs nothing; trialflow stops the job and runs the trial again as a new job. A job that ended by
+such a failure without a retry is one too. ``jobPriorityClass: oppo`` asks the hived scheduler for
+idle capacity that other jobs preempt.
 """
 
 from __future__ import annotations
@@ -71,6 +78,29 @@ def openpai_state(detail: dict[str, Any]) -> tuple[str, str | None]:
     return state, None
 
 
+def platform_retry(detail: dict[str, Any]) -> str | None:
+    """The REST server's word that the platform ran the job again (``retryDetails.platform``: attempts
+    that ended by a platform failure, such as a preempted or evicted pod or a lost node, and that do
+    not count toward ``jobRetryCount``); None when it did not."""
+    status = detail.get("jobStatus") or {}
+    retries = (status.get("retryDetails") or {}).get("platform") or 0
+    if not isinstance(retries, int) or retries <= 0:
+        return None
+    return f"{retries} platform retr{'y' if retries == 1 else 'ies'}, now attempt {status.get('attemptId')}"
+
+
+def platform_failure(detail: dict[str, Any]) -> str | None:
+    """The exit spec of a job that ended by a transient platform failure (a preempted or evicted pod,
+    a lost node: ``appExitSpec`` type PLATFORM_FAILURE, behavior TRANSIENT), in its words; None
+    otherwise."""
+    status = detail.get("jobStatus") or {}
+    spec = status.get("appExitSpec") or {}
+    if spec.get("type") != "PLATFORM_FAILURE" or spec.get("behavior") != "TRANSIENT":
+        return None
+    return f"OpenPAI job {detail.get('name')} ended by {spec.get('phrase')} (exit code {spec.get('code')}: " \
+        f"{spec.get('reason')})"
+
+
 class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
     platform = "openpai"
     label = "OpenPAI"
@@ -78,6 +108,7 @@ class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
     def __init__(self, config: OpenpaiConfig, experiment_dir: Path) -> None:
         super().__init__(config, experiment_dir)
         self.username, self._api_token, self.host, self._verify = self._login()
+        self._platform_failures: dict[str, str | None] = {}  # job -> its transient platform failure
 
     def _login(self) -> tuple[str, str, str, bool | str]:
         config = self.config
@@ -181,6 +212,8 @@ class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
         if not any(s.get("name") == config.storage_config_name for s in storages):
             storages.append({"name": config.storage_config_name})
         extras.setdefault("submitFrom", "submit-job-v2")
+        if config.job_priority_class:
+            extras.setdefault("hivedScheduler", {})["jobPriorityClass"] = config.job_priority_class
         if config.virtual_cluster:
             protocol.setdefault("defaults", {})["virtualCluster"] = config.virtual_cluster
         return protocol
@@ -198,10 +231,19 @@ class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
         response = self.api.call("GET", self._job_path(name), absent=(404,))
         if response is None:
             return None
-        state, message = openpai_state(response.json())
+        detail = response.json()
+        state, message = openpai_state(detail)
+        self.note_restart(name, platform_retry(detail))
+        self._platform_failures[name] = platform_failure(detail)
         return self.apply_states(name, state, STATES), message
+
+    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
+        """A job the platform ran again after a platform failure (the trial's run recorded no end of
+        its own, or one by a stop signal), or one that ended by a transient platform failure."""
+        return super().job_interruption(name, state) or self._platform_failures.get(name)
 
     def delete_job(self, name: str) -> None:
         self.api.call("PUT", f"{self._job_path(name)}/executionType", ok=(200, 202), absent=(404,),
                       json={"value": "STOP"})
         self.forget_state(name)
+        self._platform_failures.pop(name, None)

@@ -168,8 +168,9 @@ def pod(trial_dir: str, role: str, primary: str, attempt: int | None = None) -> 
     replica of the primary role to claim the trial runs the trial itself; other replicas run their
     role's command beside it, in ``replicas/<pod name>/``, reporting nothing. A replica of a job made
     for run ``attempt`` of the trial runs nothing once a later run took the trial directory over; the
-    primary replica created again in place (its pod name holds the claim) runs nothing and exits 1, a
-    code no operator retries: the trial's run was stopped, it runs again only as a new job."""
+    primary replica created again in place (its pod name holds the claim, or the job has that one
+    primary replica: ``sole_primary``) runs nothing and exits 1, a code no operator retries: the
+    trial's run was stopped, it runs again only as a new job."""
     trial_dir = os.path.abspath(trial_dir)
     spec = read_json(os.path.join(trial_dir, META_DIR, KEEPER_SPEC)) or {}
     if attempt is not None and int(spec.get("attempt", 0)) != attempt:
@@ -180,7 +181,7 @@ def pod(trial_dir: str, role: str, primary: str, attempt: int | None = None) -> 
     if role == primary:
         if claim(trial_dir, host):
             return execute(trial_dir, tee=True)
-        if host and _claimed_by(trial_dir) == host:
+        if spec.get("sole_primary") or (host and _claimed_by(trial_dir) == host):
             print("trialflow: this pod ran the trial before it was stopped; the trial runs again only as a new job",
                   file=sys.stderr)
             return 1

@@ -1,4 +1,4 @@
-"""An Azure ML workspace emulator for tests: real HTTP on 127.0.0.1, spoken to by the supported SDK
+"""An Azure ML workspace emulator for tests: real HTTPS on 127.0.0.1, spoken to by the supported SDK
 ``azure-ai-ml`` through its developer endpoint override (``AZUREML_DEV_URL_MFE``), with a real
 azure-identity credential: ``ManagedIdentityCredential`` fetches its token from the emulator's
 managed identity endpoint (``IDENTITY_ENDPOINT`` / ``IDENTITY_HEADER``, the App Service protocol), and
@@ -15,8 +15,10 @@ unknown) and ``POST jobs/{name}/cancel`` (202). Errors are ``{"error": {"code", 
 Jobs move NotStarted, Queued, Preparing, Running, Finalizing, then Completed or Failed; a cancel goes
 CancelRequested, Canceled. The command runs as a local process with each ``uri_folder`` input of an
 ``azureml://datastores/<name>/paths/<path>`` URI mounted (``${{inputs.<key>}}`` replaced by its mount
-path, mapped to the datastore's local folder). Knobs: :meth:`AzureMLEmulator.cancel_by_platform` and
-:mod:`.http_server`'s faults.
+path, mapped to the datastore's local folder), on a node of its compute that ``POST
+computes/{name}/listNodes`` lists (AmlComputeNodeInformation: nodeState running, then idle). Knobs:
+:meth:`AzureMLEmulator.cancel_by_platform`, :meth:`AzureMLEmulator.preempt` (the node ``preempted``,
+the job queued again or Failed) and :mod:`.http_server`'s faults.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class AmlJob:
     name: str
     body: dict[str, Any]
     status: str = "NotStarted"
+    preempting: bool = False
+    node: str | None = None
     process: ContainerProcess | None = None
     cancel_by: str | None = None
     created: float = field(default_factory=time.time)
@@ -62,7 +66,7 @@ class AzureMLEmulator(EmulatorServer):
                  subscription: str = "sub-0001", resource_group: str = "rg-nni", workspace: str = "ws-nni",
                  kill_grace: float = 1.0) -> None:
         self.directory = Path(directory)
-        super().__init__()
+        super().__init__(self.directory / "tls")  # HTTPS, as Azure's: the SDK sends tokens over nothing else
         self.datastores = {k: Path(v) for k, v in datastores.items()}
         self.computes = tuple(computes)
         self.subscription, self.resource_group, self.workspace = subscription, resource_group, workspace
@@ -71,6 +75,7 @@ class AzureMLEmulator(EmulatorServer):
         self.identity_header = secrets.token_hex(12)
         self.jobs: dict[str, AmlJob] = {}
         self.environments: set[str] = set()
+        self.nodes: dict[str, dict[str, Any]] = {}  # node id -> AmlComputeNodeInformation, with its compute
         self.lock = threading.RLock()
 
     @property
@@ -79,9 +84,10 @@ class AzureMLEmulator(EmulatorServer):
                 f"Microsoft.MachineLearningServices/workspaces/{self.workspace}")
 
     def client_env(self) -> dict[str, str]:
-        """What a client process needs: the SDK's endpoint override and the managed identity endpoint."""
+        """What a client process needs: the SDK's endpoint override, the managed identity endpoint and
+        the emulator's certificate to trust (``REQUESTS_CA_BUNDLE``, which the SDK's transport reads)."""
         return {"AZUREML_DEV_URL_MFE": self.url, "IDENTITY_ENDPOINT": f"{self.url}/msi/token",
-                "IDENTITY_HEADER": self.identity_header}
+                "IDENTITY_HEADER": self.identity_header, "REQUESTS_CA_BUNDLE": str(self.certificate)}
 
     def on_stop(self) -> None:
         for job in list(self.jobs.values()):
@@ -94,6 +100,21 @@ class AzureMLEmulator(EmulatorServer):
             job = self.jobs[name]
             if job.status not in ENDED:
                 job.status, job.cancel_by = "CancelRequested", "the workspace"
+
+    def preempt(self, name: str, requeue: bool = True) -> None:
+        """Preempt the low-priority node under running job ``name``: the job's process gets SIGTERM,
+        SIGKILL after the grace period, the node's state is ``preempted``; the job is queued again
+        (then prepared and run on another node) or, with ``requeue=False``, Failed."""
+        with self.lock:
+            job = self.jobs[name]
+            assert job.status == "Running" and job.process is not None and not job.preempting, job.status
+            job.preempting = True
+        job.process.kill(self.kill_grace)
+        with self.lock:
+            self.nodes[str(job.node)]["nodeState"] = "preempted"
+            job.status, job.preempting = ("Queued" if requeue else "Failed"), False
+            if requeue:
+                job.process = None
 
     # ---- the HTTP side --------------------------------------------------------------------
 
@@ -130,6 +151,13 @@ class AzureMLEmulator(EmulatorServer):
             self.environments.add(env_id)
             return 200, {"id": env_id, "name": parts[3], "type": "Microsoft.MachineLearningServices/workspaces/"
                          "environments/versions", "properties": body.get("properties")}
+        if parts[0] == "computes" and parts[2:] == ["listNodes"] and request.method == "POST":
+            if parts[1] not in self.computes:
+                raise AmlError(404, "ResourceNotFound", f"compute {parts[1]} was not found")
+            with self.lock:
+                nodes = [{k: v for k, v in n.items() if k != "compute"} for n in self.nodes.values()
+                         if n["compute"] == parts[1]]
+            return 200, {"nodes": nodes, "nextLink": None}
         if parts[0] == "jobs" and len(parts) >= 2:
             name = parts[1]
             if len(parts) == 2 and request.method == "PUT":
@@ -179,10 +207,15 @@ class AzureMLEmulator(EmulatorServer):
         with self.lock:
             jobs = [j for j in self.jobs.values() if j.status not in ENDED]
         for job in jobs:
+            with self.lock:
+                if job.preempting:
+                    continue
             if job.status == "CancelRequested":
                 if job.process is not None:
                     job.process.kill(self.kill_grace)
                 job.status = "Canceled"
+                if job.node is not None:
+                    self.nodes[job.node].update(nodeState="idle", runId=None)
             elif job.status in STEPS:
                 index = STEPS.index(job.status)
                 if index + 1 < len(STEPS):
@@ -192,7 +225,9 @@ class AzureMLEmulator(EmulatorServer):
             elif job.status == "Running" and job.process is not None and job.process.exit_code is not None:
                 job.status = "Finalizing"
             elif job.status == "Finalizing" and job.process is not None:
-                job.status = "Completed" if job.process.exit_code == 0 else "Failed"
+                with self.lock:
+                    job.status = "Completed" if job.process.exit_code == 0 else "Failed"
+                    self.nodes[str(job.node)].update(nodeState="idle", runId=None)
 
     def _launch(self, job: AmlJob) -> None:
         props = job.body["properties"]
@@ -207,4 +242,9 @@ class AzureMLEmulator(EmulatorServer):
         job.process = ContainerProcess([command], mounts, env, self.directory / "jobs" / f"{job.name}.log",
                                        f"aml-{job.name[-12:]}")
         job.process.start()
-        job.status = "Running"
+        with self.lock:
+            job.node = f"tvmps_{uuid.uuid4().hex[:16]}_p"
+            compute = str(props.get("computeId") or "").rsplit("/", 1)[-1]
+            self.nodes[job.node] = {"nodeId": job.node, "privateIpAddress": "10.0.0.4", "publicIpAddress": None,
+                                    "port": 50000, "nodeState": "running", "runId": job.name, "compute": compute}
+            job.status = "Running"

@@ -17,7 +17,9 @@ the secret of the AccessKey named in ``Credential=`` (an unknown key: 404
 Jobs move through Creating, Queuing, EnvPreparing, Running, then Succeeded / Failed (any pod failing
 fails the job; the others are stopped), or Stopping, Stopped. Each pod runs UserCommand as a local
 process with every data source's MountPath mapped to its local folder (``data_sources``). Knobs:
-:meth:`DLCEmulator.stop_by_platform` and :mod:`.http_server`'s faults (throttling with Retry-After).
+:meth:`DLCEmulator.stop_by_platform`, :meth:`DLCEmulator.evict` (the pods ``SubStatus: Evicted``, the
+job Failed), :meth:`DLCEmulator.restart` (``Restarting``, the pods started again under their names,
+``RestartTimes``) and :mod:`.http_server`'s faults (throttling with Retry-After).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ JOB_TYPES = ("TFJob", "PyTorchJob", "MPIJob", "XGBoostJob", "OneFlowJob", "Elast
              "DataJuicerJob")
 WAITING = ("Creating", "Queuing", "EnvPreparing")
 ENDED = ("Succeeded", "Failed", "Stopped")
+MAX_RESTARTS = 3
 
 
 def _iso(moment: float | None) -> str | None:
@@ -63,6 +66,9 @@ class DlcJob:
     reason_message: str = ""
     pods: list[tuple[str, ContainerProcess]] = field(default_factory=list)
     stop_by: str | None = None
+    evicted: set[str] = field(default_factory=set)  # pods the platform evicted
+    restarts: int = 0
+    busy: bool = False  # an eviction or restart is under way: the scheduler leaves the job alone
 
 
 def acs3_signature_error(request: Request, secrets: dict[str, str]) -> DlcError | None:
@@ -121,6 +127,39 @@ class DLCEmulator(EmulatorServer):
             job = self.jobs[job_id]
             if job.status not in ENDED:
                 job.status, job.stop_by = "Stopping", "the platform"
+
+    def evict(self, job_id: str, reason: str = "the spot instance was reclaimed") -> None:
+        """Evict every pod of a running job as PAI-DLC does when their instance goes (a reclaimed spot
+        instance): SIGTERM, SIGKILL after the grace period, the pods Failed with ``SubStatus: Evicted``
+        and the job Failed."""
+        job = self._claim_running(job_id)
+        for _, process in job.pods:
+            process.kill(self.kill_grace)
+        with self.lock:
+            job.evicted.update(name for name, _ in job.pods)
+            job.status, job.finished, job.busy = "Failed", time.time(), False
+            job.reason_code, job.reason_message = "JobFailed", f"pods evicted: {reason}"
+
+    def restart(self, job_id: str, reason: str = "node failure") -> None:
+        """Restart a running job's pods in place as PAI-DLC's fault tolerance does: ``Restarting``, the
+        pods killed and started again under the same names, then ``Running``; ``RestartTimes`` counts."""
+        job = self._claim_running(job_id)
+        with self.lock:
+            job.status, job.reason_code, job.reason_message = "Restarting", "JobRestarting", reason
+        for _, process in job.pods:
+            process.kill(self.kill_grace)
+        with self.lock:
+            job.pods, job.restarts = [], job.restarts + 1
+        self._launch(job)
+        with self.lock:
+            job.busy = False
+
+    def _claim_running(self, job_id: str) -> DlcJob:
+        with self.lock:
+            job = self.jobs[job_id]
+            assert job.status == "Running" and not job.busy, f"job {job_id} is {job.status}"
+            job.busy = True
+            return job
 
     # ---- the HTTP side --------------------------------------------------------------------
 
@@ -185,13 +224,15 @@ class DLCEmulator(EmulatorServer):
 
     def record(self, job: DlcJob) -> dict[str, Any]:
         pods = [{"PodId": name, "Type": job.body["JobSpecs"][0].get("Type", "Worker"),
-                 "Status": "Running" if p.exit_code is None else "Succeeded" if p.exit_code == 0 else "Failed"}
+                 "Status": "Running" if p.exit_code is None else "Succeeded" if p.exit_code == 0 else "Failed",
+                 "SubStatus": "Evicted" if name in job.evicted else "Normal"}
                 for name, p in job.pods]
         return {"JobId": job.id, "DisplayName": job.body.get("DisplayName"), "JobType": job.body.get("JobType"),
                 "Status": job.status, "ReasonCode": job.reason_code, "ReasonMessage": job.reason_message,
                 "GmtCreateTime": _iso(job.created), "GmtRunningTime": _iso(job.running),
                 "GmtFinishTime": _iso(job.finished), "WorkspaceId": job.body.get("WorkspaceId"),
-                "JobSpecs": job.body.get("JobSpecs"), "UserCommand": job.body.get("UserCommand"), "Pods": pods}
+                "JobSpecs": job.body.get("JobSpecs"), "UserCommand": job.body.get("UserCommand"), "Pods": pods,
+                "RestartTimes": f"{job.restarts}/{MAX_RESTARTS}"}
 
     # ---- the scheduler --------------------------------------------------------------------
 
@@ -202,6 +243,9 @@ class DLCEmulator(EmulatorServer):
             self._advance(job)
 
     def _advance(self, job: DlcJob) -> None:
+        with self.lock:
+            if job.busy:
+                return
         if job.status == "Stopping":
             for _, process in job.pods:
                 process.kill(self.kill_grace)
@@ -215,12 +259,15 @@ class DLCEmulator(EmulatorServer):
             codes = [p.exit_code for _, p in job.pods]
             failed = [c for c in codes if c not in (None, 0)]
             if failed or None not in codes:
+                with self.lock:
+                    if job.busy:  # the pods ended by an eviction or restart begun meanwhile
+                        return
+                    job.status = "Failed" if failed else "Succeeded"
+                    job.reason_code = "JobFailed" if failed else "JobSucceeded"
+                    job.reason_message = f"a pod exited with code {failed[0]}" if failed else ""
+                    job.finished = time.time()
                 for _, process in job.pods:
                     process.kill(self.kill_grace)
-                job.status = "Failed" if failed else "Succeeded"
-                job.reason_code = "JobFailed" if failed else "JobSucceeded"
-                job.reason_message = f"a pod exited with code {failed[0]}" if failed else ""
-                job.finished = time.time()
 
     def _launch(self, job: DlcJob) -> None:
         mounts = [(str(s["MountPath"]), str(self.data_sources[s["DataSourceId"]]))

@@ -18,7 +18,9 @@ AttemptPreparing), RUNNING (AttemptRunning), then Completed as SUCCEEDED / FAILE
 ``completion`` (minFailedInstances default 1, -1 never; minSucceededInstances default all instances;
 a job whose tasks all ended without a trigger succeeds), remaining tasks killed. ``executionType: STOP``
 (or :meth:`OpenPAIEmulator.stop_job`, a stop by someone else) goes through STOPPING to STOPPED with
-exit code -210.
+exit code -210. :meth:`OpenPAIEmulator.preempt` ends an attempt by a platform failure, retried as a
+new attempt when the exit spec says so (``retries``, ``retryDetails.platform``, ``attemptId``); every
+job status carries the exit spec of its code (``appExitSpec``).
 
 Fault knobs and lifecycle are :mod:`.http_server`'s; ``stop()`` also kills every job process.
 """
@@ -40,6 +42,33 @@ from .platform_specs import openpai_protocol_errors
 from .processes import ContainerProcess
 
 STOP_CODE = -210
+# Entries of OpenPAI's job exit spec (src/k8s-job-exit-spec/config/k8s-job-exit-spec.yaml): code ->
+# (phrase, type, behavior, reaction, reason). Codes not listed take the fallback of their sign.
+EXIT_SPECS = {
+    0: ("Succeeded", "USER_SUCCESS", "UNKNOWN", "NEVER_RETRY", "User program exits with exitcode 0"),
+    -210: ("StopFrameworkRequested", "USER_STOP", "PERMANENT", "NEVER_RETRY", "User has requested to stop the job"),
+    -1000: ("PodEvicted", "PLATFORM_FAILURE", "TRANSIENT", "ALWAYS_RETRY",
+            "Pod is evicted by K8S, maybe its node is out of resource"),
+    -1001: ("PodNodeLost", "PLATFORM_FAILURE", "TRANSIENT", "ALWAYS_RETRY",
+            "Pod lost due to node lost, maybe its kubelet is down for a long time"),
+    -1003: ("PodPreemptedForCriticalPod", "PLATFORM_FAILURE", "TRANSIENT", "ALWAYS_RETRY",
+            "Pod is preempted by the kubelet of its node for the admission of other more critical platform Pod"),
+    143: ("ContainerSigTermReceived", "PLATFORM_FAILURE", "TRANSIENT", "ALWAYS_RETRY",
+          "Container killed by OS Signal: SIGTERM"),
+    256: ("PAIRuntimeExitAbnormally", "PLATFORM_FAILURE", "UNKNOWN", "RETRY_TO_MAX",
+          "PAI Runtime exit abnormally with undefined exitcode, it may have bugs"),
+    -8000: ("ContainerUndefinedNegativeExitCode", "UNKNOWN_FAILURE", "UNKNOWN", "RETRY_TO_MAX",
+            "Container exited with undefined negative exitcode"),
+}
+
+
+def exit_spec(code: int | None) -> dict[str, Any] | None:
+    """The exit spec the REST server gives exit code ``code`` (its sign's fallback for codes not listed)."""
+    if code is None:
+        return None
+    phrase, kind, behavior, reaction, reason = EXIT_SPECS.get(code) or EXIT_SPECS[256 if code > 0 else -8000]
+    return {"code": code, "phrase": phrase, "issuer": "PAI_FC", "causer": kind, "type": kind, "stage": "RUNNING",
+            "behavior": behavior, "reaction": reaction, "reason": reason, "repro": []}
 PORTAL_PAGE = "<!DOCTYPE html><html><head><title>OpenPAI</title></head><body>web portal</body></html>"
 
 
@@ -72,6 +101,9 @@ class Job:
     completed: int | None = None
     tasks: list[Task] = field(default_factory=list)
     stop_by: str | None = None
+    attempt: int = 0
+    platform_retries: int = 0
+    preempting: bool = False
 
 
 class PaiError(Exception):
@@ -124,6 +156,28 @@ class OpenPAIEmulator(EmulatorServer):
         assert job is not None, f"no job {name}"
         with self.lock:
             job.execution_type, job.stop_by = "STOP", "admin"
+
+    def preempt(self, name: str, code: int = -1003, retry: bool = True) -> None:
+        """End the running attempt of job ``name`` by a platform failure ``code`` (default: its pods
+        preempted for other work): its tasks get SIGTERM, then SIGKILL after the grace period. A
+        transient platform failure is retried as FrameworkController's fancy retry policy does: a new
+        attempt, counted in ``retryDetails.platform``; any other, or any with ``retry=False`` (a
+        framework without that policy and no retries left), ends the job FAILED."""
+        job = self.job(name)
+        assert job is not None and job.tasks, f"no running job {name}"
+        with self.lock:
+            job.preempting = True
+        for task in job.tasks:
+            task.process.kill(self.kill_grace)
+        spec = exit_spec(code) or {}
+        retried = retry and spec.get("reaction") == "ALWAYS_RETRY"
+        if not retried:
+            self._complete(job, "FAILED", code, f"{spec.get('phrase')}: {spec.get('reason')}")
+        with self.lock:
+            if retried:
+                job.attempt, job.platform_retries, job.tasks = job.attempt + 1, job.platform_retries + 1, []
+                job.state, job.sub_state, job.launched = "WAITING", "AttemptCreationPending", None
+            job.preempting = False
 
     # ---- the HTTP side --------------------------------------------------------------------
 
@@ -227,12 +281,13 @@ class OpenPAIEmulator(EmulatorServer):
 
     def _status(self, job: Job) -> dict[str, Any]:
         return {"username": job.user, "state": job.state, "subState": job.sub_state,
-                "executionType": job.execution_type, "retries": 0,
-                "retryDetails": {"user": 0, "platform": 0, "resource": 0}, "retryDelayTime": None,
+                "executionType": job.execution_type, "retries": job.platform_retries,
+                "retryDetails": {"user": 0, "platform": job.platform_retries, "resource": 0}, "retryDelayTime": None,
                 "submissionTime": job.submitted, "createdTime": job.submitted, "launchedTime": job.launched,
-                "completedTime": job.completed, "attemptId": 0, "attemptState": job.state,
+                "completedTime": job.completed, "attemptId": job.attempt, "attemptState": job.state,
                 "appId": f"{job.user}~{job.name}", "appCreatedTime": job.submitted, "appLaunchedTime": job.launched,
                 "appCompletedTime": job.completed, "appExitCode": job.exit_code,
+                "appExitSpec": exit_spec(job.exit_code),
                 "appExitDiagnostics": job.diagnostics or None, "virtualCluster": job.virtual_cluster}
 
     def _summary(self, job: Job) -> dict[str, Any]:
@@ -251,7 +306,7 @@ class OpenPAIEmulator(EmulatorServer):
                     state = ("RUNNING" if code is None else "SUCCEEDED" if code == 0 else
                              "STOPPED" if task.process.killed else "FAILED")
                     statuses.append({"taskIndex": task.index, "taskUid": task.uid, "taskState": state,
-                                     "attemptId": 0, "attemptState": state, "containerExitCode": code})
+                                     "attemptId": job.attempt, "attemptState": state, "containerExitCode": code})
                 roles[role] = {"taskRoleStatus": {"name": role}, "taskStatuses": statuses}
             return {"name": job.name, "tags": [], "jobStatus": self._status(job), "taskRoles": roles}
 
@@ -267,12 +322,16 @@ class OpenPAIEmulator(EmulatorServer):
                 self._complete(job, "FAILED", 1, f"emulator: {exc}")
 
     def _advance(self, job: Job) -> None:
+        with self.lock:
+            if job.preempting:
+                return
+            attempt = job.attempt  # a preemption meanwhile makes what this call saw stale
         if job.execution_type == "STOP":
             with self.lock:
                 job.state, job.sub_state = "STOPPING", "AttemptDeletionPending"
             for task in job.tasks:
                 task.process.kill(self.kill_grace)
-            self._complete(job, "STOPPED", STOP_CODE, f"stopped by {job.stop_by}")
+            self._complete(job, "STOPPED", STOP_CODE, f"stopped by {job.stop_by}", attempt)
             return
         if not job.tasks:
             job.sub_state = "AttemptPreparing"
@@ -289,14 +348,14 @@ class OpenPAIEmulator(EmulatorServer):
             min_failed = int(completion.get("minFailedInstances", 1))
             min_succeeded = int(completion.get("minSucceededInstances", len(codes)))
             if min_failed != -1 and len(failed) >= min_failed:
-                self._complete(job, "FAILED", failed[0], f"task role {name}: {len(failed)} task(s) failed")
+                self._complete(job, "FAILED", failed[0], f"task role {name}: {len(failed)} task(s) failed", attempt)
                 return
             if min_succeeded != -1 and succeeded >= min_succeeded:
-                self._complete(job, "SUCCEEDED", 0, "")
+                self._complete(job, "SUCCEEDED", 0, "", attempt)
                 return
             ended_all = ended_all and None not in codes
         if ended_all:
-            self._complete(job, "SUCCEEDED", 0, "")
+            self._complete(job, "SUCCEEDED", 0, "", attempt)
 
     def _launch(self, job: Job) -> None:
         mounts = []
@@ -316,7 +375,11 @@ class OpenPAIEmulator(EmulatorServer):
         with self.lock:
             job.state, job.sub_state, job.launched = "RUNNING", "AttemptRunning", _ms()
 
-    def _complete(self, job: Job, state: str, code: int, diagnostics: str) -> None:
+    def _complete(self, job: Job, state: str, code: int, diagnostics: str, attempt: int | None = None) -> None:
+        """End job ``job``; ``attempt``: only if that attempt is still the job's, not being preempted."""
+        with self.lock:
+            if attempt is not None and (job.preempting or job.attempt != attempt):
+                return
         for task in job.tasks:
             if task.process.exit_code is None:
                 task.process.kill(self.kill_grace)
