@@ -121,6 +121,44 @@ def test_a_pod_evicted_through_the_eviction_api_is_an_interruption(tmp_path, k8s
         svc.close()
 
 
+SAVES_ON_SIGTERM = """
+import os, signal, sys, time
+import nni
+nni.get_next_parameter()
+step = 0
+def save(*_):
+    with open(os.path.join(os.environ["TRIALFLOW_CHECKPOINT_DIR"], "saved"), "w") as f:
+        f.write(str(step))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+open(os.path.join(os.environ["TRIALFLOW_CHECKPOINT_DIR"], "ready"), "w").close()
+while True:
+    step += 1
+    time.sleep(0.05)
+"""
+
+
+def test_a_disrupted_pods_trial_gets_the_stop_signal_and_saves_before_the_kill(tmp_path, k8s):
+    """Kubernetes signals a pod's first process only (the keeper); the keeper passes SIGTERM on, so a
+    trial that saves on SIGTERM writes its checkpoint within the grace period, then its run is an
+    interruption."""
+    svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, "framework"), tmp_path / "code")
+    try:
+        write_trial(tmp_path / "code", SAVES_ON_SIGTERM, "Save1.py")
+        handle = svc.submit(TrialSpec(svc.experiment_id, "Save1", 0, 0, {}, COMMAND, tmp_path / "code", None),
+                            svc.upload_code(tmp_path / "code"))
+        trial_dir = svc.storage.path(svc.experiment_id, "trials", "Save1")
+        wait_for((trial_dir / "checkpoint" / "ready").exists, timeout=30)  # its handler is set
+        [pod] = [p["metadata"]["name"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
+                 and match_labels(p["metadata"]["labels"], svc.pod_selector(handle.data["job"]))]
+        k8s.disrupt(pod, reason="PreemptionByScheduler", message="emulated")
+        update = wait_for(lambda: (u := svc.poll(handle, {})).interrupted is not None and u, timeout=30)
+        assert "PreemptionByScheduler" in update.interrupted
+        assert int((trial_dir / "checkpoint" / "saved").read_text()) > 0  # saved on the forwarded SIGTERM
+    finally:
+        svc.close()
+
+
 GPU_PROBE = ("import os, nni\nnni.get_next_parameter()\n"
              "nni.report_final_result(os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'))\n")
 

@@ -95,7 +95,6 @@ class DLCTrainingService(RestJobService[DlcConfig]):
         super().__init__(config, experiment_dir)
         self._key_id, self._key_secret, self.endpoint, self.protocol = self._login()
         self._secrets = [self._key_id, self._key_secret]
-        self._evicted: dict[str, str | None] = {}  # job -> what PAI-DLC said when it evicted a pod of it
 
     def _login(self) -> tuple[str, str, str, str]:
         config = self.config
@@ -204,14 +203,9 @@ class DLCTrainingService(RestJobService[DlcConfig]):
         restarted = job.status == "Restarting" or (used.isdigit() and int(used) > 0)
         self.note_restart(name, f"restarted {used or 'once'}: {why or 'no reason given'}" if restarted else None)
         evicted = [str(pod.pod_id) for pod in job.pods or [] if pod.sub_status == "Evicted"]
-        self._evicted[name] = f"PAI-DLC evicted pod {', '.join(evicted)} of job {name}" + \
-            (f" ({why})" if why else "") if evicted else None
+        self.note_interruption(name, f"PAI-DLC evicted pod {', '.join(evicted)} of job {name}" +
+                               (f" ({why})" if why else "") if evicted else None)
         return self.outcome(name, str(job.status or ""), STATES, why)
-
-    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
-        """A job with a pod PAI-DLC evicted (``SubStatus: Evicted``: its spot instance reclaimed, or
-        preempted), or one it restarts in place (``Restarting``) whose trial run recorded no end of its own."""
-        return self._evicted.get(name) or super().job_interruption(name, state)
 
     def sole_primary(self) -> bool:
         return self.config.pod_count == 1
@@ -225,4 +219,3 @@ class DLCTrainingService(RestJobService[DlcConfig]):
                 if isinstance(exc, TransientPlatformError):
                     raise
         self.forget_state(name)
-        self._evicted.pop(name, None)

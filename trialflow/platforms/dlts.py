@@ -85,7 +85,6 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
 
     def __init__(self, config: DltsConfig, experiment_dir: Path) -> None:
         self._gpu_type = config.gpu_type
-        self._paused: dict[str, str] = {}  # job -> what the cluster said when it paused it
         super().__init__(config, experiment_dir)
         self.email, self._password, self.team = self._login()
 
@@ -180,14 +179,10 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
         if response is None:
             return None
         state, message = dlts_state(response.json())
-        if state in PAUSED:
-            self._paused[name] = str(message)
+        if state in PAUSED:  # an interruption
+            self.note_interruption(name, str(message))
             self._kill(job_id)
         return self.apply_states(name, state, STATES), message
-
-    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
-        """A job the cluster paused (to give its resources to other work), which trialflow killed."""
-        return self._paused.get(name)
 
     def _kill(self, job_id: str) -> None:
         self.api.call("PUT", f"api/clusters/{self._cluster()}/jobs/{quote(job_id)}/status", ok=(200, 201, 202),

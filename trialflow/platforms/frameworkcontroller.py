@@ -118,7 +118,7 @@ class FrameworkControllerTrainingService(KubernetesJobService[FrameworkControlle
             pod_spec: dict[str, Any] = {
                 "containers": [{
                     "name": "framework", "image": role.docker_image,
-                    "command": ["sh", "-c", f"{ports} . {BARRIER_MOUNT}/injector.sh && {command}"], "env": env,
+                    "command": ["sh", "-c", f"{ports} . {BARRIER_MOUNT}/injector.sh && exec {command}"], "env": env,
                     "volumeMounts": [{"name": "nni-vol", "mountPath": self.mount_path},
                                      {"name": "frameworkbarrier-volume", "mountPath": BARRIER_MOUNT}],
                     "resources": resources(role.cpu_number, role.memory_size, role.gpu_number),

@@ -102,6 +102,7 @@ class JobPlatformService(TrainingService[ConfigT]):
         self.storage = self.make_storage()
         self._cancelled: dict[str, TrialStatus] = {}
         self._restarts: dict[str, str] = {}  # job -> the platform's word, while it runs the job again in place
+        self._ended_by: dict[str, str] = {}  # job -> the platform's word that it ended the job apart from the trial
         self._stopped_at: dict[str, float] = {}  # reuse trial -> when its run was first seen ended by a stop
         self.environments = EnvironmentPool(self)
 
@@ -166,14 +167,25 @@ class JobPlatformService(TrainingService[ConfigT]):
         """Why the platform ended the trial's run in job ``name`` apart from the trial (its pod evicted
         or preempted, its node lost), in the platform's own words; None when nothing but the trial
         ended it. ``state`` is the end the run's keeper recorded (``{}`` for none). Asked once the job
-        (or the trial's reuse environment) ended, or while :meth:`job_restarting`. Default: the
-        platform runs the job again in place (:meth:`note_restart`) and the run recorded no end of
-        its own, or one by a stop signal or SIGKILL (the platform stopping the replica)."""
+        (or the trial's reuse environment) ended, or while :meth:`job_restarting`. Default: what
+        :meth:`job_status` found (:meth:`note_interruption`), else the platform runs the job again in
+        place (:meth:`note_restart`) and the run recorded no end of its own, or one by a stop signal
+        or SIGKILL (the platform stopping the replica)."""
+        if name in self._ended_by:
+            return self._ended_by[name]
         if name in self._restarts and (not state or state.get("stop_signal") or
                                        state.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)):
             return f"{self.label} runs job {name} again ({self._restarts[name]}); the trial's run recorded no end " \
                 "of its own"
         return None
+
+    def note_interruption(self, name: str, why: str | None) -> None:
+        """Record what :meth:`job_status` found: the platform ended job ``name`` apart from its trial
+        (``why``, in its words: a pod evicted, a run crashed, a job paused) or, for None, did not."""
+        if why is None:
+            self._ended_by.pop(name, None)
+        else:
+            self._ended_by[name] = why
 
     def note_restart(self, name: str, why: str | None) -> None:
         """Record what :meth:`job_status` found: the platform runs job ``name`` again in place

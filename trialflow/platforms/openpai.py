@@ -108,7 +108,6 @@ class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
     def __init__(self, config: OpenpaiConfig, experiment_dir: Path) -> None:
         super().__init__(config, experiment_dir)
         self.username, self._api_token, self.host, self._verify = self._login()
-        self._platform_failures: dict[str, str | None] = {}  # job -> its transient platform failure
 
     def _login(self) -> tuple[str, str, str, bool | str]:
         config = self.config
@@ -234,16 +233,10 @@ class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
         detail = response.json()
         state, message = openpai_state(detail)
         self.note_restart(name, platform_retry(detail))
-        self._platform_failures[name] = platform_failure(detail)
+        self.note_interruption(name, platform_failure(detail))
         return self.apply_states(name, state, STATES), message
-
-    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
-        """A job the platform ran again after a platform failure (the trial's run recorded no end of
-        its own, or one by a stop signal), or one that ended by a transient platform failure."""
-        return super().job_interruption(name, state) or self._platform_failures.get(name)
 
     def delete_job(self, name: str) -> None:
         self.api.call("PUT", f"{self._job_path(name)}/executionType", ok=(200, 202), absent=(404,),
                       json={"value": "STOP"})
         self.forget_state(name)
-        self._platform_failures.pop(name, None)

@@ -107,7 +107,6 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
 
     def __init__(self, config: PrefectPoolConfig, experiment_dir: Path) -> None:
         self.deployment_id: UUID | None = None
-        self._crashed: dict[str, str] = {}  # job -> why its run crashed
         super().__init__(config, experiment_dir)
 
     def connect(self) -> Any:
@@ -255,15 +254,9 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             # the trial's command succeeded before its run's process went (the run only failed to report
             # its end): the trial's own outcome stands
             return self.outcome(name, "COMPLETED", STATES)
-        if kind == "CRASHED":
-            self._crashed[name] = why or "Crashed"
+        # a Crashed run: its worker or infrastructure went, not the trial (a trial's own failure fails its run)
+        self.note_interruption(name, f"flow run {name} crashed: {why or 'Crashed'}" if kind == "CRASHED" else None)
         return self.outcome(name, kind, STATES, why)
-
-    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
-        """A run Prefect (or the heartbeat) found Crashed: its worker or infrastructure went, not the
-        trial (a trial's own failure fails its run)."""
-        why = self._crashed.get(name)
-        return None if why is None else f"flow run {name} crashed: {why}"
 
     def _run_of(self, name: str) -> tuple[str, str]:
         """``("trial" | "env", id)`` of job ``name`` (a trial's run after an interruption: its trial's id)."""

@@ -153,6 +153,7 @@ class RestJobService(TokensOnShare, JobPlatformService[ConfigT]):
     def forget_state(self, name: str) -> None:
         self._last.pop(name, None)
         self._restarts.pop(name, None)
+        self._ended_by.pop(name, None)
 
     def close(self) -> None:
         super().close()

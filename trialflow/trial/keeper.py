@@ -93,8 +93,10 @@ def _located(trial_dir: str, spec: dict) -> tuple[str, dict]:
 
 
 def execute(trial_dir: str, tee: bool = False) -> int:
-    """Run the trial command and write ``state``; returns the trial's exit code. ``tee`` also copies
-    the trial's output to this process's stdout/stderr (a pod's log)."""
+    """Run the trial command and write ``state``; returns the trial's exit code. ``tee`` (a pod's
+    keeper) also copies the trial's output to this process's stdout/stderr (the pod's log) and passes
+    a stop signal on to the trial: a container runtime signals the container's first process only, so
+    the trial may save its work before the kill that follows."""
     trial_dir = os.path.abspath(trial_dir)
     meta_dir = os.path.join(trial_dir, META_DIR)
     with open(os.path.join(meta_dir, KEEPER_SPEC), encoding="utf-8") as f:
@@ -107,6 +109,11 @@ def execute(trial_dir: str, tee: bool = False) -> int:
         # even though the keeper had not yet seen its end (a busy machine widens that window)
         if not trial or pid_alive(trial[0].pid):  # a zombie counts as exited
             stop_signals.append(received)
+            if tee and trial:
+                try:
+                    trial[0].send_signal(received)
+                except OSError:
+                    pass
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, note_stop)
