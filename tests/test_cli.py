@@ -355,3 +355,22 @@ def test_trial_ls_fits_an_80_column_terminal(tmp_path, prefect_server):
     assert "SUCCEEDED" in rows[ok.id] and "0.911346" in rows[ok.id] and "learning_rate=0.001" in rows[ok.id]
     assert rows[ok.id].rstrip().endswith("…")  # the rest of its parameters is cut, not wrapped
     assert "FAILED" in rows[failed.id] and "exit code 3" in rows[failed.id]
+
+
+def test_the_read_only_commands_load_no_numerical_library_nor_the_config_models(tmp_path):
+    """``trial ls``, ``experiment list`` and ``export`` read records only: what they import leaves out
+    the tuners' numerical libraries, Optuna, Prefect and trialflow's config models (together about a
+    quarter of a second of every such command's start: benchmarks/listings.py)."""
+    code = ("import sys\n"
+            "from trialflow.cli import main\n"
+            "sys.argv = ['trialflow', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = ('numpy', 'optuna', 'prefect', 'trialflow.config', 'trialflow.assessors')\n"
+            "print('LOADED', sorted(m for m in heavy if m in sys.modules))\n")
+    home = tmp_path / "home"
+    env = {**os.environ, "HOME": str(home), "TRIALFLOW_HOME": str(tmp_path / "exps")}
+    for args in (["experiment", "list"], ["trial", "ls", "abcdefgh", "--root", str(tmp_path)],
+                 ["experiment", "export", "abcdefgh", "--root", str(tmp_path), "-f", str(tmp_path / "x.csv")]):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert "LOADED []" in done.stdout, (args, done.stdout, done.stderr)

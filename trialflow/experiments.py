@@ -11,18 +11,20 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from .assessors import check_assessor
-from .config import ConfigError, ExperimentConfig, load_config, parse_config
-from .config.experiment import DEFAULT_WORKING_DIRECTORY
 from .ids import looks_like_experiment_id, new_experiment_id
-from .results import optimize_mode_of
+from .kept_server import DEFAULT_WORKING_DIRECTORY
 from .store import DB_RELATIVE_PATH, Control, ExperimentRecord, ExperimentStore, ImportedItem, StoreUnreadable
-from .tuners import check_tuner
 from .user_errors import UserError
+
+if TYPE_CHECKING:
+    from .config import ExperimentConfig
+
+# The config models, tuners and assessors are imported where an experiment is made or its config read:
+# commands that only read records (trial ls, export, experiment list) start without them.
 
 STORE_URL_FILE = Path("db") / "store-url"  # where a shared store is: its URL, without the password
 CONFIG_FILE_NOTE = Path("db") / "config-file"  # the config file the experiment was created from
@@ -50,6 +52,9 @@ def default_root() -> Path:
 def check_new_experiment(config: ExperimentConfig) -> None:
     """What ``create`` checks before anything is read or written: the tuner and assessor
     (:class:`TunerError`) and the GPUs local trials ask for (:class:`~trialflow.platforms.PlatformError`)."""
+    from .assessors import check_assessor
+    from .tuners import check_tuner
+
     if config.tuner is not None:
         check_tuner(config.tuner)
     if config.assessor is not None:
@@ -73,6 +78,8 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
     start gathered, as ``(source, items)``, stored as the experiment's imported data; a config with a
     ``warmStart`` is created through :func:`trialflow.warm_start.create_warm_started`, which gathers
     them (raises ``ValueError`` when none were given)."""
+    from .results import optimize_mode_of
+
     check_new_experiment(config)
     if config.warm_start and not imported:
         raise ValueError("a config with warmStart is created by trialflow.warm_start.create_warm_started")
@@ -186,6 +193,8 @@ def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
 def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
     """The config file a shared-store experiment was created from, when it still loads (it may hold
     the store's password, which the experiment directory never does)."""
+    from .config import ConfigError
+
     try:
         return _load_quietly((exp_dir / CONFIG_FILE_NOTE).read_text(encoding="utf-8").strip())
     except (OSError, ConfigError):
@@ -194,6 +203,8 @@ def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
 
 def _load_quietly(path: str) -> ExperimentConfig:
     """``load_config`` without its warnings (they were shown when the experiment was created)."""
+    from .config import load_config
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return load_config(path)
@@ -230,6 +241,8 @@ def _with_changes(store: ExperimentStore, record: ExperimentRecord,
                   given: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
     """``given`` (a config file's) with the fields trialflow set itself taken from the stored copy, and
     the fields in which the file differs otherwise (edits)."""
+    from .config import ExperimentConfig
+
     changed = set(store.controls().get(Control.CHANGED_FIELDS) or [])
     differ = config_differences(record.config, given.dump())
     taken = [k for k in differ if k in changed]
@@ -253,6 +266,8 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
 
     Raises :class:`ConfigMismatch` when ``config_path`` describes another experiment (naming the
     fields that differ), and :class:`ConfigError` when it does not load."""
+    from .config import ConfigError, load_config
+
     live = LIVE_CONFIGS.get(store.experiment_id)
     record = store.experiment()
     if config_path:
@@ -282,6 +297,8 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
 def stored_config(store: ExperimentStore) -> ExperimentConfig:
     """The config stored with the experiment, parsed. Copies stored before the search space's file
     was dropped from them hold both ``searchSpace`` and ``searchSpaceFile``: the content wins."""
+    from .config import parse_config
+
     data = dict(store.experiment().config)
     if data.get("searchSpace") is not None:
         data.pop("searchSpaceFile", None)

@@ -13,14 +13,16 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import ExperimentConfig
 from .experiments import stored_config
 from .platforms import service_name
 from .results import multi_objective, pareto_set
 from .store import ExperimentStore, ImportedItem
 from .tuners.objectives import read_result
+
+if TYPE_CHECKING:  # the config models load only to import results: an export needs none of them
+    from .config import ExperimentConfig
 
 
 def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..search_space import SearchSpace, parse_search_space
-from .anneal import AnnealTuner
 from .base import (
     InvalidMetric,
     Suggestion,
@@ -30,15 +29,7 @@ from .base import (
     scalar_or_none,
     seed_arg,
 )
-from .bohb import BohbTuner
 from .custom import NniTuner, check_algorithm, is_custom, load_custom
-from .evolution import EvolutionTuner
-from .grid import BatchTuner, GridSearchTuner
-from .hyperband import HyperbandTuner
-from .model_based import GP_UTILITIES, DngoTuner, GpTuner, MetisTuner
-from .optuna_tuners import OptunaTuner, cmaes_sampler, nsga_sampler, random_sampler, tpe_sampler
-from .pbt import PbtTuner
-from .smac import SmacTuner
 
 if TYPE_CHECKING:
     from .objectives import Objectives
@@ -63,25 +54,59 @@ NAS_TUNERS = ("PPOTuner", "PPO", "NetworkMorphism", "RegularizedEvolutionTuner")
 _MODE_SEED: dict[str, Callable[[Any], str | None]] = {"optimize_mode": optimize_mode_arg, "seed": seed_arg}
 
 
+GP_UTILITIES = ("ei", "ucb", "poi")  # GpTuner's acquisition functions
+
+
+def _tuner_class(module: str, name: str) -> Callable[..., Tuner]:
+    """Tuner class ``name`` of submodule ``module``, imported when a tuner is built: naming and checking
+    tuners (the CLI's read-only commands, ``create``'s checks) loads no numerical library."""
+    def factory(*args: Any, **kwargs: Any) -> Tuner:
+        cls: Callable[..., Tuner] = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return cls(*args, **kwargs)
+    factory.__qualname__ = factory.__name__ = name
+    return factory
+
+
 def _tpe(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
          tpe_args: dict[str, Any] | None = None, objectives: Objectives | None = None) -> Tuner:
+    from .optuna_tuners import OptunaTuner, tpe_sampler
+
     return OptunaTuner(space, tpe_sampler(seed, tpe_args), optimize_mode, seed, objectives)
 
 
 def _random(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
             objectives: Objectives | None = None) -> Tuner:
+    from .optuna_tuners import OptunaTuner, random_sampler
+
     return OptunaTuner(space, random_sampler(seed), optimize_mode, seed, objectives)
 
 
 def _nsga(version: int) -> Callable[..., Tuner]:
     def factory(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
                 population_size: int | None = None, objectives: Objectives | None = None) -> Tuner:
+        from .optuna_tuners import OptunaTuner, nsga_sampler
+
         return OptunaTuner(space, nsga_sampler(version, seed, population_size), optimize_mode, seed, objectives)
     return factory
 
 
 def _cmaes(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> Tuner:
+    from .optuna_tuners import OptunaTuner, cmaes_sampler
+
     return OptunaTuner(space, cmaes_sampler(seed), optimize_mode, seed)
+
+
+AnnealTuner = _tuner_class("anneal", "AnnealTuner")
+EvolutionTuner = _tuner_class("evolution", "EvolutionTuner")
+GridSearchTuner = _tuner_class("grid", "GridSearchTuner")
+BatchTuner = _tuner_class("grid", "BatchTuner")
+GpTuner = _tuner_class("model_based", "GpTuner")
+MetisTuner = _tuner_class("model_based", "MetisTuner")
+DngoTuner = _tuner_class("model_based", "DngoTuner")
+HyperbandTuner = _tuner_class("hyperband", "HyperbandTuner")
+BohbTuner = _tuner_class("bohb", "BohbTuner")
+PbtTuner = _tuner_class("pbt", "PbtTuner")
+SmacTuner = _tuner_class("smac", "SmacTuner")
 
 
 def _eta_arg(value: Any) -> str | None:

@@ -202,8 +202,6 @@ class DngoTuner(ModelTuner):
         return None if not np.isfinite(ei).any() else np.asarray(pool[int(np.nanargmax(ei))])
 
 
-
-GP_UTILITIES = ("ei", "ucb", "poi")
 GRADIENT_STEP = 1e-6  # of the utility's finite differences, in unit-vector coordinates
 
 
