@@ -172,7 +172,9 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
         created its pod again (the kubelet stopped the pod; the disrupted object is gone)."""
         why = next((why for pod in self.api.pods(self.pod_selector(name)) if (why := pod_disruption(pod))), None)
         if why is None and (state.get("stop_signal") or (name in self._restarts and not state)):
-            why = f"job {name}: Kubernetes stopped the trial's pod (its run recorded no end of its own)" + \
+            ended = "a stop signal trialflow did not send ended its run" if state.get("stop_signal") else \
+                "its run recorded no end of its own"
+            why = f"job {name}: Kubernetes stopped the trial's pod ({ended})" + \
                 (f"; {self._restarts[name]}" if name in self._restarts else "")
         return why
 
