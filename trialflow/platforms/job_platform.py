@@ -82,6 +82,20 @@ from .trialdir import (
 
 log = logging.getLogger("trialflow.platforms")
 ENV_VERDICT_SECONDS = 15.0  # how long a reuse trial stopped under its environment waits for the platform's word
+KILLED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)  # a run the platform's stop or kill ended
+
+
+def stopped_run(state: dict[str, Any]) -> str | None:
+    """How a trial's run ended by a stop, from its keeper's record ``state`` (``{}``: none), in words
+    for an interruption's message: no end recorded (killed with its keeper), a stop signal trialflow
+    did not send, or SIGTERM / SIGKILL; None for a run that ended otherwise."""
+    if not state:
+        return "its run recorded no end of its own"
+    if state.get("stop_signal"):
+        return "a stop signal trialflow did not send ended its run"
+    if state.get("exit_code") in KILLED_CODES:
+        return f"its run was killed (exit code {state['exit_code']})"
+    return None
 
 
 class JobPlatformService(TrainingService[ConfigT]):
@@ -173,27 +187,19 @@ class JobPlatformService(TrainingService[ConfigT]):
         or SIGKILL (the platform stopping the replica)."""
         if name in self._ended_by:
             return self._ended_by[name]
-        if name in self._restarts and (not state or state.get("stop_signal") or
-                                       state.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)):
-            return f"{self.label} runs job {name} again ({self._restarts[name]}); the trial's run recorded no end " \
-                "of its own"
+        if name in self._restarts and (ended := stopped_run(state)) is not None:
+            return f"{self.label} runs job {name} again ({self._restarts[name]}); {ended}"
         return None
 
     def note_interruption(self, name: str, why: str | None) -> None:
         """Record what :meth:`job_status` found: the platform ended job ``name`` apart from its trial
         (``why``, in its words: a pod evicted, a run crashed, a job paused) or, for None, did not."""
-        if why is None:
-            self._ended_by.pop(name, None)
-        else:
-            self._ended_by[name] = why
+        _note(self._ended_by, name, why)
 
     def note_restart(self, name: str, why: str | None) -> None:
         """Record what :meth:`job_status` found: the platform runs job ``name`` again in place
         (``why``, in its words) or, for None, does not."""
-        if why is None:
-            self._restarts.pop(name, None)
-        else:
-            self._restarts[name] = why
+        _note(self._restarts, name, why)
 
     def job_restarting(self, name: str, state: dict[str, Any]) -> bool:
         """Whether the platform runs job ``name``'s replicas again in place (:meth:`note_restart`,
@@ -410,8 +416,7 @@ class JobPlatformService(TrainingService[ConfigT]):
         SIGKILL) waits for its environment's verdict: a platform that stops the environment under the
         trial says so only after its processes ended (a retry counted, the job queued again). It waits
         ``ENV_VERDICT_SECONDS`` at most, then ends as its run did."""
-        stopped = state.get("stop_signal") or state.get("exit_code") in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
-        if not stopped:
+        if not state or stopped_run(state) is None:
             return False
         first = self._stopped_at.setdefault(handle.trial_id, time.monotonic())
         return time.monotonic() - first < ENV_VERDICT_SECONDS
@@ -477,3 +482,11 @@ class JobPlatformService(TrainingService[ConfigT]):
         """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""
         self.environments.close()
         self.metrics.stop()
+
+
+def _note(table: dict[str, str], name: str, why: str | None) -> None:
+    """``table[name] = why``, or no entry for None."""
+    if why is None:
+        table.pop(name, None)
+    else:
+        table[name] = why

@@ -19,7 +19,7 @@ from ..config.platforms import (
     KubeflowConfig,
 )
 from .base import TrialStatus
-from .job_platform import JobPlatformService
+from .job_platform import JobPlatformService, stopped_run
 from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
 
 # Kubernetes' pod disruption conditions: a DisruptionTarget condition's reasons, and the reasons the
@@ -172,9 +172,7 @@ class KubernetesJobService(JobPlatformService[K8sConfigT]):
         created its pod again (the kubelet stopped the pod; the disrupted object is gone)."""
         why = next((why for pod in self.api.pods(self.pod_selector(name)) if (why := pod_disruption(pod))), None)
         if why is None and (state.get("stop_signal") or (name in self._restarts and not state)):
-            ended = "a stop signal trialflow did not send ended its run" if state.get("stop_signal") else \
-                "its run recorded no end of its own"
-            why = f"job {name}: Kubernetes stopped the trial's pod ({ended})" + \
+            why = f"job {name}: Kubernetes stopped the trial's pod ({stopped_run(state)})" + \
                 (f"; {self._restarts[name]}" if name in self._restarts else "")
         return why
 
