@@ -26,7 +26,8 @@ from trialflow.config import AlgorithmConfig  # noqa: E402
 from trialflow.search_space import parse_search_space  # noqa: E402
 from trialflow.store import ExperimentStore, Metric  # noqa: E402
 from trialflow.tuners import create_tuner  # noqa: E402
-from trialflow.tuners.optuna_tuners import random_sampler, tpe_sampler  # noqa: E402
+from trialflow.tuners.optuna_tuners import random_sampler  # noqa: E402
+from trialflow.tuners.tpe import TpeSettings  # noqa: E402
 
 SPACE = {f"x{i}": {"_type": "uniform", "_value": [-5, 5]} for i in range(5)}
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -37,7 +38,7 @@ def _history(n: int, rng: random.Random) -> list[tuple[dict[str, float], float]]
 
 
 def _optuna_study(name: str, history: list) -> optuna.Study:
-    sampler = tpe_sampler(0) if name == "TPE" else random_sampler(0)
+    sampler = TpeSettings().sampler(0) if name == "TPE" else random_sampler(0)
     study = optuna.create_study(sampler=sampler)
     dists = {f"x{i}": optuna.distributions.FloatDistribution(0.0, 1.0) for i in range(5)}
     study.add_trials([optuna.trial.create_trial(params=p, distributions=dists, value=v) for p, v in history])

@@ -359,13 +359,14 @@ def test_trial_ls_fits_an_80_column_terminal(tmp_path, prefect_server):
 
 def test_the_read_only_commands_load_no_numerical_library_nor_the_config_models(tmp_path):
     """``trial ls``, ``experiment list`` and ``export`` read records only: what they import leaves out
-    the tuners' numerical libraries, Optuna, Prefect and trialflow's config models (together about a
-    quarter of a second of every such command's start: benchmarks/listings.py)."""
+    the tuners' numerical libraries, Optuna, Prefect, trialflow's config models, pydantic (which typer
+    0.29 would load for its option values) and PyYAML (together about a third of a second of every such
+    command's start: benchmarks/listings.py)."""
     code = ("import sys\n"
             "from trialflow.cli import main\n"
             "sys.argv = ['trialflow', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "heavy = ('numpy', 'optuna', 'prefect', 'trialflow.config', 'trialflow.assessors')\n"
+            "heavy = ('numpy', 'optuna', 'prefect', 'trialflow.config', 'trialflow.assessors', 'pydantic', 'yaml')\n"
             "print('LOADED', sorted(m for m in heavy if m in sys.modules))\n")
     home = tmp_path / "home"
     env = {**os.environ, "HOME": str(home), "TRIALFLOW_HOME": str(tmp_path / "exps")}

@@ -171,8 +171,10 @@ def test_a_service_that_cannot_start_fails_the_experiment_naming_it(tmp_path, kn
 def test_a_trial_lost_on_a_service_gives_its_slot_back(tmp_path, sshd_servers, known_hosts, k8s):
     """The first trial removes its own directory: its service loses track of it (FAILED, lost
     handle). That service's one slot must come back, or every later trial goes elsewhere."""
+    # (it then ends: its parameters went with its directory, and a run left waiting for them would outlive the test)
     lose_first = ("import os, shutil, nni\nif nni.get_sequence_id() == 0:\n"
-                  "    shutil.rmtree(os.environ['NNI_SYS_DIR'])\n    import time; time.sleep(2)\n")
+                  "    shutil.rmtree(os.environ['NNI_SYS_DIR'])\n    import time; time.sleep(2)\n"
+                  "    raise SystemExit(0)\n")
     services = [{"platform": "local", "trialCommand": "python3 trial.py local", "maxConcurrency": 1},
                 {"platform": "local", "trialCommand": "python3 trial.py local#2", "maxConcurrency": 1}]
     config = hybrid_config(tmp_path, [], known_hosts, k8s.nfs_dir, sleep=0.2, trialConcurrency=2, maxTrialNumber=8,

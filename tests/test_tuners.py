@@ -110,12 +110,99 @@ def test_optuna_tuner_replay_rebuilds_the_study():
     assert fresh.study.trials[0].value == 3.0 and fresh.suggest().parameter_id == s.parameter_id + 1
 
 
+# NNI's own "advanced config" of its TPE tuner (nni/algorithms/hpo/tpe_tuner.py)
+NNI_TPE_ARGS = {"constant_liar_type": "mean", "n_startup_jobs": 10, "n_ei_candidates": 20, "linear_forgetting": 100,
+                "prior_weight": 0, "gamma": 0.5}
+
+
+def test_nnis_tpe_args_configure_the_search():
+    """NNI's tpe_args work unchanged; with n_startup_jobs above the trials run, every suggestion is the
+    random stage's, so the same seed with n_startup_jobs 3 diverges from it after the third."""
+    def run(tpe_args):
+        tuner = create_tuner(AlgorithmConfig(name="TPE", class_args={"seed": 5, "tpe_args": tpe_args}),
+                             parse_search_space(QUAD))
+        rng, seen = random.Random(3), []
+        for _ in range(12):
+            s = tuner.suggest()
+            tuner.observe(s.parameter_id, _noisy_quadratic(s.parameters, rng))
+            seen.append(s.parameters)
+        return seen
+
+    nni, random_only, early = run(NNI_TPE_ARGS), run({"n_startup_jobs": 50}), run({"n_startup_jobs": 3})
+    assert len(nni) == 12
+    assert early[:3] == random_only[:3] and early[3:] != random_only[3:]
+
+
+def _window_tuner(window, seed=2):
+    from trialflow.tuners.optuna_tuners import OptunaTuner
+    from trialflow.tuners.tpe import TpeSettings
+
+    settings = TpeSettings({"n_startup_jobs": 5})
+    return OptunaTuner(parse_search_space(QUAD), settings.sampler, "minimize", seed, None, window)
+
+
+def test_the_history_window_bounds_the_study_and_keeps_the_best_and_running_trials():
+    """Past the window, the tuner's study holds the best trials, the recent ones and every running trial:
+    trials suggested before a rebuild and told after it land in the new study."""
+    from optuna.trial import TrialState
+
+    tuner, rng, best, running = _window_tuner((40, 5)), random.Random(9), [], []
+    for step in range(300):
+        running.append(tuner.suggest())
+        if len(running) == 4 or step == 299:  # four at a time, told newest first
+            for s in reversed(running):
+                value = _noisy_quadratic(s.parameters, rng)
+                tuner.observe(s.parameter_id, value)
+                best = sorted([*best, value])[:5]
+            running = []
+        study = tuner.study.get_trials(deepcopy=False)
+        assert len(study) <= 40 + 4 + 1
+        assert sum(t.state == TrialState.RUNNING for t in study) == len(running)
+    values = sorted(t.value for t in tuner.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    assert values[:5] == best
+    assert not tuner._pending
+
+
+@pytest.mark.parametrize("tpe_args,held", [({}, 1000), ({"history_window": 0}, 1100), ({"history_window": 200}, 200)])
+def test_tpe_holds_its_history_window_unless_told_otherwise(tpe_args, held):
+    tuner = create_tuner(AlgorithmConfig(name="TPE", class_args={"seed": 1, "tpe_args": tpe_args}),
+                         parse_search_space(QUAD))
+    rng = random.Random(4)
+    for i in range(1100):
+        raw = {f"x{k}": rng.random() for k in range(5)}
+        tuner.replay(i, raw, rng.random())
+    assert max(held - 600, 0) < len(tuner.study.get_trials(deepcopy=False)) <= held
+
+
+def test_a_windowed_tuner_is_reproducible_from_its_seed_and_after_a_replay():
+    def run(tuner, n):
+        rng, seen = random.Random(1), []
+        for _ in range(n):
+            s = tuner.suggest()
+            tuner.observe(s.parameter_id, _noisy_quadratic(s.parameters, rng))
+            seen.append((s.parameter_id, s.raw, s.parameters))
+        return seen
+
+    first, second = run(_window_tuner((30, 5)), 90), run(_window_tuner((30, 5)), 90)
+    assert first == second
+    resumed, rng = _window_tuner((30, 5)), random.Random(1)
+    for pid, raw, params in first:
+        resumed.replay(pid, raw, _noisy_quadratic(params, rng))
+    assert len(resumed.study.get_trials(deepcopy=False)) <= 31 and resumed.suggest().parameter_id == 90
+
+
 @pytest.mark.parametrize("config,message", [
     (AlgorithmConfig(name="Hyperopt"), "unknown tuner 'Hyperopt'"),
     (AlgorithmConfig(name="TPE", class_args={"optimize_mode": "up"}), "classArgs.optimize_mode must be"),
     (AlgorithmConfig(name="TPE", class_args={"seeds": 1}), "unknown classArgs key 'seeds'; allowed: optimize_mode"),
     (AlgorithmConfig(name="Evolution", class_args={"population_size": 0}), "population_size must be a positive"),
     (AlgorithmConfig(name="GridSearch", class_args={"seed": 1}), "unknown classArgs key 'seed'"),
+    (AlgorithmConfig(name="TPE", class_args={"tpe_args": {"linear_forgeting": 9}}),
+     "classArgs.tpe_args has unknown key 'linear_forgeting'; allowed: constant_liar_type, n_startup_jobs"),
+    (AlgorithmConfig(name="TPE", class_args={"tpe_args": {"constant_liar_type": "median"}}),
+     "key 'constant_liar_type' must be best, worst, mean or null"),
+    (AlgorithmConfig(name="TPE", class_args={"tpe_args": {"history_window": 10}}),
+     "key 'history_window' must be 0 \\(the whole history\\) or an integer of at least 100"),
 ])
 def test_class_args_are_validated(config, message):
     with pytest.raises(TunerError, match=message):
@@ -179,7 +266,7 @@ optuna.logging.set_verbosity(logging.INFO)  # the user's own choice, before tria
 from trialflow.search_space import parse_search_space
 from trialflow.tuners import optuna_tuners
 tuner = optuna_tuners.OptunaTuner(parse_search_space({"x": {"_type": "uniform", "_value": [0, 1]}}),
-                                  optuna_tuners.random_sampler(0))
+                                  optuna_tuners.random_sampler, seed=0)
 tuner.observe(tuner.suggest().parameter_id, 0.5)
 print(optuna.logging.get_verbosity() == logging.INFO)
 """

@@ -14,6 +14,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
@@ -252,7 +252,8 @@ class ExperimentStore:
         self.url = url
         self.experiment_id = experiment_id
         self.engine = _engine(url)
-        self._insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        # the backend's INSERT ... ON CONFLICT (sqlalchemy.dialects.sqlite or .postgresql): only the one in use loads
+        self._insert = importlib.import_module(f"sqlalchemy.dialects.{self.engine.dialect.name}").insert
         # RETURNING counts what was new on every backend (psycopg reports no rowcount for these inserts)
         self._insert_metric = self._insert(metrics).on_conflict_do_nothing().returning(metrics.c.sequence)
         self._lock = threading.RLock()

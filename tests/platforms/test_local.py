@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fake_nvidia_smi, write_trial
+from tests.conftest import fake_nvidia_smi, wait_for, write_trial
 from trialflow.config import LocalConfig
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.gpu import GpuProbe
@@ -93,10 +93,8 @@ time.sleep(120)
 """
     handle = service.submit(make_spec("Kill1", body, {}), service.code)
     pid_file = tmp_path / "code" / "child.pid"
-    deadline = time.monotonic() + 20
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = int(pid_file.read_text())
+    # written by write_text (created, then filled): an empty file is one being written
+    child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=20))
     assert pid_alive(child)
     service.cancel(handle, TrialStatus.USER_CANCELED)
     deadline = time.monotonic() + 10

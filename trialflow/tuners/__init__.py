@@ -21,15 +21,16 @@ from .base import (
     TunerError,
     bool_arg,
     check_args,
-    dict_arg,
     extract_scalar,
     number_arg,
     optimize_mode_arg,
     positive_int_arg,
+    positive_number_arg,
     scalar_or_none,
     seed_arg,
 )
 from .custom import NniTuner, check_algorithm, is_custom, load_custom
+from .tpe import check_tpe_args
 
 if TYPE_CHECKING:
     from .objectives import Objectives
@@ -69,16 +70,18 @@ def _tuner_class(module: str, name: str) -> Callable[..., Tuner]:
 
 def _tpe(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
          tpe_args: dict[str, Any] | None = None, objectives: Objectives | None = None) -> Tuner:
-    from .optuna_tuners import OptunaTuner, tpe_sampler
+    from .optuna_tuners import OptunaTuner
+    from .tpe import TpeSettings
 
-    return OptunaTuner(space, tpe_sampler(seed, tpe_args), optimize_mode, seed, objectives)
+    settings = TpeSettings(tpe_args)
+    return OptunaTuner(space, settings.sampler, optimize_mode, seed, objectives, settings.history_window())
 
 
 def _random(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None,
             objectives: Objectives | None = None) -> Tuner:
     from .optuna_tuners import OptunaTuner, random_sampler
 
-    return OptunaTuner(space, random_sampler(seed), optimize_mode, seed, objectives)
+    return OptunaTuner(space, random_sampler, optimize_mode, seed, objectives)
 
 
 def _nsga(version: int) -> Callable[..., Tuner]:
@@ -86,14 +89,15 @@ def _nsga(version: int) -> Callable[..., Tuner]:
                 population_size: int | None = None, objectives: Objectives | None = None) -> Tuner:
         from .optuna_tuners import OptunaTuner, nsga_sampler
 
-        return OptunaTuner(space, nsga_sampler(version, seed, population_size), optimize_mode, seed, objectives)
+        return OptunaTuner(space, lambda s: nsga_sampler(version, s, population_size), optimize_mode, seed,
+                           objectives)
     return factory
 
 
 def _cmaes(space: SearchSpace, optimize_mode: str = "minimize", seed: int | None = None) -> Tuner:
     from .optuna_tuners import OptunaTuner, cmaes_sampler
 
-    return OptunaTuner(space, cmaes_sampler(seed), optimize_mode, seed)
+    return OptunaTuner(space, cmaes_sampler, optimize_mode, seed)
 
 
 AnnealTuner = _tuner_class("anneal", "AnnealTuner")
@@ -136,11 +140,6 @@ def _utility_arg(value: Any) -> str | None:
     return None if value in GP_UTILITIES else f"must be one of {', '.join(GP_UTILITIES)}"
 
 
-def _positive_number_arg(value: Any) -> str | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    return None if ok else "must be a positive number"
-
-
 def _text_arg(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a folder path"
 
@@ -152,7 +151,7 @@ _METIS_ARGS: ArgChecks = {**_MODE_SEED, "no_resampling": bool_arg, "no_candidate
                "selection_num_starting_points": positive_int_arg, "cold_start_num": positive_int_arg,
                "exploration_probability": _fraction_arg}
 _GP_ARGS: ArgChecks = {**_MODE_SEED, "utility": _utility_arg, "kappa": number_arg, "xi": number_arg,
-                       "nu": _positive_number_arg, "alpha": _positive_number_arg,
+                       "nu": positive_number_arg, "alpha": positive_number_arg,
                        "cold_start_num": positive_int_arg, "selection_num_warm_up": positive_int_arg,
                        "selection_num_starting_points": positive_int_arg}
 _DNGO_ARGS: ArgChecks = {**_MODE_SEED, "sample_size": positive_int_arg, "trials_per_update": positive_int_arg,
@@ -161,7 +160,7 @@ _NSGA_ARGS: ArgChecks = {**_MODE_SEED, "population_size": positive_int_arg}
 
 # name -> (factory, allowed classArgs)
 TUNERS: dict[str, tuple[Callable[..., Tuner], dict[str, Callable[[Any], str | None]]]] = {
-    "tpe": (_tpe, {**_MODE_SEED, "tpe_args": dict_arg}),
+    "tpe": (_tpe, {**_MODE_SEED, "tpe_args": check_tpe_args}),
     "random": (_random, dict(_MODE_SEED)),
     "anneal": (AnnealTuner, {**_MODE_SEED, "n_startup": positive_int_arg, "avg_best_idx": number_arg,
                              "shrink_coef": number_arg}),

@@ -236,8 +236,9 @@ def number_arg(value: Any) -> str | None:
     return None if ok else "must be a number"
 
 
-def dict_arg(value: Any) -> str | None:
-    return None if isinstance(value, dict) else "must be a mapping"
+def positive_number_arg(value: Any) -> str | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return None if ok else "must be a positive number"
 
 
 def bool_arg(value: Any) -> str | None:

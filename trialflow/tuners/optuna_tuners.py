@@ -10,6 +10,7 @@ reading a config or listing experiments does not load it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..optuna_logging import quietly
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
     from .objectives import MultiResult, Objectives
+
+SamplerFactory = Callable[[int | None], "optuna.samplers.BaseSampler"]  # a seed -> a new sampler
 
 
 class _OptunaChooser:
@@ -45,22 +48,55 @@ class OptunaTuner(Tuner):
     """Any Optuna sampler behind the Tuner seam (in-memory study, no storage round trip). Given
     ``objectives``, the study has one direction per objective and the tuner is told
     :class:`~trialflow.tuners.objectives.MultiResult` values; their violations are the trial's constraints,
-    by name (Optuna's ``set_constraint``), which its samplers respect."""
+    by name (Optuna's ``set_constraint``), which its samplers respect.
 
-    def __init__(self, space: SearchSpace, sampler: optuna.samplers.BaseSampler,
-                 optimize_mode: str = "minimize", seed: int | None = None,
-                 objectives: Objectives | None = None) -> None:
-        import optuna
+    ``window`` (size, best), one objective only: once the study holds more than ``size`` finished trials,
+    a new study with a new sampler holds the ``best`` best of them and the most recent ``size // 2`` (in
+    their order) and the trials still running, so that a sampler whose cost grows with its history (TPE)
+    costs the same at any length of it."""
 
+    def __init__(self, space: SearchSpace, sampler: SamplerFactory, optimize_mode: str = "minimize",
+                 seed: int | None = None, objectives: Objectives | None = None,
+                 window: tuple[int, int] | None = None) -> None:
         super().__init__(space, optimize_mode, seed)
         direction: Literal["minimize", "maximize"] = "maximize" if self.maximize else "minimize"
-        directions = [direction] if objectives is None else \
+        self._directions = [direction] if objectives is None else \
             ["maximize" if o.maximize else "minimize" for o in objectives.objectives]
         self.objectives = objectives
-        with quietly():
-            self.study = optuna.create_study(sampler=sampler, directions=directions)
-        self._pending: dict[int, optuna.Trial] = {}
+        self._sampler = sampler
+        self._window = window if objectives is None else None
+        self._finished = 0  # the current study's finished trials
+        self.study = self._new_study(seed)
+        # parameter id -> its trial asked from the current study, or the number of its copy in a newer one
+        self._pending: dict[int, optuna.Trial | int] = {}
         self._distributions: dict[str, BaseDistribution] = {}
+
+    def _new_study(self, seed: int | None) -> optuna.Study:
+        import optuna
+
+        with quietly():
+            return optuna.create_study(sampler=self._sampler(seed), directions=self._directions)
+
+    def _told(self) -> None:
+        """A trial ended; past the window's size, the study is replaced by one holding what the window keeps."""
+        self._finished += 1
+        if self._window is None or self._finished <= self._window[0]:
+            return
+        from optuna.trial import TrialState
+
+        size, best = self._window
+        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        ranked = sorted(done, key=lambda t: self.score(float(t.value or 0.0)))[:best]
+        keep = {t.number for t in ranked} | {t.number for t in done[-(size // 2):]}
+        running = {t.number: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        self.study = self._new_study(None if self.seed is None else self.rng.randrange(2**31))
+        kept = [t for t in done if t.number in keep]
+        with quietly():
+            self.study.add_trials(kept)
+            for number, (pid, asked) in enumerate(self._pending.items(), start=len(kept)):
+                self.study.add_trial(running[asked if isinstance(asked, int) else asked.number])
+                self._pending[pid] = number
+        self._finished = len(kept)
 
     def suggest(self) -> Suggestion:
         trial = self.study.ask()
@@ -74,20 +110,20 @@ class OptunaTuner(Tuner):
     def observe(self, parameter_id: int, value: float | MultiResult | None) -> None:  # type: ignore[override]
         from optuna.trial import TrialState
 
-        trial = self._pending.pop(parameter_id, None)
-        if trial is None:
+        asked = self._pending.pop(parameter_id, None)
+        if asked is None:
             return
-        if value is None:
-            with quietly():
-                self.study.tell(trial, state=TrialState.FAIL)
-        elif isinstance(value, float | int):
-            with quietly():
-                self.study.tell(trial, value)
-        else:
-            for name, violation in self._constraints(value).items():
-                trial.set_constraint(name, violation)
-            with quietly():
-                self.study.tell(trial, list(value.values))
+        with quietly():
+            if value is None:
+                self.study.tell(asked, state=TrialState.FAIL)
+            elif isinstance(value, float | int):
+                self.study.tell(asked, value)
+            else:
+                assert not isinstance(asked, int)  # renumbered only under a window: one objective, no constraints
+                for name, violation in self._constraints(value).items():
+                    asked.set_constraint(name, violation)
+                self.study.tell(asked, list(value.values))
+        self._told()
 
     def _constraints(self, value: MultiResult) -> dict[str, float]:
         bounds = self.objectives.bounds if self.objectives is not None else ()
@@ -106,6 +142,7 @@ class OptunaTuner(Tuner):
             trial = optuna.trial.create_trial(params=raw, distributions=dists, values=list(value.values), state=state,
                                               constraints=self._constraints(value))
         self.study.add_trial(trial)
+        self._told()
 
     def _distribution(self, key: str, value: Any) -> BaseDistribution:
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -121,12 +158,6 @@ class OptunaTuner(Tuner):
                     return IntDistribution(int(p.values[0]), int(p.values[1]) - 1)
                 return FloatDistribution(0.0, 1.0)
         raise KeyError(f"parameter {key!r} of a resumed trial is not in the search space")
-
-
-def tpe_sampler(seed: int | None, tpe_args: dict[str, Any] | None = None) -> optuna.samplers.BaseSampler:
-    import optuna
-
-    return optuna.samplers.TPESampler(seed=seed, **(tpe_args or {}))
 
 
 def nsga_sampler(version: int, seed: int | None, population_size: int | None) -> optuna.samplers.BaseSampler:

@@ -4,7 +4,8 @@ A meta file holds NNI's fields: ``algoType`` (tuner | assessor), ``builtinName``
 (``module.Class``) and optionally ``classArgsValidator``; its folder is the algorithm's code
 directory unless the module is importable anyway. Entries live in
 ``$TRIALFLOW_CONFIG_DIR/registered_algorithms.yml`` (default ``~/.config/trialflow``); a config then
-names the algorithm like a built-in one: ``tuner: {name: <builtinName>}``.
+names the algorithm like a built-in one: ``tuner: {name: <builtinName>}``. PyYAML loads when a file is read or
+written (the read-only commands import this module and read none).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .base import TunerError
 
@@ -36,6 +35,8 @@ def registry_file() -> Path:
 
 
 def registered_algorithms() -> list[RegisteredAlgorithm]:
+    import yaml
+
     path = registry_file()
     if not path.is_file():
         return []
@@ -55,6 +56,8 @@ def registered(name: str | None) -> RegisteredAlgorithm | None:
 
 def read_meta(path: Path) -> RegisteredAlgorithm:
     """An NNI meta file as an entry; every problem names the field."""
+    import yaml
+
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -96,6 +99,8 @@ def unregister(name: str) -> RegisteredAlgorithm:
 
 
 def _write(entries: list[RegisteredAlgorithm]) -> None:
+    import yaml
+
     path = registry_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
