@@ -360,18 +360,27 @@ def test_trial_ls_fits_an_80_column_terminal(tmp_path, prefect_server):
 def test_the_read_only_commands_load_no_numerical_library_nor_the_config_models(tmp_path):
     """``trial ls``, ``experiment list`` and ``export`` read records only: what they import leaves out
     the tuners' numerical libraries, Optuna, Prefect, trialflow's config models, pydantic (which typer
-    0.29 would load for its option values) and PyYAML (together about a third of a second of every such
-    command's start: benchmarks/listings.py)."""
+    0.29 would load for its option values), PyYAML and SQLAlchemy (an embedded store is read with
+    ``sqlite3``): together about half a second of every such command's start (benchmarks/listings.py)."""
+    from trialflow.store_records import DB_RELATIVE_PATH
+
+    db = tmp_path / "w" / "embedded1" / DB_RELATIVE_PATH  # an experiment of five trials, at this code's schema
+    db.parent.mkdir(parents=True)
+    db.write_bytes((Path(__file__).parent / "assets" / "stores" / "v3" / "trialflow.sqlite").read_bytes())
     code = ("import sys\n"
             "from trialflow.cli import main\n"
             "sys.argv = ['trialflow', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "heavy = ('numpy', 'optuna', 'prefect', 'trialflow.config', 'trialflow.assessors', 'pydantic', 'yaml')\n"
+            "heavy = ('numpy', 'optuna', 'prefect', 'trialflow.config', 'trialflow.assessors', 'pydantic', 'yaml',\n"
+            "         'sqlalchemy')\n"
             "print('LOADED', sorted(m for m in heavy if m in sys.modules))\n")
     home = tmp_path / "home"
-    env = {**os.environ, "HOME": str(home), "TRIALFLOW_HOME": str(tmp_path / "exps")}
-    for args in (["experiment", "list"], ["trial", "ls", "abcdefgh", "--root", str(tmp_path)],
-                 ["experiment", "export", "abcdefgh", "--root", str(tmp_path), "-f", str(tmp_path / "x.csv")]):
+    env = {**os.environ, "HOME": str(home), "TRIALFLOW_HOME": str(tmp_path / "w")}
+    root = ["--root", str(tmp_path / "w")]
+    for args, shown in ((["experiment", "list", "--all"], "embedded1"),
+                        (["trial", "ls", "embedded1", *root], "EARLY_STOPPED"),
+                        (["experiment", "export", "embedded1", *root, "-f", str(tmp_path / "x.csv")],
+                         "exported 5 trials")):
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                               timeout=60)
-        assert "LOADED []" in done.stdout, (args, done.stdout, done.stderr)
+        assert "LOADED []" in done.stdout and shown in done.stdout, (args, done.stdout, done.stderr)

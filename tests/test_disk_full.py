@@ -159,7 +159,9 @@ def test_a_trials_end_is_written_once_space_is_freed(small_disk):
     writer = threading.Thread(target=write_when_space, args=(str(state), {"exit_code": 0}, 0.05))
     writer.start()
     time.sleep(0.5)
-    assert writer.is_alive() and not state.exists() and [p.name for p in small_disk.iterdir()] == ["filler"]
+    assert writer.is_alive() and not state.exists()
+    # each try makes a temporary file and removes it when the write fails: between two tries, none is left
+    wait_for(lambda: [p.name for p in small_disk.iterdir()] == ["filler"], timeout=5, interval=0.01)
     filler.unlink()
     writer.join(timeout=10)
     assert json.loads(state.read_text()) == {"exit_code": 0}

@@ -35,11 +35,12 @@ if TYPE_CHECKING:
     from .kept_server import KeptServer
     from .presentation.dashboard import LiveDashboard
     from .store import ExperimentRecord, ExperimentStore
+    from .store_reader import RecordSource
 
 # imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
 _config = lazy_module("trialflow.config")
 _control = lazy_module("trialflow.control")
-_records = lazy_module("trialflow.store")
+_records = lazy_module("trialflow.store_records")
 _experiments = lazy_module("trialflow.experiments")
 _warm = lazy_module("trialflow.warm_start")
 _run_control = lazy_module("trialflow.flows.run_control")
@@ -102,14 +103,23 @@ def _fail(message: str) -> None:
 def _store(experiment_id: str | None, root: Path | None) -> tuple[Path, ExperimentStore]:
     """The experiment's working directory and store; without an id, the only running experiment (as
     nnictl)."""
-    if experiment_id is None:
-        running = [e.id for e in _experiments.list_experiments(root) if e.record.status in EXPERIMENT_LIVE]
-        if len(running) != 1:
-            raise CliError("no experiment is running: give an experiment id (trialflow experiment list --all)"
-                           if not running else f"{len(running)} experiments are running ({', '.join(running)}): "
-                           "give the id of one")
-        experiment_id = running[0]
-    return _experiments.find_experiment(experiment_id, root)
+    return _experiments.find_experiment(_given_or_running(experiment_id, root), root)
+
+
+def _records_only(experiment_id: str | None, root: Path | None) -> tuple[Path, RecordSource]:
+    """:func:`_store` for the commands that only read records (no SQLAlchemy for an embedded store)."""
+    return _experiments.find_records(_given_or_running(experiment_id, root), root)
+
+
+def _given_or_running(experiment_id: str | None, root: Path | None) -> str:
+    if experiment_id is not None:
+        return experiment_id
+    running = [e.id for e in _experiments.list_experiments(root) if e.record.status in EXPERIMENT_LIVE]
+    if len(running) != 1:
+        raise CliError("no experiment is running: give an experiment id (trialflow experiment list --all)"
+                       if not running else f"{len(running)} experiments are running ({', '.join(running)}): "
+                       "give the id of one")
+    return running[0]
 
 
 def _warn(warnings: list[str]) -> None:
@@ -632,8 +642,8 @@ def experiment_list(root: RootOpt = None,
     for e in _experiments.list_experiments(root, unreadable):
         if not all_ and e.record.status not in EXPERIMENT_LIVE:
             continue
-        store = _experiments.open_store(e.root, e.id)
-        count = len(store.trials())
+        store = _experiments.open_records(e.root, e.id)
+        count = store.count_trials()
         store.close()
         started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
         table.add_row(e.id, e.record.name or "", e.record.status, str(count), started, str(e.root / e.id))
@@ -673,7 +683,7 @@ def experiment_export(
     """Export trials (parameters, final value, optionally intermediates) as JSON or CSV."""
     if kind not in ("json", "csv"):
         raise CliError(f"bad --type {kind!r}: use json or csv")
-    _, store = _store(experiment_id, root)
+    _, store = _records_only(experiment_id, root)
     from .result_exchange import export_results
 
     console.print(f"exported {export_results(store, filename, kind, intermediate)} trials to {filename}")
@@ -829,7 +839,7 @@ def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.O
     """Trials with status and final metric; --head/--tail N sort by metric (best/worst first)."""
     if head is not None and tail is not None:
         raise CliError("use either --head or --tail")
-    _, store = _store(experiment_id, root)
+    _, store = _records_only(experiment_id, root)
     trials = store.trials()
     if head is not None or tail is not None:
         trials = _views.sort_trials(trials, store, head, tail)

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import make_url
-
 from .ids import looks_like_experiment_id, new_experiment_id
 from .kept_server import DEFAULT_WORKING_DIRECTORY
-from .store import DB_RELATIVE_PATH, Control, ExperimentRecord, ExperimentStore, ImportedItem, StoreUnreadable
+from .store_reader import RecordSource, open_records
+from .store_records import DB_RELATIVE_PATH, Control, ExperimentRecord, ImportedItem, StoreUnreadable
 from .user_errors import UserError
 
 if TYPE_CHECKING:
     from .config import ExperimentConfig
+    from .store import ExperimentStore
 
 # The config models, tuners and assessors are imported where an experiment is made or its config read:
 # commands that only read records (trial ls, export, experiment list) start without them.
@@ -79,6 +79,7 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
     ``warmStart`` is created through :func:`trialflow.warm_start.create_warm_started`, which gathers
     them (raises ``ValueError`` when none were given)."""
     from .results import optimize_mode_of
+    from .store import ExperimentStore
 
     check_new_experiment(config)
     if config.warm_start and not imported:
@@ -141,6 +142,8 @@ def _registered_roots() -> list[Path]:
 
 
 def _without_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
     # URL.set(password=None) keeps the password: None means "unchanged" there
     return make_url(url)._replace(password=None).render_as_string(hide_password=False)
 
@@ -173,6 +176,8 @@ def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
     The password of a shared one comes from the experiment's config in this process, else ``config``,
     else the file the experiment was created from, when their store is the recorded one; else from
     PGPASSWORD or ~/.pgpass."""
+    from .store import ExperimentStore
+
     exp_dir = Path(working_directory) / experiment_id
     if (exp_dir / DB_RELATIVE_PATH).is_file():
         return ExperimentStore.embedded(exp_dir, experiment_id)
@@ -320,9 +325,21 @@ def search_roots(root: str | os.PathLike[str] | None = None) -> list[Path]:
 
 def find_experiment(experiment_id: str, root: str | os.PathLike[str] | None = None) -> tuple[Path, ExperimentStore]:
     """The working directory and store of an experiment (default root, then registered roots)."""
+    base = _working_directory_of(experiment_id, root)
+    return base, open_store(base, experiment_id)
+
+
+def find_records(experiment_id: str, root: str | os.PathLike[str] | None = None) -> tuple[Path, RecordSource]:
+    """:func:`find_experiment` for reading records only (``trial ls``, ``experiment export``): the store
+    read through :func:`~trialflow.store_reader.open_records`."""
+    base = _working_directory_of(experiment_id, root)
+    return base, open_records(base, experiment_id)
+
+
+def _working_directory_of(experiment_id: str, root: str | os.PathLike[str] | None) -> Path:
     for base in search_roots(root):
         if has_store(base / experiment_id):
-            return base, open_store(base, experiment_id)
+            return base
     raise ExperimentNotFound(f"no experiment {experiment_id!r} found; `trialflow experiment list` shows the "
                              "known ones (use --root for another working directory)")
 
@@ -339,7 +356,7 @@ def list_experiments(root: Path | None = None, unreadable: list[str] | None = No
             if any(e.id == exp_id for e in out):
                 continue
             try:
-                store = open_store(base, exp_id)
+                store = open_records(base, exp_id)
             except StoreUnreadable as exc:
                 if unreadable is not None:
                     unreadable.append(f"{exp_id}: {exc}")

@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any
 from .experiments import stored_config
 from .platforms import service_name
 from .results import multi_objective, pareto_set
-from .store import ExperimentStore, ImportedItem
+from .store_reader import RecordSource
+from .store_records import ImportedItem
 from .tuners.objectives import read_result
 
 if TYPE_CHECKING:  # the config models load only to import results: an export needs none of them
     from .config import ExperimentConfig
+    from .store import ExperimentStore
 
 
-def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, Any]]:
+def export_rows(store: RecordSource, intermediate: bool) -> list[dict[str, Any]]:
     rows = []
     per_trial: dict[str, list[Any]] = {}
     if intermediate:
@@ -47,7 +49,7 @@ def export_rows(store: ExperimentStore, intermediate: bool) -> list[dict[str, An
     return rows
 
 
-def export_results(store: ExperimentStore, path: Path, kind: str, intermediate: bool = False) -> int:
+def export_results(store: RecordSource, path: Path, kind: str, intermediate: bool = False) -> int:
     """Write the experiment's results to ``path`` as ``kind`` (``json`` or ``csv``); returns how many
     trials were written. Raises ``OSError`` when the file cannot be written."""
     rows = export_rows(store, intermediate)

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .status import TrialStatus
-from .store import ExperimentRecord, ExperimentStore, TrialRecord
+from .store_records import ExperimentRecord, TrialRecord
 from .trial.protocol import STDERR_FILE
 from .tuners import scalar_or_none
 from .tuners.objectives import MultiResult, Objectives
+
+if TYPE_CHECKING:
+    from .store import ExperimentStore
 
 MODES = ("maximize", "minimize")
 # The order outcomes are counted and printed in.

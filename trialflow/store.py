@@ -22,8 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,24 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
-from .store_schema import (  # noqa: F401 -- SCHEMA_VERSION and StoreUnreadable are the store's to name
+from .store_records import (  # noqa: F401 -- the records, SCHEMA_VERSION and StoreUnreadable are the store's to name
+    CONTROLLED_FIELDS,
+    DB_RELATIVE_PATH,
     SCHEMA_VERSION,
+    STOPPING,
+    Control,
+    ExperimentRecord,
+    ImportedItem,
+    Metric,
     StoreUnreadable,
+    TrialRecord,
+    config_in_force,
+    experiment_record,
+    metric_record,
+    store_unreadable,
+    trial_record,
+)
+from .store_schema import (
     controls,
     events,
     experiments,
@@ -44,10 +58,6 @@ from .store_schema import (  # noqa: F401 -- SCHEMA_VERSION and StoreUnreadable 
     updates,
     where,
 )
-
-DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"
-
-
 
 # Hot-path statements, built once: constructing SQLAlchemy statements costs ~10x executing them.
 _B = sa.bindparam
@@ -71,27 +81,7 @@ _COUNT_TRIALS = sa.select(sa.func.count()).select_from(trials).where(trials.c.ex
 _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
 _TRIAL_HANDLE = sa.select(trials.c.handle).where(_ONE_TRIAL)
 _SET_HANDLE = trials.update().where(_ONE_TRIAL).values(handle=_B("handle_text"))
-STOPPING = "stopping"  # in a stored handle, beside its fields: a stop recorded, not yet settled
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
-
-
-ImportedItem = tuple[dict[str, Any], dict[str, Any], Any]
-"""One imported result (NNI's ``importData`` item): its parameters, its raw values and its value."""
-
-
-class Control(str, Enum):
-    """The keys of an experiment's controls: what the CLI, the API and the controller ask of a run
-    through the store (read by the controller every loop tick)."""
-
-    STOP = "stop"  # trialflow stop: the run ends STOPPED
-    KILL = "kill"  # trialflow trial kill: the ids of trials to cancel
-    TRIAL_CONCURRENCY = "trial_concurrency"  # update concurrency: replaces trialConcurrency
-    MAX_TRIAL_NUMBER = "max_trial_number"  # update trialnum, resume --trialnum: replaces maxTrialNumber
-    MAX_EXPERIMENT_DURATION = "max_experiment_duration"  # update duration, resume --duration (seconds)
-    SEARCH_SPACE = "search_space"  # update searchspace: replaces searchSpace
-    ELAPSED_SECONDS = "elapsed_seconds"  # the run time spent by earlier runs (maxExperimentDuration counts it)
-    DASHBOARD_URL = "dashboard_url"  # set by trialflow dashboard while one serves
-    CHANGED_FIELDS = "changed_fields"  # top-level config fields trialflow set itself (update, overrides)
 
 
 @dataclass(frozen=True)
@@ -120,63 +110,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-@dataclass
-class TrialRecord:
-    id: str
-    sequence: int
-    parameter_id: int
-    parameters: dict[str, Any]
-    raw: dict[str, Any]
-    status: str
-    handle: dict[str, Any] | None
-    exit_code: int | None
-    message: str | None
-    log_dir: str | None
-    submit_time: float
-    start_time: float | None
-    end_time: float | None
-    final: Any = None
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL
-
-    @property
-    def stopping(self) -> bool:
-        """Its stop is recorded (:meth:`ExperimentStore.record_stop`) but not settled: the controller
-        that stopped it ended before the kill was over, and the next one finishes the stop."""
-        return bool(self.handle and self.handle.get(STOPPING))
-
-
-@dataclass
-class ExperimentRecord:
-    id: str
-    name: str | None
-    config: dict[str, Any]
-    config_path: str | None
-    status: str
-    message: str | None
-    start_time: float | None
-    end_time: float | None
-    controller_pid: int | None
-    next_sequence: int
-    controls: dict[str, Any] = field(default_factory=dict)
-    optimize_mode: str | None = None  # None only for experiments created before it was stored
-    best_trial: str | None = None
-    flow_run_id: str | None = None
-    prefect_api: str | None = None
-    pareto: list[str] | None = None  # a multi-objective experiment's Pareto set (trial ids), recorded at its end
-
-
-@dataclass(frozen=True)
-class Metric:
-    trial_id: str
-    type: str  # "PERIODICAL" | "FINAL"
-    sequence: int
-    value: Any
-    time: float = 0.0
-
-
 def embedded_url(experiment_dir: str | os.PathLike[str]) -> str:
     path = Path(experiment_dir) / DB_RELATIVE_PATH
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,12 +136,7 @@ def _engine(url: str) -> Engine:
 
 
 def _unreadable(url: str, exc: BaseException) -> StoreUnreadable:
-    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-    if url.startswith("sqlite"):
-        return StoreUnreadable(f"the experiment store {where(url)} cannot be read ({reason}): the file is damaged; "
-                               "restore it from a backup, or remove its experiment folder")
-    return StoreUnreadable(f"the experiment store {where(url)} cannot be read ({reason}): check that the database "
-                           "runs and the URL and password are right")
+    return store_unreadable(where(url), getattr(exc, "orig", None) or exc, url.startswith("sqlite"))
 
 
 def stored_experiment_ids(url: str) -> list[str]:
@@ -221,28 +149,6 @@ def stored_experiment_ids(url: str) -> list[str]:
             return [row[0] for row in conn.execute(sa.select(experiments.c.id).order_by(experiments.c.id))]
     finally:
         engine.dispose()
-
-
-# control -> the config field whose value it replaces (what ``update`` changes)
-CONTROLLED_FIELDS: dict[str, str] = {
-    Control.TRIAL_CONCURRENCY: "trialConcurrency", Control.MAX_TRIAL_NUMBER: "maxTrialNumber",
-    Control.MAX_EXPERIMENT_DURATION: "maxExperimentDuration", Control.SEARCH_SPACE: "searchSpace"}
-
-
-def config_in_force(record: ExperimentRecord) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The experiment's config with the values ``update`` set in place of the created ones (in force
-    now, or at the next run of a stopped experiment), and the controls left over (run state)."""
-    config = dict(record.config)
-    rest = {}
-    for key, value in record.controls.items():
-        field = CONTROLLED_FIELDS.get(key)
-        if field is None:
-            rest[key] = value
-        else:
-            config[field] = value
-            if field == "searchSpace":
-                config.pop("searchSpaceFile", None)
-    return config, rest
 
 
 class ExperimentStore:
@@ -305,12 +211,7 @@ class ExperimentStore:
             raise _unreadable(self.url, exc) from None
         if row is None:
             raise KeyError(f"experiment {self.experiment_id} is not in the store {self.url}")
-        m = row._mapping
-        return ExperimentRecord(m["id"], m["name"], json.loads(m["config"]), m["config_path"], m["status"],
-                                m["message"], m["start_time"], m["end_time"], m["controller_pid"],
-                                m["next_sequence"], self.controls(), m["optimize_mode"], m["best_trial"],
-                                m["flow_run_id"], m["prefect_api"],
-                                json.loads(m["pareto"]) if m["pareto"] is not None else None)
+        return experiment_record(row._mapping, self.controls())
 
     def controls(self) -> dict[str, Any]:
         """Runtime changes requested through the CLI (read every loop tick, so kept cheap)."""
@@ -459,7 +360,7 @@ class ExperimentStore:
                                 | (trials.c.submit_time >= changed_since) | (trials.c.start_time >= changed_since))
         with self._tx() as conn:
             rows = conn.execute(query).all()
-        return [self._trial(r._mapping) for r in rows]
+        return [trial_record(r._mapping) for r in rows]
 
     def count_trials(self) -> int:
         with self._tx() as conn:
@@ -478,14 +379,7 @@ class ExperimentStore:
                                                        trials.c.id == trial_id)).first()
         if row is None:
             raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
-        return self._trial(row._mapping)
-
-    @staticmethod
-    def _trial(m: Any) -> TrialRecord:
-        return TrialRecord(m["id"], m["sequence"], m["parameter_id"], json.loads(m["parameters"]),
-                           json.loads(m["raw"]), m["status"], json.loads(m["handle"]) if m["handle"] else None,
-                           m["exit_code"], m["message"], m["log_dir"], m["submit_time"], m["start_time"],
-                           m["end_time"], json.loads(m["final"]) if m["final"] is not None else None)
+        return trial_record(row._mapping)
 
     def status_history(self, trial_id: str) -> list[tuple[str, float, str | None]]:
         """The trial's recorded events in time order: (status, time, message)."""
@@ -572,4 +466,4 @@ class ExperimentStore:
             query = query.where(metrics.c.type == type)
         with self._tx() as conn:
             rows = conn.execute(query.order_by(metrics.c.trial_id, metrics.c.type, metrics.c.sequence)).all()
-        return [Metric(r.trial_id, r.type, r.sequence, json.loads(r.value), r.time) for r in rows]
+        return [metric_record(r._mapping) for r in rows]

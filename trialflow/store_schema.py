@@ -1,7 +1,7 @@
 """The experiment store's tables and their numbered versions.
 
-:data:`SCHEMA_VERSION` numbers the tables below. A store records the version it was written at in
-``trialflow_schema`` (stores from before the number read as 0). Opening a store runs every upgrade
+:data:`~trialflow.store_records.SCHEMA_VERSION` numbers the tables below. A store records the version it
+was written at in ``trialflow_schema`` (stores from before the number read as 0). Opening a store runs every upgrade
 step from its version up to :data:`SCHEMA_VERSION`, one step per version, in one transaction that
 holds the store's write lock (PostgreSQL: an advisory lock; SQLite: the database's write lock), so
 two processes opening an old store at once upgrade it once; each step is idempotent as well. A store
@@ -20,9 +20,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
-from .user_errors import UserError
-
-SCHEMA_VERSION = 3
+from .store_records import SCHEMA_VERSION, StoreUnreadable
 
 _meta = sa.MetaData()
 experiments = sa.Table(
@@ -107,11 +105,6 @@ metrics = sa.Table(
     sa.Column("value", sa.Text, nullable=False),
     sa.Column("time", sa.Float, nullable=False),
 )
-
-
-class StoreUnreadable(UserError, RuntimeError):
-    """An experiment store that cannot be opened or read (a damaged file, an unreachable database); the
-    message is one line naming it and what to do."""
 
 
 # ---- upgrade steps: STEPS[n] brings a store at version n - 1 to version n ---------------------------

@@ -27,11 +27,12 @@ from ..results import (
     trial_value,
 )
 from ..status import EXPERIMENT_LIVE, TrialStatus
-from ..store import ExperimentStore, TrialRecord, config_in_force
+from ..store_reader import RecordSource
+from ..store_records import TrialRecord, config_in_force
 from ..tuners.objectives import Objectives
 
 
-def is_maximize_stored(store: ExperimentStore) -> bool:
+def is_maximize_stored(store: RecordSource) -> bool:
     return maximizes(store.experiment())
 
 
@@ -39,7 +40,7 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(ts)) if ts else ""
 
 
-def print_experiment(console: Console, store: ExperimentStore) -> None:
+def print_experiment(console: Console, store: RecordSource) -> None:
     record = store.experiment()
     trials = store.trials()
     counts: dict[str, int] = {}
@@ -141,7 +142,7 @@ def print_trials(console: Console, trials: list[TrialRecord], objectives: Object
     console.file.write("\n".join(lines) + "\n")
 
 
-def sort_trials(trials: list[TrialRecord], store: ExperimentStore, head: int | None, tail: int | None
+def sort_trials(trials: list[TrialRecord], store: RecordSource, head: int | None, tail: int | None
                 ) -> list[TrialRecord]:
     """Trials with a usable final value, best first (--head N) or worst first (--tail N); several
     objectives' results in :meth:`Objectives.ranked` order."""
