@@ -28,6 +28,12 @@ checkout (created when missing), as a user's ``pip install`` would have it; see 
 ``SCALE_SERVER=temporary`` runs it on Prefect's temporary server instead of the kept one (its CPU then
 counts in "the rest").
 
+``--ray-venv DIR`` (``--install-ray`` creates it: ``pip install "ray[tune]"``) runs Ray Tune's own version of the
+test beside it, on the same cores and in the same run: a function trainable that sleeps as the trial does and
+reports one result, N samples at ``max_concurrent_trials`` C (Ray started with C logical CPUs, so that C run at
+once on any machine), timed around ``Tuner.fit()``; both ratios to the ideal are printed, with the CPU each
+spent per trial (the whole machine's busy time during the run, over N).
+
 ``--mlflow`` / ``--wandb`` run it twice, without and with a tracker (a local ``mlflow server``; W&B
 offline runs), and print what tracking costs: both walls, the controller's CPU per trial, the tracking
 worker's (W&B's service included), and the tracker's client alone logging made-up trials in this
@@ -54,10 +60,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
-from benchmarks._venv import add_venv_option, interpreter_start_ms, rerun_in  # noqa: E402
+from benchmarks._venv import add_venv_option, create_venv, interpreter_start_ms, rerun_in  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep({sleep})\nnni.report_final_result(1.0)\n"
 WINDOW = 200  # trials per bookkeeping point
+# Ray Tune's version of the test, run by the Ray venv's Python: argv n, concurrency, sleep, storage folder
+RAY_TEST = """
+import json, sys, time
+import ray
+from ray import tune
+n, concurrency, sleep, storage = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+ray.init(num_cpus=concurrency, include_dashboard=False, log_to_driver=False, configure_logging=False)
+def trainable(config):
+    time.sleep(sleep)
+    tune.report({"score": 1.0})
+tuner = tune.Tuner(trainable, param_space={"x": tune.uniform(0, 1)},
+                   tune_config=tune.TuneConfig(num_samples=n, max_concurrent_trials=concurrency),
+                   run_config=tune.RunConfig(storage_path=storage, verbose=0))
+start = time.perf_counter()
+results = tuner.fit()
+wall = time.perf_counter() - start
+print(json.dumps({"wall": wall, "succeeded": sum(r.error is None for r in results)}))
+"""
 
 
 def controller(config_path: str) -> None:
@@ -276,6 +300,19 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, tracking:
             "cli_start": cli_start, "trial_ls": ls, "export": export, "python_start_ms": interpreter_start_ms()}
 
 
+def ray_run(venv: Path, trials: int, concurrency: int, sleep: float) -> dict:
+    """Ray Tune's version of the test in ``venv`` (see the module doc): its wall time around ``fit()``, the
+    trials that succeeded and the machine's CPU per trial while it ran."""
+    with tempfile.TemporaryDirectory() as tmp:
+        busy = _machine_busy_seconds()
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", RAY_TEST, str(trials), str(concurrency), str(sleep),
+                               str(Path(tmp) / "ray_results")], check=True, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        busy = _machine_busy_seconds() - busy
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**out, "ideal": math.ceil(trials / concurrency) * sleep, "cpu_ms_per_trial": 1000 * busy / trials}
+
+
 def report(r: dict) -> None:
     print_table(f"{r['trials']} trials x {r['sleep']:g} s at concurrency {r['concurrency']}, Random tuner, local "
                 f"service: {r['status']}, {r['succeeded']} succeeded",
@@ -404,6 +441,8 @@ def main() -> None:
                         help="run it twice, without and with logging to a local MLflow server, and print the cost")
     parser.add_argument("--wandb", action="store_true",
                         help="run it twice, without and with logging W&B offline runs, and print the cost")
+    parser.add_argument("--ray-venv", type=Path, help="also run Ray Tune's version of the test from this virtualenv")
+    parser.add_argument("--install-ray", action="store_true", help="create --ray-venv with ray[tune] first")
     add_venv_option(parser)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -416,8 +455,20 @@ def main() -> None:
     if args.mlflow or args.wandb:
         tracking_cost(args.trials, args.concurrency, args.sleep, "mlflow" if args.mlflow else "wandb")
         return
+    if args.install_ray and args.ray_venv and not (args.ray_venv / "bin" / "python").exists():
+        create_venv(args.ray_venv, "ray[tune]")
     result = run(args.trials, args.concurrency, args.sleep)
     report(result)
+    if args.ray_venv:
+        ray = result["ray"] = ray_run(args.ray_venv, args.trials, args.concurrency, args.sleep)
+        print()
+        print_table(f"the same {args.trials} trials x {args.sleep:g} s at concurrency {args.concurrency}, same run",
+                    ["", "wall", "vs ideal", "CPU per trial (machine)", "succeeded"],
+                    [["trialflow (first submit -> last end)", f"{result['wall']:.1f} s",
+                      f"{result['wall'] / result['ideal']:.2f}x", f"{sum(result['cpu_ms_per_trial'].values()):.1f} ms",
+                      result["succeeded"]],
+                     ["Ray Tune (Tuner.fit)", f"{ray['wall']:.1f} s", f"{ray['wall'] / ray['ideal']:.2f}x",
+                      f"{ray['cpu_ms_per_trial']:.1f} ms", ray["succeeded"]]])
     if args.json:
         Path(args.json).write_text(json.dumps(result, default=str, indent=1))
 
