@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trialflow.experiments import list_experiments
+from trialflow.experiments import list_experiments, open_records
 from trialflow.store import ExperimentStore
-from trialflow.store_reader import EmbeddedReader, open_records
+from trialflow.store_reader import EmbeddedReader
 from trialflow.store_records import DB_RELATIVE_PATH, StoreUnreadable
 
 ASSETS = sorted((Path(__file__).parent / "assets" / "stores").glob("v*"), key=lambda p: int(p.name[1:]))

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from .ids import looks_like_experiment_id, new_experiment_id
 from .kept_server import DEFAULT_WORKING_DIRECTORY
-from .store_reader import RecordSource, open_records
-from .store_records import DB_RELATIVE_PATH, Control, ExperimentRecord, ImportedItem, StoreUnreadable
+from .store_reader import EmbeddedReader, RecordSource
+from .store_records import DB_RELATIVE_PATH, SCHEMA_VERSION, Control, ExperimentRecord, ImportedItem, StoreUnreadable
 from .user_errors import UserError
 
 if TYPE_CHECKING:
@@ -195,6 +196,24 @@ def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
                              "`trialflow experiment list` shows the known ones")
 
 
+def open_records(working_directory: str | os.PathLike[str], experiment_id: str) -> RecordSource:
+    """The experiment's records to read: an :class:`~trialflow.store_reader.EmbeddedReader` for an embedded
+    store at this code's schema, else its :class:`~trialflow.store.ExperimentStore` (see
+    :mod:`trialflow.store_reader`). Raises what :func:`open_store` raises for an experiment it cannot open."""
+    path = Path(working_directory) / experiment_id / DB_RELATIVE_PATH
+    if path.is_file():
+        reader = None
+        try:
+            reader = EmbeddedReader(path, experiment_id)
+            if reader.schema_version() == SCHEMA_VERSION:
+                return reader
+        except (sqlite3.Error, StoreUnreadable):
+            pass
+        if reader is not None:
+            reader.close()
+    return open_store(working_directory, experiment_id)
+
+
 def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
     """The config file a shared-store experiment was created from, when it still loads (it may hold
     the store's password, which the experiment directory never does)."""
@@ -331,7 +350,7 @@ def find_experiment(experiment_id: str, root: str | os.PathLike[str] | None = No
 
 def find_records(experiment_id: str, root: str | os.PathLike[str] | None = None) -> tuple[Path, RecordSource]:
     """:func:`find_experiment` for reading records only (``trial ls``, ``experiment export``): the store
-    read through :func:`~trialflow.store_reader.open_records`."""
+    read through :func:`open_records`."""
     base = _working_directory_of(experiment_id, root)
     return base, open_records(base, experiment_id)
 

@@ -6,33 +6,26 @@ store (an older one that opening would upgrade, a newer one, a shared PostgreSQL
 read) is opened as an :class:`~trialflow.store.ExperimentStore`, which upgrades it or says in one line
 why it cannot.
 
-Lifecycle: :func:`open_records` returns a reader holding one connection until :meth:`EmbeddedReader.close`;
-it writes nothing (SQLite's WAL lets it read while the experiment's controller writes).
+Lifecycle: :func:`~trialflow.experiments.open_records` returns a reader holding one connection until
+:meth:`EmbeddedReader.close`; it writes nothing (SQLite's WAL lets it read while the experiment's controller writes).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .store_records import (
-    DB_RELATIVE_PATH,
-    SCHEMA_VERSION,
     ExperimentRecord,
     Metric,
-    StoreUnreadable,
     TrialRecord,
     experiment_record,
     metric_record,
     store_unreadable,
     trial_record,
 )
-
-if TYPE_CHECKING:
-    from .store import ExperimentStore
 
 
 class RecordSource(Protocol):
@@ -100,24 +93,3 @@ class EmbeddedReader:
 
     def close(self) -> None:
         self._conn.close()
-
-
-def open_records(working_directory: str | os.PathLike[str], experiment_id: str) -> RecordSource:
-    """The experiment's records to read: an :class:`EmbeddedReader` for an embedded store at this code's
-    schema, else its :class:`~trialflow.store.ExperimentStore` (see the module's docstring). Raises what
-    :func:`~trialflow.experiments.open_store` raises for an experiment it cannot open."""
-    path = Path(working_directory) / experiment_id / DB_RELATIVE_PATH
-    if path.is_file():
-        reader = None
-        try:
-            reader = EmbeddedReader(path, experiment_id)
-            if reader.schema_version() == SCHEMA_VERSION:
-                return reader
-        except (sqlite3.Error, StoreUnreadable):
-            pass
-        if reader is not None:
-            reader.close()
-    from .experiments import open_store
-
-    store: ExperimentStore = open_store(working_directory, experiment_id)
-    return store
