@@ -74,19 +74,26 @@ nni.report_final_result({"default": float(p["TRIAL_BUDGET"]), "loaded": loaded,
 """
 
 # checkpoints after each step; the first run of sequence 0 says it paused (``checkpoint/paused``) and
-# waits to be interrupted after three steps, a later run goes on from the step its checkpoint holds
+# waits to be interrupted after three steps, a later run goes on from the step its checkpoint holds.
+# The pausing step saves its checkpoint before it reports too, so whoever saw its third result may
+# interrupt it at once without the step being run twice.
 RESUMING_TRIAL = """
 import nni, os, time
 p = nni.get_next_parameter()
 checkpoint = os.environ["TRIALFLOW_CHECKPOINT_DIR"]
 mark = os.path.join(checkpoint, "step")
 start = int(open(mark).read()) if os.path.exists(mark) else 0
-for step in range(start, 6):
-    nni.report_intermediate_result(p["x"] + step)
+def save(done):
     with open(mark + ".tmp", "w") as f:
-        f.write(str(step + 1))
+        f.write(str(done))
     os.replace(mark + ".tmp", mark)
-    if step == 2 and nni.get_sequence_id() == 0 and os.environ["TRIALFLOW_ATTEMPT"] == "0":
+for step in range(start, 6):
+    pause = step == 2 and nni.get_sequence_id() == 0 and os.environ["TRIALFLOW_ATTEMPT"] == "0"
+    if pause:
+        save(step + 1)
+    nni.report_intermediate_result(p["x"] + step)
+    save(step + 1)
+    if pause:
         open(os.path.join(checkpoint, "paused"), "w").close()
         time.sleep(120)
     time.sleep(0.05)
@@ -373,6 +380,7 @@ class InterruptionContract:
                                                                            {**second.data, "attempt": 1}))
         assert statuses[-1] == TrialStatus.SUCCEEDED, last.message
         periodical = seen + [m for m in metrics if m.type == "PERIODICAL"]
-        assert [(m.sequence, m.value) for m in periodical] == [(i, 2 + i) for i in range(6)]
+        assert [(m.sequence, m.value) for m in periodical] == [(i, 2 + i) for i in range(6)], \
+            [(m.sequence, m.value) for m in periodical]
         [final] = [m.value for m in metrics if m.type == "FINAL"]
         assert final == {"default": 20, "resumed_at": 3, "attempt": "1"}
