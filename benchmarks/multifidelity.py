@@ -42,6 +42,11 @@ from benchmarks.overhead import install_nni  # noqa: E402
 from trialflow.testing.ports import free_port  # noqa: E402
 
 MAX_STEPS = 27  # R / max_budget / max_t: the longest a trial trains
+# ASHA's rungs (trialflow's assessor and Ray's scheduler alike): 3, 9 and 27 steps. Spaced 6 steps or
+# more apart, so a trial stopped late at a rung never ends on the next one: its steps past the rung
+# it was stopped at are its steps past the last rung it reached
+ASHA_GRACE = 3
+ASHA_RUNGS = (3, 9, 27)
 PBT_STEPS = 3  # steps per PBT generation
 SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1.0]},
          "momentum": {"_type": "uniform", "_value": [0.0, 1.0]},
@@ -79,10 +84,14 @@ def step(p, t):
         with open(counter + ".new", "w") as f:  # replaced whole: a trial killed mid-write never empties it
             f.write(str(used + 1))
         os.replace(counter + ".new", counter)
+        # a trial is its id (trialflow, NNI) or its configuration (Ray: one trial per sampled configuration)
+        trial = os.environ.get("NNI_TRIAL_JOB_ID") or json.dumps(p, sort_keys=True, default=str)
+        with open(os.path.join(RUN["run_dir"], "began.jsonl"), "a") as f:  # a step begun is budget spent
+            f.write(json.dumps({"trial": trial, "t": t}) + "\\n")
     time.sleep(RUN["step_seconds"])
     v = value(p, t)
     with open(os.path.join(RUN["run_dir"], "log.jsonl"), "a") as f:
-        f.write(json.dumps({"time": time.time(), "value": v, "used": used + 1}) + "\\n")
+        f.write(json.dumps({"time": time.time(), "value": v, "used": used + 1, "trial": trial, "t": t}) + "\\n")
     return v
 '''
 
@@ -147,7 +156,7 @@ class Budget(tune.Stopper):
 space = {"lr": tune.loguniform(1e-4, 1.0), "momentum": tune.uniform(0.0, 1.0), "batch": tune.choice([16, 32, 64, 128])}
 search = None
 if method == "asha":
-    scheduler = tune.schedulers.ASHAScheduler(max_t=MAX_STEPS, grace_period=1, reduction_factor=3)
+    scheduler = tune.schedulers.ASHAScheduler(max_t=MAX_STEPS, grace_period=RUN["asha_grace"], reduction_factor=3)
 elif method == "hyperband":
     scheduler = tune.schedulers.HyperBandScheduler(max_t=MAX_STEPS, reduction_factor=3)
 else:
@@ -168,14 +177,33 @@ print(json.dumps({"start": start}))
 
 def _prepare(root: Path, name: str, seed: int, args: argparse.Namespace) -> tuple[Path, Path]:
     return prepare(root, name, seed, {"workload.py": WORKLOAD, "trial.py": NNI_TRIAL}, "mf_run.json",
-                   {"budget": args.budget, "seed": seed, "step_seconds": args.step_seconds, "max_steps": MAX_STEPS})
+                   {"budget": args.budget, "seed": seed, "step_seconds": args.step_seconds, "max_steps": MAX_STEPS,
+                    "asha_grace": ASHA_GRACE})
 
 
-def _outcome(run_dir: Path, start: float, target: float) -> dict[str, float]:
+def _outcome(run_dir: Path, start: float, args: argparse.Namespace, asha: bool = False) -> dict[str, float]:
     entries = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-    reached = [e["time"] for e in entries if e["value"] >= target]
+    reached = [e["time"] for e in entries if e["value"] >= args.target]
     return {"best": max(e["value"] for e in entries), "wall": max(e["time"] for e in entries) - start,
-            "to_target": (min(reached) - start) if reached else float("nan")}
+            "to_target": (min(reached) - start) if reached else float("nan"),
+            "past_rung": _steps_past_rungs(run_dir, entries, args) if asha else float("nan")}
+
+
+def _steps_past_rungs(run_dir: Path, entries: list[dict], args: argparse.Namespace) -> float:
+    """ASHA's steps past a rung: the steps a trial began (and so spent from the budget) past the last
+    rung it finished (:data:`ASHA_RUNGS`), mean over the trials that finished one and ended before the
+    budget ran out. A trial stopped the moment its result at a rung is judged begins 0 steps past it;
+    one stopped at its next poll has begun one or more, finished or cut short."""
+    finished: dict[str, tuple[int, int]] = {}  # trial -> (its last finished step, the budget used by then)
+    for e in entries:
+        finished[e["trial"]] = max(finished.get(e["trial"], (0, 0)), (e["t"], e["used"]))
+    began: dict[str, int] = {}
+    for line in (run_dir / "began.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        began[e["trial"]] = max(began.get(e["trial"], 0), e["t"])
+    past = [began[trial] - max(r for r in ASHA_RUNGS if r <= t) for trial, (t, used) in finished.items()
+            if used <= args.budget - 2 * args.concurrency and t >= ASHA_RUNGS[0]]
+    return statistics.mean(past) if past else float("nan")
 
 
 # -- trialflow ----------------------------------------------------------------------------------
@@ -194,7 +222,7 @@ TRIALFLOW_METHODS: dict[str, dict] = {
         "min_budget": 1, "max_budget": MAX_STEPS, "eta": 3, "optimize_mode": "maximize",
         "all_checkpoint_dir": "checkpoint"}}},
     "tpe+asha": {"tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
-                 "assessor": {"name": "ASHA", "classArgs": {"optimize_mode": "maximize", "min_resource": 1,
+                 "assessor": {"name": "ASHA", "classArgs": {"optimize_mode": "maximize", "min_resource": ASHA_GRACE,
                                                             "reduction_factor": 3}}},
     "pbt": {"tuner": {"name": "PBTTuner", "classArgs": {"optimize_mode": "maximize", "population_size": 8}}},
 }
@@ -211,7 +239,7 @@ def trialflow_run(method: str, root: Path, seed: int, args: argparse.Namespace) 
               "trialConcurrency": args.concurrency, "maxTrialNumber": 100000, "trainingService": {"platform": "local"},
               **algo}
     start = run_trialflow(config, run_dir, args.budget)
-    return _outcome(run_dir, start, args.target)
+    return _outcome(run_dir, start, args, asha="asha" in method)
 
 
 # -- NNI 3.0 ------------------------------------------------------------------------------------
@@ -247,7 +275,7 @@ def nni_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dic
         wait_spent(run_dir, args.budget, over, why)
     finally:
         subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=300)
-    return _outcome(run_dir, start, args.target)
+    return _outcome(run_dir, start, args)
 
 
 # -- Ray Tune -----------------------------------------------------------------------------------
@@ -262,7 +290,7 @@ def ray_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dic
                           env={**os.environ, "RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"})
     if done.returncode:
         raise RuntimeError(f"Ray Tune {method} failed:\n{done.stderr[-3000:]}")
-    return _outcome(run_dir, start, args.target)
+    return _outcome(run_dir, start, args, asha=method == "asha")
 
 
 def install_ray(venv: Path) -> None:
@@ -291,10 +319,11 @@ def table(results: dict[str, list[dict[str, float]]]) -> list[list[object]]:
             continue
         base = COUNTERPART.get(name)
         row: list[object] = [name, len(runs)]
-        for key in ("best", "wall", "to_target"):
+        for key in ("best", "wall", "to_target", "past_rung"):
             value = _median(runs, key)
             reached = sum(1 for r in runs if r[key] == r[key])
-            shown = f"{value:.4f}" if key == "best" else f"{value:.1f} s"
+            shown = {"best": f"{value:.4f}", "past_rung": f"{value:.2f}" if value == value else ""}.get(
+                key, f"{value:.1f} s")
             if key == "to_target":
                 shown += f" ({reached}/{len(runs)})"
             ratio = ""
@@ -343,7 +372,8 @@ def main() -> None:
     for name, reasons in failures.items():
         print(f"{name}: {len(reasons)} of {args.seeds} seeds failed; first: {reasons[0]}")
     print_table("multi-fidelity search at equal budget",
-                ["method", "seeds", "best", "ratio", "wall", "ratio", "to target (reached)", "ratio", "against"],
+                ["method", "seeds", "best", "ratio", "wall", "ratio", "to target (reached)", "ratio",
+                 "steps past rung", "ratio", "against"],
                 table(results))
 
 

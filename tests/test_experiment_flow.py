@@ -104,14 +104,19 @@ def test_max_experiment_duration_stops_creating_trials_then_done(tmp_path):
     assert all(t.status == "SUCCEEDED" for t in result.trials)  # running trials were let finish
 
 
-def test_assessor_stops_bad_trials_as_early_stopped(tmp_path):
+def test_the_assessor_stops_bad_trials_at_report_time_before_their_next_step(tmp_path):
+    """Local trials ask the assessor as they report (the report desk): a trial whose result falls
+    below the median waits for the verdict and is EARLY_STOPPED before it begins another step,
+    however short its steps; the others run to the end."""
     code = tmp_path / "code"
     write_trial(code, """
-import time, nni
+import os, time, nni
 p = nni.get_next_parameter()
-for step in range(8):
+for step in range(12):
+    with open(os.path.join(os.environ["NNI_OUTPUT_DIR"], "began"), "a") as f:
+        f.write(f"{step}\\n")
+    time.sleep(0.02)
     nni.report_intermediate_result(p["x"])
-    time.sleep(0.1)
 nni.report_final_result(p["x"])
 """)
     config = base_config(code, tmp_path / "w", trialConcurrency=1, maxTrialNumber=4,
@@ -119,10 +124,16 @@ nni.report_final_result(p["x"])
                          tuner={"name": "GridSearch"},
                          assessor={"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}})
     result = run_experiment(config)
-    status = {t.parameters["x"]: t.status for t in result.trials}
+    store = open_store(result.directory.parent, result.experiment_id)
+    trials = {t.parameters["x"]: t for t in result.trials}
     # 1 runs first (nothing to compare with), 10 beats the median, 0 and 0.5 fall below it
-    assert status[1] == "SUCCEEDED" and status[10] == "SUCCEEDED"
-    assert status[0] == "EARLY_STOPPED" and status[0.5] == "EARLY_STOPPED"
+    assert trials[1].status == "SUCCEEDED" and trials[10].status == "SUCCEEDED"
+    assert trials[0].status == "EARLY_STOPPED" and trials[0.5].status == "EARLY_STOPPED"
+    for x in (0, 0.5):  # stopped at its first result the median can judge (the third), no step begun after
+        began = (result.directory / "trials" / trials[x].id / "began").read_text().split()
+        assert began == ["0", "1", "2"], (x, began)
+        assert len(store.metrics(trials[x].id, "PERIODICAL")) == 3
+    assert trials[10].status == "SUCCEEDED" and len(store.metrics(trials[10].id, "PERIODICAL")) == 12
 
 
 def test_invalid_final_metric_is_reported_and_experiment_goes_on(tmp_path):

@@ -125,3 +125,38 @@ def test_a_resumed_experiment_without_its_token_says_where_to_keep_it(tmp_path, 
     stored = stored_config(open_store(exp_dir.parent, exp_id))  # what a controller without the file gets
     with pytest.raises(PlatformError, match="token is not stored with the experiment .*credentials"):
         create_service(stored.services[0], exp_dir)
+
+
+STEPPING_TRIAL = """
+import nni
+p = nni.get_next_parameter()
+for step in range(12):
+    with open({log!r}, "a") as f:
+        f.write(f"{{nni.get_trial_id()}} {{step}}\\n")
+    nni.report_intermediate_result(p["x"])
+nni.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.parametrize("case", ["openpai", "openpai-reuse"])
+def test_a_trial_stopped_at_report_time_through_the_metrics_receiver_takes_no_step_past_it(tmp_path, emulators,
+                                                                                          case):
+    """A job's trial with the HTTP metric channel asks the assessor as it reports (through the metrics
+    receiver, with its token): a trial below the median is stopped before it begins another step."""
+    platform, reuse = CASES[case]
+    log = tmp_path / "began.txt"
+    write_trial(tmp_path / "code", STEPPING_TRIAL.format(log=str(log)))
+    config = base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py",
+                         trainingService=SECTIONS[platform](emulators[platform], reuse), trialConcurrency=1,
+                         maxTrialNumber=4, searchSpace={"x": {"_type": "choice", "_value": [1, 10, 0, 0.5]}},
+                         tuner={"name": "GridSearch"},
+                         assessor={"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}})
+    result = run_experiment(config)
+    began: dict[str, list[str]] = {}
+    for line in log.read_text().splitlines():
+        trial_id, step = line.split()
+        began.setdefault(trial_id, []).append(step)
+    trials = {t.parameters["x"]: t for t in result.trials}
+    assert result.status == "DONE" and trials[10].status == "SUCCEEDED"
+    for x in (0, 0.5):  # stopped at its first result the median can judge (the third), no step begun after
+        assert trials[x].status == "EARLY_STOPPED" and began[trials[x].id] == ["0", "1", "2"], (x, began)

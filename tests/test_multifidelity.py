@@ -288,6 +288,51 @@ def test_asha_stops_trials_at_the_rungs():
     assert not any(late)  # the best at every rung goes on
 
 
+def test_a_trial_below_its_rung_is_stopped_when_its_results_are_read_past_the_rung_at_once():
+    """A follower that reads several results at once (a poll after a burst of reports, a job's log)
+    hands the assessor a history past the rung: the verdict at the rung still stops the trial (ASHA;
+    Hyperband's brackets share the same judging, each with rungs of its own)."""
+    assessor = create_assessor(AlgorithmConfig(name="ASHA", class_args={"min_resource": 3, "reduction_factor": 3,
+                                                                        "optimize_mode": "maximize"}))
+    for i in range(6):
+        history = [0.5 + i / 10] * 27
+        for k in range(1, 28):
+            assessor.assess(f"good{i}", history[:k])
+        assessor.trial_end(f"good{i}", history, True)
+    assert assessor.assess("late", [0.1] * 5) is True  # the rung at 3 results, judged with 5 in
+
+
+@pytest.mark.parametrize("name, args", [
+    ("ASHA", {"min_resource": 2, "reduction_factor": 3, "min_early_stopping_rate": 1}),
+    ("ASHA", {"min_resource": "auto", "reduction_factor": 2}),
+    ("Hyperband", {"min_resource": 1, "max_resource": 27, "reduction_factor": 3}),
+    ("Medianstop", {"start_step": 3}),
+    ("Curvefitting", {"epoch_num": 20, "start_step": 4, "gap": 3, "threshold": 0.99}),
+])
+def test_an_assessor_stops_a_trial_only_at_a_step_it_names_as_a_decision(name, args):
+    """A trial waits for the assessor's word at report time only at the steps ``next_decision`` names
+    (the report desk): every stop the assessor makes falls on one of them."""
+    import random
+
+    assessor = create_assessor(AlgorithmConfig(name=name, class_args={"optimize_mode": "maximize", **args}))
+    rng = random.Random(7)
+    stops = 0
+    for i in range(60):
+        quality = rng.random()
+        history: list[float] = []
+        asked_at = assessor.next_decision(0)
+        for step in range(1, 31):
+            history.append(quality * (1 - 0.9 ** step) + rng.gauss(0, 0.01))
+            if assessor.assess(f"t{i}", list(history)):
+                assert step == asked_at, (name, step, asked_at)
+                stops += 1
+                break
+            if step == asked_at:
+                asked_at = assessor.next_decision(step)
+        assessor.trial_end(f"t{i}", history, succeeded=len(history) == 30)
+    assert stops > 5
+
+
 def test_hyperband_assessor_is_built_with_its_arguments():
     assessor = create_assessor(AlgorithmConfig(name="Hyperband", class_args={"min_resource": 1, "max_resource": 9,
                                                                              "reduction_factor": 3}))

@@ -249,6 +249,16 @@ def test_curvefitting_stops_a_curve_heading_below_threshold():
     assert not a.assess("t4", [0.1, 0.2, 0.3])  # before start_step
 
 
+def test_curvefitting_judges_a_step_of_its_schedule_that_results_read_together_went_past():
+    a = CurvefittingAssessor(epoch_num=20, start_step=4, gap=3, threshold=0.95)
+    a.trial_end("t1", [0.5 + 0.1 * i for i in range(20)], True)
+    low = [0.1, 0.12, 0.13, 0.14, 0.145, 0.15, 0.152, 0.154]
+    assert not a.assess("t2", low[:3])
+    assert a.assess("t2", low[:5])  # step 4 (a judged step) came with step 5
+    assert not a.assess("t2", low[:6])  # step 6 is not one: judged again at 7
+    assert a.assess("t2", low[:7])
+
+
 def test_assessor_args_validated():
     with pytest.raises(TunerError, match="unknown assessor"):
         create_assessor(AlgorithmConfig(name="Nope"))

@@ -64,6 +64,12 @@ class Assessor(ABC):
         """Called once when a trial ends (default: nothing to learn)."""
         return None
 
+    def next_decision(self, step: int) -> int | None:
+        """The first number of intermediate results after ``step`` at which :meth:`assess` may stop a
+        trial (None: never again). A trial waits for the assessor's word at report time only there
+        (``trialflow.platforms.report_desk``). Default: at every result."""
+        return step + 1
+
 
 class MedianstopAssessor(Assessor):
     def __init__(self, optimize_mode: str = "maximize", start_step: int = 0) -> None:
@@ -74,6 +80,9 @@ class MedianstopAssessor(Assessor):
     def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
         if succeeded and history:
             self._completed.append([sum(history[: i + 1]) / (i + 1) for i in range(len(history))])
+
+    def next_decision(self, step: int) -> int | None:
+        return max(step + 1, self.start_step + 1)
 
     def assess(self, trial_id: str, history: list[float]) -> bool:
         step = len(history)
@@ -91,8 +100,12 @@ class CurvefittingAssessor(Assessor):
         super().__init__(optimize_mode)
         self.epoch_num, self.start_step, self.threshold, self.gap = epoch_num, start_step, threshold, gap
         self._best_final: float | None = None
+        self._judged: dict[str, int] = {}  # trial -> the history length it was last assessed at
+        self._lock = threading.Lock()
 
     def trial_end(self, trial_id: str, history: list[float], succeeded: bool) -> None:
+        with self._lock:
+            self._judged.pop(trial_id, None)
         if succeeded and history:
             final = history[-1]
             if self._best_final is None or self.better(final, self._best_final):
@@ -111,9 +124,22 @@ class CurvefittingAssessor(Assessor):
             predictions.append(float(coef[0] + coef[1] * at_end))
         return max(predictions) if self.maximize else min(predictions)
 
+    def next_decision(self, step: int) -> int | None:
+        if step < self.start_step:
+            return self.start_step
+        return step + self.gap - (step - self.start_step) % self.gap
+
+    def _due(self, step: int) -> bool:
+        return step >= self.start_step and (step - self.start_step) % self.gap == 0
+
     def assess(self, trial_id: str, history: list[float]) -> bool:
+        """Judged when a step of the schedule (``start_step``, then every ``gap``) is among the results
+        that came since the last call: results read together never skip a judgement."""
         step = len(history)
-        if step < self.start_step or (step - self.start_step) % self.gap or self._best_final is None:
+        with self._lock:
+            since = self._judged.get(trial_id, 0)
+            self._judged[trial_id] = step
+        if not any(self._due(s) for s in range(since + 1, step + 1)) or self._best_final is None:
             return False
         predicted = self.predict(history)
         if self.maximize:
@@ -139,15 +165,19 @@ class PrunerAssessor(Assessor):
 
     def _report(self, trial_id: str, history: list[float]) -> tuple[Any, bool]:
         """Report the results not reported yet, each followed by the pruner's verdict (which records
-        the trial's value at every rung it passes); returns the trial and the last verdict."""
+        the trial's value at every rung it passes); returns the trial and whether a verdict said stop.
+        Reporting ends at the first "stop": the pruner judges a rung only at its own step, so a
+        verdict at a rung that results read together went past is never lost."""
         trial = self._trials.get(trial_id)
         if trial is None:
             trial = self._trials[trial_id] = self.study.ask()
         prune = False
-        for step in range(self._reported.get(trial_id, 0), len(history)):
+        step = self._reported.get(trial_id, 0)
+        while step < len(history) and not prune:
             trial.report(history[step], step + 1)
             prune = trial.should_prune()
-        self._reported[trial_id] = len(history)
+            step += 1
+        self._reported[trial_id] = step
         return trial, prune
 
     def assess(self, trial_id: str, history: list[float]) -> bool:
@@ -186,6 +216,18 @@ class AshaAssessor(PrunerAssessor):
 
         pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource, reduction_factor, min_early_stopping_rate)
         super().__init__(pruner, optimize_mode)
+        # the steps where a trial may be stopped: min_resource * reduction_factor**(rate + k), k = 0, 1, ...
+        self._first_rung = None if min_resource == "auto" else \
+            int(min_resource) * reduction_factor ** min_early_stopping_rate
+        self._reduction_factor = reduction_factor
+
+    def next_decision(self, step: int) -> int | None:
+        if self._first_rung is None:  # "auto": the rungs are known once a trial has ended
+            return step + 1
+        rung = self._first_rung
+        while rung <= step:
+            rung *= self._reduction_factor
+        return rung
 
 
 class HyperbandAssessor(PrunerAssessor):

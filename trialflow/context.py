@@ -21,6 +21,7 @@ from .assessors import Assessor, create_assessor
 from .config import ExperimentConfig
 from .platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
 from .platforms.hybrid import HybridService
+from .platforms.report_desk import ReportDesk
 from .store import ExperimentStore
 from .trial_output import OutputBudget
 from .tuners import Tuner, create_tuner
@@ -58,9 +59,13 @@ class ExperimentContext:
     # set when the controller cannot go on but its trials can (a full disk): followers leave their
     # trials running and return, the loop ends with this error
     halted: BaseException | None = None
+    # where trials ask the assessor at report time (an assessor and a platform whose trials reach it)
+    desk: ReportDesk | None = None
 
     def trial_ended(self, trial_id: str) -> None:
         self.ended.add(trial_id)
+        if self.desk is not None:
+            self.desk.forget(trial_id)
         for callback in self.on_trial_end:
             callback(trial_id)
         self.slot_freed.set()
@@ -119,9 +124,27 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
         retry = RetryPolicy(retries=0) if hybrid else platform(service.config.platform).retry
         retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
             "preparing %s failed (%s); retrying in %.0f s", service.platform, exc, delay))
+        if assessor is not None:
+            ctx.desk = _open_desk(service)
         yield ctx
     finally:
         ctx.stop.set()
         with _LOCK:
             _CONTEXTS.pop(experiment_id, None)
+        if ctx.desk is not None:
+            ctx.desk.close()
         service.close()
+
+
+def _open_desk(service: TrainingService) -> ReportDesk | None:
+    """The report desk, when the platform's trials can reach it; None otherwise, or when no socket
+    can be made here (logged: the assessor then judges at each poll)."""
+    try:
+        desk = ReportDesk.open()
+    except OSError as exc:
+        log.warning("the assessor judges trials when they are polled, not as they report: no report desk (%s)", exc)
+        return None
+    if not service.use_report_desk(desk):
+        desk.close()
+        return None
+    return desk

@@ -21,6 +21,7 @@ from ..status import TrialStatus
 from ..trial.protocol import ATTEMPT_ENV, OUTPUT_FILES, REPORTED_ENV
 from ..trial.records import MetricRecord
 from .errors import LostHandleError, PlatformError, TransientPlatformError
+from .report_desk import ReportDesk
 
 if TYPE_CHECKING:
     from ..config.platforms import TrainingServiceConfig
@@ -178,6 +179,12 @@ class TrainingService(ABC, Generic[ConfigT]):
     def wait(self, handle: TrialHandle, timeout: float) -> None:
         """Block up to ``timeout`` seconds or until the trial may have changed (default: sleep)."""
         time.sleep(timeout)
+
+    def use_report_desk(self, desk: ReportDesk) -> bool:
+        """Give trials submitted from now on the controller's report desk (:mod:`.report_desk`), where
+        they ask at report time whether the assessor stops them; True when this platform's trials can
+        reach it (default: no, they are stopped when their follower polls)."""
+        return False
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         """The trial's log files by name (``trial.stdout``, ``trial.stderr``, ``trial.log``), the last

@@ -38,6 +38,7 @@ from .base import (
     TrialSpec,
     TrialUpdate,
 )
+from .report_desk import ReportDesk
 from .table import RetryPolicy, create_service, platform
 
 log = logging.getLogger("trialflow.hybrid")
@@ -202,6 +203,10 @@ class HybridService(TrainingService):
 
     def wait(self, handle: TrialHandle, timeout: float) -> None:
         self._member(handle).service.wait(handle, timeout)
+
+    def use_report_desk(self, desk: ReportDesk) -> bool:
+        """Members whose trials can reach the desk use it (every member is told)."""
+        return any([m.service.use_report_desk(desk) for m in self.members.values()])
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         return self._member(handle).service.logs(handle, tail)

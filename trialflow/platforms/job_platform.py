@@ -47,6 +47,8 @@ from ..trial.protocol import (
     KEEPER_SPEC,
     META_DIR,
     PARAMETER_FILE,
+    RECEIVER_DESK,
+    REPORT_DESK_ENV,
     STARTED,
     STATE,
     STDERR_FILE,
@@ -68,6 +70,7 @@ from .job_environments import Environment, EnvironmentPool
 from .metric_channel import MetricChannel
 from .metrics_receiver import MetricsReceiver
 from .mounted_share import MountedShare
+from .report_desk import ReportDesk
 from .runtime_files import runtime_files, runtime_key
 from .trialdir import (
     LOCAL,
@@ -105,6 +108,7 @@ class JobPlatformService(TrainingService[ConfigT]):
     label = "the platform"  # how messages name the platform
     logs_on_share = False  # True: job logs are the trial's stdout on the share (no log API used)
     other_channels = "metricChannel: file (metrics through the shared storage)"  # hint without the receiver
+    asks_desk = False  # its trials ask the report desk through the metrics receiver (use_report_desk)
 
     def __init__(self, config: ConfigT, experiment_dir: Path) -> None:
         self.config = config
@@ -262,7 +266,16 @@ class JobPlatformService(TrainingService[ConfigT]):
         its device plugin decides, so nothing is overridden here)."""
         channel = self.metrics.keeper_value()
         return {"NNI_PLATFORM": self.platform, "NNI_EXP_ID": spec.experiment_id, "NNI_TRIAL_JOB_ID": spec.trial_id,
-                "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": channel, **spec.attempt_env()}
+                "NNI_TRIAL_SEQ_ID": str(spec.sequence), "TRIALFLOW_METRIC_CHANNEL": channel, **spec.attempt_env(),
+                **({REPORT_DESK_ENV: RECEIVER_DESK} if self.asks_desk else {})}
+
+    def use_report_desk(self, desk: ReportDesk) -> bool:
+        """With the HTTP metric channel, trials ask the desk through the metrics receiver (their token)."""
+        if self.receiver is None:
+            return False
+        self.receiver.attach_desk(desk)
+        self.asks_desk = True
+        return True
 
     def _keeper_spec(self, spec: TrialSpec, code: CodeRef) -> dict[str, Any]:
         command = spec.command if self.reuse else next(iter(self.roles().values()))

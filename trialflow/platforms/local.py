@@ -25,7 +25,16 @@ from ..config import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
-from ..trial.protocol import CHECKPOINT_DIR, CHECKPOINT_ENV, KEEPER_PID, KEEPER_SPEC, META_DIR, STARTED, STATE
+from ..trial.protocol import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_ENV,
+    KEEPER_PID,
+    KEEPER_SPEC,
+    META_DIR,
+    REPORT_DESK_ENV,
+    STARTED,
+    STATE,
+)
 from ..trial.runtime import PARAMETER_FILE
 from .base import (
     CodeRef,
@@ -40,6 +49,7 @@ from .base import (
 )
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .inherited_env import inherited_environment
+from .report_desk import ReportDesk
 from .share import OUTPUT_DIR, Share
 from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 
@@ -81,6 +91,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         self._pythonpath = os.pathsep.join(p for p in paths if p)
         self._forkserver = ForkServer({**inherited_environment(), "PYTHONPATH": self._pythonpath},
                                       str(self.trials_dir.parent / "forkserver.log"))
+        self._desk: ReportDesk | None = None
         self.gpu: GpuScheduler | None = None
         if config.trial_gpu_number:
             self.gpu = GpuScheduler(gpu_probe or GpuProbe(), config.max_trial_number_per_gpu,
@@ -125,6 +136,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                              data["command"], Path(data["code_dir"]), data.get("gpu_number"))
             env = trial_env(spec, self.platform, data["trial_dir"], data["code_dir"], gpus)
             env["PYTHONPATH"] = self._pythonpath
+            if self._desk is not None:
+                env[REPORT_DESK_ENV] = self._desk.path
             if self.share is not None:
                 env["NNI_OUTPUT_DIR"] = os.path.join(data["trial_dir"], OUTPUT_DIR)
                 os.makedirs(env["NNI_OUTPUT_DIR"], exist_ok=True)
@@ -196,7 +209,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             self.gpu.release(handle.trial_id)
 
     def wait(self, handle: TrialHandle, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking as soon as the trial's keeper exits (a pidfd)."""
+        """Sleep up to ``timeout``, waking as soon as the trial's keeper exits (a pidfd) or the trial
+        asks the report desk (:meth:`use_report_desk`)."""
         fd = self._pidfds.get(handle.trial_id)
         if fd is None:
             keeper = self._keeper(handle)
@@ -205,10 +219,22 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                     fd = self._pidfds[handle.trial_id] = os.pidfd_open(keeper[0])
                 except (AttributeError, OSError):  # no pidfds here, or the keeper just ended
                     fd = None
-        if fd is None:
+        asked = self._desk.wakeup_fd(handle.trial_id) if self._desk is not None else None
+        watched = [f for f in (fd, asked) if f is not None]
+        if not watched:
             time.sleep(timeout)
-        else:
-            select.select([fd], [], [], timeout)
+            return
+        try:
+            select.select(watched, [], [], timeout)
+        except (OSError, ValueError):  # the desk closed its descriptor meanwhile (the experiment ends)
+            return
+        if asked is not None and self._desk is not None:
+            self._desk.clear_wakeup(handle.trial_id)
+
+    def use_report_desk(self, desk: ReportDesk) -> bool:
+        """Local trials reach the controller's desk on this machine, at its Unix socket."""
+        self._desk = desk
+        return True
 
     def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
         keeper = self._keeper(handle)

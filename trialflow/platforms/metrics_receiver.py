@@ -17,6 +17,13 @@ One receiver per experiment controller, started by the services that need it and
   trial's unread backlog is full (``MAX_BACKLOG`` records or ``MAX_BACKLOG_BYTES``); 404/405 for other
   paths and methods.
 
+``GET /verdict/<trial id>?sequence=<n>`` (the same token, counted in the same rate), served once a
+report desk is attached (:meth:`attach_desk`; 404 before): the trial's ask whether the assessor
+stops it after its result ``n`` (``trialflow.platforms.report_desk``), answered when the follower
+has judged it or after ``VERDICT_WAIT`` seconds: 200 ``{"verdict": "go", "next": <n or null>}``,
+``{"verdict": "stop"}`` or ``{"verdict": null}`` (no word in time). Each accepted batch wakes the
+trial's follower at the desk.
+
 Slow or idle clients are cut after ``CLIENT_TIMEOUT`` seconds; at most ``MAX_CONNECTIONS`` are served
 at once (both settable per receiver; a connection beyond is closed at once). A refused or broken
 request is logged as one line, at most one every ``LOG_EVERY`` seconds (with how many were not logged).
@@ -40,6 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..trial.records import MetricRecord, MetricRecordError, parse_record
+from .report_desk import ReportDesk
 
 MAX_BODY_BYTES = 1024 * 1024
 RATE_PER_SECOND = 500.0
@@ -47,6 +55,7 @@ BURST = 1000.0
 MAX_BACKLOG = 200_000
 MAX_BACKLOG_BYTES = 32 * 1024 * 1024  # per trial, until its follower drains them
 CLIENT_TIMEOUT = 10.0
+VERDICT_WAIT = 5.0  # below the trial's own wait for an answer (trialflow.trial.verdicts)
 MAX_CONNECTIONS = 64
 LOG_EVERY = 10.0
 log = logging.getLogger("trialflow.metrics")
@@ -93,6 +102,11 @@ class MetricsReceiver:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._log_gate = _LogGate()
+        self.desk: ReportDesk | None = None
+
+    def attach_desk(self, desk: ReportDesk) -> None:
+        """Serve ``GET /verdict/...`` from ``desk`` and wake its followers as results arrive."""
+        self.desk = desk
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -226,7 +240,23 @@ class MetricsReceiver:
                 accepted += 1
             self.stats.accepted += accepted
             self.stats.duplicates += duplicates
+        if accepted and self.desk is not None:
+            self.desk.wake(trial_id)
         return 200, {"accepted": accepted, "duplicates": duplicates}
+
+    def verdict(self, trial_id: str, query: str) -> tuple[int, dict[str, Any]]:
+        """The desk's answer to the trial's ask (``query``: ``sequence=<n>``)."""
+        if self.desk is None:
+            return 404, {"error": "no assessor answers at report time here"}
+        fields = dict(part.partition("=")[::2] for part in query.split("&") if part)
+        sequence = fields.get("sequence", "")
+        if not sequence.isdigit() or len(sequence) > 10:
+            return 400, {"error": "GET /verdict/<trial id>?sequence=<the result's sequence number>"}
+        answer = self.desk.ask(trial_id, int(sequence), VERDICT_WAIT)
+        if answer is None:
+            return 200, {"verdict": None}
+        word, next_ask = answer
+        return 200, {"verdict": word, **({"next": next_ask} if word == "go" else {})}
 
 
 class _LogGate:
@@ -282,6 +312,10 @@ class _CappedServer(ThreadingHTTPServer):
         self.gate.warn(f"a request from {client_address[0]} broke off ({type(exc).__name__}: {exc})")
 
 
+AUTH_ERRORS = {401: "a valid bearer token is required", 403: "this token may not write metrics of this trial",
+               410: "the trial has ended", 429: "too many requests; retry later"}
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
@@ -301,10 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
         code = receiver._authorize(self.headers.get("Authorization"), trial_id)
         if code:
             self._discard_body()
-            return self._reply(code, {"error": {401: "a valid bearer token is required",
-                                                403: "this token may not write metrics of this trial",
-                                                410: "the trial has ended",
-                                                429: "too many requests; retry later"}[code]})
+            return self._reply(code, {"error": AUTH_ERRORS[code]})
         length_header = self.headers.get("Content-Length")
         if length_header is None or not length_header.isdigit():
             self.close_connection = True
@@ -317,9 +348,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(code, payload)
 
     def do_GET(self) -> None:  # noqa: N802
-        self._reply(405, {"error": "only POST /metrics/<trial id> is served"})
+        path, _, query = self.path.partition("?")
+        parts = path.strip("/").split("/")
+        if len(parts) != 2 or parts[0] != "verdict":
+            return self._refuse()
+        code = self.receiver._authorize(self.headers.get("Authorization"), parts[1])
+        if code:
+            return self._reply(code, {"error": AUTH_ERRORS[code]})
+        self._reply(*self.receiver.verdict(parts[1], query))
 
-    do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
+    def _refuse(self) -> None:
+        self._discard_body()
+        self._reply(405, {"error": "only POST /metrics/<trial id> and GET /verdict/<trial id> are served"})
+
+    do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
 
     def _discard_body(self) -> None:
         length = self.headers.get("Content-Length")

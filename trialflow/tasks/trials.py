@@ -69,6 +69,8 @@ def submit_trial(experiment_id: str, trial_id: str) -> dict[str, Any]:
     try:
         spec = ctx.service.trial_spec(experiment_id, trial_id, record.sequence, record.parameter_id,
                                       record.parameters)
+        if ctx.desk is not None:  # it may report before its follower starts
+            ctx.desk.follow(trial_id)
         handle = ctx.service.submit(spec, ctx.code)
     except PlatformError as exc:
         ctx.submit_errors[trial_id] = str(exc)
@@ -175,6 +177,8 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
     last_seen = record.start_time or time.time()  # the trial had not ended by then
     final_in = record.final is not None
     unassessed = False  # intermediate results that arrived and the assessor has not seen yet
+    if ctx.desk is not None:
+        ctx.desk.follow(trial_id)
     while True:
         reason = _cancel_reason(ctx, trial_id, record.start_time)
         if ctx.halted is not None:  # looked at after: the stop that follows a halt never cancels the trial
@@ -232,9 +236,22 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             judged = ctx.assessor.multi_objective or all(v is not None for v in values)  # it skips unusable ones
             if judged and ctx.assessor.assess(trial_id, values):
                 log.debug("trial %s: the assessor stops it after %d intermediate results", trial_id, len(values))
+                if ctx.desk is not None:  # it takes no further step while its stop is recorded and sent
+                    ctx.desk.answer(trial_id, len(history) - 1, stop=True)
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
-        ctx.service.wait(handle, ctx.poll_interval)
+        if ctx.desk is not None and not unassessed:
+            _answer_asks(ctx, trial_id, history, final_in)
+        if ctx.desk is None or not ctx.desk.wait(trial_id, ctx.poll_interval):
+            ctx.service.wait(handle, ctx.poll_interval)
+
+
+def _answer_asks(ctx: ExperimentContext, trial_id: str, history: list[Any], final_in: bool) -> None:
+    """Tell a trial waiting at the report desk to go on (its results so far are judged), and at which
+    result its assessor may stop it next (intermediate result ``n`` has sequence ``n - 1``)."""
+    assert ctx.desk is not None and ctx.assessor is not None
+    step = ctx.assessor.next_decision(len(history)) if not final_in else None
+    ctx.desk.answer(trial_id, len(history) - 1, stop=False, next_ask=None if step is None else step - 1)
 
 
 def _resubmit(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, why: str) -> TrialHandle | TrialUpdate:

@@ -17,7 +17,15 @@ import threading
 import time
 import warnings
 
-from .protocol import ATTEMPT_ENV, CHECKPOINT_DIR, CHECKPOINT_ENV, METRICS_FILE, PARAMETER_FILE, REPORTED_ENV
+from .protocol import (
+    ATTEMPT_ENV,
+    CHECKPOINT_DIR,
+    CHECKPOINT_ENV,
+    METRICS_FILE,
+    PARAMETER_FILE,
+    REPORT_DESK_ENV,
+    REPORTED_ENV,
+)
 from .records import MetricRecord, encode_file_record, encode_stdout_line
 
 TYPE_CHECKING = False  # typing stays unimported at run time: ~3 ms less CPU per trial process
@@ -143,6 +151,15 @@ def _read_parameter_file() -> dict[str, Any]:
 
 
 def _send(kind: str, metric: Any) -> None:
+    sequence = _record(kind, metric)
+    if sequence is not None and kind == "PERIODICAL" and os.environ.get(REPORT_DESK_ENV):
+        from .verdicts import after_result
+
+        after_result(get_trial_id(), sequence, _metrics_token)
+
+
+def _record(kind: str, metric: Any) -> int | None:
+    """Put the result on the trial's channel; returns its sequence number (None outside an experiment)."""
     with _lock:
         if _platform() is not None and not _state["fetched"]:
             raise AssertionError("get_next_parameter() needs to be called before reporting results")
@@ -155,7 +172,7 @@ def _send(kind: str, metric: Any) -> None:
             label = f"Intermediate result: {metric}  (Index {sequence})" if kind == "PERIODICAL" \
                 else f"Final result: {metric}"
             print(label, flush=True)
-            return
+            return None
         record = MetricRecord(get_trial_id(), kind, sequence, metric, _state["parameter_id"])
         channel = os.environ.get("TRIALFLOW_METRIC_CHANNEL") or ("file" if os.environ.get("NNI_SYS_DIR") else "stdout")
         if channel == "file":
@@ -170,6 +187,7 @@ def _send(kind: str, metric: Any) -> None:
                 _pusher().push(record.to_json())
             sys.stdout.write(encode_stdout_line(record) + "\n")
             sys.stdout.flush()
+        return sequence
 
 
 def _pusher() -> Any:

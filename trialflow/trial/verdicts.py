@@ -1,0 +1,159 @@
+"""The trial's end of the report desk (``trialflow.report_desk``): after an intermediate result at a
+step where the experiment's assessor may stop it, the trial asks the controller and waits for its
+word, so a trial stopped at its rung takes no step past it. Standard library only (it runs in trials).
+
+Protocol: ``TRIALFLOW_REPORT_DESK`` names the desk's Unix socket (in a folder only its user can
+enter), one line each way: the trial sends ``<trial id> <sequence>`` after its result ``sequence`` is
+recorded on its channel; the controller answers ``<sequence> go <next>`` (ask again at result
+``next``; ``-``: never again) or ``<sequence> stop``, once the assessor has judged that result. Or it
+is ``receiver``: the trial asks the metrics receiver of the HTTP channel, ``GET
+<TRIALFLOW_METRICS_URL>/verdict/<trial id>?sequence=<n>`` with its token, answered as JSON
+(``{"verdict": "go", "next": n}``, ``{"verdict": "stop"}``, ``{"verdict": null}`` for no word in time).
+
+Guarantees: without the variable, or once the desk cannot be reached or has closed, a report costs
+nothing more (the trial never asks again). A desk that does not answer within
+:data:`VERDICT_WAIT_SECONDS` is not waited on further for that result (its late answer is read at the
+next ask). On ``stop`` the trial takes no further step: it waits for the controller to end it
+(the stop is recorded before the trial is killed), and goes on only if it is still alive after
+:data:`STOPPED_WAIT_SECONDS` (the controller dropped the stop).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import sys
+import time
+from urllib.parse import urlsplit
+
+from .protocol import RECEIVER_DESK, REPORT_DESK_ENV
+
+TYPE_CHECKING = False  # typing stays unimported at run time (the trial's start)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+VERDICT_WAIT_SECONDS = 5.0
+STOPPED_WAIT_SECONDS = 60.0
+MAX_LINE = 256
+
+
+class _Desk:
+    """The trial's connection to the desk (one per process, made at the first ask)."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(VERDICT_WAIT_SECONDS)
+        self.sock.connect(path)
+        self.buffer = b""
+        self.next_ask: int | None = 0  # the first result at which to ask; None: never again
+
+    def ask(self, trial_id: str, sequence: int) -> str | None:
+        """The desk's word on result ``sequence``: ``stop``, ``go`` (``next_ask`` updated), or None
+        when it did not answer in time. Raises OSError when the desk is gone."""
+        self.sock.sendall(f"{trial_id} {sequence}\n".encode())
+        deadline = time.monotonic() + VERDICT_WAIT_SECONDS
+        while True:
+            while b"\n" not in self.buffer:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.sock.settimeout(left)
+                try:
+                    chunk = self.sock.recv(MAX_LINE)
+                except TimeoutError:
+                    return None
+                if not chunk:
+                    raise OSError("the report desk closed")
+                self.buffer += chunk
+            line, _, self.buffer = self.buffer.partition(b"\n")
+            words = line.decode("ascii", "replace").split()
+            if len(words) >= 2 and words[1] == "stop":
+                return "stop"  # a late stop for an earlier result stops the trial as well
+            if len(words) == 3 and words[0] == str(sequence) and words[1] == "go":
+                self.next_ask = None if words[2] == "-" else int(words[2])
+                return "go"
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _ReceiverDesk:
+    """Asks through the HTTP channel's metrics receiver (one kept-alive connection)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port, self.base = parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/")
+        self.token = token
+        self.conn: http.client.HTTPConnection | None = None
+        self.next_ask: int | None = 0
+
+    def ask(self, trial_id: str, sequence: int) -> str | None:
+        """As :meth:`_Desk.ask`; a refusal other than "too many requests" raises OSError (the desk is
+        not served there, or the trial's token no longer counts)."""
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=VERDICT_WAIT_SECONDS + 5)
+        try:
+            self.conn.request("GET", f"{self.base}/verdict/{trial_id}?sequence={sequence}",
+                              headers={"Authorization": f"Bearer {self.token}"})
+            response = self.conn.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = None
+            return None  # the next ask connects again
+        if response.status == 429 or response.status >= 500:
+            return None
+        if response.status != 200:
+            raise OSError(f"the report desk answered {response.status}")
+        answer = json.loads(body)
+        if answer.get("verdict") == "stop":
+            return "stop"
+        if answer.get("verdict") == "go":
+            following = answer.get("next")
+            self.next_ask = following if isinstance(following, int) else None
+            return "go"
+        return None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+class _Connection:
+    desk: _Desk | _ReceiverDesk | None = None
+    gone = False  # unreachable or closed once: never asked again
+
+
+def after_result(trial_id: str, sequence: int, token: Callable[[], str]) -> None:
+    """Called after intermediate result ``sequence`` is recorded on the trial's channel: asks the
+    desk when the controller wants to judge this result and waits for its answer (see the module).
+    ``token`` gives the trial's metrics token (asked only when the desk is the receiver)."""
+    where = os.environ.get(REPORT_DESK_ENV)
+    if not where or _Connection.gone:
+        return
+    try:
+        desk = _Connection.desk
+        if desk is None:
+            desk = _Connection.desk = _ReceiverDesk(os.environ["TRIALFLOW_METRICS_URL"], token()) \
+                if where == RECEIVER_DESK else _Desk(where)
+        if desk.next_ask is None or sequence < desk.next_ask:
+            return
+        word = desk.ask(trial_id, sequence)
+    except (OSError, ValueError, KeyError):
+        if _Connection.desk is not None:
+            _Connection.desk.close()
+        _Connection.desk, _Connection.gone = None, True
+        return
+    if word == "stop":
+        _wait_to_be_ended(sequence)
+
+
+def _wait_to_be_ended(sequence: int) -> None:
+    sys.stderr.write(f"trialflow: the assessor stopped this trial at intermediate result {sequence}; "
+                     "it takes no further step\n")
+    sys.stderr.flush()
+    deadline = time.monotonic() + STOPPED_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
