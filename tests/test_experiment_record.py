@@ -1,7 +1,7 @@
 """The experiment record is right: each trial's own outcome, the best trial under the experiment's one
 stored direction, the experiment's own config, no trial left running, imported data apart from
-trials, every path absolute, a log for every run. One regression test per defect of the record
-issue, driven through real local trials, the CLI and the flow as users drive them."""
+trials, every path absolute, a log for every run. Each rule is held by tests driven through real
+local trials, the CLI and the flow as users drive them."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _run(config: dict):
     return exp_id, open_store(exp_dir.parent, exp_id), state
 
 
-# ---- defect 1: the assessor never overwrites an outcome ------------------------------------------
+# ---- the assessor never overwrites an outcome ----------------------------------------------------
 
 # A trial that does not ask the assessor as it reports (as one started by an earlier controller, or on
 # a platform without report-time decisions): its results and its end are read together.
@@ -128,7 +128,7 @@ def test_a_trial_past_its_max_duration_after_its_final_result_is_stopped_and_kee
     assert store.experiment().best_trial == trial.id
 
 
-# ---- defect 2: one stored direction, NNI's rule --------------------------------------------------
+# ---- one stored direction, NNI's rule ------------------------------------------------------------
 # (the rule itself, without a server: tests/test_results.py)
 
 def test_nni_sklearn_example_shape_names_the_highest_accuracy_best_everywhere(tmp_path):
@@ -158,7 +158,7 @@ def test_nni_sklearn_example_shape_names_the_highest_accuracy_best_everywhere(tm
     assert "0.8822" in tail
 
 
-# ---- defect 3: a stored experiment runs with its own config --------------------------------------
+# ---- a stored experiment runs with its own config ------------------------------------------------
 
 def test_a_config_of_another_experiment_is_refused_and_the_experiment_is_untouched(tmp_path):
     code = tmp_path / "code"
@@ -196,7 +196,7 @@ def test_an_edited_config_file_does_not_change_a_resumed_experiment(tmp_path):
     assert sorted(t.final for t in trials) == [1, 2]
 
 
-# ---- defects 4 and 5: data that cannot be stored is rejected, never fatal ------------------------
+# ---- data that cannot be stored is rejected, never fatal -----------------------------------------
 
 HOSTILE_METRICS = r"""
 import json, os, nni
@@ -274,7 +274,7 @@ def test_no_error_in_following_a_trial_leaves_it_running(tmp_path, monkeypatch):
     assert len(broken) == 1 and "could not follow the trial (OverflowError" in broken[0].message
 
 
-# ---- defect 6: every trial that ran has its start and end ----------------------------------------
+# ---- every trial that ran has its start and end --------------------------------------------------
 
 def test_short_trials_all_have_start_and_end_times(tmp_path):
     code = tmp_path / "code"
@@ -287,7 +287,7 @@ def test_short_trials_all_have_start_and_end_times(tmp_path):
         assert [h[0] for h in store.status_history(trial.id)] == ["WAITING", "RUNNING", "SUCCEEDED"]
 
 
-# ---- defect 7: an experiment in which nothing succeeded says so ----------------------------------
+# ---- an experiment in which nothing succeeded says so --------------------------------------------
 
 def test_all_trials_failed_is_done_but_the_run_fails_and_the_cli_exits_1(tmp_path):
     code = tmp_path / "code"
@@ -318,7 +318,7 @@ def test_a_notebook_run_where_nothing_succeeded_still_returns_its_result(tmp_pat
     assert [t.status for t in result.trials] == ["FAILED", "FAILED"]
 
 
-# ---- defect 8: imported data go to the tuner, not into the trials --------------------------------
+# ---- imported data go to the tuner, not into the trials ------------------------------------------
 
 def test_imported_data_count_toward_no_budget_and_are_never_the_best_trial(tmp_path):
     code = tmp_path / "code"
@@ -344,7 +344,7 @@ def test_imported_data_count_toward_no_budget_and_are_never_the_best_trial(tmp_p
     assert store.experiment().best_trial == next(t.id for t in trials if t.final == 0.3)
 
 
-# ---- defect 9: CSV export with intermediate results ----------------------------------------------
+# ---- CSV export with intermediate results --------------------------------------------------------
 
 def test_csv_export_with_intermediate_results(tmp_path):
     code = tmp_path / "code"
@@ -390,7 +390,7 @@ def test_export_holds_every_trial_with_its_status_and_imports_back(tmp_path):
     assert len(open_store(tmp_path / "w2", other).imported()) == 1
 
 
-# ---- defect 10: a relative --root ----------------------------------------------------------------
+# ---- a relative --root ---------------------------------------------------------------------------
 
 def test_resume_with_a_relative_root_runs_its_trials(tmp_path):
     code = tmp_path / "code"
@@ -405,7 +405,7 @@ def test_resume_with_a_relative_root_runs_its_trials(tmp_path):
     assert all(Path(t.log_dir).is_absolute() for t in trials)
 
 
-# ---- defect 11: every run leaves its controller log ----------------------------------------------
+# ---- every run leaves its controller log ---------------------------------------------------------
 
 def _two_trial_config(tmp_path: Path) -> Path:
     """A config file for two trials that report one final result each, working under tmp_path/w."""
