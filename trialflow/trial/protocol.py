@@ -37,8 +37,8 @@ CHECKPOINT_DIR = "checkpoint"  # in the trial directory
 CHECKPOINT_ENV = "TRIALFLOW_CHECKPOINT_DIR"
 ATTEMPT_ENV = "TRIALFLOW_ATTEMPT"  # 0 for the first run, n after n interruptions
 REPORTED_ENV = "TRIALFLOW_INTERMEDIATE_REPORTED"  # intermediate results stored before this run
-# the controller's report desk (``trialflow.report_desk``): where a trial asks, after an intermediate
-# result, whether its assessor stops it (set only for trials whose controller can answer at once)
+# the controller's report desk (``trialflow.platforms.report_desk``): where a trial asks, after an
+# intermediate result, whether its assessor stops it (set only for trials whose controller can answer)
 REPORT_DESK_ENV = "TRIALFLOW_REPORT_DESK"  # the desk's Unix socket, or RECEIVER_DESK
 RECEIVER_DESK = "receiver"  # ask through the metrics receiver (the HTTP channel's URL and token)
 

@@ -1,6 +1,6 @@
-"""The trial's end of the report desk (``trialflow.report_desk``): after an intermediate result at a
-step where the experiment's assessor may stop it, the trial asks the controller and waits for its
-word, so a trial stopped at its rung takes no step past it. Standard library only (it runs in trials).
+"""The trial's end of the report desk (``trialflow.platforms.report_desk``): after an intermediate
+result at a step where the experiment's assessor may stop it, the trial asks the controller and waits
+for its word, so a trial stopped at its rung takes no step past it. Standard library only (it runs in trials).
 
 Protocol: ``TRIALFLOW_REPORT_DESK`` names the desk's Unix socket (in a folder only its user can
 enter), one line each way: the trial sends ``<trial id> <sequence>`` after its result ``sequence`` is
@@ -20,18 +20,17 @@ next ask). On ``stop`` the trial takes no further step: it waits for the control
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
 import sys
 import time
-from urllib.parse import urlsplit
 
 from .protocol import RECEIVER_DESK, REPORT_DESK_ENV
 
 TYPE_CHECKING = False  # typing stays unimported at run time (the trial's start)
 if TYPE_CHECKING:
+    import http.client
     from collections.abc import Callable
 
 VERDICT_WAIT_SECONDS = 5.0
@@ -83,6 +82,8 @@ class _ReceiverDesk:
     """Asks through the HTTP channel's metrics receiver (one kept-alive connection)."""
 
     def __init__(self, url: str, token: str) -> None:
+        from urllib.parse import urlsplit
+
         parts = urlsplit(url)
         self.host, self.port, self.base = parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/")
         self.token = token
@@ -92,6 +93,8 @@ class _ReceiverDesk:
     def ask(self, trial_id: str, sequence: int) -> str | None:
         """As :meth:`_Desk.ask`; a refusal other than "too many requests" raises OSError (the desk is
         not served there, or the trial's token no longer counts)."""
+        import http.client  # only trials of job platforms ask over HTTP
+
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=VERDICT_WAIT_SECONDS + 5)
         try:
