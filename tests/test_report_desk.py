@@ -19,8 +19,8 @@ from trialflow.trial.protocol import REPORT_DESK_ENV
 
 @pytest.fixture
 def desk(monkeypatch):
-    desk = ReportDesk.open()
-    monkeypatch.setenv(REPORT_DESK_ENV, desk.path)
+    desk = ReportDesk()
+    monkeypatch.setenv(REPORT_DESK_ENV, desk.listen())
     monkeypatch.setattr(verdicts._Connection, "desk", None)
     monkeypatch.setattr(verdicts._Connection, "gone", False)
     yield desk
@@ -85,8 +85,8 @@ def test_a_desk_that_is_gone_costs_a_trial_nothing_and_is_never_asked_again(desk
 
 
 def test_the_desk_is_private_to_its_user_and_removed_when_closed():
-    desk = ReportDesk.open()
-    folder = desk.folder
+    desk = ReportDesk()
+    folder = os.path.dirname(desk.listen())
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
     desk.close()
     desk.close()  # idempotent
@@ -98,7 +98,7 @@ def test_the_desk_is_private_to_its_user_and_removed_when_closed():
 def test_a_crafted_line_closes_its_connection_and_wakes_no_follower(desk, line):
     desk.follow("T4")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(desk.path)
+        conn.connect(desk.listen())
         conn.sendall(line)
         conn.settimeout(5)
         data = b""
@@ -123,7 +123,7 @@ def receiver(monkeypatch):
 
 
 def test_a_job_platforms_trial_asks_through_the_metrics_receiver_with_its_token(receiver, monkeypatch):
-    desk = ReportDesk.open()
+    desk = ReportDesk()  # the receiver's way needs no socket of its own
     try:
         receiver.attach_desk(desk)
         monkeypatch.setenv(REPORT_DESK_ENV, "receiver")
@@ -135,6 +135,7 @@ def test_a_job_platforms_trial_asks_through_the_metrics_receiver_with_its_token(
         for sequence in range(5):
             verdicts.after_result("T5", sequence, lambda: token)
         assert seen == [0, 2, 4] and not verdicts._Connection.gone
+        assert desk.path is None  # no Unix socket is made for trials that ask over HTTP
     finally:
         desk.close()
 
@@ -145,7 +146,7 @@ def test_a_receiver_that_does_not_answer_for_the_trial_is_never_asked_again(rece
     once and its reports go on."""
     import requests
 
-    desk = ReportDesk.open()
+    desk = ReportDesk()  # the receiver's way needs no socket of its own
     try:
         if attached:
             receiver.attach_desk(desk)

@@ -137,13 +137,9 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
 
 
 def _open_desk(service: TrainingService) -> ReportDesk | None:
-    """The report desk, when the platform's trials can reach it; None otherwise, or when no socket
-    can be made here (logged: the assessor then judges at each poll)."""
-    try:
-        desk = ReportDesk.open()
-    except OSError as exc:
-        log.warning("the assessor judges trials when they are polled, not as they report: no report desk (%s)", exc)
-        return None
+    """The report desk, when the platform's trials can reach it (it opens what they need); None
+    otherwise (the assessor then judges at each poll)."""
+    desk = ReportDesk()
     if not service.use_report_desk(desk):
         desk.close()
         return None

@@ -13,6 +13,7 @@ waits on its keeper's pidfd, so its end is seen at once, not at the next poll.
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import select
@@ -54,6 +55,7 @@ from .share import OUTPUT_DIR, Share
 from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 
 KEEPER_PID_WAIT = 10.0
+log = logging.getLogger("trialflow.local")
 
 
 def trial_env(spec: TrialSpec, platform: str, trial_dir: str, code_dir: str, gpus: list[int] | None
@@ -136,7 +138,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                              data["command"], Path(data["code_dir"]), data.get("gpu_number"))
             env = trial_env(spec, self.platform, data["trial_dir"], data["code_dir"], gpus)
             env["PYTHONPATH"] = self._pythonpath
-            if self._desk is not None:
+            if self._desk is not None and self._desk.path is not None:
                 env[REPORT_DESK_ENV] = self._desk.path
             if self.share is not None:
                 env["NNI_OUTPUT_DIR"] = os.path.join(data["trial_dir"], OUTPUT_DIR)
@@ -232,7 +234,14 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             self._desk.clear_wakeup(handle.trial_id)
 
     def use_report_desk(self, desk: ReportDesk) -> bool:
-        """Local trials reach the controller's desk on this machine, at its Unix socket."""
+        """Local trials reach the controller's desk on this machine, at its Unix socket; False (logged:
+        the assessor then judges at each poll) when no socket can be made here."""
+        try:
+            desk.listen()
+        except OSError as exc:
+            log.warning("the assessor judges trials when they are polled, not as they report: no report desk (%s)",
+                        exc)
+            return False
         self._desk = desk
         return True
 

@@ -7,8 +7,9 @@ trials of job platforms with the HTTP metric channel ask the metrics receiver
 (``GET /verdict/<trial id>``, the trial's token), which hands the ask over with :meth:`ask` and waits
 for its answer.
 
-Lifecycle: :meth:`ReportDesk.open` binds the Unix socket in a new folder of the temporary directory
-that only this user can enter (``mkdtemp``: 0700) and serves it from one daemon thread;
+Lifecycle: a :class:`ReportDesk` is bookkeeping only until a platform whose trials connect to it asks
+for its Unix socket (:meth:`ReportDesk.listen`): that binds it in a new folder of the temporary
+directory that only this user can enter (``mkdtemp``: 0700) and serves it from one daemon thread.
 :meth:`ReportDesk.close` stops the thread, closes every connection, answers no pending ask and removes
 the socket and its folder (only what it made). Trials started by an earlier controller name a desk
 that is gone: they never ask (a report costs them nothing more).
@@ -31,6 +32,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("trialflow.report_desk")
@@ -97,37 +99,25 @@ class _Asking:
 class ReportDesk:
     """See the module. Thread-safe: one serving thread, any number of followers."""
 
-    def __init__(self, folder: str, server: socket.socket) -> None:
-        self.folder = folder
-        self.path = os.path.join(folder, "desk.sock")
-        self._server = server
+    def __init__(self) -> None:
+        self.path: str | None = None  # the Unix socket, once :meth:`listen` made it
         self._trials: dict[str, _Asking] = {}
         self._buffers: dict[socket.socket, bytes] = {}
         self._owners: dict[socket.socket, str] = {}
         self._lock = threading.Lock()
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(server, selectors.EVENT_READ)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="trialflow-report-desk", daemon=True)
+        self._listener: _Listener | None = None
 
-    @classmethod
-    def open(cls) -> ReportDesk:
-        """Bind and start serving. Raises OSError when no socket can be made here."""
-        folder = tempfile.mkdtemp(prefix="trialflow-desk-")
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            server.bind(os.path.join(folder, "desk.sock"))
-            server.listen(128)
-            server.setblocking(False)
-        except OSError:
-            server.close()
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        desk = cls(folder, server)
-        desk._thread.start()
-        return desk
+    def listen(self) -> str:
+        """Serve the Unix socket (made at the first call) from one daemon thread; returns its path.
+        Raises OSError when no socket can be made here, or the desk is closed."""
+        with self._lock:
+            if self._closed:
+                raise OSError("the report desk is closed")
+            if self._listener is None:
+                self._listener = _Listener(self._serve)
+                self.path = self._listener.path
+            return self._listener.path
 
     def close(self) -> None:
         """Stop serving; trials waiting on an answer see the desk closed and carry on. Idempotent."""
@@ -139,18 +129,15 @@ class ReportDesk:
                 for ask in asking.http_asks:
                     ask.done.set()
                 asking.woken.set()  # a follower waiting on its wakeup goes on
-        self._wake_w.send(b"x")
-        self._thread.join(timeout=5)
-        for conn in list(self._buffers):
-            conn.close()
-        for sock in (self._server, self._wake_r, self._wake_w):
-            sock.close()
+        if self._listener is not None:
+            self._listener.stop()
+            for conn in list(self._buffers):
+                conn.close()
+            self._listener.remove()
         with self._lock:
             trials, self._trials = self._trials, {}
         for asking in trials.values():
             asking.woken.close()
-        self._selector.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     # ---- the followers' side ------------------------------------------------------------
 
@@ -249,27 +236,27 @@ class ReportDesk:
 
     # ---- the serving thread --------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _serve(self, listener: _Listener) -> None:
         while not self._closed:
-            for key, _ in self._selector.select():
+            for key, _ in listener.selector.select():
                 sock = key.fileobj
-                if sock is self._wake_r:
+                if sock is listener.wake_r:
                     return
-                if sock is self._server:
-                    self._accept()
+                if sock is listener.server:
+                    self._accept(listener)
                 else:
                     self._read(sock)  # type: ignore[arg-type]
 
-    def _accept(self) -> None:
+    def _accept(self, listener: _Listener) -> None:
         try:
-            conn, _ = self._server.accept()
+            conn, _ = listener.server.accept()
         except OSError:
             return
         conn.setblocking(True)
         conn.settimeout(1.0)  # an answer to a trial that stopped reading is dropped, not waited on
         with self._lock:
             self._buffers[conn] = b""
-        self._selector.register(conn, selectors.EVENT_READ)
+        listener.selector.register(conn, selectors.EVENT_READ)
 
     def _read(self, conn: socket.socket) -> None:
         try:
@@ -322,8 +309,44 @@ class ReportDesk:
                 asking.conn = None
                 asking.waiting.clear()
                 asking.woken.set()
-        try:
-            self._selector.unregister(conn)
-        except (KeyError, ValueError):
-            pass
+        if self._listener is not None:
+            try:
+                self._listener.selector.unregister(conn)
+            except (KeyError, ValueError):
+                pass
         conn.close()
+
+
+class _Listener:
+    """The desk's Unix socket, in a new 0700 folder, and the thread serving it (``serve(listener)``)."""
+
+    def __init__(self, serve: Callable[[_Listener], None]) -> None:
+        self.folder = tempfile.mkdtemp(prefix="trialflow-desk-")
+        self.path = os.path.join(self.folder, "desk.sock")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.server.bind(self.path)
+            self.server.listen(128)
+            self.server.setblocking(False)
+        except OSError:
+            self.server.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.selector.register(self.server, selectors.EVENT_READ)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.thread = threading.Thread(target=serve, args=(self,), name="trialflow-report-desk", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the serving thread (its loop sees the desk closed)."""
+        self.wake_w.send(b"x")
+        self.thread.join(timeout=5)
+
+    def remove(self) -> None:
+        """Close the socket and remove its folder (after :meth:`stop`)."""
+        for sock in (self.server, self.wake_r, self.wake_w):
+            sock.close()
+        self.selector.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
