@@ -43,6 +43,9 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(PYTHON), os.environ.get("P
 # A test that runs a flow without the fixture below gets Prefect's temporary server, which dies with
 # it; tests of the kept server ask for it (TRIALFLOW_PREFECT_SERVER=kept) in a home of their own.
 os.environ.setdefault("TRIALFLOW_PREFECT_SERVER", "temporary")
+# No spare controllers after a background create (each is a second controller's imports of CPU); the
+# tests of spares turn them on.
+os.environ.setdefault("TRIALFLOW_SPARE_CONTROLLER", "0")
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ._lazy import lazy_module
-from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, take_controller
+from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, start_next_spare, take_controller
 from .disk_space import NoSpaceLeft, no_space
 from .ids import looks_like_experiment_id
 from .kept_server import ServerError
@@ -241,6 +241,7 @@ def _launch(experiment_id: str, root: Path, config_path: str | None, foreground:
         console.print(f"  prefect CLI: {SERVER_ENV_LINE}", soft_wrap=True, highlight=False)
     console.print(f"  progress:   trialflow trial ls {experiment_id}   log: {log_path}", soft_wrap=True)
     console.print(f"  stop:       trialflow stop {experiment_id}")
+    start_next_spare()
     if live is not None:
         _serve_until_interrupted(live)
 
@@ -285,7 +286,7 @@ def _run_page(experiment_id: str, root: Path, controller: PendingController,
                 note = sign_in_note(record.prefect_api)  # only the kept server has one
                 return (page + note, bool(note)) if page else (
                     "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)", False)
-            if controller.proc.poll() is not None:
+            if controller.ended():
                 log = root / experiment_id / Path(_experiments.CONTROLLER_LOG).parent / CONTROLLER_OUTPUT
                 why = record.message or f"see {log if log.exists() else controller.spool}"
                 raise CliError(f"experiment {experiment_id} ended at once ({record.status}): {why}")

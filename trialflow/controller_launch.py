@@ -20,20 +20,37 @@ import tempfile
 import threading
 import traceback
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from .trial.procs import pid_alive
+
+if TYPE_CHECKING:
+    from .kept_server import ServerError
 
 CONTROLLER_OUTPUT = "controller.out"  # in the experiment's log/ folder: a background controller's raw output
 
 
 class PendingController:
-    """A started controller waiting for its experiment."""
+    """A started controller waiting for its experiment: a new process, whose stdin carries the job line,
+    or a claimed spare (:mod:`trialflow.spare_controller`), whose connection carries it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], spool: Path) -> None:
-        self.proc = proc
-        self.spool = spool
+    def __init__(self, pid: int, spool: Path, channel: IO[bytes], proc: subprocess.Popen[bytes] | None = None,
+                 start_time: int | None = None) -> None:
+        self._pid = pid
+        self.spool = spool  # its output until it has an experiment
+        self._channel = channel
+        self._proc = proc
+        self._start_time = start_time
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self._pid
+
+    def ended(self) -> bool:
+        """Whether its process has exited."""
+        if self._proc is not None:
+            return self._proc.poll() is not None
+        return not pid_alive(self._pid, self._start_time)
 
     def run(self, experiment_id: str, root: Path, config_path: str | None) -> None:
         """Have it run (or resume) ``experiment_id`` under ``root``."""
@@ -45,13 +62,12 @@ class PendingController:
         self._send("")
 
     def _send(self, line: str) -> None:
-        stdin = self.proc.stdin
-        if stdin is None or stdin.closed:
+        if self._channel.closed:
             return
         try:
-            stdin.write(line.encode())
-            stdin.close()
-        except BrokenPipeError:  # it died while starting: its spool (then its log) says why
+            self._channel.write(line.encode())
+            self._channel.close()
+        except OSError:  # it died while starting (a broken pipe or a reset): its spool (then its log) says why
             pass
 
 
@@ -64,7 +80,8 @@ def start_controller() -> PendingController:
                                 stdout=fd, stderr=fd, start_new_session=True, close_fds=True)
     finally:
         os.close(fd)
-    return PendingController(proc, Path(spool))
+    assert proc.stdin is not None
+    return PendingController(proc.pid, Path(spool), proc.stdin, proc=proc)
 
 
 _started_early: PendingController | None = None  # by the console script, for the command to take
@@ -75,7 +92,7 @@ def start_controller_early() -> None:
     the console script's first step for a command that runs an experiment in the background. Raises
     OSError when it cannot start."""
     global _started_early
-    _started_early = start_controller()
+    _started_early = _claim_or_start()
 
 
 def take_controller() -> PendingController:
@@ -83,7 +100,28 @@ def take_controller() -> PendingController:
     cannot start. One not taken ends by itself when this process exits (its stdin closes)."""
     global _started_early
     controller, _started_early = _started_early, None
-    return controller if controller is not None else start_controller()
+    return controller if controller is not None else _claim_or_start()
+
+
+def _claim_or_start() -> PendingController:
+    """A spare controller of the kept server when one is ready for this command, else a new one."""
+    from .spare_controller import claim_spare
+
+    global _controller_env
+    _controller_env = dict(os.environ)
+    return claim_spare() or start_controller()
+
+
+_controller_env: dict[str, str] | None = None  # the environment this command's controller got
+
+
+def start_next_spare() -> None:
+    """After this command has handed its experiment over: a spare controller for the next command, with
+    the environment this command's controller got (see :mod:`trialflow.spare_controller`). Never raises."""
+    from .spare_controller import start_spare
+
+    if _controller_env is not None:
+        start_spare(_controller_env)
 
 
 def _move_output(spool: Path, log_path: Path) -> None:
@@ -131,14 +169,24 @@ def _main() -> int:
     except ServerError as exc:
         problem = exc
     reader = _await_job(spool)  # after the server's start: a refused config never interrupts that
-    from .startup_gc import collector_paused
+    from .startup_gc import collector_paused, set_aside
 
     with collector_paused():
-        from .experiments import CONTROLLER_LOG
-        from .flows import experiment  # imported while `create` checks the config
+        from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
+    set_aside(collect_first=False)  # the run never walks the imports' objects
 
     reader.join()
-    job = json.loads(_JOB[0])
+    return run_job(json.loads(_JOB[0]), spool, problem)
+
+
+def run_job(job: dict[str, Any], spool: Path, problem: ServerError | None = None) -> int:
+    """Run the job a command sent (its experiment, under its root) in this process, its output moved
+    from ``spool`` to the experiment's log; ``problem``: why no Prefect API can be reached (recorded,
+    nothing run). Returns the process's exit code."""
+    from .experiments import CONTROLLER_LOG
+    from .flows import experiment
+    from .kept_server import ServerError
+
     root = Path(job["root"])
     _move_output(spool, root / job["experiment_id"] / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT)
     if problem is not None:  # recorded: `create` reports the experiment's message

@@ -450,8 +450,12 @@ def _database_at(folder: Path, prefect_home: Path, version: str | None, env: dic
 
 def stop_server(home: Path | None = None, grace: float = 10.0) -> KeptServer | None:
     """Stop the kept server of ``home`` (its whole session); returns it, or None when none ran. The port
-    stays recorded, so the next start reuses it. Raises :class:`ServerError` when it does not stop."""
+    stays recorded, so the next start reuses it. A spare controller waiting for its next command ends
+    first. Raises :class:`ServerError` when it does not stop."""
+    from .spare_controller import stop_spare
+
     folder = server_home(home)
+    stop_spare(folder)
     with _locked(folder):
         server = _read(folder)[0]
         if server is None:

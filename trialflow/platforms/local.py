@@ -107,6 +107,10 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         self.trials_dir.mkdir(parents=True, exist_ok=True)
         if self.gpu is not None:
             _checked(self.gpu, self.config)
+        try:  # its interpreter starts while the tuner makes the first suggestion
+            self._forkserver.start()
+        except OSError:
+            pass  # the first trial's start tries again and reports it
 
     def upload_code(self, code_dir: Path) -> CodeRef:
         return CodeRef(str(code_dir))  # local trials run in place (NNI semantics)

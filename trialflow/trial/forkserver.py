@@ -2,8 +2,8 @@
 starting a Python interpreter per trial (~60 ms of CPU each on a small machine).
 
 Both ends of one pipe protocol live here. :class:`ForkServer` (the controller's end) starts
-``python -S -m trialflow.trial.forkserver`` in its own session on first use, writes one trial
-directory per line to its stdin and reads one reply line per request:
+``python -S -m trialflow.trial.forkserver`` in its own session (at :meth:`ForkServer.start`, else on
+first use), writes one trial directory per line to its stdin and reads one reply line per request:
 
 * ``<pid>``: a keeper was forked for the trial; it leads its own session (pid = the trial's
   process group), runs :func:`keeper.run` exactly as ``python -m trialflow.trial.keeper <trial
@@ -90,19 +90,29 @@ class ForkServer:
             raise OSError(reply[len("error "):])
         return int(reply)
 
-    def _request(self, trial_dir: str, restart: bool = False) -> str:
-        if restart:
-            self._stop()
+    def start(self) -> None:
+        """Start the server now, before the first trial (its interpreter starts meanwhile). Raises
+        OSError when it cannot start."""
+        with self._lock:
+            self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
             with open(self._log_path, "ab") as log:
                 self._proc = subprocess.Popen(
                     [sys.executable, "-S", "-m", "trialflow.trial.forkserver"], env=self._env,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
+        return self._proc
+
+    def _request(self, trial_dir: str, restart: bool = False) -> str:
+        if restart:
+            self._stop()
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
         try:
-            self._proc.stdin.write(os.fsencode(trial_dir) + b"\n")
-            self._proc.stdin.flush()
-            return self._proc.stdout.readline().decode("utf-8", "replace").strip()
+            proc.stdin.write(os.fsencode(trial_dir) + b"\n")
+            proc.stdin.flush()
+            return proc.stdout.readline().decode("utf-8", "replace").strip()
         except OSError:
             return ""
 
