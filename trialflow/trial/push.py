@@ -25,11 +25,16 @@ FLUSH_SECONDS = 10.0
 MAX_BATCH_BYTES = 512 * 1024
 
 
+def receiver_address(url: str) -> tuple[str, int, str]:
+    """(host, port, base path without its trailing slash) of the metrics receiver at ``url``."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/")
+
+
 class MetricPusher:
     def __init__(self, url: str, token: str, trial_id: str) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path = f"{parts.path.rstrip('/')}/metrics/{trial_id}"
+        self.host, self.port, base = receiver_address(url)
+        self.path = f"{base}/metrics/{trial_id}"
         self.token = token
         self._pending: list[str] = []
         self._cond = threading.Condition()

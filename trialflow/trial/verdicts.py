@@ -82,10 +82,9 @@ class _ReceiverDesk:
     """Asks through the HTTP channel's metrics receiver (one kept-alive connection)."""
 
     def __init__(self, url: str, token: str) -> None:
-        from urllib.parse import urlsplit
+        from .push import receiver_address
 
-        parts = urlsplit(url)
-        self.host, self.port, self.base = parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/")
+        self.host, self.port, self.base = receiver_address(url)
         self.token = token
         self.conn: http.client.HTTPConnection | None = None
         self.next_ask: int | None = 0
