@@ -179,11 +179,15 @@ def test_a_preempted_trial_runs_again_from_its_checkpoint_and_is_no_failure(tmp_
                                                            for i in range(6)]
     notes = [message for _, _, message in store.status_history(first.id) if message and "interrupted" in message]
     job = first.handle["data"]["job"].removesuffix(lowercase_id(first.id + "r1")) + lowercase_id(first.id)
-    # the operator's Restarting condition or the keeper's record of the stop (the pod's keeper passes
-    # SIGTERM on to the trial, which may end first) tells it, whichever the poll meets first
-    assert len(notes) == 1 and f"run again as attempt 1: job {job}: Kubernetes stopped the trial's pod" in notes[0] \
-        and ("restarting because 1 Worker replica(s) failed" in notes[0]
-             or "a stop signal trialflow did not send ended its run" in notes[0]), notes
+    # whichever the poll meets first tells it: the preempted pod's own condition (a poll before the
+    # operator replaced the pod), the operator's Restarting condition, or the keeper's record of the stop
+    # (the pod's keeper passes SIGTERM on to the trial, which may end first)
+    preempted = (f"run again as attempt 1: pod {job}-worker-0 was preempted by a higher-priority pod "
+                 "(PreemptionByScheduler: Preempted by pod urgent-1 on node n1)")
+    stopped = f"run again as attempt 1: job {job}: Kubernetes stopped the trial's pod"
+    assert len(notes) == 1 and (preempted in notes[0] or stopped in notes[0] and (
+        "restarting because 1 Worker replica(s) failed" in notes[0]
+        or "a stop signal trialflow did not send ended its run" in notes[0])), notes
     # the Prefect UI: the trial's task run says how many runs it took
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName

@@ -197,8 +197,10 @@ def start_spare(env: Mapping[str, str]) -> None:
     except OSError:
         return
     try:
-        subprocess.Popen([sys.executable, "-P", "-m", "trialflow.spare_controller"], stdin=subprocess.DEVNULL,
-                         stdout=fd, stderr=fd, env=dict(env), cwd=server.home, start_new_session=True, close_fds=True)
+        # no working directory on its module path (-P; before Python 3.11, "/"): the claimant's goes there
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+        subprocess.Popen([sys.executable, *safe_path, "-m", "trialflow.spare_controller"], stdin=subprocess.DEVNULL,
+                         stdout=fd, stderr=fd, env=dict(env), cwd="/", start_new_session=True, close_fds=True)
     except OSError:
         os.unlink(spool)
     finally:
@@ -365,7 +367,10 @@ def _adopt(claim: dict[str, Any]) -> None:
             os.environ[name] = claim["env"][name]
         else:
             os.environ.pop(name, None)
-    sys.path.insert(0, claim["cwd"])
+    if not getattr(sys.flags, "safe_path", False) and sys.path[:1] == ["/"]:
+        sys.path[0] = claim["cwd"]  # started from "/" (Python 3.10)
+    else:
+        sys.path.insert(0, claim["cwd"])
 
 
 def _waited(server: KeptServer, seconds: float) -> bool:
