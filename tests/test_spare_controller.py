@@ -172,6 +172,8 @@ def test_the_kept_servers_end_ends_its_spare_and_leaves_nothing_behind(home, mon
         monkeypatch.setenv(name, value)
     start_spare(dict(os.environ))
     spare = _ready_spare(home)
+    status = _cli(home, "server", "status")
+    assert f"spare controller: pid {spare['pid']}, ready for the next background create" in status.stdout, status.stdout
     if end == "server stop":
         stop_server(home)
         assert not pid_alive(spare["pid"])

@@ -974,6 +974,11 @@ def server_status() -> None:
         raise typer.Exit(1)
     healthy = server.healthy()
     _print_server(server, "running" if healthy else "starting or not answering")
+    from .spare_controller import SPARE_SETTING, recorded_spare
+
+    if (spare := recorded_spare(server.home)) is not None:
+        console.print(f"spare controller: pid {spare.pid}, {'ready for' if spare.ready else 'loading for'} the next "
+                      f"background create or resume ({SPARE_SETTING}=0 turns spares off)", highlight=False)
     _configured_api_note()
     if healthy and not server.ready():
         raise CliError(server.unreadable_database())

@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from .controller_launch import PendingController
 from .kept_server import KeptServer, running_server
@@ -218,20 +218,32 @@ def _lock_held(folder: Path) -> bool:
     return False
 
 
+class Spare(NamedTuple):
+    pid: int
+    start_time: int
+    ready: bool  # listening (else still loading)
+
+
+def recorded_spare(folder: Path) -> Spare | None:
+    """The running spare recorded in the kept server's ``folder``, if any."""
+    record = read_json(str(folder / RECORD)) or {}
+    try:
+        spare = Spare(int(record["pid"]), int(record["start_time"]), isinstance(record.get("socket"), str))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return spare if pid_alive(spare.pid, spare.start_time) else None
+
+
 def stop_spare(folder: Path) -> None:
     """End the spare recorded in the kept server's ``folder`` (``trialflow server stop``), if any,
     and wait for it (a few seconds at most)."""
-    record = read_json(str(folder / RECORD)) or {}
-    try:
-        pid, start_time = int(record["pid"]), int(record["start_time"])
-    except (KeyError, TypeError, ValueError):
-        return
-    if not pid_alive(pid, start_time):
+    spare = recorded_spare(folder)
+    if spare is None:
         return
     with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(spare.pid, signal.SIGTERM)
     deadline = time.monotonic() + 5.0
-    while pid_alive(pid, start_time) and time.monotonic() < deadline:
+    while pid_alive(spare.pid, spare.start_time) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
