@@ -97,7 +97,8 @@ def start_controller_early() -> None:
 
 def take_controller() -> PendingController:
     """The controller started early for this command, else one started now. Raises OSError when it
-    cannot start. One not taken ends by itself when this process exits (its stdin closes)."""
+    cannot start. One not taken ends by itself when this process exits (its stdin closes; a claimed spare
+    waits for another command)."""
     global _started_early
     controller, _started_early = _started_early, None
     return controller if controller is not None else _claim_or_start()
