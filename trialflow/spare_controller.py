@@ -2,19 +2,18 @@
 ``resume`` against the kept Prefect server, its imports done, waiting to be claimed.
 
 Lifecycle: once a background command has handed its experiment to a controller, it starts a spare
-(:func:`start_spare`): ``python -P -m trialflow.spare_controller`` in a session of its own, with the
-environment that controller got. The spare takes the spare lock of the kept server's folder (another
-spare holds it: it ends at once), imports what a run needs (after a short delay), then listens on a
-Unix socket in a new 0700 folder of the temporary directory, recorded in ``spare.json`` of the kept
-server's 0700 folder. The next background command claims it (:func:`claim_spare`): when the claimant
-is this user with the same Python, trialflow and library files, environment, groups, CPUs and
-resource limits, the spare gives up its lock, record and socket, answers ``taken``, and becomes that
-command's :class:`~trialflow.controller_launch.PendingController`: it runs the job sent on the
-connection in the claimant's working directory and umask; when the connection closes without one (the
-config was refused) it takes its lock, record and a new socket again and waits on. A claim that
-differs makes it answer ``other`` and end (the command starts a controller of its own, then a spare
-for its settings). Unclaimed, it ends after :data:`IDLE_SECONDS`, when the kept server stops, or at
-``trialflow server stop``; its socket folder, record and output go with it.
+(:func:`start_spare`): :func:`main` in a new ``python -P``, this trialflow first on its module path, in a session of
+its own, with the environment that controller got. The spare takes the spare lock of the kept server's folder
+(another spare holds it: it ends at once), imports what a run needs (after a short delay), then listens on a Unix
+socket in a new 0700 folder of the temporary directory, recorded in ``spare.json`` of the kept server's 0700 folder.
+The next background command claims it (:func:`claim_spare`): when the claimant is this user with the same Python,
+trialflow and library files, environment, groups, CPUs and resource limits, the spare gives up its lock, record and
+socket, answers ``taken``, and becomes that command's :class:`~trialflow.controller_launch.PendingController`: it
+runs the job sent on the connection in the claimant's working directory and umask; when the connection closes
+without one (the config was refused) it takes its lock, record and a new socket again and waits on. A claim that
+differs makes it answer ``other`` and end (the command starts a controller of its own, then a spare for its
+settings). Unclaimed, it ends after :data:`IDLE_SECONDS`, when the kept server stops, or at ``trialflow server
+stop``; its socket folder, record and output go with it.
 
 Standard library only until claimed.
 """
@@ -166,12 +165,10 @@ def claim_spare() -> PendingController | None:
     try:
         conn.settimeout(CLAIM_SECONDS)
         conn.connect(path)
-        if _peer(conn) != (pid, os.getuid()) or process_start_time(pid) != start_time:
-            conn.close()
-            return None
-        conn.sendall(json.dumps(_claim()).encode() + b"\n")
-        answer = _read_line(conn, 64)
-        if answer != b"taken":
+        recorded = _peer(conn) == (pid, os.getuid()) and process_start_time(pid) == start_time
+        if recorded:
+            conn.sendall(json.dumps(_claim()).encode() + b"\n")
+        if not recorded or _read_line(conn, 64) != b"taken":
             conn.close()
             return None
         conn.settimeout(None)
@@ -197,10 +194,13 @@ def start_spare(env: Mapping[str, str]) -> None:
     except OSError:
         return
     try:
-        # no working directory on its module path (-P; before Python 3.11, "/"): the claimant's goes there
+        # this trialflow (not whichever the module path finds first), and no working directory on its module
+        # path (-P; before Python 3.11, "/"): the claimant's goes there
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-        subprocess.Popen([sys.executable, *safe_path, "-m", "trialflow.spare_controller"], stdin=subprocess.DEVNULL,
-                         stdout=fd, stderr=fd, env=dict(env), cwd="/", start_new_session=True, close_fds=True)
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r}); "
+                "from trialflow.spare_controller import main; sys.exit(main())")
+        subprocess.Popen([sys.executable, *safe_path, "-c", code], stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                         env=dict(env), cwd="/", start_new_session=True, close_fds=True)
     except OSError:
         os.unlink(spool)
     finally:
@@ -375,24 +375,21 @@ def _adopt(claim: dict[str, Any]) -> None:
     os.chdir(claim["cwd"])
     os.umask(claim["umask"])
     for name in VOLATILE:
-        if name in claim["env"]:
-            os.environ[name] = claim["env"][name]
-        else:
-            os.environ.pop(name, None)
-    if not getattr(sys.flags, "safe_path", False) and sys.path[:1] == ["/"]:
-        sys.path[0] = claim["cwd"]  # started from "/" (Python 3.10)
-    else:
-        sys.path.insert(0, claim["cwd"])
+        os.environ.pop(name, None)
+    os.environ.update({k: v for k, v in claim["env"].items() if k in VOLATILE})
+    if "" in sys.path:  # the spare's own working directory ("/"), where Python has no -P
+        sys.path.remove("")
+    sys.path.insert(0, claim["cwd"])
 
 
 def _waited(server: KeptServer, seconds: float) -> bool:
     """Whether ``seconds`` passed with the kept server running (False as soon as it is gone)."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not server.alive():
-            return False
+    while server.alive():
+        if time.monotonic() >= deadline:
+            return True
         time.sleep(0.1)
-    return server.alive()
+    return False
 
 
 def _serve(spool: Path, server: KeptServer | None, env: dict[str, str]) -> tuple[bytes, dict[str, Any]] | None:
@@ -430,7 +427,8 @@ def _serve(spool: Path, server: KeptServer | None, env: dict[str, str]) -> tuple
             return line, claim
 
 
-def _main() -> int:
+def main() -> int:
+    """The spare's process (see the module doc); its exit code."""
     env = _settled(os.environ)  # as started: imports may add to it
     spool = Path(os.readlink("/proc/self/fd/1"))
     job = None
@@ -450,5 +448,3 @@ def _main() -> int:
     return run_job(json.loads(line), spool)
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
