@@ -227,10 +227,11 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
                               env={**os.environ, "PYTHONPATH": RUNTIME_ROOT}, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        started = trial_dir / ".nni" / "started"  # the keeper writes it once its trial runs: maybe after "ready"
+        while not ((tmp_path / "ready").exists() and started.exists()) and time.monotonic() < deadline:
             time.sleep(0.02)
         if signalled == "after-it-exited":
-            trial_pid = json.loads((trial_dir / ".nni" / "started").read_text())["pid"]
+            trial_pid = json.loads(started.read_text())["pid"]
             os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
             while Path(f"/proc/{trial_pid}/stat").read_text().split(")")[-1].split()[0] != "Z" \
                     and time.monotonic() < deadline:
