@@ -87,7 +87,7 @@ def _env(home: Path, spare: bool = True) -> dict[str, str]:
 def _spare_ready(home: Path, timeout: float = 60.0) -> None:
     """Wait until the spare controller the last create started listens (as it does seconds later)."""
     from trialflow.kept_server import server_home
-    from trialflow.spare_controller import RECORD
+    from trialflow.spare_record import RECORD
     from trialflow.trial.procs import read_json
 
     deadline = time.monotonic() + timeout

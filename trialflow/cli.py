@@ -24,10 +24,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from ._lazy import lazy_module
-from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code, start_next_spare, take_controller
+from .controller_launch import CONTROLLER_OUTPUT, PendingController, run_to_exit_code
 from .disk_space import NoSpaceLeft, no_space
 from .ids import looks_like_experiment_id
 from .kept_server import ServerError
+from .spare_controller import start_next_spare, take_controller
 from .status import EXPERIMENT_LIVE, ExperimentStatus
 from .user_errors import UserError
 
@@ -974,7 +975,8 @@ def server_status() -> None:
         raise typer.Exit(1)
     healthy = server.healthy()
     _print_server(server, "running" if healthy else "starting or not answering")
-    from .spare_controller import SPARE_SETTING, recorded_spare
+    from .spare_controller import SPARE_SETTING
+    from .spare_record import recorded_spare
 
     if (spare := recorded_spare(server.home)) is not None:
         console.print(f"spare controller: pid {spare.pid}, {'ready for' if spare.ready else 'loading for'} the next "

@@ -40,8 +40,8 @@ def main() -> None:
     set_process_defaults()
     args = sys.argv[1:]
     if runs_an_experiment(args) and not chooses_the_server(args):
-        from .controller_launch import start_controller_early
         from .kept_server import ServerError, point_this_process_at_kept_server
+        from .spare_controller import start_controller_early
 
         try:
             point_this_process_at_kept_server()

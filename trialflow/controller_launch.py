@@ -84,47 +84,6 @@ def start_controller() -> PendingController:
     return PendingController(proc.pid, Path(spool), proc.stdin, proc=proc)
 
 
-_started_early: PendingController | None = None  # by the console script, for the command to take
-
-
-def start_controller_early() -> None:
-    """Start the controller a command will take (:func:`take_controller`) before the CLI's own imports:
-    the console script's first step for a command that runs an experiment in the background. Raises
-    OSError when it cannot start."""
-    global _started_early
-    _started_early = _claim_or_start()
-
-
-def take_controller() -> PendingController:
-    """The controller started early for this command, else one started now. Raises OSError when it
-    cannot start. One not taken ends by itself when this process exits (its stdin closes; a claimed spare
-    waits for another command)."""
-    global _started_early
-    controller, _started_early = _started_early, None
-    return controller if controller is not None else _claim_or_start()
-
-
-def _claim_or_start() -> PendingController:
-    """A spare controller of the kept server when one is ready for this command, else a new one."""
-    from .spare_controller import claim_spare
-
-    global _controller_env
-    _controller_env = dict(os.environ)
-    return claim_spare() or start_controller()
-
-
-_controller_env: dict[str, str] | None = None  # the environment this command's controller got
-
-
-def start_next_spare() -> None:
-    """After this command has handed its experiment over: a spare controller for the next command, with
-    the environment this command's controller got (see :mod:`trialflow.spare_controller`). Never raises."""
-    from .spare_controller import start_spare
-
-    if _controller_env is not None:
-        start_spare(_controller_env)
-
-
 def _move_output(spool: Path, log_path: Path) -> None:
     """From now on this process's stdout/stderr append to ``log_path``, after what the spool holds."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -452,7 +452,7 @@ def stop_server(home: Path | None = None, grace: float = 10.0) -> KeptServer | N
     """Stop the kept server of ``home`` (its whole session); returns it, or None when none ran. The port
     stays recorded, so the next start reuses it. A spare controller waiting for its next command ends
     first. Raises :class:`ServerError` when it does not stop."""
-    from .spare_controller import stop_spare
+    from .spare_record import stop_spare
 
     folder = server_home(home)
     stop_spare(folder)

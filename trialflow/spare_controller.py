@@ -37,14 +37,14 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
-from .controller_launch import PendingController
+from .controller_launch import PendingController, start_controller
 from .kept_server import KeptServer, running_server
-from .trial.procs import pid_alive, process_start_time, read_json, write_atomic
+from .spare_record import RECORD
+from .trial.procs import process_start_time, read_json, write_atomic
 
 SPARE_SETTING = "TRIALFLOW_SPARE_CONTROLLER"  # "0" (or off/false/no): no spares
-RECORD = "spare.json"  # in the kept server's folder: the ready spare's pid, start time, socket, output
 LOCK = "spare.lock"  # held by the one spare of a kept server (loading or ready)
 IDLE_SECONDS = 3600.0  # an unclaimed spare ends after this long
 # a new spare waits this long before its imports, which would take CPU from the start of the experiment
@@ -216,35 +216,6 @@ def _lock_held(folder: Path) -> bool:
     except OSError:
         return False
     return False
-
-
-class Spare(NamedTuple):
-    pid: int
-    start_time: int
-    ready: bool  # listening (else still loading)
-
-
-def recorded_spare(folder: Path) -> Spare | None:
-    """The running spare recorded in the kept server's ``folder``, if any."""
-    record = read_json(str(folder / RECORD)) or {}
-    try:
-        spare = Spare(int(record["pid"]), int(record["start_time"]), isinstance(record.get("socket"), str))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return spare if pid_alive(spare.pid, spare.start_time) else None
-
-
-def stop_spare(folder: Path) -> None:
-    """End the spare recorded in the kept server's ``folder`` (``trialflow server stop``), if any,
-    and wait for it (a few seconds at most)."""
-    spare = recorded_spare(folder)
-    if spare is None:
-        return
-    with contextlib.suppress(OSError):
-        os.kill(spare.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5.0
-    while pid_alive(spare.pid, spare.start_time) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 class _Listing:
@@ -448,3 +419,38 @@ def main() -> int:
     return run_job(json.loads(line), spool)
 
 
+_started_early: PendingController | None = None  # by the console script, for the command to take
+
+
+def start_controller_early() -> None:
+    """Start the controller a command will take (:func:`take_controller`) before the CLI's own imports:
+    the console script's first step for a command that runs an experiment in the background. Raises
+    OSError when it cannot start."""
+    global _started_early
+    _started_early = _claim_or_start()
+
+
+def take_controller() -> PendingController:
+    """The controller started early for this command, else one started now. Raises OSError when it
+    cannot start. One not taken ends by itself when this process exits (its stdin closes; a claimed spare
+    waits for another command)."""
+    global _started_early
+    controller, _started_early = _started_early, None
+    return controller if controller is not None else _claim_or_start()
+
+
+def _claim_or_start() -> PendingController:
+    """A spare controller of the kept server when one is ready for this command, else a new one."""
+    global _controller_env
+    _controller_env = dict(os.environ)
+    return claim_spare() or start_controller()
+
+
+_controller_env: dict[str, str] | None = None  # the environment this command's controller got
+
+
+def start_next_spare() -> None:
+    """After this command has handed its experiment over: a spare controller for the next command, with
+    the environment this command's controller got (see the module doc). Never raises."""
+    if _controller_env is not None:
+        start_spare(_controller_env)
