@@ -142,6 +142,27 @@ def _create_sleeper(tmp_path: Path, home: Path, name: str, trials: int) -> tuple
     return created.stdout, created.stdout.split("experiment id: ")[1].split()[0]
 
 
+def test_a_ctrl_c_to_the_command_never_reaches_its_background_controller(tmp_path, home):
+    """`create` run as a terminal runs it (the leader of its session and foreground group): its controller
+    has a process group of its own, so the terminal's Ctrl-C (SIGINT to that group) reaches nothing of the
+    experiment, and stays in the command's session (the scheduler counts both as one while they start)."""
+    config = _config(tmp_path, "interrupted", SLEEPER, maxTrialNumber=1)
+    command = subprocess.Popen([*CONSOLE_SCRIPT, "create", "--config", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=_env(home), start_new_session=True)
+    printed, _ = command.communicate(timeout=180)
+    _guard(home)
+    assert command.returncode == 0, printed
+    controller = int(re.search(r"in the background \(pid (\d+)\)", printed).group(1))
+    exp_id = printed.split("experiment id: ")[1].split()[0]
+    assert os.getpgid(controller) == controller and os.getsid(controller) == command.pid
+    with pytest.raises(ProcessLookupError):  # no process of the experiment is left in the terminal's group
+        os.killpg(command.pid, signal.SIGINT)
+    store = open_store(tmp_path / "w", exp_id)
+    wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+    assert pid_alive(controller)
+    assert _cli(home, "stop", exp_id).returncode == 0
+
+
 def test_server_stop_refuses_while_an_experiment_reports_to_it(tmp_path, home):
     _, exp_id = _create_sleeper(tmp_path, home, "long", 1)
     refused = _cli(home, "server", "stop")

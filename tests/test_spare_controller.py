@@ -20,7 +20,8 @@ from tests.conftest import wait_for
 from tests.test_kept_server import CONSOLE_SCRIPT, _as_other_user, _cli, _config, _env
 from trialflow.experiments import open_store
 from trialflow.kept_server import ensure_server, server_home, stop_server
-from trialflow.spare_controller import fingerprint, start_spare
+from trialflow.process_fingerprint import fingerprint
+from trialflow.spare_controller import start_spare
 from trialflow.spare_record import RECORD
 from trialflow.trial.procs import pid_alive, read_json
 

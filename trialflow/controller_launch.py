@@ -1,9 +1,10 @@
 """Background controllers started before their experiment exists, so that their start-up (importing
 Prefect and the task library: over a second) overlaps the CLI's checking of the config.
 
-Lifecycle: :func:`start_controller` starts ``python -m trialflow.controller_launch`` in a session of its
-own (a Ctrl-C in the terminal never reaches it). It points itself at the kept Prefect server, then
-imports what a run needs while a thread reads one line from its stdin: the experiment to run.
+Lifecycle: :func:`start_controller` starts ``python -m trialflow.controller_launch`` in a process group
+of its own (a Ctrl-C or hang-up of the terminal never reaches it), in the command's session. It points
+itself at the kept Prefect server, then imports what a run needs while a thread reads one line from its
+stdin: the experiment to run.
 :meth:`PendingController.run` sends it; :meth:`PendingController.cancel` (a refused config) closes stdin
 instead, and the process ends at once, mid-import if need be, without doing anything. Until it has an
 experiment its output goes to a spool file; then it moves it to the experiment's ``log/controller.out``
@@ -76,8 +77,11 @@ def start_controller() -> PendingController:
     when it cannot start."""
     fd, spool = tempfile.mkstemp(prefix="trialflow-controller-", suffix=".out")
     try:
+        # a process group of its own (a Ctrl-C or hang-up of the terminal never reaches it) in the command's
+        # session: the scheduler shares the CPU between sessions first (autogroups), so while the command
+        # and this controller start, a kept server starting beside them keeps a CPU to itself
         proc = subprocess.Popen([sys.executable, "-m", "trialflow.controller_launch"], stdin=subprocess.PIPE,
-                                stdout=fd, stderr=fd, start_new_session=True, close_fds=True)
+                                stdout=fd, stderr=fd, close_fds=True, process_group=0)
     finally:
         os.close(fd)
     assert proc.stdin is not None

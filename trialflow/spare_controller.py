@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import importlib.util
+import importlib
 import json
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -41,6 +39,7 @@ from typing import IO, Any
 
 from .controller_launch import PendingController, start_controller
 from .kept_server import KeptServer, running_server
+from .process_fingerprint import fingerprint, umask
 from .spare_record import RECORD
 from .trial.procs import process_start_time, read_json, write_atomic
 
@@ -56,7 +55,6 @@ MAX_CLAIM_BYTES = 1 << 20  # a claim's line (mostly its environment); a longer o
 # differ between one shell's commands (pyenv's shims set PYENV_DIR to the working directory): taken from
 # the claimant
 VOLATILE = frozenset({"PWD", "OLDPWD", "_", "PYENV_DIR"})
-LIBRARIES = ("prefect", "optuna", "pydantic", "sqlalchemy")  # their files are part of the fingerprint
 # modules a run imports lazily on its way to the first trial: the spare imports them while it waits (a
 # name a library version lacks is skipped)
 WARM_IMPORTS = ("prefect.engine", "prefect.flow_engine", "prefect.task_engine", "fastapi.applications", "graphviz",
@@ -75,46 +73,8 @@ def _kept_server() -> KeptServer | None:
     return server if server is not None and os.environ.get("PREFECT_API_URL") == server.url else None
 
 
-def fingerprint() -> str:
-    """What a spare shares with its claimant besides the environment: the Python, the files of trialflow
-    and of the libraries a run imports (a changed file would leave the spare running old code), the
-    user's groups, CPUs, resource limits, priority and control groups."""
-    parts: list[object] = [sys.executable, sys.version, sorted(os.getgroups()), sorted(os.sched_getaffinity(0)),
-                           os.getpriority(os.PRIO_PROCESS, 0)]
-    parts += [resource.getrlimit(limit) for limit in (
-        resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_AS, resource.RLIMIT_CORE,
-        resource.RLIMIT_STACK, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE, resource.RLIMIT_MEMLOCK)]
-    with contextlib.suppress(OSError):
-        parts.append(Path("/proc/self/cgroup").read_text())
-    files = []
-    for folder, dirs, names in os.walk(Path(__file__).resolve().parent):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        files += [os.path.join(folder, name) for name in names if name.endswith(".py")]
-    for library in LIBRARIES:
-        try:
-            spec = importlib.util.find_spec(library)
-        except (ImportError, ValueError):
-            spec = None
-        files.append(str(spec.origin) if spec is not None else library)
-    for path in sorted(files):
-        try:
-            stat = os.stat(path)
-            parts.append((path, stat.st_mtime_ns, stat.st_size))
-        except OSError:
-            parts.append(path)
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("Umask:"):
-            return int(line.split()[1], 8)
-    return 0o022
-
-
 def _claim() -> dict[str, Any]:
-    return {"fingerprint": fingerprint(), "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()}
+    return {"fingerprint": fingerprint(), "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask()}
 
 
 def _own_private_folder(path: str) -> bool:

@@ -20,13 +20,23 @@ from typing import Any
 
 def _without_retries() -> Callable[[], Any]:
     """A maker of settings contexts like the current one but with Prefect's client retries off: the
-    settings are built once (~17 ms), each context made from them costs microseconds to enter."""
+    settings are built once per current settings (the last ones are kept: a run's callers share them),
+    each context made from them costs microseconds to enter."""
     from prefect.context import SettingsContext, get_settings_context
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
     current = get_settings_context()
+    last = _LAST_WITHOUT_RETRIES.get("made")
+    if last is not None and last[0] is current.settings and last[1] is current.profile:
+        return last[2]
     settings = current.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0})
-    return lambda: SettingsContext(profile=current.profile, settings=settings)
+    maker = lambda: SettingsContext(profile=current.profile, settings=settings)  # noqa: E731
+    _LAST_WITHOUT_RETRIES["made"] = (current.settings, current.profile, maker)  # held: identities stay unique
+    return maker
+
+
+# the settings and profile _without_retries last derived from, and its maker for them
+_LAST_WITHOUT_RETRIES: dict[str, tuple[Any, Any, Callable[[], Any]]] = {}
 
 
 def unreachable(retries: bool = True) -> BaseException | None:

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..kept_server import ServerError, ensure_server, revive, running_server, wants_temporary_server
+from ..kept_server import KeptServer, ServerError, ensure_server, revive, running_server, wants_temporary_server
 from ..startup_gc import collector_paused
 from .api_outage import unreachable
 from .temporary_server import start_temporary_server
@@ -17,6 +17,10 @@ from .temporary_server import start_temporary_server
 # server still starting instead of after it, they leave a cold start's critical path (~0.3 s here).
 FIRST_RUN_IMPORTS = ("prefect.flow_engine", "prefect.task_engine", "prefect.utilities.visualization",
                      "fastapi.encoders", "prefect.artifacts", "anyio._backends._asyncio", "numpy.random")
+# What the default tuner imports once the flow has begun (Optuna): imported only when the kept
+# server is still starting, in time this process would otherwise spend waiting for it
+WHILE_STARTING_IMPORTS = ("optuna", "trialflow.tuners.optuna_tuners")
+STARTING_PROBE_SECONDS = 0.05  # a server that does not answer its health check this soon is still starting
 
 
 @contextmanager
@@ -38,7 +42,7 @@ def experiment_api() -> Iterator[str | None]:
         revive(PREFECT_API_URL.value())
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
-            server.wait_until_healthy()
+            _wait_until_healthy(server)
             with temporary_settings(updates={PREFECT_API_AUTH_STRING: server.auth}):  # also when not set
                 yield None
             return
@@ -52,6 +56,16 @@ def experiment_api() -> Iterator[str | None]:
     server = ensure_server()
     with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth}):
         yield server.url
+
+
+def _wait_until_healthy(server: KeptServer) -> None:
+    """Return once ``server`` answers (see :meth:`KeptServer.wait_until_healthy`, which raises what it
+    raises), importing :data:`WHILE_STARTING_IMPORTS` first when it is still starting."""
+    if not server.healthy(timeout=STARTING_PROBE_SECONDS):
+        with collector_paused():
+            for module in WHILE_STARTING_IMPORTS:
+                importlib.import_module(module)
+    server.wait_until_healthy()
 
 
 def _check_answers(api: str) -> None:
