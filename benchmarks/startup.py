@@ -122,14 +122,29 @@ def help_seconds(repeat: int) -> float:
 
 
 def _wait_done(folder: Path, home: Path) -> None:
-    """Let the experiment end before the next run (its controller would compete for the CPU)."""
+    """Let the experiment end, its controller exit and the spare it left finish loading before the next
+    run (either would compete for the CPU)."""
+    from trialflow.experiments import has_store, open_store
+    from trialflow.trial.procs import pid_alive
+
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         out = subprocess.run([*TRIALFLOW, "experiment", "list", "--root", str(folder / "w")], env=_env(home),
                              capture_output=True, text=True).stdout
         if "RUNNING" not in out and "INITIALIZED" not in out:
-            return
+            break
         time.sleep(0.2)
+    for exp_dir in (folder / "w").iterdir():
+        if has_store(exp_dir):
+            store = open_store(folder / "w", exp_dir.name)
+            pid = store.experiment().controller_pid
+            store.close()
+            while pid and pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    from trialflow.kept_server import running_server
+
+    if running_server(home) is not None:
+        _spare_ready(home)
 
 
 def measure(repeat: int, nni_venv: Path | None = None) -> dict[str, float]:
