@@ -6,7 +6,7 @@ stays standard-library only and fast.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing stays unimported at run time: ~3 ms less CPU per trial process
+TYPE_CHECKING = False  # typing stays unimported at run time: its import would cost every trial process
 if TYPE_CHECKING:
     from typing import Any
 

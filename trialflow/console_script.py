@@ -2,9 +2,9 @@
 Prefect server (when none runs) and, for a background run, the controller that will run it, before the
 CLI's own imports; then it hands over to :func:`trialflow.cli.main`.
 
-The server's start-up is the longest step of a cold ``trialflow create`` (~3 s here) and the
-controller's imports the longest of a warm one (~1.3 s); begun before the CLI imports Typer and Rich,
-each ends ~0.1 s sooner. Standard library only until the hand-over.
+The server's start-up is the longest step of a cold ``trialflow create`` and the controller's imports
+the longest of a warm one; begun before the CLI imports Typer and Rich, each ends sooner. Standard
+library only until the hand-over.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ HOST = "127.0.0.1"
 LISTEN_BACKLOG = 2048  # uvicorn's default
 FOLDER = "prefect-server"
 AUTH_FILE = "auth"  # the API's auth string, 0600 in the 0700 server folder
-STARTUP_SECONDS = 120.0  # a first start creates the database (~10 s here); a busy machine takes longer
+STARTUP_SECONDS = 120.0  # a first start may create the database; a busy machine takes longer
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
 DATABASE_MARK = "database.json"  # the Prefect version whose server last ran healthy on the kept database
 # Prefect settings the kept server starts with unless the environment sets them. Task runs reach the
@@ -407,7 +407,7 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         seed(prefect_home / "prefect.db", version)  # a new database: a migrated empty copy when there is one
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
-        # the Prefect CLI's own start-up: ~0.35 s less on every start (see kept_server_app)
+        # the Prefect CLI's own start-up: less CPU on every start (see kept_server_app)
         level = os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING").lower()
         command = [sys.executable, "-m", "trialflow.kept_server_app", "--fd", str(sock.fileno()),
                    "--log-level", level]
@@ -440,7 +440,7 @@ def _prefect_version() -> str | None:
 
 def _database_at(folder: Path, prefect_home: Path, version: str | None, env: dict[str, str]) -> bool:
     """Whether the kept server's own database was last served, healthy, by this Prefect ``version``:
-    then Prefect's migration check at start-up (~0.2 s of a cold start) has nothing to do. Never for
+    then Prefect's migration check at start-up (part of a cold start) has nothing to do. Never for
     a database or a migration setting the environment chose."""
     if version is None or _database_chosen(env):
         return False

@@ -5,15 +5,14 @@ garbage collector paused.
 Why: Prefect's server answers a write that met SQLite's lock (``database is locked``: a deferred
 transaction that must become a writer while another connection writes; SQLite fails it at once instead
 of waiting) with a retryable 503, and Prefect's client retries it after 2 s, then 4 s, ... Right after a
-start, the server's services write while the first experiment creates its flow run: measured on this
-2-core machine, 3 of 8 cold starts took 2.3 s longer for that one retry. Run again here after a few
-milliseconds, the write goes through; after :data:`REPLAYS` tries the 503 goes to the client, whose own
-back-off then applies as before.
+start, the server's services write while the first experiment creates its flow run, and a cold start
+would often wait out that first retry. Run again here after a few milliseconds, the write goes through;
+after :data:`REPLAYS` tries the 503 goes to the client, whose own back-off then applies as before.
 
 The collector (see :mod:`trialflow.startup_gc`) stays paused through Prefect's import, the app's
 creation, its lifespan start-up and :data:`SETTLE_SECONDS` after it (its services' first steps, the
-routes FastAPI builds on the first requests): the server answers its first request ~0.45 s sooner so
-(median of six starts each).
+routes FastAPI builds on the first requests): the server answers its first request sooner so
+(benchmarks/README.md has the figures).
 
 Lifecycle: ``python -m trialflow.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.kept_server`
 starts) serves the app under uvicorn on the socket its parent bound; uvicorn calls :func:`create_app`

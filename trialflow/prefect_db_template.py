@@ -1,7 +1,7 @@
 """A new local Prefect database starts as a copy of an empty one this user's servers already migrated.
 
 A Prefect server that starts on a SQLite database that does not exist yet runs every one of Prefect's
-migrations first (about 3.5 s of CPU on a 2-core machine, more than the rest of its start). So once a
+migrations first (more CPU than the rest of its start). So once a
 server of a Prefect version has started healthy on a new database, :func:`remember` keeps an empty copy
 of it, the *template*: Prefect's schema and the block types (schemas only), and nothing else (every
 other table emptied: no run, log, event, variable or block document of any experiment). :func:`seed` puts a

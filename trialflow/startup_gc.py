@@ -1,8 +1,8 @@
 """Python's cyclic garbage collector paused while start-up work runs.
 
 An import allocates many objects that live as long as the process, and every few hundred allocations
-start a collection that finds next to nothing to free: importing Prefect's server takes 2.1 s with the
-collector running and 1.7 s without it (this 2-core machine, three runs each). Imports made under
+start a collection that finds next to nothing to free (Prefect's server imports a fifth faster without
+them: benchmarks/README.md). Imports made under
 :func:`collector_paused` skip those collections; afterwards the collector runs as before and finds
 whatever garbage the imports left. (The kept Prefect server keeps it paused through its whole start:
 :mod:`trialflow.kept_server_app`.)

@@ -14,7 +14,7 @@ from .temporary_server import start_temporary_server
 
 # What a flow run imports on its first steps (Prefect's engines, the FastAPI encoder its parameters go
 # through, the artifact client, the async backend of its threads): imported before the wait for a
-# server still starting instead of after it, they leave a cold start's critical path (~0.3 s here).
+# server still starting instead of after it, they leave a cold start's critical path.
 FIRST_RUN_IMPORTS = ("prefect.flow_engine", "prefect.task_engine", "prefect.utilities.visualization",
                      "fastapi.encoders", "prefect.artifacts", "anyio._backends._asyncio", "numpy.random")
 # What the default tuner imports once the flow has begun (Optuna): imported only when the kept

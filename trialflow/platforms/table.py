@@ -57,7 +57,7 @@ from .slurm import SlurmTrainingService
 @dataclass(frozen=True)
 class Platform:
     config: type[TrainingServiceConfig]
-    service: type[TrainingService] | None  # None: the config validates, the service is not built yet
+    service: type[TrainingService] | None  # None: its config validates, but this version cannot run it (create says so)
     block: type[Block] | None = None
     extra: str | None = None  # ``pip install 'trialflow[<extra>]'``
     retry: RetryPolicy = RetryPolicy()

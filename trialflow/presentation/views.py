@@ -69,7 +69,7 @@ def print_experiment(console: Console, store: RecordSource) -> None:
                       f"parameters {json.dumps(best.parameters)}")
 
 
-RICH_TABLE_ROWS = 500  # above this, rich's cell measuring takes seconds (10,000 rows: ~10 s)
+RICH_TABLE_ROWS = 500  # above this, rich's cell measuring takes seconds (it grows with the rows)
 TRIAL_COLUMNS = ("trial", "#", "status", "metric", "duration", "parameters or reason")
 
 

@@ -1,5 +1,5 @@
 """Keeper fork server: starts local trials' keepers by forking one warm process instead of
-starting a Python interpreter per trial (~60 ms of CPU each on a small machine).
+starting a Python interpreter per trial (the interpreter's start is most of a short trial's CPU).
 
 Both ends of one pipe protocol live here. :class:`ForkServer` (the controller's end) starts
 ``python -S -m trialflow.trial.forkserver`` in its own session (at :meth:`ForkServer.start`, else on

@@ -20,7 +20,7 @@ import json
 import math
 import re
 
-TYPE_CHECKING = False  # typing stays unimported at run time: ~3 ms less CPU per trial process
+TYPE_CHECKING = False  # typing stays unimported at run time: its import would cost every trial process
 if TYPE_CHECKING:
     from typing import Any
 
@@ -40,7 +40,7 @@ class MetricRecordError(ValueError):
 
 class MetricRecord:
     """One metric report (immutable). A plain class, not a dataclass: every trial imports this
-    module, and ``dataclasses`` (with ``inspect``) would add ~8 ms to each trial's start-up."""
+    module, and ``dataclasses`` (with ``inspect``) would add their import to each trial's start-up."""
 
     __slots__ = ("trial_id", "type", "sequence", "value", "parameter_id")
     trial_id: str
