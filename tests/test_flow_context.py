@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_a_copy_of_the_flow_contexts_results_interrupted_by_another_thread_is_taken_again():
     """A clean run ended an experiment in ERROR ("dictionary changed size during iteration") when a task
     thread added a result while the loop copied them to forget a closed trial's: the copy is retried."""
-    from trialflow.flows.experiment import items_of
+    from trialflow.flows.prefect_run_context import items_of
 
     class ChangedWhileCopied(dict):
         interruptions = 2

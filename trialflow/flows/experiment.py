@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -44,9 +42,8 @@ from prefect.utilities.annotations import allow_failure
 
 from ..config import load_config
 from ..context import ExperimentContext, open_context
-from ..disk_space import NoSpaceLeft, SpaceTolerantFileHandler, no_space, out_of_space
+from ..disk_space import NoSpaceLeft, no_space, out_of_space
 from ..experiments import (
-    CONTROLLER_LOG,
     find_experiment,
     load_experiment_config,
     open_store,
@@ -68,6 +65,7 @@ from ..warm_start import create_warm_started
 from ..withheld import withhold
 from .artifacts import ArtifactReporter
 from .events import ExperimentEvents
+from .prefect_run_context import forget_task_runs
 from .run_api import experiment_api
 from .run_control import (
     StopWatch,
@@ -79,14 +77,13 @@ from .run_control import (
     stop_reason,
     stored_run_tags,
 )
+from .run_log import controller_log
 from .temporary_server import guard_temporary_servers
 
 TICK_SECONDS = 0.25
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
 MAX_THREADS = 1024  # the window, not the pool, bounds concurrency (it may grow at run time)
 IMPORTED_IDS = -10**9  # parameter ids of imported data, apart from hand-picked trials' (-1 - sequence)
-# The loggers whose records go to the experiment's log: trialflow's own and the run's flow/task runs.
-LOGGED = ("trialflow", "prefect.flow_runs", "prefect.task_runs")
 
 
 _CHOSEN_IDS: dict[str, str] = {}  # flow run id -> the id its new experiment will have (named after it)
@@ -151,7 +148,7 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         # the run's tags stay on the run: a tagged task run takes a tag concurrency lease from the API
         # (a round trip per task run, and a stall while the API is gone)
         stack.enter_context(TagsContext(current_tags=set()))
-        stack.enter_context(_controller_log(exp_dir))
+        stack.enter_context(controller_log(exp_dir))
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
         withhold(config, config_path or store.experiment().config_path)  # out of the code bundles
         previous = store.experiment()  # a resumed experiment's earlier run
@@ -272,80 +269,6 @@ def final_status(state: State) -> str:
     return str(result)
 
 
-class _RunFormatter(logging.Formatter):
-    """Names a record's task run or flow run (Prefect puts them on the record) or else its logger."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        record.source = (getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
-                         or record.name)
-        return super().format(record)
-
-
-class _TerminalLevel(logging.Filter):
-    """Keeps a terminal handler at the level the run's loggers had before :func:`_controller_log` lowered
-    them to INFO for the experiment's log: ``PREFECT_LOGGING_LEVEL=WARNING`` still means no INFO lines
-    in the terminal (three a trial, "Finished in state ...", formatted by Rich). ``levels``: logger name
-    -> the level it had; records of other loggers pass."""
-
-    def __init__(self, levels: dict[str, int]) -> None:
-        super().__init__()
-        self.levels = levels
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        name = record.name
-        while name:
-            if name in self.levels:
-                return record.levelno >= self.levels[name]
-            name = name.rpartition(".")[0]
-        return True
-
-
-def _terminal_handlers(loggers: list[logging.Logger]) -> list[logging.Handler]:
-    """The stream handlers (not files, so not the experiment's log) that records of ``loggers`` reach
-    by propagation."""
-    found: dict[int, logging.Handler] = {}
-    for logger in loggers:
-        current: logging.Logger | None = logger
-        while current is not None:
-            for handler in current.handlers:
-                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                    found[id(handler)] = handler
-            current = current.parent if current.propagate else None
-    return list(found.values())
-
-
-@contextmanager
-def _controller_log(exp_dir: Path) -> Iterator[None]:
-    """Send the run's log records to the experiment's log file while it runs (the background launcher's
-    raw output goes elsewhere, so nothing is written twice). The file and Prefect's API get INFO; the
-    terminal keeps the level the user set."""
-    path = exp_dir / CONTROLLER_LOG
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = SpaceTolerantFileHandler(path, encoding="utf-8")
-    handler.setFormatter(_RunFormatter("[%(asctime)s] %(levelname)s (%(source)s) %(message)s"))
-    loggers = [logging.getLogger(name) for name in LOGGED]
-    levels = [logger.level for logger in loggers]
-    lowered = {logger.name: level for logger in loggers
-               if (level := logger.getEffectiveLevel()) > logging.INFO}  # e.g. PREFECT_LOGGING_LEVEL=WARNING
-    terminal = _TerminalLevel(lowered)
-    terminals = _terminal_handlers(loggers) if lowered else []
-    for logger in loggers:
-        logger.addHandler(handler)
-        if logger.name in lowered:
-            logger.setLevel(logging.INFO)
-    for stream in terminals:
-        stream.addFilter(terminal)
-    try:
-        yield
-    finally:
-        for stream in terminals:
-            stream.removeFilter(terminal)
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-        handler.close()
-
-
 def _stopped_by_cancel(exc: BaseException) -> bool:
     """A flow-run cancellation from the UI/API (SIGTERM from the worker) or Ctrl-C reaches the flow
     as one of these."""
@@ -408,46 +331,11 @@ class _Loop:
             del self.running[trial_id]
             self.ctx.ended.discard(trial_id)
         if closed:
-            _forget_task_runs({run for trial_id in closed for run in self.task_runs.pop(trial_id, ())})
+            forget_task_runs({run for trial_id in closed for run in self.task_runs.pop(trial_id, ())})
 
     def close(self) -> None:
         if self.cap is not None:
             self.cap.close()
-
-
-def _forget_task_runs(task_runs: set[UUID]) -> None:
-    """Drop what the flow run's context keeps of a closed trial's task runs (``task_runs``) and never
-    reads again; kept, it grew by about 8 KB a trial (over 10,000 trials, 80 MB of the controller's
-    memory; benchmarks/scale.py):
-
-    * ``run_results``, links from their results to their states, by which a result passed to a later
-      task becomes an edge of the run graph (suggest -> submit -> trial). Every task of the trial has
-      been created with its inputs once its last task run closed, and no later task is given them;
-    * ``task_run_assets`` entries with no asset: an empty set adds nothing to a downstream task's
-      upstream assets, exactly as a missing entry.
-    """
-    context = FlowRunContext.get()
-    if context is None:
-        return
-    for key, (state, *_) in items_of(context.run_results):
-        if state.state_details.task_run_id in task_runs:
-            context.run_results.pop(key, None)
-    for task_run_id, assets in items_of(context.task_run_assets):
-        if not assets:
-            context.task_run_assets.pop(task_run_id, None)
-
-
-def items_of(mapping: dict[Any, Any], tries: int = 100) -> list[tuple[Any, Any]]:
-    """A copy of the items of a dict that task threads change meanwhile. Copying runs no Python code of
-    its own, but the garbage collector may run a finalizer during it, and another thread may then
-    change the dict (``RuntimeError: dictionary changed size during iteration``): the copy is taken
-    again. After ``tries`` interrupted copies, none (nothing is forgotten this time)."""
-    for _ in range(tries):
-        try:
-            return list(mapping.items())
-        except RuntimeError:
-            continue
-    return []
 
 
 def _run(ctx: ExperimentContext) -> tuple[str, str | None]:
