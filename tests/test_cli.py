@@ -32,6 +32,19 @@ def _config_file(tmp_path: Path, **overrides) -> Path:
     return path
 
 
+def test_a_ctrl_c_while_the_command_starts_is_an_empty_line_and_exit_1_not_a_traceback():
+    """Ctrl-C right after typing `trialflow create` (the console script still importing) ends it as a
+    Ctrl-C inside any command does. The interrupt arrives at a fixed point of the start, not after a
+    guessed delay."""
+    start = ("import os, signal, sys; sys.argv = ['trialflow', 'experiment', 'list']; "
+             "from trialflow import console_script; "
+             "console_script.set_process_defaults = lambda: os.kill(os.getpid(), signal.SIGINT); "
+             "console_script.main()")
+    interrupted = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=60)
+    assert interrupted.returncode == 1
+    assert interrupted.stdout == "" and interrupted.stderr == "\n"
+
+
 def test_missing_config_file(tmp_path):
     proc = cli("create", "--config", str(tmp_path / "nope.yml"))
     assert proc.returncode == 1

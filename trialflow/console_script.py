@@ -36,7 +36,17 @@ def chooses_the_server(args: list[str]) -> bool:
 
 def main() -> None:
     """Console entry point. A server or controller that cannot start is left for the command to meet
-    and report; a controller the command does not take ends by itself."""
+    and report; a controller the command does not take ends by itself. A Ctrl-C before the command has
+    begun (while it imports) ends it as one inside a command does: an empty line, exit code 1, no
+    traceback."""
+    try:
+        _start()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        sys.exit(1)
+
+
+def _start() -> None:
     set_process_defaults()
     args = sys.argv[1:]
     if runs_an_experiment(args) and not chooses_the_server(args):
