@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -159,4 +160,16 @@ def test_a_trial_stopped_at_report_time_through_the_metrics_receiver_takes_no_st
     trials = {t.parameters["x"]: t for t in result.trials}
     assert result.status == "DONE" and trials[10].status == "SUCCEEDED"
     for x in (0, 0.5):  # stopped at its first result the median can judge (the third), no step begun after
-        assert trials[x].status == "EARLY_STOPPED" and began[trials[x].id] == ["0", "1", "2"], (x, began)
+        assert trials[x].status == "EARLY_STOPPED" and began[trials[x].id] == ["0", "1", "2"], (
+            x, began, _what_the_trial_said(emulators[platform].storage_dir, trials[x].id))
+
+
+def _what_the_trial_said(share: Path, trial_id: str) -> dict[str, str]:
+    """The trial's stderr and keeper log on the share (what a failed report-time assertion shows: a
+    refused ask or push says itself there)."""
+    said = {}
+    for folder in share.rglob(trial_id):
+        for path in (folder / "trial.stderr", folder / ".nni" / "keeper.log"):
+            if path.is_file():
+                said[str(path.relative_to(share))] = path.read_text(errors="replace")[-2000:]
+    return said
