@@ -431,11 +431,16 @@ def test_work_pool_deployment_nightly_schedule_and_cancel(server, client, tmp_pa
         assert {"trialflow", long_id, "local"} <= set(cancelled.tags)
 
         # the UI's Retry of the cancelled run (what its button sends) resumes that experiment: nothing new.
-        # Clicked once the worker is done with the cancelled run's process: a Retry before that (r43)
-        # let the worker's report of the killed process (Crashed, exit -15) end the retried run
-        wait_for(lambda: f"Cancelled flow run '{long_id}'" in (tmp_path / "worker.log").read_text(),
-                 timeout=120, interval=0.5)
+        # Clicked once the worker is done with the cancelled run's process: a Retry before that (r43, CI of
+        # f6af7c5) lets the worker's report of the killed process (Crashed, exit -15), which comes after its
+        # "Cancelled flow run" line, end the retried run. The worker's last act for a run is its
+        # executed-flow-run event, sent after any such report.
+        from prefect.events.filters import EventAnyResourceFilter, EventFilter, EventNameFilter
         from prefect.states import Scheduled
+
+        executed = EventFilter(event=EventNameFilter(name=["prefect.worker.executed-flow-run"]),
+                               any_resource=EventAnyResourceFilter(id=[f"prefect.flow-run.{flow_run.id}"]))
+        wait_for(lambda: client.read_events(executed, limit=5).events, timeout=120, interval=0.5)
 
         retry = client.set_flow_run_state(flow_run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"),
                                           force=True)

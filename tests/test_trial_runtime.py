@@ -247,3 +247,33 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
         assert (state["exit_code"], state.get("stop_signal")) == (1, True)
     else:
         assert (state["exit_code"], state.get("stop_signal")) == (3, None)
+
+
+@pytest.mark.parametrize("taken_over", ["meta moved aside", "meta made again, spec not yet written",
+                                        "spec of the next run"])
+def test_a_restarted_replica_of_an_earlier_run_claims_nothing_while_a_later_run_takes_the_trial_over(
+        tmp_path, capsys, taken_over):
+    """A cluster restarts run 0's job while run 1 is being written into the trial directory (its
+    ``.nni`` moved aside, made again, its spec written last): run 0's replica runs nothing and leaves
+    no claim, so run 1's replica is the one to claim and run the trial (an Azure ML job restarted
+    after its preemption once claimed run 1's empty directory and failed it)."""
+    from trialflow.platforms.trialdir import LOCAL, set_aside_earlier_run
+    from trialflow.trial.keeper import pod
+    from trialflow.trial.procs import write_atomic
+    from trialflow.trial.protocol import KEEPER_LOCK, KEEPER_SPEC, META_DIR
+
+    trial = tmp_path / "trials" / "Taken1"
+    (trial / META_DIR).mkdir(parents=True)
+    write_atomic(str(trial / META_DIR / KEEPER_SPEC), json.dumps({"command": "touch ran", "attempt": 0,
+                                                                  "sole_primary": True}))
+    (trial / META_DIR / KEEPER_LOCK).write_text("run0-pod")  # run 0's replica ran the trial
+    set_aside_earlier_run(LOCAL, str(trial), 1)
+    if taken_over != "meta moved aside":
+        (trial / META_DIR).mkdir()
+    if taken_over == "spec of the next run":
+        write_atomic(str(trial / META_DIR / KEEPER_SPEC), json.dumps({"command": "touch ran", "attempt": 1,
+                                                                      "sole_primary": True}))
+    assert pod(str(trial), "worker", "worker", 0) == 0
+    assert "took over from run 0; this replica runs nothing" in capsys.readouterr().err
+    assert not (trial / META_DIR / KEEPER_LOCK).exists() and not (trial / "ran").exists()
+    assert (trial / f"{META_DIR}-0" / KEEPER_LOCK).read_text() == "run0-pod"  # the earlier run's record stays

@@ -91,8 +91,9 @@ class TestKubernetesInterruptions(InterruptionContract):
             [pod] = [p["metadata"]["name"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
                      and match_labels(p["metadata"]["labels"], selector)]
             k8s.disrupt(pod, reason=service.disruption, message="emulated")
-            if service.platform == "kubeflow":  # the operator creates the stopped replica again in place
-                return f"job {handle.data['job']}: Kubernetes stopped the trial's pod"
+            if service.platform == "kubeflow":  # the operator creates the stopped replica again in place;
+                # a poll before that finds the disrupted pod itself
+                return f"job {handle.data['job']}: Kubernetes stopped the trial's pod", f"pod {pod} "
             return f"pod {pod} "
         return disrupt
 

@@ -12,7 +12,7 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   command per trial;
 * ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
-* ``... keeper --pod <trial dir> <role> <primary role>``: a cluster job's replica, in the foreground
+* ``... keeper --pod <trial dir> <role> <primary role> [<attempt>]``: a cluster job's replica, in the foreground
   (see :func:`pod`); paths in a ``located`` ``keeper.json`` are relative to the trial directory;
 * ``... keeper --version``: print the runtime's version.
 
@@ -179,19 +179,29 @@ def pod(trial_dir: str, role: str, primary: str, attempt: int | None = None) -> 
     primary replica: ``sole_primary``) runs nothing and exits 1, a code no operator retries: the
     trial's run was stopped, it runs again only as a new job."""
     trial_dir = os.path.abspath(trial_dir)
-    spec = read_json(os.path.join(trial_dir, META_DIR, KEEPER_SPEC)) or {}
-    if attempt is not None and int(spec.get("attempt", 0)) != attempt:
-        print(f"trialflow: run {spec.get('attempt', 0)} of this trial took over from run {attempt}; this replica "
-              "runs nothing", file=sys.stderr)
-        return 0
-    host = os.environ.get("HOSTNAME", "")
-    if role == primary:
-        if claim(trial_dir, host):
-            return execute(trial_dir, tee=True)
-        if spec.get("sole_primary") or (host and _claimed_by(trial_dir) == host):
+    try:  # the spec and the claim in one directory, even if a later run moves it aside meanwhile
+        meta = os.open(os.path.join(trial_dir, META_DIR), os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        meta = None
+    try:
+        spec = (read_json(KEEPER_SPEC, dir_fd=meta) if meta is not None else None) or {}
+        if attempt is not None and (not spec or int(spec.get("attempt", 0)) != attempt):
+            taker = f"run {spec['attempt']}" if spec else "a later run (its spec is not written yet)"
+            print(f"trialflow: {taker} of this trial took over from run {attempt}; this replica runs nothing",
+                  file=sys.stderr)
+            return 0
+        host = os.environ.get("HOSTNAME", "")
+        claimed = role == primary and meta is not None and claim(trial_dir, host, meta_fd=meta)
+        if role == primary and not claimed and (spec.get("sole_primary") or (host and meta is not None
+                                                                             and _claimed_by(meta) == host)):
             print("trialflow: this pod ran the trial before it was stopped; the trial runs again only as a new job",
                   file=sys.stderr)
             return 1
+    finally:
+        if meta is not None:
+            os.close(meta)
+    if claimed:
+        return execute(trial_dir, tee=True)
     command = (spec.get("roles") or {}).get(role) or spec.get("command", "true")
     replica_dir = os.path.join(trial_dir, "replicas", os.environ.get("HOSTNAME") or str(os.getpid()))
     os.makedirs(replica_dir, exist_ok=True)
@@ -213,11 +223,12 @@ def write_trial_files(payload: dict) -> str:
     return trial_dir
 
 
-def claim(trial_dir: str, owner: str = "") -> bool:
+def claim(trial_dir: str, owner: str = "", meta_fd: int | None = None) -> bool:
     """True for the one caller allowed to start this trial's keeper; ``owner`` (a pod's name) is
-    written into the claim."""
+    written into the claim, made in the open meta directory ``meta_fd`` when given."""
     try:
-        fd = os.open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = (os.open(KEEPER_LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, dir_fd=meta_fd) if meta_fd is not None
+              else os.open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
     try:
@@ -227,9 +238,10 @@ def claim(trial_dir: str, owner: str = "") -> bool:
     return True
 
 
-def _claimed_by(trial_dir: str) -> str:
+def _claimed_by(meta_fd: int) -> str:
     try:
-        with open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), encoding="utf-8", errors="replace") as f:
+        with open(KEEPER_LOCK, encoding="utf-8", errors="replace",
+                  opener=lambda name, flags: os.open(name, flags, dir_fd=meta_fd)) as f:
             return f.read()
     except OSError:
         return ""

@@ -46,9 +46,11 @@ def write_when_space(path: str, data: dict[str, Any] | str, retry_seconds: float
         time.sleep(retry_seconds)
 
 
-def read_json(path: str) -> dict[str, Any] | None:
+def read_json(path: str, dir_fd: int | None = None) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (relative to the open directory ``dir_fd`` when given); None when the
+    file is missing, unreadable or holds no object."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd)) as f:
             data = json.load(f)
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
