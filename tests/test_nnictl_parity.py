@@ -154,6 +154,9 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     from trialflow.tuners import NNI_NAMES, TUNERS
 
     assert set(NNI_NAMES) == set(TUNERS) and set(ASSESSOR_NAMES) == set(ASSESSORS)  # each one named
+    unknown = nnictl("algo", "show", "Nope", env=env)  # names every built-in one, as the tables do
+    assert unknown.returncode == 1 and unknown.stdout.count("\n") == 1 and unknown.stdout.startswith("error:")
+    assert all(name in unknown.stdout for name in {*NNI_NAMES.values(), *ASSESSOR_NAMES.values()}), unknown.stdout
     assert "TPE needs no extra package" in ok("package", "install", "TPE", env=env)
     installed = ok("package", "install", "GP", env=env)  # already there: two lines, not pip's log
     assert installed.splitlines() == ["pip install 'trialflow[gp]' ...", "GP: scikit-learn installed"]

@@ -97,18 +97,14 @@ def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_nu
     return its result: a stopped or crashed one goes on; a finished one continues with a larger
     ``max_trial_number`` or ``max_experiment_duration`` (totals, as ``resume --trialnum/--duration``),
     its tuner told every trial it has. Raises ``ExperimentNotFound``, ``UpdateError`` (a budget that
-    lets nothing more run) and ``RuntimeError`` when its controller still runs."""
-    from .control import clear_run_requests, controller_alive, extend_budget
+    lets nothing more run) and ``ExperimentRunning`` (a ``RuntimeError``) when its controller still runs."""
+    from .control import prepare_resume
     from .flows.experiment import final_status, run_experiment_flow
 
     base, store = find_experiment(experiment_id, root)
     try:
-        if controller_alive(store):
-            raise RuntimeError(f"experiment {experiment_id} is still running (pid "
-                               f"{store.experiment().controller_pid})")
-        for line in extend_budget(store, max_trial_number, max_experiment_duration):
+        for line in prepare_resume(store, max_trial_number, max_experiment_duration):
             log.info(line)
-        clear_run_requests(store)
     finally:
         store.close()
     state = run_experiment_flow(None, experiment_id, str(base))

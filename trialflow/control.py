@@ -135,6 +135,20 @@ def ensure_not_running(store: ExperimentStore) -> None:
         raise ExperimentRunning(f"experiment {store.experiment_id} is running; stop it first")
 
 
+def prepare_resume(store: ExperimentStore, trialnum: int | None = None,
+                   duration: str | int | None = None) -> list[str]:
+    """Ready a stored experiment for its next run (``trialflow resume``, the Python API's
+    ``resume_experiment``): refused while its controller runs; a larger budget when asked
+    (:func:`extend_budget`, whose lines it returns); the stop and kills asked of the run before
+    forgotten. Raises :class:`ExperimentRunning` and :class:`UpdateError`, each with nothing changed."""
+    if controller_alive(store):
+        raise ExperimentRunning(f"experiment {store.experiment_id} is still running (pid "
+                                f"{store.experiment().controller_pid})")
+    lines = extend_budget(store, trialnum, duration)
+    clear_run_requests(store)
+    return lines
+
+
 def delete_experiment(store: ExperimentStore, base: Path) -> Path:
     """Delete a finished experiment: its folder (trials, logs, embedded store) and this process's copy
     of its config; returns the folder. ``store`` is closed in every case. Raises

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .trial.procs import pid_alive
+from .user_errors import UserError
 
 if TYPE_CHECKING:
     from .kept_server import ServerError
@@ -185,3 +186,42 @@ def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) ->
 
 if __name__ == "__main__":
     sys.exit(_main())
+
+
+RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
+
+
+class ControllerEndedEarly(UserError):
+    """A background controller ended before its experiment's flow run began."""
+
+
+def wait_for_run_page(controller: PendingController, experiment_id: str, root: Path,
+                      earlier_run: str | None) -> tuple[str, bool]:
+    """The Prefect UI page of the flow run that ``controller`` (running the experiment) began, once it
+    has recorded it (as nnictl prints its web UI's address): a run other than ``earlier_run``, the one a
+    resumed experiment had; and whether that is on the kept server. After :data:`RUN_PAGE_WAIT` a line
+    saying how to ask for it later. Raises :class:`ControllerEndedEarly` (naming what the controller
+    recorded or where its output is) when the controller ends before that."""
+    import time
+
+    from .experiments import CONTROLLER_LOG, open_store
+    from .kept_server import flow_run_page, sign_in_note
+
+    store = open_store(root, experiment_id)
+    deadline = time.monotonic() + RUN_PAGE_WAIT
+    try:
+        while time.monotonic() < deadline:
+            record = store.experiment()
+            if record.flow_run_id and record.flow_run_id != earlier_run:
+                page = flow_run_page(record.prefect_api, record.flow_run_id)
+                note = sign_in_note(record.prefect_api)  # only the kept server has one
+                return (page + note, bool(note)) if page else (
+                    "none (Prefect's temporary server has no UI: unset TRIALFLOW_PREFECT_SERVER)", False)
+            if controller.ended():
+                log = root / experiment_id / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT
+                why = record.message or f"see {log if log.exists() else controller.spool}"
+                raise ControllerEndedEarly(f"experiment {experiment_id} ended at once ({record.status}): {why}")
+            time.sleep(0.05)
+    finally:
+        store.close()
+    return f"not known yet: trialflow webui url {experiment_id}", False

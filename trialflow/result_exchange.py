@@ -21,6 +21,7 @@ from .results import multi_objective, pareto_set
 from .store_reader import RecordSource
 from .store_records import ImportedItem
 from .tuners.objectives import read_result
+from .user_errors import UserError
 
 if TYPE_CHECKING:  # the config models load only to import results: an export needs none of them
     from .config import ExperimentConfig
@@ -77,6 +78,34 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(flat)
+
+
+MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
+
+
+class ImportFileError(UserError, ValueError):
+    """An import file that cannot be imported: missing, too large, not JSON, or an item that is not a
+    result of the experiment (the message names the file or the item and its field)."""
+
+
+def import_file(store: ExperimentStore, path: Path) -> int:
+    """Import the JSON file ``path`` (``[{parameter, value}]``, at most :data:`MAX_IMPORT_BYTES`) as
+    :func:`import_rows` does; returns the number of results imported. All items or none. Raises
+    :class:`ImportFileError`."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ImportFileError(f"file {path} does not exist") from None
+    if size > MAX_IMPORT_BYTES:
+        raise ImportFileError(f"{path} is {size} bytes; an import file may hold at most {MAX_IMPORT_BYTES}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # a file not in UTF-8 too
+        raise ImportFileError(f"{path} is not valid JSON: {exc or 'nested too deeply'}") from None
+    try:
+        return import_rows(store, data)
+    except ValueError as exc:
+        raise ImportFileError(str(exc)) from None
 
 
 def import_rows(store: ExperimentStore, data: Any) -> int:

@@ -108,7 +108,7 @@ def test_a_call_outside_a_task_is_retried_on_transient_errors_only():
 def test_only_the_command_line_and_presentation_itself_import_the_presentation_modules():
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE)
-        if relative.parts[0] == "presentation" or relative.name == "cli.py":
+        if relative.parts[0] in ("presentation", "cli"):
             continue
         bad = {n for n in _imports(path) if "presentation" in n}
         assert not bad, f"{relative} imports {bad}"

@@ -13,7 +13,9 @@ negated) and combines them with its ParEGO algorithm, a new random weighting at 
 constraints: an infeasible result is told as the worst cost seen so far in every objective, as a failed
 trial is.
 
-SMAC3 writes its run history to a temporary folder, removed when the tuner is dropped.
+SMAC3 writes its run history to a temporary folder, removed when the tuner is dropped. A ``seed``
+repeats SMAC's suggestions only under a fixed ``PYTHONHASHSEED``: SMAC3 and ConfigSpace iterate sets
+of parameter names, whose order follows Python's per-process string hash.
 """
 
 from __future__ import annotations

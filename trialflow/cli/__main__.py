@@ -1,0 +1,5 @@
+"""``python -m trialflow.cli``: the command line, as the ``trialflow`` console script runs it."""
+
+from . import main
+
+main()
