@@ -431,7 +431,7 @@ def mlflow_server():
 def store_url(request, tmp_path):
     """A store URL: the embedded SQLite file, or a fresh database on the session's PostgreSQL."""
     if request.param == "sqlite":
-        from trialflow.store import embedded_url
+        from trialflow.store_engine import embedded_url
 
         return embedded_url(tmp_path)
     import uuid

@@ -24,7 +24,8 @@ import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import open_store
-from trialflow.kept_server import DATABASE_MARK, ensure_server, running_server, server_home, stop_server
+from trialflow.kept_server import ensure_server, running_server, server_home, stop_server
+from trialflow.prefect_db_template import DATABASE_MARK
 from trialflow.testing.ports import free_port
 from trialflow.trial.procs import pid_alive, stop_with
 

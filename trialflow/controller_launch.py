@@ -126,7 +126,8 @@ _JOB: list[str] = []  # the job line, once read
 
 def _main() -> int:
     spool = Path(os.readlink("/proc/self/fd/1"))
-    from .kept_server import ServerError, point_this_process_at_kept_server
+    from .api_choice import point_this_process_at_kept_server
+    from .kept_server import ServerError
 
     try:
         point_this_process_at_kept_server()  # starting while the imports below run
@@ -205,7 +206,7 @@ def wait_for_run_page(controller: PendingController, experiment_id: str, root: P
     import time
 
     from .experiments import CONTROLLER_LOG, open_store
-    from .kept_server import flow_run_page, sign_in_note
+    from .prefect_ui_pages import flow_run_page, sign_in_note
 
     store = open_store(root, experiment_id)
     deadline = time.monotonic() + RUN_PAGE_WAIT

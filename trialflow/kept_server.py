@@ -4,8 +4,8 @@ started on first use and reused by every experiment after it, with its UI.
 
 Without ``PREFECT_API_URL`` an experiment needs a Prefect API. Prefect's own answer, a temporary server
 per process, costs seconds at every start and takes the UI away with the run; this module keeps one
-server instead (``TRIALFLOW_PREFECT_SERVER=temporary`` brings Prefect's temporary server back). A
-configured ``PREFECT_API_URL`` (a team server, Prefect Cloud) is always used as it is.
+server instead (which API a process uses: :mod:`trialflow.api_choice`; a flow run's page in its UI:
+:mod:`trialflow.prefect_ui_pages`).
 
 Lifecycle: :func:`ensure_server` starts the server when none of this home runs -- in a session of its
 own (a Ctrl-C in the caller's terminal never reaches it), its database and log under
@@ -13,8 +13,8 @@ own (a Ctrl-C in the caller's terminal never reaches it), its database and log u
 file lock makes concurrent callers start one server. It stays until :func:`stop_server` (``trialflow
 server stop``), or until the process given as ``stop_with`` dies (the test suite's server). A recorded
 pid counts only with the same start time, so a recycled pid is never taken for the server. Once a
-server is seen healthy, ``database.json`` notes the Prefect version its database is migrated to; a later
-start with that version skips Prefect's migration check.
+server is seen healthy, the Prefect version its database is migrated to is noted; a later start with
+that version skips Prefect's migration check (:mod:`trialflow.prefect_db_template`).
 
 The server runs Prefect's app through :mod:`trialflow.kept_server_app`. Standard library only: the CLI
 calls this before anything imports Prefect.
@@ -33,9 +33,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .prefect_db_template import remember, seed
+from .prefect_db_template import note_migrated, prefect_version, start_settings
 from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
 from .user_errors import UserError
 
@@ -47,7 +46,6 @@ FOLDER = "prefect-server"
 AUTH_FILE = "auth"  # the API's auth string, 0600 in the 0700 server folder
 STARTUP_SECONDS = 120.0  # a first start may create the database; a busy machine takes longer
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
-DATABASE_MARK = "database.json"  # the Prefect version whose server last ran healthy on the kept database
 # Prefect settings the kept server starts with unless the environment sets them. Task runs reach the
 # server as state events (three task runs per trial, nine events); Prefect's recorder writes them one
 # event per transaction by default, its largest cost per trial: 60 ms of server CPU per trial at
@@ -156,7 +154,7 @@ class KeptServer:
             if self.healthy():
                 if not self.ready():
                     raise ServerError(self.unreadable_database())
-                self._note_database()
+                note_migrated(self.home, self.database, self.prefect)  # a later start skips the migration
                 return self
             if not self.alive():
                 raise ServerError(f"the local Prefect server exited while starting: {self._log_tail()}; "
@@ -172,15 +170,6 @@ class KeptServer:
         return (f"the local Prefect server (pid {self.pid}) cannot read its database {self.database}: it is damaged "
                 f"or its disk is full; `trialflow server stop`, move that file away (its runs, logs and blocks are "
                 f"lost; a new one is made at the next start), then try again")
-
-    def _note_database(self) -> None:
-        """Healthy, it has migrated its database to its Prefect version: noted, so that a later start
-        with the same version skips Prefect's migration check (see :func:`_spawn`), and kept as the
-        template of new databases when there is none (:mod:`trialflow.prefect_db_template`)."""
-        mark = str(self.home / DATABASE_MARK)
-        if self.prefect and read_json(mark) != {"prefect": self.prefect}:
-            write_atomic(mark, {"prefect": self.prefect})
-        remember(self.database, self.prefect)  # a new server's next home starts from its empty copy
 
     def _log_tail(self) -> str:
         try:
@@ -233,6 +222,12 @@ def ui_path_prefix(value: str) -> str:
         raise ServerError(f"--url_prefix {value!r}: /api is where the server's API is; choose another, "
                           "e.g. --url_prefix nni")
     return "".join(f"/{s}" for s in segments)
+
+
+def recorded_address(home: Path | None = None) -> tuple[int | None, str]:
+    """The port and the UI's path prefix the kept server of ``home`` last used (None, "" before its
+    first start)."""
+    return _read(server_home(home))[1:]
 
 
 def running_server(home: Path | None = None) -> KeptServer | None:
@@ -400,11 +395,8 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         # Prefect package that every server of this installation shares: this server's copy is its own
         env["PREFECT_UI_STATIC_DIRECTORY"] = str(folder / "ui")
     env = {**SERVER_DEFAULTS, **env}
-    version = _prefect_version()
-    if _database_at(folder, prefect_home, version, env):
-        env["PREFECT_API_DATABASE_MIGRATE_ON_START"] = "false"
-    elif not _database_chosen(env):
-        seed(prefect_home / "prefect.db", version)  # a new database: a migrated empty copy when there is one
+    version = prefect_version()
+    env.update(start_settings(folder, prefect_home / "prefect.db", env))  # skip or seed the migration
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
         # the Prefect CLI's own start-up: less CPU on every start (see kept_server_app)
@@ -421,31 +413,6 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
     write_atomic(str(_record_path(folder)), {"pid": proc.pid, "start_time": start_time, "port": port,
                                              "prefect": version, "url_prefix": url_prefix})
     return KeptServer(proc.pid, start_time, port, folder, version, url_prefix)
-
-
-def _database_chosen(env: dict[str, str]) -> bool:
-    """Whether the environment chose the server's database or its migration."""
-    return any(key.endswith(("_DATABASE_CONNECTION_URL", "_DATABASE_MIGRATE_ON_START")) for key in env)
-
-
-def _prefect_version() -> str | None:
-    """The installed Prefect's version (package metadata: Prefect itself is not imported)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("prefect")
-    except PackageNotFoundError:
-        return None
-
-
-def _database_at(folder: Path, prefect_home: Path, version: str | None, env: dict[str, str]) -> bool:
-    """Whether the kept server's own database was last served, healthy, by this Prefect ``version``:
-    then Prefect's migration check at start-up (part of a cold start) has nothing to do. Never for
-    a database or a migration setting the environment chose."""
-    if version is None or _database_chosen(env):
-        return False
-    return (prefect_home / "prefect.db").exists() and read_json(str(folder / DATABASE_MARK)) == {
-        "prefect": version}
 
 
 def stop_server(home: Path | None = None, grace: float = 10.0) -> KeptServer | None:
@@ -473,100 +440,3 @@ def revive(api: str, home: Path | None = None) -> None:
     server, port, _ = _read(server_home(home))
     if server is None and port is not None and api == f"http://{HOST}:{port}/api":
         ensure_server(home)
-
-
-def set_process_defaults() -> None:
-    """Settings every trialflow command runs with unless the environment sets them: no analytics from
-    a Prefect server it starts, and no server logs in the user's terminal."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-
-
-def wants_temporary_server() -> bool:
-    """``TRIALFLOW_PREFECT_SERVER=temporary``: Prefect's temporary server per process, as before."""
-    return os.environ.get(SERVER_SETTING, "kept").strip().lower() == "temporary"
-
-
-def _profiles_may_set_api() -> bool:
-    """Whether the active Prefect profiles file may set PREFECT_API_URL (read as text: no Prefect import)."""
-    home = Path(os.path.expanduser(os.environ.get("PREFECT_HOME", "~/.prefect")))
-    path = Path(os.path.expanduser(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml")))
-    try:
-        return "PREFECT_API_URL" in path.read_text(errors="replace")
-    except OSError:
-        return False
-
-
-def server_choice(port: int | None, url_prefix: str | None) -> dict[str, Any]:
-    """:func:`ensure_server`'s arguments for what a user asked (nnictl's ``--port`` and ``--url_prefix``;
-    None: not asked)."""
-    return {**({} if port is None else {"port": port, "exact_port": True}), "url_prefix": url_prefix}
-
-
-def point_this_process_at_kept_server(home: Path | None = None, port: int | None = None,
-                                      url_prefix: str | None = None) -> KeptServer | None:
-    """For a process about to run an experiment that has not imported Prefect yet (the CLI's controller):
-    when no API is configured, start the kept server if needed (with ``port`` and ``url_prefix`` when
-    given: :func:`server_choice`), without waiting for it, and set PREFECT_API_URL to it for this process
-    and its children, so every thread reports to it. Returns the server, or None when an API is
-    configured or the temporary server is asked for. Raises :class:`ServerError` when the server cannot
-    start, or runs with another port or prefix than the ones given."""
-    if os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api():
-        return None
-    server = ensure_server(home, wait=False, **server_choice(port, url_prefix))
-    os.environ.update(server.client_settings())
-    return server
-
-
-def sign_in_note(api: str | None, home: Path | None = None) -> str:
-    """What a person opening the UI of ``api`` needs to know when that is the kept server: its UI's
-    login page, where a printed page leads first, takes the auth string, kept in a file only this user
-    reads. Else nothing."""
-    if not api or auth_for(api, home) is None:
-        return ""
-    return f" (its login page asks for the auth string in {server_home(home) / AUTH_FILE})"
-
-
-_DEFAULT_UIS: dict[str, str] = {}  # server root -> where its default UI is, as that server said
-
-
-def _default_ui(root: str) -> str:
-    """Where the server whose UI is at ``root`` serves the UI it opens by default: Prefect's newer UI
-    lives under ``v2`` (its ``ui-settings`` says where), and of the two only it takes a page deeper in
-    through its login page when the API asks for an auth string. ``root`` itself when the server does not say.
-    Asked once per process and server (the live table shows the page every second); a server that
-    does not answer is asked again next time."""
-    import json
-    import urllib.parse
-    import urllib.request
-
-    if root in _DEFAULT_UIS:
-        return _DEFAULT_UIS[root]
-    try:
-        with urllib.request.urlopen(f"{root}/ui-settings", timeout=2.0) as response:
-            settings = json.load(response)
-        base = settings.get("v2_base_url") if settings.get("default_ui") == "v2" else None
-    except (OSError, ValueError, AttributeError):
-        return root
-    origin = urllib.parse.urlsplit(root)._replace(path="").geturl()  # the server names the path from /
-    ui = f"{origin}/{base.strip('/')}" if isinstance(base, str) and base.strip("/") else root
-    _DEFAULT_UIS[root] = ui
-    return ui
-
-
-def flow_run_page(api: str | None, flow_run_id: str | None) -> str | None:
-    """The Prefect UI page of a flow run on the API ``api`` (None for Prefect's temporary server, which
-    serves no UI). A server's API at ``…/api`` has its UI at ``…`` (Prefect's own rule; Prefect is only
-    imported for Prefect Cloud or a PREFECT_UI_URL of its own), or under its ``--url_prefix`` for the
-    kept server of this home."""
-    if not api or not flow_run_id:
-        return None
-    if api.endswith("/api") and "/api/" not in api and not os.environ.get("PREFECT_UI_URL"):
-        port, prefix = _read(server_home())[1:]
-        root = api[:-4] + (prefix if api == f"http://{HOST}:{port}/api" else "")
-        return f"{_default_ui(root)}/runs/flow-run/{flow_run_id}"
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: api}):
-        ui = PREFECT_UI_URL.value()
-    return f"{ui.rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else None

@@ -15,6 +15,10 @@ never changed in place. A template is used only when it is a regular file (no li
 that no one else may write, checked on the opened file, and when its copy reads as an intact SQLite
 database at a migration revision; anything else is left alone and the server migrates as before.
 Neither function raises: a cache that cannot be read or written costs the migration, nothing more.
+
+A server's folder also notes, in ``database.json``, the Prefect version its database was last healthy
+under (:func:`note_migrated`); :func:`start_settings` skips Prefect's migration check at the next start
+with that version, or seeds a database about to be made.
 Standard library only (the kept server's module imports this before Prefect).
 """
 
@@ -27,7 +31,44 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .trial.procs import read_json, write_atomic
+
 log = logging.getLogger("trialflow.server")
+DATABASE_MARK = "database.json"  # in a server's folder: the Prefect version last healthy on its database
+MIGRATE_SETTING = "PREFECT_API_DATABASE_MIGRATE_ON_START"
+
+
+def prefect_version() -> str | None:
+    """The installed Prefect's version (package metadata: Prefect itself is not imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prefect")
+    except PackageNotFoundError:
+        return None
+
+
+def start_settings(folder: Path, database: Path, env: dict[str, str]) -> dict[str, str]:
+    """Settings for a server of the installed Prefect starting in ``folder`` on its SQLite ``database``:
+    no migration check when that database was last healthy under this version (:func:`note_migrated`);
+    else a database about to be made is seeded (:func:`seed`). Nothing for a database or a migration
+    setting the environment ``env`` chose."""
+    if any(key.endswith(("_DATABASE_CONNECTION_URL", "_DATABASE_MIGRATE_ON_START")) for key in env):
+        return {}
+    version = prefect_version()
+    if version is not None and database.exists() and read_json(str(folder / DATABASE_MARK)) == {"prefect": version}:
+        return {MIGRATE_SETTING: "false"}
+    seed(database, version)
+    return {}
+
+
+def note_migrated(folder: Path, database: Path, version: str | None) -> None:
+    """A server in ``folder`` answered healthy on ``database`` under Prefect ``version``: noted for
+    :func:`start_settings`, and the database kept as the template of new ones when there is none."""
+    mark = str(folder / DATABASE_MARK)
+    if version and read_json(mark) != {"prefect": version}:
+        write_atomic(mark, {"prefect": version})
+    remember(database, version)
 
 KEPT_TABLES = ("alembic_version", "block_type", "block_schema", "block_schema_reference")
 MAX_TEMPLATE_BYTES = 64 * 1024 * 1024

@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
+from .store_engine import dumps, embedded_url, open_engine, unreadable_error
 from .store_records import (  # noqa: F401 -- the records, SCHEMA_VERSION and StoreUnreadable are the store's to name
     CONTROLLED_FIELDS,
     DB_RELATIVE_PATH,
@@ -56,7 +54,6 @@ from .store_schema import (
     prepare,
     trials,
     updates,
-    where,
 )
 
 # Hot-path statements, built once: constructing SQLAlchemy statements costs ~10x executing them.
@@ -95,69 +92,13 @@ class Update:
     via: str
 
 
-def dumps(value: Any) -> str:
-    """JSON that never contains NaN/Infinity tokens (they become strings)."""
-    return json.dumps(_finite(value), separators=(",", ":"), sort_keys=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def embedded_url(experiment_dir: str | os.PathLike[str]) -> str:
-    path = Path(experiment_dir) / DB_RELATIVE_PATH
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-def _engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @sa.event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")  # durable against process death, fast commits
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        return engine
-    try:
-        return sa.create_engine(url, pool_pre_ping=True)
-    except ImportError as exc:
-        raise ImportError(f"the store URL needs a database driver ({exc}); pip install 'trialflow[postgres]'") from None
-
-
-def _unreadable(url: str, exc: BaseException) -> StoreUnreadable:
-    return store_unreadable(where(url), getattr(exc, "orig", None) or exc, url.startswith("sqlite"))
-
-
-def stored_experiment_ids(url: str) -> list[str]:
-    """The ids of the experiments a database holds (an embedded file normally holds one)."""
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            if not sa.inspect(conn).has_table("experiments"):
-                return []
-            return [row[0] for row in conn.execute(sa.select(experiments.c.id).order_by(experiments.c.id))]
-    finally:
-        engine.dispose()
-
-
 class ExperimentStore:
     """One experiment's records in an embedded or shared database."""
 
     def __init__(self, url: str, experiment_id: str) -> None:
         self.url = url
         self.experiment_id = experiment_id
-        self.engine = _engine(url)
+        self.engine = open_engine(url)
         # the backend's INSERT ... ON CONFLICT (sqlalchemy.dialects.sqlite or .postgresql): only the one in use loads
         self._insert = importlib.import_module(f"sqlalchemy.dialects.{self.engine.dialect.name}").insert
         # RETURNING counts what was new on every backend (psycopg reports no rowcount for these inserts)
@@ -171,7 +112,7 @@ class ExperimentStore:
             self._conn = self.engine.connect()
         except sa.exc.DBAPIError as exc:
             self.engine.dispose()
-            raise _unreadable(url, exc) from None
+            raise unreadable_error(url, exc) from None
         except StoreUnreadable:
             self.engine.dispose()
             raise
@@ -208,7 +149,7 @@ class ExperimentStore:
             with self._tx() as conn:
                 row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
         except sa.exc.DBAPIError as exc:
-            raise _unreadable(self.url, exc) from None
+            raise unreadable_error(self.url, exc) from None
         if row is None:
             raise KeyError(f"experiment {self.experiment_id} is not in the store {self.url}")
         return experiment_record(row._mapping, self.controls())

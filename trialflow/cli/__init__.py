@@ -75,7 +75,7 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 def main() -> None:
     """Console entry point: one-line errors, exit code 1."""
-    from ..kept_server import set_process_defaults
+    from ..api_choice import set_process_defaults
 
     warnings.showwarning = _show_warning
     set_process_defaults()

@@ -118,7 +118,8 @@ def use_kept_server(port: int | None = None, url_prefix: str | None = None) -> N
     server (started now when none runs, without waiting: it comes up while the controller imports);
     ``port`` and ``url_prefix`` (nnictl's ``--port`` and ``--url_prefix``): the port it must listen on
     and the path it must serve its UI under."""
-    from ..kept_server import SERVER_SETTING, point_this_process_at_kept_server, wants_temporary_server
+    from ..api_choice import point_this_process_at_kept_server, wants_temporary_server
+    from ..kept_server import SERVER_SETTING
 
     chosen = [flag for flag, value in (("--port", port), ("--url_prefix", url_prefix)) if value is not None]
     if chosen and os.environ.get("PREFECT_API_URL"):

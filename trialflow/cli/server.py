@@ -39,7 +39,8 @@ def server_start(port: Annotated[int | None, typer.Option(
         "--port", min=1, max=65535, help="the port it listens on, kept for its later starts")] = None,
                  url_prefix: UrlPrefixOpt = None) -> None:
     """Start the kept server (once; experiments start it on first use anyway)."""
-    from ..kept_server import ensure_server, running_server, server_choice
+    from ..api_choice import server_choice
+    from ..kept_server import ensure_server, running_server
 
     already = running_server()
     server = ensure_server(**server_choice(port, url_prefix))

@@ -102,7 +102,7 @@ def dashboard_command(experiment_id: str, port: Annotated[int | None, typer.Opti
 
 def prefect_ui_line(record: ExperimentRecord) -> str:
     """The line naming the Prefect UI page of the experiment's latest flow run."""
-    from ..kept_server import flow_run_page, sign_in_note
+    from ..prefect_ui_pages import flow_run_page, sign_in_note
 
     page = flow_run_page(record.prefect_api, record.flow_run_id)
     return f"Prefect UI: {page}{sign_in_note(record.prefect_api)}" if page else (

@@ -7,7 +7,8 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from ..kept_server import KeptServer, ServerError, ensure_server, revive, running_server, wants_temporary_server
+from ..api_choice import wants_temporary_server
+from ..kept_server import KeptServer, ServerError, ensure_server, revive, running_server
 from ..startup_gc import collector_paused
 from .api_outage import unreachable
 from .temporary_server import start_temporary_server

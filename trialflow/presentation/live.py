@@ -23,7 +23,7 @@ from rich.table import Table
 
 from ..experiments import open_store
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
-from ..kept_server import flow_run_page, sign_in_note
+from ..prefect_ui_pages import flow_run_page, sign_in_note
 from ..results import best_trial, maximizes, multi_objective, outcome_line, pareto_lines, pareto_set, trial_value
 from ..startup_gc import collector_paused
 from ..status import TrialStatus

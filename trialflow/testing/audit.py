@@ -42,9 +42,8 @@ from ..store import (
     ExperimentStore,
     Metric,
     TrialRecord,
-    embedded_url,
-    stored_experiment_ids,
 )
+from ..store_engine import embedded_url, stored_experiment_ids
 
 ENDED = EXPERIMENT_ENDED
 CLOCK_SLACK = 0.001  # store times are floats written by one clock; allow rounding only

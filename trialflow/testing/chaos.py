@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..flows.experiment import RESUBMITTED
+from ..flows.trial_loop import RESUBMITTED
 from ..status import STOPPED_BY_US, TERMINAL, TrialStatus
 from ..store import ExperimentStore
 
