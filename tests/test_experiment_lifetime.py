@@ -137,15 +137,16 @@ def test_a_warm_start_whose_search_space_does_not_match_is_one_line_and_creates_
 
 
 def test_an_oversized_or_too_deeply_nested_warm_start_file_is_one_line(tmp_path, monkeypatch):
+    import trialflow.result_exchange as result_exchange
     import trialflow.warm_start as warm_start
     from trialflow import parse_config
 
     big, deep = tmp_path / "big.json", tmp_path / "deep.json"
     deep.write_text("[" * 5000 + "]" * 5000)  # deeper than JSON can be read
     big.write_text(json.dumps([{"parameter": {"x": 1}, "value": 1.0}] * 1000))
-    monkeypatch.setattr(warm_start, "MAX_FILE_BYTES", deep.stat().st_size)
-    assert big.stat().st_size > warm_start.MAX_FILE_BYTES
-    for path, said in ((big, f"a warm-start file may hold at most {warm_start.MAX_FILE_BYTES}"),
+    monkeypatch.setattr(result_exchange, "MAX_RESULTS_FILE_BYTES", deep.stat().st_size)
+    assert big.stat().st_size > result_exchange.MAX_RESULTS_FILE_BYTES
+    for path, said in ((big, f"a warm-start file may hold at most {result_exchange.MAX_RESULTS_FILE_BYTES}"),
                        (deep, "is not valid JSON: nested too deeply")):
         config = parse_config(_grid_config(tmp_path, 2, warmStart=[str(path)]))
         with pytest.raises(warm_start.WarmStartError, match=said) as caught:

@@ -80,7 +80,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(flat)
 
 
-MAX_IMPORT_BYTES = 64 * 1024 * 1024  # an import file is read whole
+MAX_RESULTS_FILE_BYTES = 64 * 1024 * 1024  # a results file (an import, a warm start) is read whole
 
 
 class ImportFileError(UserError, ValueError):
@@ -88,22 +88,30 @@ class ImportFileError(UserError, ValueError):
     result of the experiment (the message names the file or the item and its field)."""
 
 
+def read_results_file(path: Path, role: str) -> Any:
+    """The JSON a results file holds (NNI's importData, or ``experiment export --type json``), read whole
+    when it has at most :data:`MAX_RESULTS_FILE_BYTES`. Raises ``FileNotFoundError``, and ``ValueError``
+    with one line naming the file as ``role`` (e.g. "an import file") when it is larger, not UTF-8, not
+    JSON, or nested too deeply to read."""
+    size = path.stat().st_size
+    if size > MAX_RESULTS_FILE_BYTES:
+        raise ValueError(f"{path} is {size} bytes; {role} may hold at most {MAX_RESULTS_FILE_BYTES}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # a file not in UTF-8 too
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+
+
 def import_file(store: ExperimentStore, path: Path) -> int:
-    """Import the JSON file ``path`` (``[{parameter, value}]``, at most :data:`MAX_IMPORT_BYTES`) as
+    """Import the JSON file ``path`` (``[{parameter, value}]``, :func:`read_results_file`) as
     :func:`import_rows` does; returns the number of results imported. All items or none. Raises
     :class:`ImportFileError`."""
     try:
-        size = path.stat().st_size
+        return import_rows(store, read_results_file(path, "an import file"))
     except FileNotFoundError:
         raise ImportFileError(f"file {path} does not exist") from None
-    if size > MAX_IMPORT_BYTES:
-        raise ImportFileError(f"{path} is {size} bytes; an import file may hold at most {MAX_IMPORT_BYTES}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:  # a file not in UTF-8 too
-        raise ImportFileError(f"{path} is not valid JSON: {exc or 'nested too deeply'}") from None
-    try:
-        return import_rows(store, data)
     except ValueError as exc:
         raise ImportFileError(str(exc)) from None
 

@@ -12,7 +12,6 @@ file gives no space: each of its items is checked as ``experiment import`` check
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +20,9 @@ from typing import Any
 from .config import ExperimentConfig
 from .experiments import ExperimentNotFound, check_new_experiment, create_experiment, find_experiment
 from .ids import looks_like_experiment_id
-from .result_exchange import export_rows, import_items
+from .result_exchange import export_rows, import_items, read_results_file
 from .store import ExperimentStore, ImportedItem, config_in_force
 from .user_errors import UserError
-
-MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
 class WarmStartError(UserError, ValueError):
@@ -109,18 +106,12 @@ def _experiment_rows(experiment_id: str, root: Path) -> tuple[list[dict[str, Any
 
 def _file_rows(path: Path) -> Any:
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise WarmStartError(f"warm start: {path} is {size} bytes; a warm-start file may hold at most "
-                                 f"{MAX_FILE_BYTES}")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_results_file(path, "a warm-start file")
     except FileNotFoundError:
         raise WarmStartError(f"warm start: {path} is neither a file nor an experiment id; give an experiment's id "
                              "or a file of `trialflow experiment export --type json`") from None
-    except RecursionError:
-        raise WarmStartError(f"warm start: {path} is not valid JSON: nested too deeply") from None
     except ValueError as exc:
-        raise WarmStartError(f"warm start: {path} is not valid JSON: {exc}") from None
+        raise WarmStartError(f"warm start: {exc}") from None
 
 
 def _fitting(config: ExperimentConfig, rows: list[dict[str, Any]]

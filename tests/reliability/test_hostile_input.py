@@ -151,13 +151,17 @@ def test_a_damaged_store_is_one_line_and_listing_and_stopping_skip_it(tmp_path):
     assert f"skipped {ids[0]}" in stopped.stdout
 
 
-def test_an_import_file_nested_too_deeply_is_one_line(tmp_path):
+@pytest.mark.parametrize("content, said", [("[" * 100_000 + "]" * 100_000, "is not valid JSON: nested too deeply"),
+                                           (b"\xff\xfe[{}]", "is not valid JSON: 'utf-8' codec can't decode")],
+                         ids=["nested", "not-utf8"])
+def test_an_import_file_nested_too_deeply_or_not_in_utf8_is_one_line(tmp_path, content, said):
     env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
     exp_id, _ = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w")))
-    data = tmp_path / "deep.json"
-    data.write_text("[" * 100_000 + "]" * 100_000)
+    data = tmp_path / "data.json"
+    data.write_bytes(content.encode() if isinstance(content, str) else content)
     proc = cli("experiment", "import", exp_id, "-f", str(data), env=env)
-    assert proc.returncode == 1 and "is not valid JSON" in proc.stdout and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and said in proc.stdout and "Traceback" not in proc.stderr + proc.stdout, proc.stdout
+    assert proc.stdout.count("\n") == 1
 
 
 def test_a_config_search_space_or_update_nested_too_deeply_is_one_line(tmp_path):

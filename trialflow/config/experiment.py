@@ -5,13 +5,9 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 import warnings
-from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Field,
@@ -40,8 +36,10 @@ from ._base import (
     format_errors,
     resolve_against,
 )
+from .files import load_search_space_file, read_config_file
 from .legacy import convert_v1, is_v1
 from .platforms import OneOrManyTrainingServices, SharedStorageConfig, TrainingServiceConfig
+from .tracking import TrackingConfig
 
 # Top-level fields NNI copies into each training-service section that does not set them.
 _SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
@@ -107,59 +105,6 @@ class ConstraintConfig(ConfigModel):
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"constraint {self.name!r}: min {self.min} is above max {self.max}")
         return self
-
-
-class MlflowTrackingConfig(ConfigModel):
-    """An MLflow tracking server the experiment is logged to: the experiment one parent run, each
-    ended trial a nested run (``pip install 'trialflow[mlflow]'``)."""
-
-    tracking_uri: str = Field(min_length=1, description="the tracking server, e.g. http://127.0.0.1:5000")
-    experiment_name: str | None = Field(default=None, description="MLflow experiment the runs go to; default: "
-                                        "the experimentName, else trialflow")
-    credentials: str | None = Field(default=None, description="name of a trialflow MLflow credentials block "
-                                    "(token, or user name and password)")
-
-    @model_validator(mode="after")
-    def _installed(self) -> MlflowTrackingConfig:
-        import importlib.util
-
-        if urlsplit(self.tracking_uri).password is not None:
-            raise ValueError("trackingUri holds a password: save the login in an MLflowCredentials block and name "
-                             "it in credentials")
-        if importlib.util.find_spec("mlflow") is None:
-            raise ValueError("MLflow is not installed: pip install 'trialflow[mlflow]', or remove tracking.mlflow")
-        return self
-
-
-class WandbTrackingConfig(ConfigModel):
-    """Weights & Biases runs the experiment is logged to: each ended trial a run and the experiment one
-    more, grouped by the experiment; their files in the experiment's folder under ``wandb/``
-    (``pip install 'trialflow[wandb]'``)."""
-
-    project: str = Field(min_length=1, description="W&B project the runs go to")
-    mode: Literal["offline", "online"] = Field(default="offline", description="offline: files only, sent later "
-                                                 "with `wandb sync`; online: sent as they are logged")
-    entity: str | None = Field(default=None, description="W&B team or user; default: the login's")
-    credentials: str | None = Field(default=None, description="name of a trialflow W&B credentials block (API "
-                                    "key); default in online mode: the login of `wandb login`")
-
-    @model_validator(mode="after")
-    def _installed(self) -> WandbTrackingConfig:
-        import importlib.util
-
-        if self.credentials and self.mode == "offline":
-            raise ValueError("tracking.wandb: credentials are for mode: online (offline runs are sent later "
-                             "with `wandb sync`)")
-        if importlib.util.find_spec("wandb") is None:
-            raise ValueError("W&B is not installed: pip install 'trialflow[wandb]', or remove tracking.wandb")
-        return self
-
-
-class TrackingConfig(ConfigModel):
-    """Experiment trackers the record is logged to, by the controller (trial code unchanged)."""
-
-    mlflow: MlflowTrackingConfig | None = None
-    wandb: WandbTrackingConfig | None = None
 
 
 class ExperimentConfig(ConfigModel):
@@ -413,78 +358,6 @@ def _check_registered_name(kind: str, name: str, builtin: dict[str, Any]) -> Non
                      "className for your own, or register it with `trialflow algo register --meta`)")
 
 
-# What a config or search-space file may hold once YAML's anchors and aliases are expanded (a 632-byte
-# file of nested aliases expands to 80 MB): well above any real experiment's.
-MAX_CONFIG_BYTES = 10 * 1024 * 1024
-MAX_CONFIG_VALUES = 200_000
-
-
-def _expanded_size_ok(data: Any, limit: int = MAX_CONFIG_VALUES) -> bool:
-    """Whether ``data`` holds at most ``limit`` values counted as written out (shared parts counted at
-    every place they appear); stops counting at the limit, so a bomb costs no more than that."""
-    count, stack = 0, [data]
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > limit:
-            return False
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that also reads a number with an exponent and no dot (``1e-06``, as JSON and
-    Python write small numbers) as a float, as YAML 1.2 does; YAML 1.1 makes it a string."""
-
-
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                   re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-                                   list("-+0123456789"))
-
-
-def _load_yaml(text: str, what: str) -> Any:
-    """A config or search-space text read as YAML (safely; ``1e-06`` is a number), refusing one too big
-    once expanded."""
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{what} is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}")
-    try:
-        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 -- a SafeLoader
-    except RecursionError:
-        raise ValueError(_too_deep(what)) from None
-    if not _expanded_size_ok(data):
-        raise ValueError(f"{what} expands to more than {MAX_CONFIG_VALUES} values (YAML anchors and aliases "
-                         "repeat what they name at every use): write the values out, or reuse fewer")
-    return data
-
-
-def _too_deep(what: str) -> str:
-    return f"{what} nests lists or mappings deeper than can be read (about a thousand levels): flatten it"
-
-
-def load_search_space_file(path: Path) -> Any:
-    """A search space file as JSON, falling back to YAML."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f'cannot read searchSpaceFile "{path}": {exc.strerror}') from None
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ValueError(f'searchSpaceFile "{path}" is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}')
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    except RecursionError:
-        raise ValueError(_too_deep(f'searchSpaceFile "{path}"')) from None
-    try:
-        return _load_yaml(text, f'searchSpaceFile "{path}"')
-    except yaml.YAMLError as exc:
-        raise ValueError(f'searchSpaceFile "{path}" is neither valid JSON nor YAML: {exc}') from None
-
-
 def parse_config(data: Any, base_dir: str | os.PathLike[str] | None = None, source: str | None = None,
                  overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Validate a config mapping; relative paths resolve against ``base_dir`` (default: cwd).
@@ -514,26 +387,6 @@ def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     for key, value in changes.items():
         out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
-
-
-def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
-    """The raw mapping of a YAML or JSON config file and the file's resolved path."""
-    file = Path(os.path.expanduser(os.fspath(path)))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError([f'config file "{file}" does not exist'], str(file)) from None
-    except OSError as exc:
-        raise ConfigError([f'cannot read config file "{file}": {exc.strerror}'], str(file)) from None
-    try:
-        return _load_yaml(text, f'config file "{file}"'), file.resolve()
-    except ValueError as exc:
-        raise ConfigError([str(exc)], str(file)) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"not valid YAML{where}: {problem}"], str(file)) from None
 
 
 def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
