@@ -125,6 +125,7 @@ def _wait_done(folder: Path, home: Path) -> None:
     """Let the experiment end, its controller exit and the spare it left finish loading before the next
     run (either would compete for the CPU)."""
     from trialflow.experiments import has_store, open_store
+    from trialflow.kept_server import running_server
     from trialflow.trial.procs import pid_alive
 
     deadline = time.monotonic() + 60
@@ -141,8 +142,6 @@ def _wait_done(folder: Path, home: Path) -> None:
             store.close()
             while pid and pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-    from trialflow.kept_server import running_server
-
     if running_server(home) is not None:
         _spare_ready(home)
 

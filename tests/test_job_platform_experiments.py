@@ -165,11 +165,7 @@ def test_a_trial_stopped_at_report_time_through_the_metrics_receiver_takes_no_st
 
 
 def _what_the_trial_said(share: Path, trial_id: str) -> dict[str, str]:
-    """The trial's stderr and keeper log on the share (what a failed report-time assertion shows: a
-    refused ask or push says itself there)."""
-    said = {}
-    for folder in share.rglob(trial_id):
-        for path in (folder / "trial.stderr", folder / ".nni" / "keeper.log"):
-            if path.is_file():
-                said[str(path.relative_to(share))] = path.read_text(errors="replace")[-2000:]
-    return said
+    """The trial's stderr on the share (what a failed report-time assertion shows: a refused ask or push
+    says itself there)."""
+    return {str(path.relative_to(share)): path.read_text(errors="replace")[-2000:]
+            for folder in share.rglob(trial_id) if (path := folder / "trial.stderr").is_file()}

@@ -57,8 +57,8 @@ MAX_CLAIM_BYTES = 1 << 20  # a claim's line (mostly its environment); a longer o
 VOLATILE = frozenset({"PWD", "OLDPWD", "_", "PYENV_DIR"})
 # modules a run imports lazily on its way to the first trial: the spare imports them while it waits (a
 # name a library version lacks is skipped)
-WARM_IMPORTS = ("prefect.engine", "prefect.flow_engine", "prefect.task_engine", "fastapi.applications", "graphviz",
-                "sqlalchemy.dialects.sqlite", "numpy.random", "optuna", "trialflow.tuners.optuna_tuners")
+# besides what a run imports first (flows.run_api's lists): what its flow and tasks import as they begin
+SPARE_IMPORTS = ("prefect.engine", "fastapi.applications", "graphviz", "sqlalchemy.dialects.sqlite")
 _CRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 
@@ -240,7 +240,9 @@ def _load() -> None:
 
     with collector_paused():
         from .flows import experiment  # noqa: F401
-        for name in WARM_IMPORTS:
+        from .flows.run_api import FIRST_RUN_IMPORTS, WHILE_STARTING_IMPORTS
+
+        for name in (*SPARE_IMPORTS, *FIRST_RUN_IMPORTS, *WHILE_STARTING_IMPORTS):
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
     set_aside(collect_first=True)  # the run never walks the imports' objects

@@ -17,6 +17,10 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
+# the settings and profile _without_retries last derived from, and its maker for them (held: while they
+# are, their identities are not reused)
+_last_without_retries: tuple[Any, Any, Callable[[], Any]] | None = None
+
 
 def _without_retries() -> Callable[[], Any]:
     """A maker of settings contexts like the current one but with Prefect's client retries off: the
@@ -25,18 +29,14 @@ def _without_retries() -> Callable[[], Any]:
     from prefect.context import SettingsContext, get_settings_context
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
-    current = get_settings_context()
-    last = _LAST_WITHOUT_RETRIES.get("made")
+    global _last_without_retries
+    current, last = get_settings_context(), _last_without_retries
     if last is not None and last[0] is current.settings and last[1] is current.profile:
         return last[2]
     settings = current.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0})
     maker = lambda: SettingsContext(profile=current.profile, settings=settings)  # noqa: E731
-    _LAST_WITHOUT_RETRIES["made"] = (current.settings, current.profile, maker)  # held: identities stay unique
+    _last_without_retries = (current.settings, current.profile, maker)
     return maker
-
-
-# the settings and profile _without_retries last derived from, and its maker for them
-_LAST_WITHOUT_RETRIES: dict[str, tuple[Any, Any, Callable[[], Any]]] = {}
 
 
 def unreachable(retries: bool = True) -> BaseException | None:
