@@ -28,17 +28,16 @@ With ``reuseMode: true`` trials are queued to long-lived environments
 the platform ended it under the trial (an interruption: the trial runs again in another one).
 ``close()`` stops and deletes the environments.
 
-A platform implements the abstract methods below: the job (start, state, delete, logs), the
-token's home (store, read, delete) and its names and roles.
+A platform implements :class:`~trialflow.platforms.job_platform_hooks.JobPlatformHooks`: the job
+(start, state, delete, logs), the token's home (store, read, delete), its names and roles, and how it
+tells an interruption.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
-from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +66,9 @@ from .base import (
     TrialUpdate,
 )
 from .job_environments import Environment, EnvironmentPool
+from .job_platform_hooks import JobPlatformHooks, stopped_run
 from .metric_channel import MetricChannel
 from .metrics_receiver import MetricsReceiver
-from .mounted_share import MountedShare
 from .report_desk import ReportDesk
 from .runtime_files import runtime_files, runtime_key
 from .trialdir import (
@@ -85,27 +84,12 @@ from .trialdir import (
 
 log = logging.getLogger("trialflow.platforms")
 ENV_VERDICT_SECONDS = 15.0  # how long a reuse trial stopped under its environment waits for the platform's word
-KILLED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL)  # a run the platform's stop or kill ended
 
 
-def stopped_run(state: dict[str, Any]) -> str | None:
-    """How a trial's run ended by a stop, from its keeper's record ``state`` (``{}``: none), in words
-    for an interruption's message: no end recorded (killed with its keeper), a stop signal trialflow
-    did not send, or SIGTERM / SIGKILL; None for a run that ended otherwise."""
-    if not state:
-        return "its run recorded no end of its own"
-    if state.get("stop_signal"):
-        return "a stop signal trialflow did not send ended its run"
-    if state.get("exit_code") in KILLED_CODES:
-        return f"its run was killed (exit code {state['exit_code']})"
-    return None
-
-
-class JobPlatformService(TrainingService[ConfigT]):
+class JobPlatformService(JobPlatformHooks, TrainingService[ConfigT]):
     """A job platform whose jobs mount the share; subclasses implement the abstract methods."""
 
     reuse_supported = True
-    label = "the platform"  # how messages name the platform
     logs_on_share = False  # True: job logs are the trial's stdout on the share (no log API used)
     other_channels = "metricChannel: file (metrics through the shared storage)"  # hint without the receiver
     asks_desk = False  # its trials ask the report desk through the metrics receiver (use_report_desk)
@@ -142,104 +126,13 @@ class JobPlatformService(TrainingService[ConfigT]):
         """trialflow's folders on the share (runtimes, code bundles, experiments' trial folders)."""
         return self.storage.clean(dry_run)
 
-    # ---- what a platform implements -----------------------------------------------------------
-
-    @abstractmethod
-    def make_storage(self) -> MountedShare:
-        """The share, from the platform's config."""
-
-    @abstractmethod
-    def roles(self) -> dict[str, str]:
-        """Role name -> the command its replicas run (non-reuse); the first role is the primary one."""
-
-    @abstractmethod
-    def job_name(self, kind: str, ident: str) -> str:
-        """The deterministic name of a trial's (``kind='trial'``) or an environment's (``'env'``) job."""
-
-    @abstractmethod
-    def start_job(self, name: str, ids: dict[str, str], commands: dict[str, list[str]], token_ref: str) -> None:
-        """Create the job ``name`` unless it exists; ``commands`` holds each role's container command,
-        ``token_ref`` where :meth:`store_token` put the metrics token (given to the job, never inline)."""
-
-    @abstractmethod
-    def job_status(self, name: str) -> tuple[TrialStatus, str | None] | None:
-        """The platform's state table applied to the job: (status, message), None when it is gone."""
-
-    @abstractmethod
-    def delete_job(self, name: str) -> None:
-        """Stop and delete the job and what was made for it; an unknown job is not an error."""
-
-    @abstractmethod
-    def store_token(self, name: str, token: str, ids: dict[str, str]) -> str:
-        """Keep ``token`` with the platform as ``name`` unless one is stored; returns the stored one."""
-
-    @abstractmethod
-    def read_token(self, name: str) -> str | None:
-        """The token stored as ``name``, None when there is none."""
-
-    @abstractmethod
-    def delete_token(self, name: str) -> None:
-        """Forget the token stored as ``name`` (idempotent)."""
-
-    def job_interruption(self, name: str, state: dict[str, Any]) -> str | None:
-        """Why the platform ended the trial's run in job ``name`` apart from the trial (its pod evicted
-        or preempted, its node lost), in the platform's own words; None when nothing but the trial
-        ended it. ``state`` is the end the run's keeper recorded (``{}`` for none). Asked once the job
-        (or the trial's reuse environment) ended, or while :meth:`job_restarting`. Default: what
-        :meth:`job_status` found (:meth:`note_interruption`), else the platform runs the job again in
-        place (:meth:`note_restart`) and the run recorded no end of its own, or one by a stop signal
-        or SIGKILL (the platform stopping the replica)."""
-        if name in self._ended_by:
-            return self._ended_by[name]
-        if name in self._restarts and (ended := stopped_run(state)) is not None:
-            return f"{self.label} runs job {name} again ({self._restarts[name]}); {ended}"
-        return None
-
-    def note_interruption(self, name: str, why: str | None) -> None:
-        """Record what :meth:`job_status` found: the platform ended job ``name`` apart from its trial
-        (``why``, in its words: a pod evicted, a run crashed, a job paused) or, for None, did not."""
-        _note(self._ended_by, name, why)
-
-    def note_restart(self, name: str, why: str | None) -> None:
-        """Record what :meth:`job_status` found: the platform runs job ``name`` again in place
-        (``why``, in its words) or, for None, does not."""
-        _note(self._restarts, name, why)
-
-    def job_restarting(self, name: str, state: dict[str, Any]) -> bool:
-        """Whether the platform runs job ``name``'s replicas again in place (:meth:`note_restart`,
-        as the last :meth:`job_status` found it) or the trial's run ended (``state``, its keeper's
-        record) by a stop signal trialflow did not send while the job goes on: either may be an
-        interruption."""
-        return name in self._restarts or bool(state.get("stop_signal"))
-
-    def sole_primary(self) -> bool:
-        """Whether the job runs one replica of its primary role, so that a primary replica that finds
-        the trial claimed is that replica run again (on any host) and runs nothing (default: False,
-        the claim's pod name tells)."""
-        return False
-
     def keeper_state(self, trial_id: str) -> dict[str, Any]:
         """The end the trial's keeper recorded on the shared storage (``{}`` until it has one)."""
         return read_json(LOCAL, str(self.storage.path(self.experiment_id, "trials", trial_id) / META_DIR / STATE)) or {}
 
-    def job_logs(self, name: str) -> dict[str, bytes]:
-        """The job's output by replica (whole logs); the ``logs`` metric channel and the HTTP channel's
-        gap filler read it. Default: none (the trial's files on the share are read instead)."""
-        return {}
-
-    def check_platform(self) -> None:
-        """Connect and check credentials once (fail fast with a hint)."""
-
-    def platform_address(self) -> str:
-        """The URL of the platform's API server (where its jobs run, for the receiver check)."""
-        return ""
-
     def check_receiver_reachable(self) -> None:
         """Raise ``PlatformError`` when the platform's jobs could not reach the metrics receiver."""
         self.metrics.check_reachable(self.platform_address(), self.other_channels)
-
-    def prepare_platform(self) -> None:
-        """Platform objects made once per experiment (registry and storage secrets)."""
 
     # ---- prepare and code ------------------------------------------------------------------
 
@@ -495,11 +388,3 @@ class JobPlatformService(TrainingService[ConfigT]):
         """Stop and delete the reuse environments; stop the receiver. Trial jobs are left as they are."""
         self.environments.close()
         self.metrics.stop()
-
-
-def _note(table: dict[str, str], name: str, why: str | None) -> None:
-    """``table[name] = why``, or no entry for None."""
-    if why is None:
-        table.pop(name, None)
-    else:
-        table[name] = why

@@ -19,7 +19,8 @@ from ..config.platforms import (
     KubeflowConfig,
 )
 from .base import TrialStatus
-from .job_platform import JobPlatformService, stopped_run
+from .job_platform import JobPlatformService
+from .job_platform_hooks import stopped_run
 from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
 
 # Kubernetes' pod disruption conditions: a DisruptionTarget condition's reasons, and the reasons the

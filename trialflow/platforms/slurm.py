@@ -5,8 +5,9 @@ Reaching the cluster. Without ``host`` this machine is a login node: ``sbatch``,
 ``scancel`` run here and the files are local. With ``host`` the controller logs in to a login node
 over SSH with the remote platform's machinery (host keys checked, credentials inline or from an
 ``SSHCredentials`` block, files over SFTP). ``loginCommand`` (``module load slurm``) runs before
-each Slurm command there. Slurm's own CLIs are called (submitit pickles Python functions and calls
-``sbatch`` only on the machine it runs on: it fits neither shell trial commands nor the SSH route).
+each Slurm command there. Slurm's own CLIs are called (:mod:`.slurm_scheduler`; submitit pickles Python
+functions and calls ``sbatch`` only on the machine it runs on: it fits neither shell trial commands nor
+the SSH route).
 
 Files live under ``remoteWorkingDirectory`` on the cluster's shared filesystem, laid out as on a
 remote machine (``runtime/``, ``code/<hash>/``, ``<experiment>/trials/<id>/``,
@@ -49,15 +50,14 @@ import logging
 import posixpath
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from .. import __version__
-from ..config.platforms import RemoteMachineConfig, SlurmConfig
+from ..config.platforms import SlurmConfig
 from ..trial.protocol import HEARTBEAT_SECONDS, META_DIR, STARTED, WORKER_IDLE_TIMEOUT
 from .base import (
     CodeRef,
@@ -70,12 +70,11 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
-from .inherited_env import inherited_environment
 from .local import trial_env
 from .ownership import claim
 from .remote_machine import RemoteMachine, clean_machines
 from .runtime_files import check_version
-from .ssh import SshConnection, machine_target
+from .slurm_scheduler import SlurmJob, SlurmScheduler
 from .trialdir import (
     EnvironmentDir,
     install_code,
@@ -89,60 +88,10 @@ from .trialfs import LocalFS
 
 log = logging.getLogger("trialflow.platforms")
 _q = shlex.quote
-SNAPSHOT_SECONDS = 1.0
 WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
 INTERRUPTED_STATES = {"PREEMPTED", "NODE_FAIL", "REQUEUED", "REQUEUE_FED"}
 FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT"}
-SQUEUE_FIELDS = "JobID:|,Name:|,State:|,Reason:|,RestartCnt:|"
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    """One line of ``squeue``: what Slurm says about a job now."""
-
-    id: str
-    name: str
-    state: str
-    reason: str
-    restarts: int
-
-    def describe(self) -> str:
-        return f"Slurm job {self.id} is {self.state}" + (f" ({self.reason})" if self.reason not in ("None", "") else "")
-
-
-class LocalShell:
-    """The login node is this machine: commands run in ``/bin/sh`` here (what :class:`RemoteMachine`
-    uses of an SSH connection)."""
-
-    def run(self, command: str, stdin: bytes | None = None, timeout: float = 120.0) -> tuple[int, str, str]:
-        try:
-            done = subprocess.run(["/bin/sh", "-c", command], input=stdin, capture_output=True, timeout=timeout,
-                                  env=inherited_environment())  # sbatch hands it on to the job
-        except subprocess.TimeoutExpired as exc:
-            raise TransientPlatformError(f"`{command}` did not finish within {timeout:.0f} s") from exc
-        return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
-
-    def close(self) -> None:
-        return None
-
-
-class LocalLoginNode(RemoteMachine):
-    """This machine as the login node: a :class:`RemoteMachine` whose files are local."""
-
-    def __post_init__(self) -> None:
-        self.fs = LocalFS()  # type: ignore[assignment]  # the same TrialFS contract as SFTP
-
-
-def login_node(config: SlurmConfig) -> RemoteMachine:
-    """The login node of the section: over SSH with ``host``, else this machine."""
-    if config.host:
-        machine = config.login_machine()
-        conn = SshConnection(machine_target(machine), config.known_hosts_file, config.trust_unknown_hosts)
-        return RemoteMachine(0, machine, conn, f"{machine.user or machine.credentials}@{machine.host}:{machine.port}")
-    machine = RemoteMachineConfig.model_construct(host="localhost", python_path=config.python_path,
-                                                  remote_working_directory=config.remote_working_directory)
-    return LocalLoginNode(0, machine, cast(SshConnection, LocalShell()), "this machine")
 
 
 @dataclass
@@ -166,16 +115,15 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         self.experiment_id = self.experiment_dir.name
         self.reuse = bool(config.reuse_mode)
         self.worker_idle_timeout = worker_idle_timeout
-        self.login = login_node(config)
+        self.scheduler = SlurmScheduler(config, self.experiment_id)
+        self.login = self.scheduler.login
         self.envs: dict[str, SlurmEnvironment] = {}
         self._cancelled: dict[str, TrialStatus] = {}
         self._lock = threading.Lock()
-        self._snapshot: dict[str, SlurmJob] = {}
-        self._snapshot_at = 0.0
         self._ready = False
         self._last_heartbeat = 0.0
 
-    # ---- the login node and Slurm's commands -------------------------------------------------
+    # ---- the login node and batch scripts -------------------------------------------------------
 
     def _ensure_login(self) -> RemoteMachine:
         """The login node, probed and with the runtime (also for CLI commands without ``prepare()``)."""
@@ -187,67 +135,6 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
                     self.login.install_runtime()
                     self._ready = True
         return self.login
-
-    def slurm(self, command: str, timeout: float = 60.0) -> str:
-        """A Slurm command on the login node (after ``loginCommand``); its stdout. Raises
-        ``PlatformError`` with Slurm's message when it fails; a controller Slurm cannot reach now
-        (``slurm_load_*`` errors, timeouts) is transient."""
-        prefix = f"{self.config.login_command}\n" if self.config.login_command else ""
-        status, out, err = self.login.conn.run(prefix + command, None, timeout)
-        if status != 0:
-            said = " / ".join(line.strip() for line in (err or out).strip().splitlines()[-3:])[-500:]
-            message = f"`{command.split()[0]}` failed on {self.login.key} (exit {status}): {said}"
-            if "Unable to contact" in err or "Socket timed out" in err or "Connection refused" in err:
-                raise TransientPlatformError(message)
-            raise PlatformError(message)
-        return out
-
-    def jobs(self, fresh: bool = False) -> dict[str, SlurmJob]:
-        """The experiment's jobs Slurm knows, by name (one ``squeue`` per second at most)."""
-        with self._lock:
-            if not fresh and time.monotonic() - self._snapshot_at < SNAPSHOT_SECONDS:
-                return self._snapshot
-        taken = time.monotonic()
-        out = self.slurm(f"squeue --me -h -t all -O {_q(SQUEUE_FIELDS)}")
-        prefix = f"tf-{self.experiment_id}-"
-        found: dict[str, SlurmJob] = {}
-        for line in out.splitlines():
-            fields = [f.strip() for f in line.split("|")]
-            if len(fields) >= 5 and fields[1].startswith(prefix):
-                job = SlurmJob(fields[0], fields[1], fields[2].split()[0], fields[3],
-                               int(fields[4]) if fields[4].isdigit() else 0)
-                if job.name not in found or int(job.id) > int(found[job.name].id):
-                    found[job.name] = job
-        with self._lock:
-            if taken >= self._snapshot_at:
-                self._snapshot, self._snapshot_at = found, taken
-        return found
-
-    def job(self, name: str) -> SlurmJob | None:
-        """Slurm's view of the job ``name``; a job missing from the last listing is looked up afresh."""
-        return self.jobs().get(name) or self.jobs(fresh=True).get(name)
-
-    def sbatch(self, name: str, script: str, options: list[str]) -> str:
-        """Submit ``script`` as job ``name`` unless a job of that name exists; returns its id."""
-        existing = self.jobs(fresh=True).get(name)
-        if existing is not None:
-            return existing.id
-        cfg = self.config
-        args = ["sbatch", "--parsable", f"--job-name={name}", *options]
-        for flag, value in (("--partition", cfg.partition), ("--account", cfg.account), ("--qos", cfg.qos),
-                            ("--time", cfg.time_limit), ("--mem", cfg.memory)):
-            if value:
-                args.append(f"{flag}={value}")
-        args.append(f"--cpus-per-task={cfg.cpus_per_trial}")
-        gpus = cfg.gpus_per_trial if cfg.gpus_per_trial is not None else cfg.trial_gpu_number
-        if gpus:
-            args.append(f"--gres=gpu:{gpus}")
-        args += [*cfg.sbatch_options, script]
-        return self.slurm(" ".join(_q(a) for a in args)).strip().split(";")[0]
-
-    def scancel(self, job_id: str) -> None:
-        if job_id:
-            self.slurm(f"scancel {_q(job_id)}")
 
     def batch_script(self, workdir: str, body: str) -> str:
         """A batch script: ``prepareCommand`` in the job's own shell (modules, conda), then ``body``."""
@@ -273,7 +160,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         check_version(login.run(login.command("keeper", "--version")).strip(), f"the trial keeper on {login.key}",
                       f"remove {login.runtime} there so that this controller installs its own", __version__)
         try:
-            partitions = self.slurm("sinfo -h -o %P").split()
+            partitions = self.scheduler.run("sinfo -h -o %P").split()
         except PlatformError as exc:
             raise PlatformError(f"Slurm does not answer on {login.key}: {exc} -- check that slurmctld runs and, "
                                 "when Slurm's commands need a module or SLURM_CONF, set loginCommand") from None
@@ -318,7 +205,8 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             "fi",
             self.runtime_command("keeper", trial_dir)])).encode(), 0o700)
         name = self.job_name(spec.trial_id, spec.attempt)
-        job_id = self.sbatch(name, script, [f"--output={meta}/slurm-{spec.attempt}.log", "--open-mode=append"])
+        job_id = self.scheduler.sbatch(name, script, [f"--output={meta}/slurm-{spec.attempt}.log",
+                                                      "--open-mode=append"])
         return TrialHandle(spec.trial_id, self.platform, {"job": name, "job_id": job_id, "trial_dir": trial_dir,
                                                           "reuse": False})
 
@@ -340,7 +228,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
                 script = self.batch_script(files.path, self.runtime_command(
                     "worker", "--foreground", files.path, str(self.worker_idle_timeout)))
                 files.fs.write(posixpath.join(files.path, "job.sh"), script.encode(), 0o700)
-                env.job_id = self.sbatch(env.job, posixpath.join(files.path, "job.sh"),
+                env.job_id = self.scheduler.sbatch(env.job, posixpath.join(files.path, "job.sh"),
                                          [f"--output={files.path}/slurm.log", "--open-mode=append"])
             except PlatformError:
                 with self._lock:
@@ -368,7 +256,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         login = self._ensure_login()
         reuse, trial_dir = bool(handle.data.get("reuse")), str(handle.data.get("trial_dir", ""))
-        job = self.job(str(handle.data.get("job", "")))  # before the files: an ended job's record is there
+        job = self.scheduler.job(str(handle.data.get("job", "")))  # before the files: an ended job's record is there
         if reuse:
             self._heartbeat()
         found = read_trial(login.fs, trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
@@ -454,12 +342,12 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             files = self._env_files(env)
             files.dequeue(handle.trial_id)
             files.kill(handle.trial_id, handle.data["trial_dir"])
-            job = self.job(env.job)
+            job = self.scheduler.job(env.job)
             if job is not None and (job.state in INTERRUPTED_STATES or job.restarts > 0 or job.state in WAITING_STATES):
                 env.ended = env.ended or "cancelled"
-                self.scancel(job.id)  # an interrupted or never-started environment is of no further use
+                self.scheduler.scancel(job.id)  # an interrupted or never-started environment is of no further use
             return
-        self.scancel(str(handle.data.get("job_id", "")))
+        self.scheduler.scancel(str(handle.data.get("job_id", "")))
         # a trial whose job had not started yet is claimed here, so no late (or requeued) run starts it
         meta = posixpath.join(str(handle.data.get("trial_dir", "")), META_DIR)
         self.login.conn.run(f"cd {_q(meta)} 2>/dev/null && (set -C; : > keeper.lock) 2>/dev/null && "
@@ -522,7 +410,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             try:
                 self._env_files(env).stop()
                 if env.trial is not None:
-                    self.scancel(env.job_id)
+                    self.scheduler.scancel(env.job_id)
             except PlatformError as exc:
                 log.warning("environment %s was not stopped (%s); it leaves after %.0f s without a heartbeat",
                             env.id, exc, self.worker_idle_timeout)
