@@ -76,12 +76,14 @@ def test_a_stopped_trial_takes_no_further_step(desk, monkeypatch):
     assert time.monotonic() - started >= 1.0
 
 
-def test_a_desk_that_is_gone_costs_a_trial_nothing_and_is_never_asked_again(desk, monkeypatch):
+def test_a_desk_that_is_gone_costs_a_trial_nothing_and_is_never_asked_again(desk, monkeypatch, capsys):
     desk.close()
     started = time.monotonic()
     for sequence in range(50):
         verdicts.after_result("T3", sequence, str)
     assert verdicts._Connection.gone and time.monotonic() - started < 1.0
+    said = capsys.readouterr().err  # once, on the trial's stderr: why its stops come only as the controller reads
+    assert said.count("trialflow: the assessor cannot be asked at report time") == 1, said
 
 
 def test_the_desk_is_private_to_its_user_and_removed_when_closed():
@@ -141,7 +143,8 @@ def test_a_job_platforms_trial_asks_through_the_metrics_receiver_with_its_token(
 
 
 @pytest.mark.parametrize("attached, granted", [(False, True), (True, False)], ids=["no-desk", "no-grant"])
-def test_a_receiver_that_does_not_answer_for_the_trial_is_never_asked_again(receiver, monkeypatch, attached, granted):
+def test_a_receiver_that_does_not_answer_for_the_trial_is_never_asked_again(receiver, monkeypatch, capsys, attached,
+                                                                           granted):
     """Without a desk (404) or with a token not granted this trial (403) the trial stops asking at
     once and its reports go on."""
     import requests
@@ -156,6 +159,7 @@ def test_a_receiver_that_does_not_answer_for_the_trial_is_never_asked_again(rece
         monkeypatch.setenv(REPORT_DESK_ENV, "receiver")
         verdicts.after_result("T6", 0, lambda: token)
         assert verdicts._Connection.gone
+        assert f"the report desk answered {403 if attached else 404}" in capsys.readouterr().err
         answer = requests.get(f"{receiver.url}/verdict/T6?sequence=0", timeout=5,
                               headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == (403 if attached else 404)

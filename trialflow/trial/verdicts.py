@@ -11,7 +11,7 @@ is ``receiver``: the trial asks the metrics receiver of the HTTP channel, ``GET
 (``{"verdict": "go", "next": n}``, ``{"verdict": "stop"}``, ``{"verdict": null}`` for no word in time).
 
 Guarantees: without the variable, or once the desk cannot be reached or has closed, a report costs
-nothing more (the trial never asks again). A desk that does not answer within
+nothing more (the trial never asks again; it says why once, on stderr). A desk that does not answer within
 :data:`VERDICT_WAIT_SECONDS` is not waited on further for that result (its late answer is read at the
 next ask). On ``stop`` the trial takes no further step: it waits for the controller to end it
 (the stop is recorded before the trial is killed), and goes on only if it is still alive after
@@ -143,10 +143,13 @@ def after_result(trial_id: str, sequence: int, token: Callable[[], str]) -> None
         if desk.next_ask is None or sequence < desk.next_ask:
             return
         word = desk.ask(trial_id, sequence)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError) as exc:
         if _Connection.desk is not None:
             _Connection.desk.close()
         _Connection.desk, _Connection.gone = None, True
+        sys.stderr.write(f"trialflow: the assessor cannot be asked at report time ({type(exc).__name__}: {exc}); "
+                         "this trial's results are judged as the controller reads them\n")
+        sys.stderr.flush()
         return
     if word == "stop":
         _wait_to_be_ended(sequence)
