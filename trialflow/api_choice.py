@@ -20,7 +20,7 @@ def set_process_defaults() -> None:
 
 
 def wants_temporary_server() -> bool:
-    """``TRIALFLOW_PREFECT_SERVER=temporary``: Prefect's temporary server per process, as before."""
+    """``TRIALFLOW_PREFECT_SERVER=temporary``: Prefect's temporary server, one per process."""
     return os.environ.get(SERVER_SETTING, "kept").strip().lower() == "temporary"
 
 

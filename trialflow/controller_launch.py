@@ -185,10 +185,6 @@ def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) ->
     return 1 if state.is_failed() else 0
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
-
-
 RUN_PAGE_WAIT = 60.0  # how long `create` waits for its run's page (a slow platform's set-up comes after it)
 
 
@@ -226,3 +222,7 @@ def wait_for_run_page(controller: PendingController, experiment_id: str, root: P
     finally:
         store.close()
     return f"not known yet: trialflow webui url {experiment_id}", False
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

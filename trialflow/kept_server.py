@@ -396,7 +396,7 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         env["PREFECT_UI_STATIC_DIRECTORY"] = str(folder / "ui")
     env = {**SERVER_DEFAULTS, **env}
     version = prefect_version()
-    env.update(start_settings(folder, prefect_home / "prefect.db", env))  # skip or seed the migration
+    env.update(start_settings(folder, prefect_home / "prefect.db", version, env))  # skip or seed the migration
     with open(folder / "server.log", "ab") as log:
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
         # the Prefect CLI's own start-up: less CPU on every start (see kept_server_app)

@@ -19,6 +19,7 @@ Neither function raises: a cache that cannot be read or written costs the migrat
 A server's folder also notes, in ``database.json``, the Prefect version its database was last healthy
 under (:func:`note_migrated`); :func:`start_settings` skips Prefect's migration check at the next start
 with that version, or seeds a database about to be made.
+
 Standard library only (the kept server's module imports this before Prefect).
 """
 
@@ -36,6 +37,10 @@ from .trial.procs import read_json, write_atomic
 log = logging.getLogger("trialflow.server")
 DATABASE_MARK = "database.json"  # in a server's folder: the Prefect version last healthy on its database
 MIGRATE_SETTING = "PREFECT_API_DATABASE_MIGRATE_ON_START"
+KEPT_TABLES = ("alembic_version", "block_type", "block_schema", "block_schema_reference")
+MAX_TEMPLATE_BYTES = 64 * 1024 * 1024
+MAX_SOURCE_BYTES = 16 * 1024 * 1024  # a new database is ~1.3 MB
+SQLITE_URL = "sqlite+aiosqlite:///"
 
 
 def prefect_version() -> str | None:
@@ -48,14 +53,13 @@ def prefect_version() -> str | None:
         return None
 
 
-def start_settings(folder: Path, database: Path, env: dict[str, str]) -> dict[str, str]:
-    """Settings for a server of the installed Prefect starting in ``folder`` on its SQLite ``database``:
-    no migration check when that database was last healthy under this version (:func:`note_migrated`);
-    else a database about to be made is seeded (:func:`seed`). Nothing for a database or a migration
-    setting the environment ``env`` chose."""
+def start_settings(folder: Path, database: Path, version: str | None, env: dict[str, str]) -> dict[str, str]:
+    """Settings for a server of Prefect ``version`` (:func:`prefect_version`) starting in ``folder`` on its
+    SQLite ``database``: no migration check when that database was last healthy under this version
+    (:func:`note_migrated`); else a database about to be made is seeded (:func:`seed`). Nothing for a
+    database or a migration setting the environment ``env`` chose."""
     if any(key.endswith(("_DATABASE_CONNECTION_URL", "_DATABASE_MIGRATE_ON_START")) for key in env):
         return {}
-    version = prefect_version()
     if version is not None and database.exists() and read_json(str(folder / DATABASE_MARK)) == {"prefect": version}:
         return {MIGRATE_SETTING: "false"}
     seed(database, version)
@@ -69,11 +73,6 @@ def note_migrated(folder: Path, database: Path, version: str | None) -> None:
     if version and read_json(mark) != {"prefect": version}:
         write_atomic(mark, {"prefect": version})
     remember(database, version)
-
-KEPT_TABLES = ("alembic_version", "block_type", "block_schema", "block_schema_reference")
-MAX_TEMPLATE_BYTES = 64 * 1024 * 1024
-MAX_SOURCE_BYTES = 16 * 1024 * 1024  # a new database is ~1.3 MB
-SQLITE_URL = "sqlite+aiosqlite:///"
 
 
 def cache_folder() -> Path:

@@ -23,13 +23,10 @@ class MlflowTrackingConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _installed(self) -> MlflowTrackingConfig:
-        import importlib.util
-
         if urlsplit(self.tracking_uri).password is not None:
             raise ValueError("trackingUri holds a password: save the login in an MLflowCredentials block and name "
                              "it in credentials")
-        if importlib.util.find_spec("mlflow") is None:
-            raise ValueError("MLflow is not installed: pip install 'trialflow[mlflow]', or remove tracking.mlflow")
+        _require_installed("mlflow", "MLflow")
         return self
 
 
@@ -47,13 +44,10 @@ class WandbTrackingConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _installed(self) -> WandbTrackingConfig:
-        import importlib.util
-
         if self.credentials and self.mode == "offline":
             raise ValueError("tracking.wandb: credentials are for mode: online (offline runs are sent later "
                              "with `wandb sync`)")
-        if importlib.util.find_spec("wandb") is None:
-            raise ValueError("W&B is not installed: pip install 'trialflow[wandb]', or remove tracking.wandb")
+        _require_installed("wandb", "W&B")
         return self
 
 
@@ -62,3 +56,12 @@ class TrackingConfig(ConfigModel):
 
     mlflow: MlflowTrackingConfig | None = None
     wandb: WandbTrackingConfig | None = None
+
+
+def _require_installed(tracker: str, name: str) -> None:
+    """Raise ValueError naming the pip extra when the package of ``tracker`` (its module, extra and config
+    key alike: ``mlflow``, ``wandb``) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(tracker) is None:
+        raise ValueError(f"{name} is not installed: pip install 'trialflow[{tracker}]', or remove tracking.{tracker}")

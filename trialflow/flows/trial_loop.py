@@ -19,9 +19,7 @@ from prefect.utilities.annotations import allow_failure
 
 from ..context import ExperimentContext
 from ..disk_space import NoSpaceLeft, no_space, out_of_space
-from ..experiments import (
-    set_stored_fields,
-)
+from ..experiments import set_stored_fields
 from ..limits import PlatformCap
 from ..platforms import TrialHandle, experiment_retry
 from ..status import ExperimentStatus, TrialStatus
@@ -32,9 +30,7 @@ from ..tuners import TunerError, create_tuner
 from ..tuners.objectives import tuner_value
 from .artifacts import ArtifactReporter
 from .prefect_run_context import forget_task_runs
-from .run_control import (
-    StopWatch,
-)
+from .run_control import StopWatch
 
 TICK_SECONDS = 0.25
 RESUBMITTED = "resubmitted after a restart: it was never submitted"

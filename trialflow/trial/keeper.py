@@ -227,8 +227,8 @@ def claim(trial_dir: str, owner: str = "", meta_fd: int | None = None) -> bool:
     """True for the one caller allowed to start this trial's keeper; ``owner`` (a pod's name) is
     written into the claim, made in the open meta directory ``meta_fd`` when given."""
     try:
-        fd = (os.open(KEEPER_LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, dir_fd=meta_fd) if meta_fd is not None
-              else os.open(os.path.join(trial_dir, META_DIR, KEEPER_LOCK), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        lock = KEEPER_LOCK if meta_fd is not None else os.path.join(trial_dir, META_DIR, KEEPER_LOCK)
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, dir_fd=meta_fd)
     except FileExistsError:
         return False
     try:
