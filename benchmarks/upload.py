@@ -59,7 +59,7 @@ def scp_upload(server, source: Path, target: Path) -> None:
 
 
 def remote_service(server, code: Path, workdir: Path, exp: Path, reuse: bool = False):
-    from trialflow.config.platforms import RemoteConfig
+    from trialflow.config import RemoteConfig
     from trialflow.platforms.remote import RemoteTrainingService
 
     config = RemoteConfig(trial_command="python3 trial.py", trial_code_directory=code, reuse_mode=reuse,

@@ -162,7 +162,7 @@ def test_withheld_files_are_found_by_path_and_by_content_across_read_chunks(tmp_
     from pydantic import SecretStr
 
     from trialflow import withheld
-    from trialflow.config.platforms import RemoteMachineConfig
+    from trialflow.config import RemoteMachineConfig
 
     for name in ("_files", "_secrets", "_announced"):  # this process's registry, for this test only
         monkeypatch.setattr(withheld, name, set())

@@ -241,6 +241,33 @@ def test_example_values_are_canonical(tmp_path):
     assert dlc.workspace_id is None and "dlc-s3cr3t-value" not in str(dlc)
 
 
+COMMON_KEYS = ["platform", "trialCommand", "trialCodeDirectory", "debug", "reuseMode", "weight", "maxInterruptions"]
+
+
+def test_sections_on_shared_bases_keep_the_key_order_stored_configs_have(tmp_path):
+    """A stored config's sections list their keys as they always did, although their SSH-login and
+    Kubernetes fields now come from shared bases (which pydantic would list first)."""
+    ex = _examples(tmp_path)
+    remote = parse_config(minimal(tmp_path, trainingService=ex["remote"])).dump()["trainingService"]
+    assert list(remote) == [*COMMON_KEYS, "machineList", "trustUnknownHosts", "knownHostsFile"]
+    assert list(remote["machineList"][0]) == ["host", "port", "user", "sshKeyFile", "useActiveGpu",
+                                              "maxTrialNumberPerGpu", "gpuIndices", "remoteWorkingDirectory"]
+    slurm = parse_config(minimal(tmp_path, trainingService={
+        "platform": "slurm", "host": "login1", "user": "u", "password": "p", "partition": "gpu",
+        "loginCommand": "module load slurm"})).dump()["trainingService"]
+    assert list(slurm) == [*COMMON_KEYS, "host", "port", "user", "password", "trustUnknownHosts", "knownHostsFile",
+                           "remoteWorkingDirectory", "loginCommand", "partition", "cpusPerTrial", "sbatchOptions"]
+    kubeflow = parse_config(minimal(tmp_path, trainingService=ex["kubeflow"])).dump()["trainingService"]
+    assert list(kubeflow) == [*COMMON_KEYS, "operator", "apiVersion", "storage", "worker", "ps", "namespace",
+                              "metricChannel"]
+    # the config schema lists them so too
+    from trialflow.config import ExperimentConfig
+
+    keys = list(ExperimentConfig.model_json_schema()["$defs"]["SlurmConfig"]["properties"])
+    assert keys[keys.index("credentials"):keys.index("loginCommand")] == [
+        "credentials", "trustUnknownHosts", "knownHostsFile", "pythonPath", "remoteWorkingDirectory"]
+
+
 def test_hybrid_list_with_per_service_overrides(tmp_path):
     ex = _examples(tmp_path)
     remote = dict(ex["remote"], trialCommand="python3 remote_trial.py")

@@ -55,12 +55,16 @@ def _secret_fields(model: type[BaseModel]) -> set[str]:
 
 
 def test_every_secret_field_of_configs_and_blocks_has_a_row():
+    import importlib
+
     import trialflow.config.experiment as experiment_config
     import trialflow.config.platforms as platform_configs
     from trialflow.blocks import aml, dlc, dlts, kubernetes, mlflow, openpai, remote
 
-    models = [obj for module in (experiment_config, platform_configs, aml, dlc, dlts, kubernetes, mlflow, openpai,
-                                                       remote)
+    sections = [importlib.import_module(f"trialflow.platforms.{path.stem}")
+                for path in sorted((ROOT / "trialflow" / "platforms").glob("*_config.py"))]
+    models = [obj for module in (experiment_config, platform_configs, *sections, aml, dlc, dlts, kubernetes, mlflow,
+                                 openpai, remote)
               for obj in vars(module).values() if isinstance(obj, type) and issubclass(obj, BaseModel)]
     names = set().union(*(_secret_fields(m) for m in models))
     assert {"password", "sshPassphrase", "storeUrl", "kubeconfig"} <= names, names

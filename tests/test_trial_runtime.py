@@ -277,3 +277,30 @@ def test_a_restarted_replica_of_an_earlier_run_claims_nothing_while_a_later_run_
     assert "took over from run 0; this replica runs nothing" in capsys.readouterr().err
     assert not (trial / META_DIR / KEEPER_LOCK).exists() and not (trial / "ran").exists()
     assert (trial / f"{META_DIR}-0" / KEEPER_LOCK).read_text() == "run0-pod"  # the earlier run's record stays
+
+
+def test_a_batch_job_runs_its_trial_once_and_a_job_of_an_earlier_run_nothing(tmp_path, capsys):
+    """Slurm's batch job: the first run of the job claims and runs the trial; the same job run again by
+    the scheduler (a requeue) runs nothing; a job of run 0 whose trial run 1 took over runs nothing."""
+    from trialflow.platforms.trialdir import LOCAL, set_aside_earlier_run
+    from trialflow.trial.keeper import batch
+    from trialflow.trial.procs import write_atomic
+    from trialflow.trial.protocol import KEEPER_LOCK, KEEPER_SPEC, META_DIR, STATE
+
+    trial = tmp_path / "trials" / "Batch1"
+    (trial / META_DIR).mkdir(parents=True)
+    write_atomic(str(trial / META_DIR / KEEPER_SPEC), json.dumps({"command": "echo x >> ran", "cwd": str(trial),
+                                                                  "env": {}, "attempt": 0}))
+    assert batch(str(trial), 0) == 0
+    assert (trial / "ran").read_text() == "x\n" and json.loads((trial / META_DIR / STATE).read_text())["exit_code"] == 0
+    assert batch(str(trial), 0) == 0  # requeued: not twice
+    assert "started by an earlier run of this job; not twice" in capsys.readouterr().err
+    assert (trial / "ran").read_text() == "x\n"
+    set_aside_earlier_run(LOCAL, str(trial), 1)
+    (trial / META_DIR).mkdir()
+    write_atomic(str(trial / META_DIR / KEEPER_SPEC), json.dumps({"command": "echo y >> ran", "cwd": str(trial),
+                                                                  "env": {}, "attempt": 1}))
+    assert batch(str(trial), 0) == 0
+    assert "took over from run 0; this job runs nothing" in capsys.readouterr().err
+    assert not (trial / META_DIR / KEEPER_LOCK).exists() and (trial / "ran").read_text() == "x\n"
+    assert batch(str(trial), 1) == 0 and (trial / "ran").read_text() == "x\ny\n"

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from trialflow.config.platforms import LocalConfig
+from trialflow.config import LocalConfig
 from trialflow.platforms import CodeRef, Platform, RetryPolicy, TrialHandle, TrialSpec
 from trialflow.platforms.local import LocalTrainingService
 

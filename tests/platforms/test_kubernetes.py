@@ -257,7 +257,7 @@ def test_cheap_capacity_reaches_every_pod_in_kubernetes_terms(tmp_path, k8s, kin
 
 
 def test_a_toleration_with_an_unknown_field_is_one_clear_line():
-    from trialflow.config.platforms import KubeflowConfig
+    from trialflow.config import KubeflowConfig
 
     with pytest.raises(ValueError, match=r"tolerations\[0\] has effects; a toleration takes effect, key, operator, "
                                          r"tolerationSeconds, value"):
@@ -581,7 +581,7 @@ def test_nnis_v1_framework_template_with_pvc_storage_runs_a_trial(tmp_path, k8s)
 
 
 def test_a_framework_template_is_checked_when_the_config_is_loaded(tmp_path):
-    from trialflow.config.platforms import FrameworkControllerConfig
+    from trialflow.config import FrameworkControllerConfig
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: Framework\nspec:\n  taskRoles:\n  - name: worker\n"

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_nvidia_smi, machine, write_trial
-from trialflow.config import ConfigError, parse_config
-from trialflow.config.platforms import RemoteConfig
+from trialflow.config import ConfigError, RemoteConfig, parse_config
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.remote import RemoteTrainingService
 from trialflow.platforms.runtime_files import VersionMismatchError, check_version

@@ -4,6 +4,8 @@ a credentials block for every platform that needs one, platforms below the Prefe
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,28 @@ def test_every_platform_has_one_row_with_the_loaders_name_and_a_service():
         assert row.config is PLATFORM_CONFIGS[name]
         assert row.service is not None and issubclass(row.service, TrainingService), name
         assert row.retry.retries >= 1 and row.retry.delays() == sorted(row.retry.delays())
+
+
+def test_every_built_in_platform_is_one_module_pair_its_section_beside_its_service():
+    """``platforms/<name>_config.py`` holds the section, ``platforms/<name>.py`` the service and its row."""
+    for name, row in PLATFORMS.items():
+        assert row.config.__module__.endswith("_config"), name
+        assert row.service is not None and row.service.__module__ == row.config.__module__.removesuffix("_config")
+        assert vars(importlib.import_module(row.service.__module__))["PLATFORM"] is row, name
+
+
+def test_prefects_block_register_command_finds_every_block_the_blocks_package_defines():
+    """``prefect block register -m trialflow.blocks`` registers the block classes that are names of the
+    package: every block class of its modules is one, a new platform's block included."""
+    import trialflow.blocks
+
+    defined = set()
+    for path in sorted((PACKAGE / "blocks").glob("[!_]*.py")):
+        module = importlib.import_module(f"trialflow.blocks.{path.stem}")
+        defined |= {obj for obj in vars(module).values()
+                    if isinstance(obj, type) and Block.is_block_class(obj) and obj.__module__ == module.__name__}
+    named = {obj for _, obj in inspect.getmembers(trialflow.blocks) if obj is not None and Block.is_block_class(obj)}
+    assert len(defined) >= 8 and named == defined
 
 
 def test_every_remote_platform_has_a_credentials_block_with_secret_fields():

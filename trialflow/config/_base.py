@@ -13,18 +13,24 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    GetJsonSchemaHandler,
     SecretStr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from ..user_errors import UserError
 
@@ -90,6 +96,44 @@ class ConfigModel(BaseModel):
     def dump(self) -> dict[str, Any]:
         """camelCase dict without unset (None) fields; secrets stay masked."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _without_serializer(schema: CoreSchema) -> CoreSchema:
+    """``schema`` (a model's, maybe inside its validators) without the model's serializer function."""
+    if schema["type"] == "model":
+        return {k: v for k, v in schema.items() if k != "serialization"}  # type: ignore[return-value]
+    inner = schema.get("schema")
+    return {**schema, "schema": _without_serializer(inner)} if isinstance(inner, dict) else schema  # type: ignore[return-value,arg-type]
+
+
+class OrderedDump(ConfigModel):
+    """A section whose dumps list its keys in an explicit order: first the fields ``dump_order`` does
+    not name (the fields every section has), in field order, then the named ones in that order.
+    Sections built from shared bases (an SSH login, a Kubernetes section) name theirs, so a stored
+    config keeps the key order it always had whatever order the bases give the fields."""
+
+    dump_order: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _ordered(cls, data: dict[str, Any], by_alias: bool) -> dict[str, Any]:
+        fields = cls.model_fields
+        named = [(fields[n].alias or n) if by_alias else n for n in cls.dump_order]
+        last = set(named)
+        return {k: v for k, v in data.items() if k not in last} | {k: data[k] for k in named if k in data}
+
+    @model_serializer(mode="wrap")
+    def _in_dump_order(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        return self._ordered(data, bool(info.by_alias)) if isinstance(data, dict) else data
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        # the schema of the fields (a serializer function alone has none), properties in dump order
+        schema = handler(_without_serializer(core_schema))
+        described = handler.resolve_ref_schema(schema)
+        if isinstance(described.get("properties"), dict):
+            described["properties"] = cls._ordered(described["properties"], by_alias=True)
+        return schema
 
 
 # ---- unit strings -------------------------------------------------------------------------

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import AdlConfig
+from ..blocks import KubernetesCredentials
+from .adaptdl_config import AdlConfig
 from .base import PlatformError, TrialStatus
 from .k8s import KubernetesJobService, resources
 from .k8s_api import k8s_id
 from .mounted_share import MountedShare
+from .platform_row import Platform
 
 PHASES = {"Pending": TrialStatus.WAITING, "Starting": TrialStatus.WAITING, "Running": TrialStatus.RUNNING,
           "Stopping": TrialStatus.RUNNING, "Succeeded": TrialStatus.SUCCEEDED, "Failed": TrialStatus.FAILED}
@@ -126,3 +128,6 @@ class AdaptDLTrainingService(KubernetesJobService[AdlConfig]):
 
     def pod_selector(self, name: str) -> str:
         return f"adaptdl/job={name}"
+
+
+PLATFORM = Platform(AdlConfig, AdaptDLTrainingService, KubernetesCredentials, "kubernetes")

@@ -52,11 +52,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..blocks import AzureMLCredentials, load_block
-from ..config.platforms import AmlConfig
 from ..ids import lowercase_id
+from .aml_config import AmlConfig
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare
+from .platform_row import Platform
 from .rest_api import reveal, scrub
 from .rest_jobs import RestJobService
 
@@ -267,3 +268,6 @@ class AzureMLTrainingService(RestJobService[AmlConfig]):
                 raise
         self.forget_state(name)
         self._ran.discard(name)
+
+
+PLATFORM = Platform(AmlConfig, AzureMLTrainingService, AzureMLCredentials, "aml")

@@ -47,10 +47,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..blocks import PAIDLCCredentials, load_block
-from ..config.platforms import DlcConfig
 from .base import PlatformError, TransientPlatformError, TrialStatus
+from .dlc_config import DlcConfig
 from .errors import http_error
 from .mounted_share import MountedShare
+from .platform_row import Platform
 from .rest_api import reveal, scrub
 from .rest_jobs import RestJobService
 
@@ -219,3 +220,6 @@ class DLCTrainingService(RestJobService[DlcConfig]):
                 if isinstance(exc, TransientPlatformError):
                     raise
         self.forget_state(name)
+
+
+PLATFORM = Platform(DlcConfig, DLCTrainingService, PAIDLCCredentials, "dlc")

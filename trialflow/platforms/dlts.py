@@ -41,9 +41,10 @@ from typing import Any
 from urllib.parse import quote
 
 from ..blocks import DLTSCredentials, load_block
-from ..config.platforms import DltsConfig
 from .base import PlatformError, TrialStatus
+from .dlts_config import DltsConfig
 from .mounted_share import MountedShare
+from .platform_row import Platform
 from .rest_api import RestApi, reveal
 from .rest_jobs import RestJobService
 
@@ -193,3 +194,6 @@ class DLTSTrainingService(RestJobService[DltsConfig]):
         if job_id is not None:
             self._kill(job_id)
         self.forget_state(name)
+
+
+PLATFORM = Platform(DltsConfig, DLTSTrainingService, DLTSCredentials)

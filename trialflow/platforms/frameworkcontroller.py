@@ -25,11 +25,13 @@ from typing import Any
 
 import yaml
 
-from ..config import FrameworkControllerConfig
+from ..blocks import KubernetesCredentials
 from .base import PlatformError, TrialStatus
+from .frameworkcontroller_config import FrameworkControllerConfig
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import k8s_id
 from .mounted_share import MountedShare
+from .platform_row import Platform
 
 BARRIER_MOUNT = "/mnt/frameworkbarrier"
 FIRST_PORT = 4000
@@ -180,3 +182,6 @@ class FrameworkControllerTrainingService(KubernetesJobService[FrameworkControlle
 
     def pod_selector(self, name: str) -> str:
         return f"FC_FRAMEWORK_NAME={name}"
+
+
+PLATFORM = Platform(FrameworkControllerConfig, FrameworkControllerTrainingService, KubernetesCredentials, "kubernetes")

@@ -38,8 +38,9 @@ from .base import (
     TrialSpec,
     TrialUpdate,
 )
+from .errors import RetryPolicy
 from .report_desk import ReportDesk
-from .table import RetryPolicy, create_service, platform
+from .table import create_service, platform
 
 log = logging.getLogger("trialflow.hybrid")
 COOLDOWN_SECONDS = 30.0

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import KubeflowConfig, KubeflowRoleConfig
+from ..blocks import KubernetesCredentials
 from .base import TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import k8s_id
+from .kubeflow_config import KubeflowConfig, KubeflowRoleConfig
 from .mounted_share import MountedShare
+from .platform_row import Platform
 
 CONDITION_STATES = {
     "Created": TrialStatus.WAITING,
@@ -118,3 +120,6 @@ class KubeflowTrainingService(KubernetesJobService[KubeflowConfig]):
 
     def pod_selector(self, name: str) -> str:
         return f"training.kubeflow.org/job-name={name}"
+
+
+PLATFORM = Platform(KubeflowConfig, KubeflowTrainingService, KubernetesCredentials, "kubernetes")

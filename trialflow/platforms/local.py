@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
@@ -48,8 +47,11 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
+from .errors import RetryPolicy
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .inherited_env import inherited_environment
+from .local_config import LocalConfig
+from .platform_row import Platform
 from .report_desk import ReportDesk
 from .share import OUTPUT_DIR, Share
 from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
@@ -294,3 +296,6 @@ def _checked(gpu: GpuScheduler, config: LocalConfig) -> None:
         gpu.check(config.trial_gpu_number or 0)
     except GpuError as exc:
         raise PlatformError(str(exc)) from None
+
+
+PLATFORM = Platform(LocalConfig, LocalTrainingService, retry=RetryPolicy(retries=3, delay=0.2))

@@ -48,9 +48,10 @@ from urllib.parse import quote
 import yaml
 
 from ..blocks import OpenPAICredentials, load_block
-from ..config.platforms import OpenpaiConfig
 from .base import PlatformError, TrialStatus
 from .mounted_share import MountedShare
+from .openpai_config import OpenpaiConfig
+from .platform_row import Platform
 from .rest_api import RestApi, reveal
 from .rest_jobs import RestJobService
 
@@ -240,3 +241,6 @@ class OpenPAITrainingService(RestJobService[OpenpaiConfig]):
         self.api.call("PUT", f"{self._job_path(name)}/executionType", ok=(200, 202), absent=(404,),
                       json={"value": "STOP"})
         self.forget_state(name)
+
+
+PLATFORM = Platform(OpenpaiConfig, OpenPAITrainingService, OpenPAICredentials)

@@ -57,12 +57,13 @@ from uuid import UUID
 from prefect.blocks.system import Secret
 from pydantic import SecretStr
 
-from ..config.platforms import PrefectPoolConfig
 from ..trial.procs import read_json
 from ..trial.protocol import PARAMETER_FILE
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare
+from .platform_row import Platform
+from .prefect_pool_config import PrefectPoolConfig
 from .rest_jobs import RestJobService
 
 RUNNER_FLOW = "trialflow-trial"
@@ -359,3 +360,6 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         except Exception as exc:  # noqa: BLE001 -- a deployment left behind is no reason to fail the run
             log.warning("the trial runner's deployment could not be removed (%s): `prefect deployment delete "
                         "%s/trialflow-%s` removes it", exc, RUNNER_FLOW, self.experiment_id)
+
+
+PLATFORM = Platform(PrefectPoolConfig, PrefectWorkPoolService)  # the controller's own Prefect API: no credentials

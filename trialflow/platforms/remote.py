@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..config import RemoteConfig
+from ..blocks import SSHCredentials
 from ..trial.keeper import assign_gpus
 from ..trial.procs import stat_alive, stat_fields
 from ..trial.protocol import (
@@ -64,6 +64,8 @@ from .base import (
 from .gpu import GpuError
 from .local import trial_env
 from .ownership import claim
+from .platform_row import Platform
+from .remote_config import RemoteConfig
 from .remote_machine import Placements, RemoteMachine, clean_machines, machine_key
 from .runtime_files import check_version
 from .share import MOUNT_CONFIG, OUTPUT_DIR, Share
@@ -394,3 +396,6 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
                     log.warning("the reuse worker on %s was not asked to stop (%s); it leaves after %.0f s without "
                                 "a heartbeat", machine.key, exc, self.worker_idle_timeout)
             machine.conn.close()
+
+
+PLATFORM = Platform(RemoteConfig, RemoteTrainingService, SSHCredentials)

@@ -18,11 +18,11 @@ asks Slurm for its partitions (a cluster that does not answer fails here with a 
 ``upload_code()`` extracts the code bundle once per content hash. ``submit`` writes the trial
 directory, then its batch script, then calls ``sbatch`` for a job named ``tf-<experiment>-<trial>``
 (``-r<n>`` for the n-th resubmission): a retried submit finds the job by that name first, and the
-script claims the trial before running it, so a requeued job never runs a trial twice. ``poll``
-reads Slurm's view of every job of the experiment (one ``squeue`` per second, taken before the
-trial's files are read) and the trial's files; ``cancel`` is ``scancel`` (reuse: a kill request to
-the environment's worker). ``close()`` stops the idle environments and cancels those of
-cancelled trials; running trials are not touched.
+job's keeper (``keeper --batch``, the trial protocol's claim) claims the trial before running it, so a
+requeued job never runs a trial twice. ``poll`` reads Slurm's view of every job of the experiment
+(one ``squeue`` per second, taken before the trial's files are read) and the trial's files;
+``cancel`` is ``scancel`` (reuse: a kill request to the environment's worker). ``close()`` stops the
+idle environments and cancels those of cancelled trials; running trials are not touched.
 
 State table: Slurm's job state, with the trial's own record (its keeper's exit code):
 
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..config.platforms import SlurmConfig
+from ..blocks import SSHCredentials
 from ..trial.protocol import HEARTBEAT_SECONDS, META_DIR, STARTED, WORKER_IDLE_TIMEOUT
 from .base import (
     CodeRef,
@@ -72,8 +72,10 @@ from .base import (
 )
 from .local import trial_env
 from .ownership import claim
+from .platform_row import Platform
 from .remote_machine import RemoteMachine, clean_machines
 from .runtime_files import check_version
+from .slurm_config import SlurmConfig
 from .slurm_scheduler import SlurmJob, SlurmScheduler
 from .trialdir import (
     EnvironmentDir,
@@ -196,14 +198,9 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         if self.reuse:
             return self._enqueue(spec, payload)
         login.run(login.command("keeper", "--submit"), json.dumps(dict(payload, hold=True)).encode())
-        login.fs.write(posixpath.join(meta, "attempt"), str(spec.attempt).encode())
         script = posixpath.join(meta, f"slurm-{spec.attempt}.sh")
-        login.fs.write(script, self.batch_script(trial_dir, "\n".join([
-            f'[ "$(cat .nni/attempt 2>/dev/null)" = {spec.attempt} ] || exit 0  # a later attempt took over',
-            "if ! (set -C; : > .nni/keeper.lock) 2>/dev/null; then",
-            "  echo 'trialflow: this trial was started by an earlier run of this job; not twice' >&2; exit 0",
-            "fi",
-            self.runtime_command("keeper", trial_dir)])).encode(), 0o700)
+        login.fs.write(script, self.batch_script(trial_dir, self.runtime_command(
+            "keeper", "--batch", trial_dir, str(spec.attempt))).encode(), 0o700)
         name = self.job_name(spec.trial_id, spec.attempt)
         job_id = self.scheduler.sbatch(name, script, [f"--output={meta}/slurm-{spec.attempt}.log",
                                                       "--open-mode=append"])
@@ -416,3 +413,6 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
                             env.id, exc, self.worker_idle_timeout)
         self.envs.clear()
         self.login.conn.close()
+
+
+PLATFORM = Platform(SlurmConfig, SlurmTrainingService, SSHCredentials)  # the block: its SSH route to a login node

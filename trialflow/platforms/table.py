@@ -1,86 +1,38 @@
-"""THE platform table: one row per platform -- its config model (the row's name comes from it), its
-service class, its credentials block, the pip extra it needs and its retry policy. The service
-factory, the list of available platforms in error messages and the Prefect tasks' retries read it;
-the config loader's union and the v1 converter read ``trialflow.config.PLATFORM_CONFIGS`` (the
-config layer sits below this one), and a test holds the two to the same names.
+"""THE platform table: one row per platform (:class:`~.platform_row.Platform`: config model, service
+class, credentials block, pip extra, retry policy). The service factory, the list of available
+platforms in error messages and the Prefect tasks' retries read it.
 
-Platforms of other packages add their row through the ``trialflow.platforms`` entry point
-(``trialflow.config.plugins``); :func:`platform` and :func:`available` include them.
-A new built-in platform adds the files listed in ``docs/platforms.md#adding-a-platform``. Nothing in
-``tasks/``, ``flows/`` or the other platforms changes.
+The built-in rows are the config loader's sections (``trialflow.config.PLATFORM_CONFIGS``, in the
+config layer below this one), each paired with its service: the section model of
+``platforms/<name>_config.py`` runs in the service module ``platforms/<name>.py``, whose ``PLATFORM`` is
+its row -- the shape a plugin package has. Platforms of other packages add their row through the
+``trialflow.platforms`` entry point (``trialflow.config.plugins``); :func:`platform` and
+:func:`available` include them. A new built-in platform adds the files listed in
+``docs/platforms.md#adding-a-platform``; nothing in ``tasks/``, ``flows/`` or the other platforms changes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
 from pathlib import Path
 
-from prefect.blocks.core import Block
-
-from ..blocks import (
-    AzureMLCredentials,
-    DLTSCredentials,
-    KubernetesCredentials,
-    OpenPAICredentials,
-    PAIDLCCredentials,
-    SSHCredentials,
-)
 from ..config import PLATFORM_CONFIGS, TrainingServiceConfig
-from ..config.platforms import (
-    AdlConfig,
-    AmlConfig,
-    DlcConfig,
-    DltsConfig,
-    FrameworkControllerConfig,
-    KubeflowConfig,
-    LocalConfig,
-    OpenpaiConfig,
-    PrefectPoolConfig,
-    RemoteConfig,
-    SlurmConfig,
-)
-from .adaptdl import AdaptDLTrainingService
-from .aml import AzureMLTrainingService
 from .base import TrainingService
-from .dlc import DLCTrainingService
-from .dlts import DLTSTrainingService
-from .errors import PlatformError, RetryPolicy
-from .frameworkcontroller import FrameworkControllerTrainingService
-from .kubeflow import KubeflowTrainingService
-from .local import LocalTrainingService
-from .openpai import OpenPAITrainingService
-from .prefect_pool import PrefectWorkPoolService
-from .remote import RemoteTrainingService
-from .slurm import SlurmTrainingService
+from .errors import PlatformError
+from .platform_row import Platform
 
 
-@dataclass(frozen=True)
-class Platform:
-    config: type[TrainingServiceConfig]
-    service: type[TrainingService] | None  # None: its config validates, but this version cannot run it (create says so)
-    block: type[Block] | None = None
-    extra: str | None = None  # ``pip install 'trialflow[<extra>]'``
-    retry: RetryPolicy = RetryPolicy()
-
-    @property
-    def name(self) -> str:
-        return str(self.config.model_fields["platform"].default)
+def _built_in_row(name: str, config: type[TrainingServiceConfig]) -> Platform:
+    """The row of the built-in platform whose section model is ``config``: the ``PLATFORM`` of the
+    service module beside the model's module. Raises ImportError when the pair is broken."""
+    module = importlib.import_module(config.__module__.removesuffix("_config"))
+    row = getattr(module, "PLATFORM", None)
+    if not isinstance(row, Platform) or row.config is not config or row.name != name:
+        raise ImportError(f"{module.__name__} defines no PLATFORM row for the {name!r} section {config.__name__}")
+    return row
 
 
-_ROWS = (
-    Platform(LocalConfig, LocalTrainingService, retry=RetryPolicy(retries=3, delay=0.2)),
-    Platform(RemoteConfig, RemoteTrainingService, SSHCredentials),
-    Platform(KubeflowConfig, KubeflowTrainingService, KubernetesCredentials, "kubernetes"),
-    Platform(FrameworkControllerConfig, FrameworkControllerTrainingService, KubernetesCredentials, "kubernetes"),
-    Platform(AdlConfig, AdaptDLTrainingService, KubernetesCredentials, "kubernetes"),
-    Platform(OpenpaiConfig, OpenPAITrainingService, OpenPAICredentials),
-    Platform(DltsConfig, DLTSTrainingService, DLTSCredentials),
-    Platform(AmlConfig, AzureMLTrainingService, AzureMLCredentials, "aml"),
-    Platform(DlcConfig, DLCTrainingService, PAIDLCCredentials, "dlc"),
-    Platform(PrefectPoolConfig, PrefectWorkPoolService),  # the controller's own Prefect API: no credentials
-    Platform(SlurmConfig, SlurmTrainingService, SSHCredentials),  # the block: its SSH route to a login node
-)
-PLATFORMS: dict[str, Platform] = {row.name: row for row in _ROWS}
+PLATFORMS: dict[str, Platform] = {name: _built_in_row(name, config) for name, config in PLATFORM_CONFIGS.items()}
 
 
 _SKIPPED: set[str] = set()  # plugin rows already warned about
@@ -130,5 +82,3 @@ def create_service(config: TrainingServiceConfig, experiment_dir: Path) -> Train
                             f"trialflow; available: {', '.join(available())}")
     return row.service(config, experiment_dir)  # type: ignore[call-arg]
 
-
-assert set(PLATFORMS) == set(PLATFORM_CONFIGS), "the platform table and PLATFORM_CONFIGS name different platforms"

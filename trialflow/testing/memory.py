@@ -42,7 +42,6 @@ import types
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config.platforms import TrainingServiceConfig
 from ..platforms.base import (
     CodeRef,
     LostHandleError,
@@ -53,6 +52,7 @@ from ..platforms.base import (
     TrialStatus,
     TrialUpdate,
 )
+from ..platforms.base_config import TrainingServiceConfig
 from ..platforms.local import trial_env
 from ..platforms.trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 from ..trial.procs import write_atomic
@@ -338,6 +338,6 @@ class MemoryTrainingService(TrainingService[MemoryConfig]):
 def register() -> None:
     """Make ``platform: memory`` known to this process (the config loader and the platform table)."""
     from ..config.plugins import register_platform
-    from ..platforms.table import Platform
+    from ..platforms.platform_row import Platform
 
     register_platform(Platform(MemoryConfig, MemoryTrainingService))

@@ -14,6 +14,8 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
 * ``... keeper --pod <trial dir> <role> <primary role> [<attempt>]``: a cluster job's replica, in the foreground
   (see :func:`pod`); paths in a ``located`` ``keeper.json`` are relative to the trial directory;
+* ``... keeper --batch <trial dir> <attempt>``: a batch job's run of the trial (Slurm), in the foreground
+  (see :func:`batch`);
 * ``... keeper --version``: print the runtime's version.
 
 Files in ``<trial dir>/.nni/`` (written atomically):
@@ -57,7 +59,7 @@ from .protocol import (
     STDOUT_FILE,
 )
 
-__all__ = ["assign_gpus", "claim", "execute", "kill_trial", "pod", "process_record", "run", "runtime_version",
+__all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "pod", "process_record", "run", "runtime_version",
            "write_atomic", "write_trial_files"]
 
 
@@ -179,16 +181,9 @@ def pod(trial_dir: str, role: str, primary: str, attempt: int | None = None) -> 
     primary replica: ``sole_primary``) runs nothing and exits 1, a code no operator retries: the
     trial's run was stopped, it runs again only as a new job."""
     trial_dir = os.path.abspath(trial_dir)
-    try:  # the spec and the claim in one directory, even if a later run moves it aside meanwhile
-        meta = os.open(os.path.join(trial_dir, META_DIR), os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        meta = None
+    meta, spec = _meta_and_spec(trial_dir)
     try:
-        spec = (read_json(KEEPER_SPEC, dir_fd=meta) if meta is not None else None) or {}
-        if attempt is not None and (not spec or int(spec.get("attempt", 0)) != attempt):
-            taker = f"run {spec['attempt']}" if spec else "a later run (its spec is not written yet)"
-            print(f"trialflow: {taker} of this trial took over from run {attempt}; this replica runs nothing",
-                  file=sys.stderr)
+        if _taken_over(spec, attempt, "replica"):
             return 0
         host = os.environ.get("HOSTNAME", "")
         claimed = role == primary and meta is not None and claim(trial_dir, host, meta_fd=meta)
@@ -211,6 +206,47 @@ def pod(trial_dir: str, role: str, primary: str, attempt: int | None = None) -> 
     code = subprocess.call(["/bin/bash", "-c", command], cwd=cwd, env={**os.environ, **env},
                            stdin=subprocess.DEVNULL)
     return 128 - code if code < 0 else code
+
+
+def batch(trial_dir: str, attempt: int) -> int:
+    """A batch job's run of the trial (Slurm), in the foreground: the trial runs once, in the job made
+    for run ``attempt``. A job whose trial a later run took over runs nothing, nor does a job run again
+    by its scheduler (a requeue) once an earlier run of it started the trial; both exit 0. Otherwise the
+    exit code is the keeper's (0: the trial's own is in ``state``)."""
+    trial_dir = os.path.abspath(trial_dir)
+    meta, spec = _meta_and_spec(trial_dir)
+    try:
+        if _taken_over(spec, attempt, "job"):
+            return 0
+        if meta is None or not claim(trial_dir, os.environ.get("SLURM_JOB_ID", ""), meta_fd=meta):
+            print("trialflow: this trial was started by an earlier run of this job; not twice", file=sys.stderr)
+            return 0
+    finally:
+        if meta is not None:
+            os.close(meta)
+    return run(trial_dir)
+
+
+def _meta_and_spec(trial_dir: str) -> tuple[int | None, dict]:
+    """The trial's meta directory, open (None when missing; the caller closes it), and the keeper spec
+    in it ({} when missing): the spec is read and the claim made in one directory, even if a later run
+    moves it aside meanwhile."""
+    try:
+        meta = os.open(os.path.join(trial_dir, META_DIR), os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None, {}
+    return meta, read_json(KEEPER_SPEC, dir_fd=meta) or {}
+
+
+def _taken_over(spec: dict, attempt: int | None, runner: str) -> bool:
+    """Whether a later run of the trial took its directory over from run ``attempt`` (said on stderr,
+    naming the ``runner`` that then runs nothing)."""
+    if attempt is None or (spec and int(spec.get("attempt", 0)) == attempt):
+        return False
+    taker = f"run {spec['attempt']}" if spec else "a later run (its spec is not written yet)"
+    print(f"trialflow: {taker} of this trial took over from run {attempt}; this {runner} runs nothing",
+          file=sys.stderr)
+    return True
 
 
 def write_trial_files(payload: dict) -> str:
@@ -311,13 +347,15 @@ def main(argv: list[str]) -> int:
         return 0 if payload.get("hold") else detach(trial_dir)
     if argv[:1] == ["--pod"] and len(argv) in (4, 5) and (len(argv) == 4 or argv[4].isdigit()):
         return pod(argv[1], argv[2], argv[3], int(argv[4]) if len(argv) == 5 else None)
+    if argv[:1] == ["--batch"] and len(argv) == 3 and argv[2].isdigit():
+        return batch(argv[1], int(argv[2]))
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
     if len(argv) == 1:
         return run(argv[0])
     print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> [attempt] | "
-          "--kill <trial dir> <grace> | --version",
+          "--batch <trial dir> <attempt> | --kill <trial dir> <grace> | --version",
           file=sys.stderr)
     return 2
 
