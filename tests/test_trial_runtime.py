@@ -304,3 +304,22 @@ def test_a_batch_job_runs_its_trial_once_and_a_job_of_an_earlier_run_nothing(tmp
     assert "took over from run 0; this job runs nothing" in capsys.readouterr().err
     assert not (trial / META_DIR / KEEPER_LOCK).exists() and (trial / "ran").read_text() == "x\n"
     assert batch(str(trial), 1) == 0 and (trial / "ran").read_text() == "x\ny\n"
+
+
+def test_a_trial_cancelled_before_its_batch_job_ran_never_starts(tmp_path, capsys):
+    """Slurm's cancel of a job that had not run yet: the trial is claimed with its end recorded, so a late
+    (or requeued) run of the job runs nothing; a trial already started, or gone, is left as it is."""
+    from trialflow.trial.keeper import batch, main
+    from trialflow.trial.procs import write_atomic
+    from trialflow.trial.protocol import KEEPER_SPEC, META_DIR, STATE
+
+    trial = tmp_path / "trials" / "Never1"
+    (trial / META_DIR).mkdir(parents=True)
+    write_atomic(str(trial / META_DIR / KEEPER_SPEC), json.dumps({"command": "touch ran", "cwd": str(trial),
+                                                                  "env": {}, "attempt": 0}))
+    assert main(["--never-start", str(trial)]) == 0
+    assert json.loads((trial / META_DIR / STATE).read_text())["never_started"] is True
+    assert batch(str(trial), 0) == 0 and not (trial / "ran").exists()
+    assert "not twice" in capsys.readouterr().err
+    assert main(["--never-start", str(tmp_path / "trials" / "Gone1")]) == 0
+    assert not (tmp_path / "trials" / "Gone1").exists()

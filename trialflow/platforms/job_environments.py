@@ -1,5 +1,7 @@
-"""Reuse-mode environments of a job platform (``reuseMode: true``): each is one long-lived job
-running the reuse worker on the share, taking the trials queued to it as files one at a time.
+"""Reuse-mode environments (``reuseMode: true``): each is one long-lived job running the reuse worker,
+taking the trials queued to it as files one at a time. :class:`EnvironmentTable` is what every platform
+with environments keeps alike (Slurm uses it directly); :class:`EnvironmentPool` the environments of a
+job platform on a share.
 
 Lifecycle. :meth:`EnvironmentPool.submit` queues a trial to an idle environment, or starts a new one
 when none is idle (so never more environments than trials in flight); a retried submit starts the
@@ -19,6 +21,7 @@ import logging
 import secrets
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +50,7 @@ class Environment:
     job: str
     trial: str | None = None
     ended: str | None = None  # why the job is gone
+    job_id: str = ""  # the platform's own id of the job, where it is not its name (Slurm's job id)
     token: str | None = None  # its metrics token (HTTP channel), kept to grant each new trial
     checked: float = 0.0
     started: bool = True  # False until the platform accepted its job (a failed start is retried as is)
@@ -73,15 +77,70 @@ class JobHost(Protocol):
     def delete_token(self, name: str) -> None: ...
 
 
-class EnvironmentPool:
-    """The environments of one service (its jobs, tokens and share)."""
+class EnvironmentTable(ABC):
+    """A service's reuse environments by id and the trial each runs, what every platform with reuse
+    environments keeps alike (job platforms through :class:`EnvironmentPool`, Slurm directly): which
+    environment runs a trial, freeing it when the trial ended, and the heartbeat every running one
+    gets. Starting an environment and telling that its job is gone are the platform's.
+
+    Thread-safety: the table is shared by every trial's poll; it is guarded by one lock, and no
+    platform call is made while holding it."""
+
+    def __init__(self) -> None:
+        self.envs: dict[str, Environment] = {}
+        self.lock = threading.Lock()  # held to read or change ``envs``
+        self._last_heartbeat = 0.0
+
+    @abstractmethod
+    def files(self, env_id: str) -> EnvironmentDir:
+        """The folder environment ``env_id`` takes its trials from (its queue, kill requests, heartbeat)."""
+
+    def assign(self, handle: TrialHandle) -> Environment:
+        """The environment the handle names, now running its trial (known again after a restart)."""
+        with self.lock:
+            env = self.envs.get(str(handle.data.get("env")))
+            if env is None:
+                env = self.envs[handle.data["env"]] = Environment(handle.data["env"], handle.data["job"],
+                                                                  job_id=str(handle.data.get("job_id", "")))
+            env.trial = handle.trial_id
+            return env
+
+    def ended(self, env_id: str) -> bool:
+        """Whether environment ``env_id`` is known gone: its worker runs nothing of ours."""
+        with self.lock:
+            env = self.envs.get(env_id)
+            return env is not None and env.ended is not None
+
+    def release(self, trial_id: str, gone: str | None = None) -> None:
+        """The trial ended: its environment takes the next one; ``gone`` says why it takes none any more."""
+        with self.lock:
+            for env in self.envs.values():
+                if env.trial == trial_id:
+                    env.trial = None
+                    env.ended = env.ended or gone
+
+    def heartbeat(self) -> None:
+        """Tell every running environment that its controller lives (at most every few seconds); a beat
+        not written is logged and tried again at the next (the worker leaves only after its idle timeout)."""
+        if time.monotonic() - self._last_heartbeat < HEARTBEAT_SECONDS:
+            return
+        self._last_heartbeat = time.monotonic()
+        for env in list(self.envs.values()):
+            if env.ended is None:
+                try:
+                    self.files(env.id).heartbeat()
+                except (OSError, PlatformError) as exc:
+                    log.warning("environment %s: heartbeat not written (%s); retrying in %.0f s", env.id, exc,
+                                HEARTBEAT_SECONDS)
+
+
+class EnvironmentPool(EnvironmentTable):
+    """The environments of one job platform service (its jobs, tokens and share)."""
 
     def __init__(self, service: JobHost) -> None:
+        super().__init__()
         self.service = service
-        self.envs: dict[str, Environment] = {}
         self.idle_timeout = WORKER_IDLE_TIMEOUT
-        self._lock = threading.Lock()
-        self._last_heartbeat = 0.0
 
     def folder(self, env_id: str) -> Path:
         return self.service.storage.path(self.service.experiment_id, "envs", env_id)
@@ -105,7 +164,7 @@ class EnvironmentPool:
     def _free_environment(self, trial_id: str) -> Environment:
         """An idle environment, now running ``trial_id``; a new one when none is idle."""
         service = self.service
-        with self._lock:
+        with self.lock:
             pending = next((e for e in self.envs.values() if e.trial == trial_id and not e.started), None)
             if pending is None:  # a retried submit starts the same environment again, never a second one
                 for env in self.envs.values():
@@ -126,28 +185,6 @@ class EnvironmentPool:
         service.start_job(env.job, ids, {next(iter(service.roles())): command}, f"{env.job}-token")
         env.started = True
         return env
-
-    def assign(self, handle: TrialHandle) -> Environment:
-        """The environment the handle names, now running its trial (known again after a restart)."""
-        with self._lock:
-            env = self.envs.get(str(handle.data.get("env")))
-            if env is None:
-                env = self.envs[handle.data["env"]] = Environment(handle.data["env"], handle.data["job"])
-            env.trial = handle.trial_id
-            return env
-
-    def ended(self, env_id: str) -> bool:
-        """Whether environment ``env_id`` is known gone (:meth:`gone`): its worker runs nothing of ours."""
-        with self._lock:
-            env = self.envs.get(env_id)
-            return env is not None and env.ended is not None
-
-    def release(self, trial_id: str) -> None:
-        """The trial ended: its environment takes the next one."""
-        with self._lock:
-            for env in self.envs.values():
-                if env.trial == trial_id:
-                    env.trial = None
 
     def gone(self, env: Environment, force: bool = False) -> str | None:
         """Why the environment's job is gone (deleted, ended, or run again in place by the platform),
@@ -170,19 +207,6 @@ class EnvironmentPool:
         env.ended = why
         self.files(env.id).stop()
         return why
-
-    def heartbeat(self) -> None:
-        """Tell every running environment that its controller lives (at most every few seconds)."""
-        if time.monotonic() - self._last_heartbeat < HEARTBEAT_SECONDS:
-            return
-        self._last_heartbeat = time.monotonic()
-        for env in list(self.envs.values()):
-            if env.ended is None:
-                try:
-                    self.files(env.id).heartbeat()
-                except OSError as exc:  # the worker leaves only after the idle timeout; the next beat retries
-                    log.warning("environment %s: heartbeat not written (%s); retrying in %.0f s", env.id, exc,
-                                HEARTBEAT_SECONDS)
 
     def close(self) -> None:
         """Stop and delete every environment's job and token; one that cannot be deleted is logged

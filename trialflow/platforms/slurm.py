@@ -51,14 +51,12 @@ import posixpath
 import shlex
 import shutil
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..blocks import SSHCredentials
-from ..trial.protocol import HEARTBEAT_SECONDS, META_DIR, STARTED, WORKER_IDLE_TIMEOUT
+from ..trial.protocol import META_DIR, STARTED, WORKER_IDLE_TIMEOUT
 from .base import (
     CodeRef,
     LostHandleError,
@@ -70,6 +68,7 @@ from .base import (
     TrialStatus,
     TrialUpdate,
 )
+from .job_environments import Environment, EnvironmentTable
 from .local import trial_env
 from .ownership import claim
 from .platform_row import Platform
@@ -96,15 +95,17 @@ INTERRUPTED_STATES = {"PREEMPTED", "NODE_FAIL", "REQUEUED", "REQUEUE_FED"}
 FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT"}
 
 
-@dataclass
-class SlurmEnvironment:
-    """A reuse-mode job running the worker; it runs one trial at a time."""
+class SlurmEnvironments(EnvironmentTable):
+    """The reuse-mode jobs of one Slurm service, each running the worker (one trial at a time) in its
+    folder under the experiment's ``envs/`` on the cluster."""
 
-    id: str
-    job: str
-    job_id: str = ""
-    trial: str | None = None
-    ended: str | None = None
+    def __init__(self, service: SlurmTrainingService) -> None:
+        super().__init__()
+        self.service = service
+
+    def files(self, env_id: str) -> EnvironmentDir:
+        login = self.service.login
+        return EnvironmentDir(login.fs, posixpath.join(login.root, self.service.experiment_id, "envs", env_id))
 
 
 class SlurmTrainingService(TrainingService[SlurmConfig]):
@@ -119,11 +120,10 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         self.worker_idle_timeout = worker_idle_timeout
         self.scheduler = SlurmScheduler(config, self.experiment_id)
         self.login = self.scheduler.login
-        self.envs: dict[str, SlurmEnvironment] = {}
+        self.environments = SlurmEnvironments(self)
         self._cancelled: dict[str, TrialStatus] = {}
         self._lock = threading.Lock()
         self._ready = False
-        self._last_heartbeat = 0.0
 
     # ---- the login node and batch scripts -------------------------------------------------------
 
@@ -210,14 +210,15 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
     def _enqueue(self, spec: TrialSpec, payload: dict[str, Any]) -> TrialHandle:
         """Reuse: queue the trial to an idle environment, or to a new one (named after its first
         trial, so a retried submit finds the same job)."""
-        with self._lock:
-            env = next((e for e in self.envs.values() if e.trial == spec.trial_id), None) or \
-                next((e for e in self.envs.values() if e.trial is None and e.ended is None), None)
+        envs = self.environments
+        with envs.lock:
+            env = next((e for e in envs.envs.values() if e.trial == spec.trial_id), None) or \
+                next((e for e in envs.envs.values() if e.trial is None and e.ended is None), None)
             if env is None:
                 ident = spec.trial_id + (f"-r{spec.attempt}" if spec.attempt else "")
-                env = self.envs[ident] = SlurmEnvironment(ident, self.job_name(f"env-{ident}"))
+                env = envs.envs[ident] = Environment(ident, self.job_name(f"env-{ident}"))
             env.trial = spec.trial_id
-        files = self._env_files(env)
+        files = envs.files(env.id)
         if not env.job_id:
             try:
                 files.fs.makedirs(files.path)
@@ -228,25 +229,12 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
                 env.job_id = self.scheduler.sbatch(env.job, posixpath.join(files.path, "job.sh"),
                                          [f"--output={files.path}/slurm.log", "--open-mode=append"])
             except PlatformError:
-                with self._lock:
+                with envs.lock:
                     env.trial = None
                 raise
         files.enqueue(spec.trial_id, payload)
         return TrialHandle(spec.trial_id, self.platform, {"job": env.job, "job_id": env.job_id, "env": env.id,
                                                           "trial_dir": payload["trial_dir"], "reuse": True})
-
-    def _env_files(self, env: SlurmEnvironment) -> EnvironmentDir:
-        return EnvironmentDir(self.login.fs, posixpath.join(self.login.root, self.experiment_id, "envs", env.id))
-
-    def _environment(self, handle: TrialHandle) -> SlurmEnvironment:
-        """The environment a reuse handle names, running its trial (known again after a restart)."""
-        with self._lock:
-            env = self.envs.get(handle.data["env"])
-            if env is None:
-                env = self.envs[handle.data["env"]] = SlurmEnvironment(handle.data["env"], handle.data["job"],
-                                                                        handle.data.get("job_id", ""))
-            env.trial = handle.trial_id
-            return env
 
     # ---- poll --------------------------------------------------------------------------------
 
@@ -255,7 +243,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         reuse, trial_dir = bool(handle.data.get("reuse")), str(handle.data.get("trial_dir", ""))
         job = self.scheduler.job(str(handle.data.get("job", "")))  # before the files: an ended job's record is there
         if reuse:
-            self._heartbeat()
+            self.environments.heartbeat()
         found = read_trial(login.fs, trial_dir, int(cursor.get("metrics_offset", 0)), handle.trial_id)
         cursor = {"metrics_offset": found.offset}
         names, state, cancelled = found.names, found.state, self._cancelled.get(handle.trial_id)
@@ -309,25 +297,10 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
                            (f"; stderr tail:\n{tail}" if tail else ""), errors)
 
     def _ended(self, handle: TrialHandle, update: TrialUpdate | None) -> TrialUpdate:
-        """Free the trial's environment (reuse) once its end is known."""
-        with self._lock:
-            env = self.envs.get(str(handle.data.get("env")))
-            if env is not None and env.trial == handle.trial_id:
-                env.trial = None
-                if update is None:  # the environment itself was interrupted: it takes no more trials
-                    env.ended = "interrupted"
+        """Free the trial's environment (reuse) once its end is known; ``None``: the environment itself
+        was interrupted and takes no more trials."""
+        self.environments.release(handle.trial_id, None if update is not None else "interrupted")
         return update  # type: ignore[return-value]
-
-    def _heartbeat(self) -> None:
-        if time.monotonic() - self._last_heartbeat < HEARTBEAT_SECONDS:
-            return
-        self._last_heartbeat = time.monotonic()
-        for env in list(self.envs.values()):
-            if env.ended is None:
-                try:
-                    self._env_files(env).heartbeat()
-                except PlatformError as exc:  # the worker leaves only after its idle timeout
-                    log.warning("environment %s: heartbeat not written (%s)", env.id, exc)
 
     # ---- cancel, adopt, logs, close ----------------------------------------------------------
 
@@ -335,8 +308,8 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         self._ensure_login()
         self._cancelled[handle.trial_id] = reason
         if handle.data.get("reuse"):
-            env = self._environment(handle)
-            files = self._env_files(env)
+            env = self.environments.assign(handle)
+            files = self.environments.files(env.id)
             files.dequeue(handle.trial_id)
             files.kill(handle.trial_id, handle.data["trial_dir"])
             job = self.scheduler.job(env.job)
@@ -346,16 +319,13 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             return
         self.scheduler.scancel(str(handle.data.get("job_id", "")))
         # a trial whose job had not started yet is claimed here, so no late (or requeued) run starts it
-        meta = posixpath.join(str(handle.data.get("trial_dir", "")), META_DIR)
-        self.login.conn.run(f"cd {_q(meta)} 2>/dev/null && (set -C; : > keeper.lock) 2>/dev/null && "
-                            f"echo '{{\"exit_code\": null, \"never_started\": true}}' > state.tmp && "
-                            "mv state.tmp state")
+        self.login.conn.run(self.login.command("keeper", "--never-start", str(handle.data.get("trial_dir", ""))))
 
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach after a restart: a reuse trial's environment is known again."""
         self._ensure_login()
         if handle.data.get("reuse"):
-            self._environment(handle)
+            self.environments.assign(handle)
 
     def logs(self, handle: TrialHandle, tail: int | None = None) -> dict[str, str]:
         """The trial's logs, copied into the local trial directory first (over SFTP with ``host``)."""
@@ -401,17 +371,17 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         those whose trial was cancelled (a Ctrl-C or stop leaves no allocation behind); environments
         running a trial are left alone and leave after their idle timeout once no heartbeat comes.
         Close the login connection."""
-        for env in list(self.envs.values()):
+        for env in list(self.environments.envs.values()):
             if env.ended is not None or (env.trial is not None and env.trial not in self._cancelled):
                 continue
             try:
-                self._env_files(env).stop()
+                self.environments.files(env.id).stop()
                 if env.trial is not None:
                     self.scheduler.scancel(env.job_id)
             except PlatformError as exc:
                 log.warning("environment %s was not stopped (%s); it leaves after %.0f s without a heartbeat",
                             env.id, exc, self.worker_idle_timeout)
-        self.envs.clear()
+        self.environments.envs.clear()
         self.login.conn.close()
 
 

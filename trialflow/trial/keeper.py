@@ -12,6 +12,8 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   command per trial;
 * ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
+* ``... keeper --never-start <trial dir>``: a trial whose keeper has not started never will (a batch job
+  cancelled before it ran; see :func:`never_start`);
 * ``... keeper --pod <trial dir> <role> <primary role> [<attempt>]``: a cluster job's replica, in the foreground
   (see :func:`pod`); paths in a ``located`` ``keeper.json`` are relative to the trial directory;
 * ``... keeper --batch <trial dir> <attempt>``: a batch job's run of the trial (Slurm), in the foreground
@@ -59,8 +61,8 @@ from .protocol import (
     STDOUT_FILE,
 )
 
-__all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "pod", "process_record", "run", "runtime_version",
-           "write_atomic", "write_trial_files"]
+__all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "never_start", "pod", "process_record", "run",
+           "runtime_version", "write_atomic", "write_trial_files"]
 
 
 def runtime_version() -> str:
@@ -310,14 +312,22 @@ def detach(trial_dir: str) -> int:
     os._exit(code)
 
 
+def never_start(trial_dir: str) -> bool:
+    """Make sure a trial whose keeper has not started never will, its end recorded as never started;
+    True when so, False when a keeper already claimed it or the trial has no meta directory."""
+    meta_dir = os.path.join(trial_dir, META_DIR)
+    if not os.path.isdir(meta_dir) or not claim(trial_dir):
+        return False
+    write_atomic(os.path.join(meta_dir, STATE), {"exit_code": None, "end_time": time.time(), "never_started": True})
+    return True
+
+
 def kill_trial(trial_dir: str, grace: float) -> None:
     """Stop the trial: if its keeper never started, make sure it never will (and record the end);
     otherwise stop its process group unless it already ended (pid checked with its start time)."""
     meta_dir = os.path.join(trial_dir, META_DIR)
     os.makedirs(meta_dir, exist_ok=True)
-    if claim(trial_dir):
-        write_atomic(os.path.join(meta_dir, STATE),
-                     {"exit_code": None, "end_time": time.time(), "never_started": True})
+    if never_start(trial_dir):
         return
     deadline = time.monotonic() + 10.0  # a keeper that just won the claim writes its pid at once
     info = read_json(os.path.join(meta_dir, KEEPER_PID))
@@ -349,13 +359,16 @@ def main(argv: list[str]) -> int:
         return pod(argv[1], argv[2], argv[3], int(argv[4]) if len(argv) == 5 else None)
     if argv[:1] == ["--batch"] and len(argv) == 3 and argv[2].isdigit():
         return batch(argv[1], int(argv[2]))
+    if argv[:1] == ["--never-start"] and len(argv) == 2:
+        never_start(argv[1])
+        return 0
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
     if len(argv) == 1:
         return run(argv[0])
     print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> [attempt] | "
-          "--batch <trial dir> <attempt> | --kill <trial dir> <grace> | --version",
+          "--batch <trial dir> <attempt> | --never-start <trial dir> | --kill <trial dir> <grace> | --version",
           file=sys.stderr)
     return 2
 
