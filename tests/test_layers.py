@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from fnmatch import fnmatchcase
+from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trialflow"
@@ -14,6 +15,7 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 ROOT = ""  # the package root (its version; the public API, imported by name): the bottom layer
 
 
+@cache
 def patterns() -> list[str]:
     """The table's module patterns (``platforms/*_config``): modules matching one form a unit of their own,
     apart from their package's."""
@@ -21,6 +23,7 @@ def patterns() -> list[str]:
     return sorted({n for n in re.findall(r"`([^`]+)`", text) if "*" in n})
 
 
+@cache
 def _modules() -> list[str]:
     """Every module of the package, as its path inside the package without ``.py``."""
     return ["/".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")]
