@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-from fnmatch import fnmatchcase
-from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trialflow"
@@ -15,37 +13,11 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 ROOT = ""  # the package root (its version; the public API, imported by name): the bottom layer
 
 
-@cache
-def patterns() -> list[str]:
-    """The table's module patterns (``platforms/*_config``): modules matching one form a unit of their own,
-    apart from their package's."""
-    text = ARCHITECTURE.read_text(encoding="utf-8").split("## Layers", 1)[1].split("\n## ", 1)[0]
-    return sorted({n for n in re.findall(r"`([^`]+)`", text) if "*" in n})
-
-
-@cache
-def _modules() -> list[str]:
-    """Every module of the package, as its path inside the package without ``.py``."""
-    return ["/".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")]
-
-
 def units() -> set[str]:
-    """The package's top-level modules and subpackages (``testing/`` aside: test support), and the
-    patterns that some module matches."""
+    """The package's top-level modules and subpackages (``testing/`` aside: test support)."""
     found = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
     found |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    found |= {pattern for pattern in patterns() if any(fnmatchcase(m, pattern) for m in _modules())}
     return found - {"testing"}
-
-
-def _unit_of_path(parts: tuple[str, ...] | list[str]) -> str:
-    """The unit of the module at ``parts`` inside the package: the first pattern a leading part of its
-    path matches, else its top-level name."""
-    for depth in range(len(parts), 0, -1):
-        for pattern in patterns():
-            if fnmatchcase("/".join(parts[:depth]), pattern):
-                return pattern
-    return parts[0] if parts else ROOT
 
 
 def layer_table() -> list[tuple[str, set[str], bool, tuple[str, ...]]]:
@@ -69,7 +41,7 @@ def _module(path: Path) -> tuple[str, str]:
     """(unit, path of the module inside the package without ``.py``)."""
     relative = path.relative_to(PACKAGE).with_suffix("")
     parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
-    return _unit_of_path(parts), "/".join(parts)
+    return (parts[0] if parts else ROOT), "/".join(parts)
 
 
 def _imports(path: Path) -> set[str]:
@@ -91,7 +63,7 @@ def _unit_of(dotted: str) -> str | None:
     parts = dotted.split(".")
     if parts[0] != "trialflow":
         return None
-    return ROOT if parts[1:2] == ["__version__"] else _unit_of_path(parts[1:])
+    return ROOT if parts[1:2] in ([], ["__version__"]) else parts[1]
 
 
 def test_the_table_places_every_module_of_the_package_in_one_layer():

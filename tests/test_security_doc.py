@@ -61,8 +61,8 @@ def test_every_secret_field_of_configs_and_blocks_has_a_row():
     import trialflow.config.platforms as platform_configs
     from trialflow.blocks import aml, dlc, dlts, kubernetes, mlflow, openpai, remote
 
-    sections = [importlib.import_module(f"trialflow.platforms.{path.stem}")
-                for path in sorted((ROOT / "trialflow" / "platforms").glob("*_config.py"))]
+    sections = [importlib.import_module(f"trialflow.config.sections.{path.stem}")
+                for path in sorted((ROOT / "trialflow" / "config" / "sections").glob("*.py"))]
     models = [obj for module in (experiment_config, platform_configs, *sections, aml, dlc, dlts, kubernetes, mlflow,
                                  openpai, remote)
               for obj in vars(module).values() if isinstance(obj, type) and issubclass(obj, BaseModel)]

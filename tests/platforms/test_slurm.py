@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import base_config, slurm_section, wait_for
 from trialflow.config import ConfigError, parse_config
+from trialflow.config.sections.slurm import SlurmConfig
 from trialflow.platforms import PlatformError, TrialHandle, TrialStatus
 from trialflow.platforms.slurm import SlurmTrainingService
-from trialflow.platforms.slurm_config import SlurmConfig
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
     InterruptionContract,

@@ -29,11 +29,12 @@ def test_every_platform_has_one_row_with_the_loaders_name_and_a_service():
         assert row.retry.retries >= 1 and row.retry.delays() == sorted(row.retry.delays())
 
 
-def test_every_built_in_platform_is_one_module_pair_its_section_beside_its_service():
-    """``platforms/<name>_config.py`` holds the section, ``platforms/<name>.py`` the service and its row."""
+def test_every_built_in_platform_is_one_module_pair_its_section_named_as_its_service():
+    """``config/sections/<name>.py`` holds the section, ``platforms/<name>.py`` the service and its row."""
     for name, row in PLATFORMS.items():
-        assert row.config.__module__.endswith("_config"), name
-        assert row.service is not None and row.service.__module__ == row.config.__module__.removesuffix("_config")
+        package, _, module = row.config.__module__.rpartition(".")
+        assert package == "trialflow.config.sections", name
+        assert row.service is not None and row.service.__module__ == f"trialflow.platforms.{module}", name
         assert vars(importlib.import_module(row.service.__module__))["PLATFORM"] is row, name
 
 

@@ -1,8 +1,10 @@
 """Experiment configuration: NNI's v2 schema (v1 files converted), validated with pydantic.
 
-Every name loads at its first use: a platform's section model (``trialflow.platforms.<name>_config``)
-builds on this package's shared machinery (``_base``) while the config's union is built from the
-section models, so importing the package itself imports neither.
+The ``trainingService`` union is :mod:`.platforms`; each built-in platform's section model is
+``sections/<name>.py``, named as its service module ``trialflow.platforms.<name>``, on the shared bases of
+``sections/base.py`` (every section), ``sections/ssh.py`` (an SSH login) and ``sections/k8s.py`` (the
+Kubernetes sections). Every name loads at its first use, so a module that needs one section does not
+load the algorithm tables the experiment model checks against.
 """
 
 from __future__ import annotations
@@ -11,12 +13,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..platforms.adaptdl_config import AdlConfig
-    from ..platforms.base_config import TrainingServiceConfig
-    from ..platforms.frameworkcontroller_config import FrameworkControllerConfig
-    from ..platforms.kubeflow_config import KubeflowConfig, KubeflowRoleConfig
-    from ..platforms.local_config import LocalConfig
-    from ..platforms.remote_config import RemoteConfig, RemoteMachineConfig
     from ._base import ConfigError, ConfigWarning, parse_duration, parse_gpu_indices, parse_size_mb
     from .experiment import (
         AlgorithmConfig,
@@ -27,17 +23,23 @@ if TYPE_CHECKING:
         warm_source,
     )
     from .platforms import PLATFORM_CONFIGS
+    from .sections.adaptdl import AdlConfig
+    from .sections.base import TrainingServiceConfig
+    from .sections.frameworkcontroller import FrameworkControllerConfig
+    from .sections.kubeflow import KubeflowConfig, KubeflowRoleConfig
+    from .sections.local import LocalConfig
+    from .sections.remote import RemoteConfig, RemoteMachineConfig
 
 _WHERE = {
     "ConfigError": "._base", "ConfigWarning": "._base", "parse_duration": "._base", "parse_gpu_indices": "._base",
     "parse_size_mb": "._base", "AlgorithmConfig": ".experiment", "ExperimentConfig": ".experiment",
     "convert_config_file": ".experiment", "load_config": ".experiment", "parse_config": ".experiment",
-    "warm_source": ".experiment", "PLATFORM_CONFIGS": ".platforms", "AdlConfig": "..platforms.adaptdl_config",
-    "TrainingServiceConfig": "..platforms.base_config",
-    "FrameworkControllerConfig": "..platforms.frameworkcontroller_config",
-    "KubeflowConfig": "..platforms.kubeflow_config", "KubeflowRoleConfig": "..platforms.kubeflow_config",
-    "LocalConfig": "..platforms.local_config", "RemoteConfig": "..platforms.remote_config",
-    "RemoteMachineConfig": "..platforms.remote_config",
+    "warm_source": ".experiment", "PLATFORM_CONFIGS": ".platforms", "AdlConfig": ".sections.adaptdl",
+    "TrainingServiceConfig": ".sections.base",
+    "FrameworkControllerConfig": ".sections.frameworkcontroller",
+    "KubeflowConfig": ".sections.kubeflow", "KubeflowRoleConfig": ".sections.kubeflow",
+    "LocalConfig": ".sections.local", "RemoteConfig": ".sections.remote",
+    "RemoteMachineConfig": ".sections.remote",
 }
 
 

@@ -1,7 +1,7 @@
 """The ``trainingService`` section of NNI's v2 config (reference docs/nni.md#platform-config-sections):
 one platform's section or a list of them (a hybrid experiment), told apart by ``platform``, and the
-top-level ``sharedStorage``. Each built-in platform's section model sits beside its service
-(``trialflow/platforms/<name>_config.py``, the config layer); a platform a plugin registered is
+top-level ``sharedStorage``. Each built-in platform's section model is ``sections/<name>.py``, named as
+its service module (``trialflow/platforms/<name>.py``); a platform a plugin registered is
 validated by the plugin's own model. The registry in ``trialflow.platforms`` says which can run.
 """
 
@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, PlainValidator, SecretStr, SerializeAsAny, Tag, model_validator
 
-from ..platforms.adaptdl_config import AdlConfig
-from ..platforms.aml_config import AmlConfig
-from ..platforms.base_config import TrainingServiceConfig
-from ..platforms.dlc_config import DlcConfig
-from ..platforms.dlts_config import DltsConfig
-from ..platforms.frameworkcontroller_config import FrameworkControllerConfig
-from ..platforms.kubeflow_config import KubeflowConfig
-from ..platforms.local_config import LocalConfig
-from ..platforms.openpai_config import OpenpaiConfig
-from ..platforms.prefect_pool_config import PrefectPoolConfig
-from ..platforms.remote_config import RemoteConfig
-from ..platforms.slurm_config import SlurmConfig
 from ._base import ConfigModel, ConfigPath, canonical_key
+from .sections.adaptdl import AdlConfig
+from .sections.aml import AmlConfig
+from .sections.base import TrainingServiceConfig
+from .sections.dlc import DlcConfig
+from .sections.dlts import DltsConfig
+from .sections.frameworkcontroller import FrameworkControllerConfig
+from .sections.kubeflow import KubeflowConfig
+from .sections.local import LocalConfig
+from .sections.openpai import OpenpaiConfig
+from .sections.prefect_pool import PrefectPoolConfig
+from .sections.remote import RemoteConfig
+from .sections.slurm import SlurmConfig
 
 PLATFORM_CONFIGS: dict[str, type[TrainingServiceConfig]] = {
     str(model.model_fields["platform"].default): model

@@ -1,5 +1,6 @@
 """Training platforms: plain Python (no Prefect tasks or flows), one module per platform, behind the
-one interface of :mod:`.base`, its config section beside it (``<name>_config``). :mod:`.table` is the
+one interface of :mod:`.base`, its config section named as it (``trialflow.config.sections.<name>``).
+:mod:`.table` is the
 platform table; :mod:`.trialdir` the controller's side of the trial file protocol; :mod:`.job_platform`
 the base of job platforms on a mounted share."""
 
@@ -26,10 +27,9 @@ if TYPE_CHECKING:
     from .platform_row import Platform
     from .table import PLATFORMS, available, create_service, platform
 
-# Every name loads at its first use: the config sections (``<name>_config``, imported by the config
-# loader) come without the platforms' machinery, and a module of one platform (``create``'s GPU check of
-# a local section) without the table and the hybrid service, which import every platform's credentials
-# block, hence Prefect.
+# Every name loads at its first use: a module of one platform (``create``'s GPU check of a local section)
+# comes without the table and the hybrid service, which import every platform's credentials block, hence
+# Prefect.
 _BASE = ("CodeRef", "LostHandleError", "PlatformError", "TrainingService", "TransientPlatformError", "TrialHandle",
          "TrialSpec", "TrialStatus", "TrialUpdate", "service_name")
 _LAZY = {name: "base" for name in _BASE} | {

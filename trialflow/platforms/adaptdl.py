@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..blocks import KubernetesCredentials
-from .adaptdl_config import AdlConfig
+from ..config.sections.adaptdl import AdlConfig
 from .base import PlatformError, TrialStatus
 from .k8s import KubernetesJobService, resources
 from .k8s_api import k8s_id

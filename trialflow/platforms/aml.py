@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..blocks import AzureMLCredentials, load_block
+from ..config.sections.aml import AmlConfig
 from ..ids import lowercase_id
-from .aml_config import AmlConfig
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare

@@ -24,7 +24,7 @@ from .errors import LostHandleError, PlatformError, TransientPlatformError
 from .report_desk import ReportDesk
 
 if TYPE_CHECKING:
-    from .base_config import TrainingServiceConfig
+    from ..config.sections.base import TrainingServiceConfig
 
 ConfigT = TypeVar("ConfigT", bound="TrainingServiceConfig")
 

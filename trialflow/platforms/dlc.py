@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..blocks import PAIDLCCredentials, load_block
+from ..config.sections.dlc import DlcConfig
 from .base import PlatformError, TransientPlatformError, TrialStatus
-from .dlc_config import DlcConfig
 from .errors import http_error
 from .mounted_share import MountedShare
 from .platform_row import Platform

@@ -41,8 +41,8 @@ from typing import Any
 from urllib.parse import quote
 
 from ..blocks import DLTSCredentials, load_block
+from ..config.sections.dlts import DltsConfig
 from .base import PlatformError, TrialStatus
-from .dlts_config import DltsConfig
 from .mounted_share import MountedShare
 from .platform_row import Platform
 from .rest_api import RestApi, reveal

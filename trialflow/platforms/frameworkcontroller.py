@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from ..blocks import KubernetesCredentials
+from ..config.sections.frameworkcontroller import FrameworkControllerConfig
 from .base import PlatformError, TrialStatus
-from .frameworkcontroller_config import FrameworkControllerConfig
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import k8s_id
 from .mounted_share import MountedShare

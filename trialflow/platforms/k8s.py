@@ -11,14 +11,14 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .adaptdl_config import AdlConfig
+from ..config.sections.adaptdl import AdlConfig
+from ..config.sections.frameworkcontroller import FrameworkControllerConfig
+from ..config.sections.k8s import FrameworkStorageConfig, K8sStorageConfig
+from ..config.sections.kubeflow import KubeflowConfig
 from .base import TrialStatus
-from .frameworkcontroller_config import FrameworkControllerConfig
 from .job_platform import JobPlatformService
 from .job_platform_hooks import stopped_run
 from .k8s_api import CONTAINER_MOUNT, LABEL_APP, KubeApi, azure_storage_key, labels, new_api_client
-from .k8s_config import FrameworkStorageConfig, K8sStorageConfig
-from .kubeflow_config import KubeflowConfig
 
 # Kubernetes' pod disruption conditions: a DisruptionTarget condition's reasons, and the reasons the
 # kubelet and the node lifecycle controller give a pod they ended; each means the pod's node or the

@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..blocks import KubernetesCredentials
+from ..config.sections.kubeflow import KubeflowConfig, KubeflowRoleConfig
 from .base import TrialStatus
 from .k8s import KubernetesJobService, resources, storage_volume
 from .k8s_api import k8s_id
-from .kubeflow_config import KubeflowConfig, KubeflowRoleConfig
 from .mounted_share import MountedShare
 from .platform_row import Platform
 

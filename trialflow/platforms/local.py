@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..config.sections.local import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
@@ -50,7 +51,6 @@ from .base import (
 from .errors import RetryPolicy
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .inherited_env import inherited_environment
-from .local_config import LocalConfig
 from .platform_row import Platform
 from .report_desk import ReportDesk
 from .share import OUTPUT_DIR, Share

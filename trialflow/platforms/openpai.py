@@ -48,9 +48,9 @@ from urllib.parse import quote
 import yaml
 
 from ..blocks import OpenPAICredentials, load_block
+from ..config.sections.openpai import OpenpaiConfig
 from .base import PlatformError, TrialStatus
 from .mounted_share import MountedShare
-from .openpai_config import OpenpaiConfig
 from .platform_row import Platform
 from .rest_api import RestApi, reveal
 from .rest_jobs import RestJobService

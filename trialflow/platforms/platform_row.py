@@ -12,8 +12,8 @@ from .errors import RetryPolicy
 if TYPE_CHECKING:
     from prefect.blocks.core import Block
 
+    from ..config.sections.base import TrainingServiceConfig
     from .base import TrainingService
-    from .base_config import TrainingServiceConfig
 
 
 @dataclass(frozen=True)

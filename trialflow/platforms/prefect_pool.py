@@ -57,13 +57,13 @@ from uuid import UUID
 from prefect.blocks.system import Secret
 from pydantic import SecretStr
 
+from ..config.sections.prefect_pool import PrefectPoolConfig
 from ..trial.procs import read_json
 from ..trial.protocol import PARAMETER_FILE
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare
 from .platform_row import Platform
-from .prefect_pool_config import PrefectPoolConfig
 from .rest_jobs import RestJobService
 
 RUNNER_FLOW = "trialflow-trial"

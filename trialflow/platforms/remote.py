@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import __version__
 from ..blocks import SSHCredentials
+from ..config.sections.remote import RemoteConfig
 from ..trial.keeper import assign_gpus
 from ..trial.procs import stat_alive, stat_fields
 from ..trial.protocol import (
@@ -65,7 +66,6 @@ from .gpu import GpuError
 from .local import trial_env
 from .ownership import claim
 from .platform_row import Platform
-from .remote_config import RemoteConfig
 from .remote_machine import Placements, RemoteMachine, clean_machines, machine_key
 from .runtime_files import check_version
 from .share import MOUNT_CONFIG, OUTPUT_DIR, Share

@@ -17,11 +17,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.sections.remote import RemoteMachineConfig
 from ..trial.procs import write_atomic
 from .errors import PlatformError
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .ownership import owned_folders
-from .remote_config import RemoteMachineConfig
 from .runtime_files import runtime_files, runtime_key
 from .sftpfs import SftpFS
 from .ssh import SshConnection

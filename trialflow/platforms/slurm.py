@@ -56,6 +56,7 @@ from typing import Any
 
 from .. import __version__
 from ..blocks import SSHCredentials
+from ..config.sections.slurm import SlurmConfig
 from ..trial.protocol import META_DIR, STARTED, WORKER_IDLE_TIMEOUT
 from .base import (
     CodeRef,
@@ -74,7 +75,6 @@ from .ownership import claim
 from .platform_row import Platform
 from .remote_machine import RemoteMachine, clean_machines
 from .runtime_files import check_version
-from .slurm_config import SlurmConfig
 from .slurm_scheduler import SlurmJob, SlurmScheduler
 from .trialdir import (
     EnvironmentDir,

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
+from ..config.sections.remote import RemoteMachineConfig
+from ..config.sections.slurm import SlurmConfig
 from .base import PlatformError, TransientPlatformError
 from .inherited_env import inherited_environment
-from .remote_config import RemoteMachineConfig
 from .remote_machine import RemoteMachine
-from .slurm_config import SlurmConfig
 from .ssh import SshConnection, machine_target
 from .trialfs import LocalFS
 

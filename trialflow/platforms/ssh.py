@@ -23,8 +23,8 @@ import paramiko
 from pydantic import SecretStr
 
 from ..blocks import BlockNotFoundError, SSHCredentials, load_block
+from ..config.sections.remote import RemoteMachineConfig
 from .base import PlatformError, TransientPlatformError
-from .remote_config import RemoteMachineConfig
 
 T = TypeVar("T")
 CONNECT_TIMEOUT = 15.0

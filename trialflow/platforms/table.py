@@ -3,8 +3,8 @@ class, credentials block, pip extra, retry policy). The service factory, the lis
 platforms in error messages and the Prefect tasks' retries read it.
 
 The built-in rows are the config loader's sections (``trialflow.config.PLATFORM_CONFIGS``, in the
-config layer below this one), each paired with its service: the section model of
-``platforms/<name>_config.py`` runs in the service module ``platforms/<name>.py``, whose ``PLATFORM`` is
+config layer below this one), each paired with its service by name: the section model of
+``config/sections/<name>.py`` runs in the service module ``platforms/<name>.py``, whose ``PLATFORM`` is
 its row -- the shape a plugin package has. Platforms of other packages add their row through the
 ``trialflow.platforms`` entry point (``trialflow.config.plugins``); :func:`platform` and
 :func:`available` include them. A new built-in platform adds the files listed in
@@ -24,8 +24,8 @@ from .platform_row import Platform
 
 def _built_in_row(name: str, config: type[TrainingServiceConfig]) -> Platform:
     """The row of the built-in platform whose section model is ``config``: the ``PLATFORM`` of the
-    service module beside the model's module. Raises ImportError when the pair is broken."""
-    module = importlib.import_module(config.__module__.removesuffix("_config"))
+    service module named as the model's module. Raises ImportError when the pair is broken."""
+    module = importlib.import_module(f"{__package__}.{config.__module__.rpartition('.')[2]}")
     row = getattr(module, "PLATFORM", None)
     if not isinstance(row, Platform) or row.config is not config or row.name != name:
         raise ImportError(f"{module.__name__} defines no PLATFORM row for the {name!r} section {config.__name__}")

@@ -42,6 +42,7 @@ import types
 from pathlib import Path
 from typing import Any, Literal
 
+from ..config.sections.base import TrainingServiceConfig
 from ..platforms.base import (
     CodeRef,
     LostHandleError,
@@ -52,7 +53,6 @@ from ..platforms.base import (
     TrialStatus,
     TrialUpdate,
 )
-from ..platforms.base_config import TrainingServiceConfig
 from ..platforms.local import trial_env
 from ..platforms.trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 from ..trial.procs import write_atomic

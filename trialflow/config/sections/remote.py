@@ -6,9 +6,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..config._base import GpuIndices, resolve_path
-from .base_config import TrainingServiceConfig
-from .ssh_config import HostKeyPolicy, SshLogin
+from .._base import GpuIndices, resolve_path
+from .base import TrainingServiceConfig
+from .ssh import HostKeyPolicy, SshLogin
 
 
 class RemoteMachineConfig(SshLogin):

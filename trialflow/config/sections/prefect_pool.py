@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..config._base import ConfigPath
-from .base_config import SHARE_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
+from .._base import ConfigPath
+from .base import SHARE_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
 
 
 class PrefectPoolConfig(TrainingServiceConfig):

@@ -1,12 +1,12 @@
 """What the sections reaching machines over SSH share (``remote``'s machines, ``slurm``'s login node):
 the login -- address, user and credentials, the Python and folder used there -- and the host-key
-policy. Config layer: pydantic only; the connection itself is :mod:`.ssh`'s."""
+policy. Config layer: pydantic only; the connection itself is :mod:`trialflow.platforms.ssh`'s."""
 
 from __future__ import annotations
 
 from pydantic import Field, SecretStr
 
-from ..config._base import ConfigPath, OrderedDump
+from .._base import ConfigPath, OrderedDump
 
 
 class SshLogin(OrderedDump):

@@ -6,9 +6,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..config._base import ConfigModel, ConfigPath, SizeMB
-from .base_config import DEFAULT_IMAGE
-from .k8s_config import K8sStorageConfig, KubernetesSection
+from .._base import ConfigModel, ConfigPath, SizeMB
+from .base import DEFAULT_IMAGE
+from .k8s import K8sStorageConfig, KubernetesSection
 
 
 class KubeflowRoleConfig(ConfigModel):

@@ -6,8 +6,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from ..config._base import GpuIndices
-from .base_config import TrainingServiceConfig
+from .._base import GpuIndices
+from .base import TrainingServiceConfig
 
 
 class LocalConfig(TrainingServiceConfig):

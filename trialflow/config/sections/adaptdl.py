@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..config._base import ConfigModel, ConfigPath
-from .base_config import DEFAULT_IMAGE, LOCAL_MOUNT_HELP
-from .k8s_config import KubernetesSection
+from .._base import ConfigModel, ConfigPath
+from .base import DEFAULT_IMAGE, LOCAL_MOUNT_HELP
+from .k8s import KubernetesSection
 
 
 class AdlNfs(ConfigModel):

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from ..config._base import ConfigPath
-from .base_config import DEFAULT_IMAGE, LOCAL_MOUNT_HELP, SHARE_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
+from .._base import ConfigPath
+from .base import DEFAULT_IMAGE, LOCAL_MOUNT_HELP, SHARE_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
 
 
 class DltsConfig(TrainingServiceConfig):

@@ -8,9 +8,9 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from ..config._base import ConfigModel, ConfigPath, SizeMB
-from .base_config import DEFAULT_IMAGE
-from .k8s_config import FrameworkStorageConfig, KubernetesSection
+from .._base import ConfigModel, ConfigPath, SizeMB
+from .base import DEFAULT_IMAGE
+from .k8s import FrameworkStorageConfig, KubernetesSection
 
 
 class CompletionPolicy(ConfigModel):

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..config._base import ConfigModel, ConfigPath
+from .._base import ConfigModel, ConfigPath
 
 DEFAULT_IMAGE = "msranni/nni:latest"
 

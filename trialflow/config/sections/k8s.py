@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from ..config._base import ConfigModel, ConfigPath, OrderedDump, canonical_key
-from .base_config import LOCAL_MOUNT_HELP, POD_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
+from .._base import ConfigModel, ConfigPath, OrderedDump, canonical_key
+from .base import LOCAL_MOUNT_HELP, POD_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
 
 
 class NfsStorage(ConfigModel):

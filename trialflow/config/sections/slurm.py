@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .base_config import TrainingServiceConfig
-from .remote_config import RemoteMachineConfig
-from .ssh_config import HostKeyPolicy, SshLogin
+from .base import TrainingServiceConfig
+from .remote import RemoteMachineConfig
+from .ssh import HostKeyPolicy, SshLogin
 
 _SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 _SLURM_OWN_OPTIONS = ("--job-name", "-J", "--output", "-o", "--error", "-e", "--parsable", "--open-mode", "--chdir",

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from ..config._base import ConfigPath
-from .base_config import LOCAL_MOUNT_HELP, SHARE_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
+from .._base import ConfigPath
+from .base import LOCAL_MOUNT_HELP, SHARE_CHANNEL_HELP, MetricChannel, TrainingServiceConfig
 
 
 class DlcConfig(TrainingServiceConfig):
