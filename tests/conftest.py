@@ -23,6 +23,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")  # the emulators are on loopback, never behind a proxy
+# One thread per numerical library (OpenBLAS, OpenMP, MKL) here and in every process the tests start: the
+# tuners' small matrices gain nothing from a second thread, and with the cores busy a spinning BLAS thread
+# multiplies the model-based tuners' CPU (docs/testing.md#parallel-workers).
+for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 # This process's Prefect home (Prefect reads it once, at import): never the user's, and never shared with
 # another xdist worker (a temporary server's SQLite database there is this process's alone). Each test
 # also gets its own (``isolated_home``), which the processes it starts use.
