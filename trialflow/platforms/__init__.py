@@ -1,8 +1,7 @@
 """Training platforms: plain Python (no Prefect tasks or flows), one module per platform, behind the
 one interface of :mod:`.base`, its config section named as it (``trialflow.config.sections.<name>``).
-:mod:`.table` is the
-platform table; :mod:`.trialdir` the controller's side of the trial file protocol; :mod:`.job_platform`
-the base of job platforms on a mounted share."""
+:mod:`.table` is the platform table; :mod:`.trialdir` the controller's side of the trial file protocol;
+:mod:`.job_platform` the base of job platforms on a mounted share."""
 
 from __future__ import annotations
 
