@@ -124,14 +124,21 @@ def receiver(monkeypatch):
     receiver.stop()
 
 
+def asking_through(receiver, desk: ReportDesk, trial_id: str, monkeypatch) -> str:
+    """Trial ``trial_id`` asks through ``receiver`` with ``desk`` attached and following it; returns the
+    trial's token."""
+    receiver.attach_desk(desk)
+    monkeypatch.setenv(REPORT_DESK_ENV, "receiver")
+    token = receiver.new_token()
+    receiver.grant(token, trial_id)
+    desk.follow(trial_id)
+    return token
+
+
 def test_a_job_platforms_trial_asks_through_the_metrics_receiver_with_its_token(receiver, monkeypatch):
     desk = ReportDesk()  # the receiver's way needs no socket of its own
     try:
-        receiver.attach_desk(desk)
-        monkeypatch.setenv(REPORT_DESK_ENV, "receiver")
-        token = receiver.new_token()
-        receiver.grant(token, "T5")
-        desk.follow("T5")
+        token = asking_through(receiver, desk, "T5", monkeypatch)
         seen: list[int] = []
         follower(desk, "T5", lambda s: (False, s + 2), seen)
         for sequence in range(5):
@@ -164,5 +171,64 @@ def test_a_receiver_that_does_not_answer_for_the_trial_is_never_asked_again(rece
                               headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == (403 if attached else 404)
         assert requests.get(f"{receiver.url}/verdict/T6?sequence=0", timeout=5).status_code == 401
+    finally:
+        desk.close()
+
+
+def test_a_trial_waits_for_a_controller_slower_than_the_receiver_holds_an_ask(receiver, monkeypatch):
+    """The receiver answers "no word" after a few seconds; a trial whose controller judges later still
+    takes its next step only on the controller's word (a loaded machine: the stop is not missed)."""
+    from trialflow.platforms import metrics_receiver
+
+    monkeypatch.setattr(metrics_receiver, "VERDICT_WAIT", 0.3)
+    desk = ReportDesk()
+    try:
+        token = asking_through(receiver, desk, "T7", monkeypatch)
+        seen: list[int] = []
+        follower(desk, "T7", lambda s: (time.sleep(1.2), (False, s + 3))[1], seen)
+        started = time.monotonic()
+        verdicts.after_result("T7", 0, lambda: token)
+        assert time.monotonic() - started >= 1.2 and seen == [0]
+        assert verdicts._Connection.desk is not None and verdicts._Connection.desk.next_ask == 3
+    finally:
+        desk.close()
+
+
+def test_a_kept_alive_ask_connection_the_receiver_cut_while_the_trial_stepped_is_replaced(monkeypatch):
+    """The receiver cuts idle clients; a trial whose step outlasts that still gets its next answer."""
+    from trialflow.platforms.metrics_receiver import MetricsReceiver
+
+    receiver = MetricsReceiver(client_timeout=0.3).start()
+    desk = ReportDesk()
+    try:
+        monkeypatch.setenv("TRIALFLOW_METRICS_URL", receiver.url)
+        monkeypatch.setattr(verdicts._Connection, "desk", None)
+        monkeypatch.setattr(verdicts._Connection, "gone", False)
+        token = asking_through(receiver, desk, "T8", monkeypatch)
+        seen: list[int] = []
+        follower(desk, "T8", lambda s: (False, s + 1), seen)
+        verdicts.after_result("T8", 0, lambda: token)
+        time.sleep(1.0)  # a step longer than the receiver keeps an idle connection
+        verdicts.after_result("T8", 1, lambda: token)
+        assert seen == [0, 1] and verdicts._Connection.desk.next_ask == 2
+    finally:
+        desk.close()
+        receiver.stop()
+
+
+@pytest.mark.parametrize("way", ["socket", "receiver"])
+def test_a_controller_that_never_answers_holds_a_trial_a_bounded_time(way, receiver, monkeypatch):
+    from trialflow.platforms import metrics_receiver
+
+    monkeypatch.setattr(metrics_receiver, "VERDICT_WAIT", 0.3)
+    monkeypatch.setattr(verdicts, "VERDICT_WAIT_SECONDS", 1.0)
+    desk = ReportDesk()
+    try:
+        token = asking_through(receiver, desk, "T9", monkeypatch)  # followed, but no follower ever answers
+        if way == "socket":
+            monkeypatch.setenv(REPORT_DESK_ENV, desk.listen())
+        started = time.monotonic()
+        verdicts.after_result("T9", 0, lambda: token)
+        assert 1.0 <= time.monotonic() - started < 3.0 and not verdicts._Connection.gone
     finally:
         desk.close()

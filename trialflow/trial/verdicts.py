@@ -8,14 +8,15 @@ recorded on its channel; the controller answers ``<sequence> go <next>`` (ask ag
 ``next``; ``-``: never again) or ``<sequence> stop``, once the assessor has judged that result. Or it
 is ``receiver``: the trial asks the metrics receiver of the HTTP channel, ``GET
 <TRIALFLOW_METRICS_URL>/verdict/<trial id>?sequence=<n>`` with its token, answered as JSON
-(``{"verdict": "go", "next": n}``, ``{"verdict": "stop"}``, ``{"verdict": null}`` for no word in time).
+(``{"verdict": "go", "next": n}``, ``{"verdict": "stop"}``, ``{"verdict": null}`` for no word within the
+few seconds the receiver holds a request: the trial asks again).
 
-Guarantees: without the variable, or once the desk cannot be reached or has closed, a report costs
-nothing more (the trial never asks again; it says why once, on stderr). A desk that does not answer within
-:data:`VERDICT_WAIT_SECONDS` is not waited on further for that result (its late answer is read at the
-next ask). On ``stop`` the trial takes no further step: it waits for the controller to end it
-(the stop is recorded before the trial is killed), and goes on only if it is still alive after
-:data:`STOPPED_WAIT_SECONDS` (the controller dropped the stop).
+Guarantees: without the variable, or once the desk cannot be reached or has closed, a report costs nothing
+more (the trial never asks again; it says why once, on stderr); a receiver that cannot be reached costs that
+ask only. A desk that does not answer within :data:`VERDICT_WAIT_SECONDS` (a controller slowed by load) is not
+waited on further for that result (its late answer is read at the next ask). On ``stop`` the trial takes no
+further step: it waits for the controller to end it (the stop is recorded before the trial is killed), and
+goes on only if it is still alive after :data:`STOPPED_WAIT_SECONDS` (the controller dropped the stop).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     import http.client
     from collections.abc import Callable
 
-VERDICT_WAIT_SECONDS = 5.0
+VERDICT_WAIT_SECONDS = 30.0  # the longest a trial waits for the word on one result
+REQUEST_TIMEOUT_SECONDS = 15.0  # one ask over HTTP (the receiver answers "no word" within a few seconds)
+ASK_AGAIN_SECONDS = 0.2  # the pause before asking again after an immediate "no word"
 STOPPED_WAIT_SECONDS = 60.0
 MAX_LINE = 256
 
@@ -90,33 +93,57 @@ class _ReceiverDesk:
         self.next_ask: int | None = 0
 
     def ask(self, trial_id: str, sequence: int) -> str | None:
-        """As :meth:`_Desk.ask`; a refusal other than "too many requests" raises OSError (the desk is
-        not served there, or the trial's token no longer counts)."""
+        """As :meth:`_Desk.ask`. The receiver holds each request a few seconds at most, so a controller
+        slower than that is asked again until :data:`VERDICT_WAIT_SECONDS` have passed; a refusal other
+        than "too many requests" raises OSError (the desk is not served there, or the trial's token no
+        longer counts). None at once when the receiver cannot be reached."""
+        deadline = time.monotonic() + VERDICT_WAIT_SECONDS
+        while True:
+            asked = time.monotonic()
+            status, answer = self._request(trial_id, sequence)
+            if status is None:
+                return None  # the next ask connects again
+            if status != 200 and status != 429 and status < 500:
+                raise OSError(f"the report desk answered {status}")
+            verdict = answer.get("verdict")
+            if verdict == "stop":
+                return "stop"
+            if verdict == "go":
+                following = answer.get("next")
+                self.next_ask = following if isinstance(following, int) else None
+                return "go"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if time.monotonic() - asked < ASK_AGAIN_SECONDS:  # "no word" at once: not followed (yet), or refused
+                time.sleep(min(ASK_AGAIN_SECONDS, left))
+
+    def _request(self, trial_id: str, sequence: int) -> tuple[int | None, dict[str, object]]:
+        """One ``GET /verdict``: its status and JSON body (status None: the receiver cannot be reached).
+        A kept-alive connection the receiver has closed meanwhile (an idle client is cut off) is
+        replaced once."""
         import http.client  # only trials of job platforms ask over HTTP
 
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=VERDICT_WAIT_SECONDS + 5)
-        try:
-            self.conn.request("GET", f"{self.base}/verdict/{trial_id}?sequence={sequence}",
-                              headers={"Authorization": f"Bearer {self.token}"})
-            response = self.conn.getresponse()
-            body = response.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            self.conn = None
-            return None  # the next ask connects again
-        if response.status == 429 or response.status >= 500:
-            return None
-        if response.status != 200:
-            raise OSError(f"the report desk answered {response.status}")
-        answer = json.loads(body)
-        if answer.get("verdict") == "stop":
-            return "stop"
-        if answer.get("verdict") == "go":
-            following = answer.get("next")
-            self.next_ask = following if isinstance(following, int) else None
-            return "go"
-        return None
+        for _attempt in range(2):
+            fresh = self.conn is None
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=REQUEST_TIMEOUT_SECONDS)
+            try:
+                self.conn.request("GET", f"{self.base}/verdict/{trial_id}?sequence={sequence}",
+                                  headers={"Authorization": f"Bearer {self.token}"})
+                response = self.conn.getresponse()
+                body = response.read()
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if fresh:
+                    return None, {}
+                continue
+            if response.status != 200:
+                return response.status, {}
+            answer = json.loads(body)
+            return 200, answer if isinstance(answer, dict) else {}
+        return None, {}
 
     def close(self) -> None:
         if self.conn is not None:
