@@ -32,7 +32,7 @@ def measure(seconds: float) -> dict[str, int]:
 
     from trialflow import run_experiment
     from trialflow.flows import artifacts as ui
-    from trialflow.kept_server import ensure_server, stop_server
+    from trialflow.server.kept_server import ensure_server, stop_server
 
     factor = EIGHT_HOURS / seconds
     ui.PROGRESS_INTERVAL /= factor

@@ -44,7 +44,7 @@ def creates_at_once(tmp: Path, home: Path, count: int, tag: str) -> list[float]:
 
 
 def measure(creates: int, repeat: int) -> dict[str, float]:
-    from trialflow.kept_server import ensure_server, stop_server
+    from trialflow.server.kept_server import ensure_server, stop_server
 
     alone: list[float] = []
     together: list[float] = []

@@ -25,7 +25,7 @@ import optuna  # noqa: E402
 from trialflow import parse_config  # noqa: E402
 from trialflow.experiments import create_experiment, open_store  # noqa: E402
 from trialflow.presentation.dashboard import journal_storage, open_mirror  # noqa: E402
-from trialflow.store import ExperimentStore, Metric  # noqa: E402
+from trialflow.records.store import ExperimentStore, Metric  # noqa: E402
 
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2, 3]}}
 

@@ -42,7 +42,7 @@ def fill(workdir: Path, trials: int) -> str:
     """An experiment under ``workdir/w`` holding ``trials`` finished trials; returns its id."""
     from trialflow.config.experiment import load_config
     from trialflow.experiments import create_experiment
-    from trialflow.store import ExperimentStore, Metric
+    from trialflow.records.store import ExperimentStore, Metric
 
     (workdir / "config.yml").write_text(CONFIG)
     exp_id, exp_dir = create_experiment(load_config(workdir / "config.yml"), str(workdir / "config.yml"))

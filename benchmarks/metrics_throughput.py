@@ -25,7 +25,7 @@ from benchmarks._stats import print_table, summary_row
 from trialflow.config import parse_config
 from trialflow.experiments import create_experiment, open_store
 from trialflow.platforms import TrialSpec, create_service
-from trialflow.store import Metric
+from trialflow.records.store import Metric
 from trialflow.testing.emulators.kubernetes import KubernetesEmulator
 
 TRIAL = """

@@ -255,7 +255,7 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, tracking:
             config["tracking"] = tracking
         config_path = Path(tmp) / "config.json"
         config_path.write_text(json.dumps(config))
-        from trialflow.kept_server import ensure_server, stop_server
+        from trialflow.server.kept_server import ensure_server, stop_server
 
         home = Path(tmp) / "home"
         server = ensure_server(home)  # trialflow's kept server, started before the clock runs
@@ -356,7 +356,7 @@ def _client_cpu_ms(tracker: str, settings: dict, runs: int = 200) -> float:
     """CPU ms per trial of the tracker's client alone (this process, W&B's service included): the
     tracking worker's runs class logging made-up ended trials like the scale trial (one final result,
     two small log files), with no store and no controller."""
-    from trialflow.store import ExperimentRecord, Metric, TrialRecord
+    from trialflow.records.store import ExperimentRecord, Metric, TrialRecord
     from trialflow.tracking.worker import open_runs
 
     experiment_id = f"client{int(time.time()) % 10**6}"

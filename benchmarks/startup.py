@@ -86,8 +86,8 @@ def _env(home: Path, spare: bool = True) -> dict[str, str]:
 
 def _spare_ready(home: Path, timeout: float = 60.0) -> None:
     """Wait until the spare controller the last create started listens (as it does seconds later)."""
-    from trialflow.kept_server import server_home
-    from trialflow.spare_record import RECORD
+    from trialflow.server.kept_server import server_home
+    from trialflow.server.spare_record import RECORD
     from trialflow.trial.procs import read_json
 
     deadline = time.monotonic() + timeout
@@ -125,7 +125,7 @@ def _wait_done(folder: Path, home: Path) -> None:
     """Let the experiment end, its controller exit and the spare it left finish loading before the next
     run (either would compete for the CPU)."""
     from trialflow.experiments import has_store, open_store
-    from trialflow.kept_server import running_server
+    from trialflow.server.kept_server import running_server
     from trialflow.trial.procs import pid_alive
 
     deadline = time.monotonic() + 60
@@ -147,7 +147,7 @@ def _wait_done(folder: Path, home: Path) -> None:
 
 
 def measure(repeat: int, nni_venv: Path | None = None) -> dict[str, float]:
-    from trialflow.kept_server import ensure_server, stop_server
+    from trialflow.server.kept_server import ensure_server, stop_server
 
     results: dict[str, list[float]] = {"warm background": [], "warm background, no spare": [],
                                        "warm foreground": [], "cold": [], "first use": []}

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table  # noqa: E402
-from trialflow.search_space import parse_search_space  # noqa: E402
+from trialflow.records.search_space import parse_search_space  # noqa: E402
 from trialflow.tuners.optuna_tuners import OptunaTuner  # noqa: E402
 from trialflow.tuners.tpe import TpeSettings  # noqa: E402
 

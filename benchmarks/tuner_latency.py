@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import median_ms, print_table, summary_row, timed  # noqa: E402
 from trialflow.config import AlgorithmConfig  # noqa: E402
-from trialflow.search_space import parse_search_space  # noqa: E402
-from trialflow.store import ExperimentStore, Metric  # noqa: E402
+from trialflow.records.search_space import parse_search_space  # noqa: E402
+from trialflow.records.store import ExperimentStore, Metric  # noqa: E402
 from trialflow.tuners import create_tuner  # noqa: E402
 from trialflow.tuners.optuna_tuners import random_sampler  # noqa: E402
 from trialflow.tuners.tpe import TpeSettings  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import median_ms, print_table, summary_row, timed  # noqa: E402
-from trialflow.context import ExperimentContext  # noqa: E402
+from trialflow.experiments.context import ExperimentContext  # noqa: E402
 
 POLL_INTERVAL = ExperimentContext.poll_interval
 TRIAL_COMMAND = f"{sys.executable} trial.py"  # the same interpreter everywhere (the sshd is loopback)

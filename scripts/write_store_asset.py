@@ -27,10 +27,10 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trialflow.store import SCHEMA_VERSION, ExperimentStore, Metric  # noqa: E402
+from trialflow.records.store import SCHEMA_VERSION, ExperimentStore, Metric  # noqa: E402
 
 try:  # the control keys' enum (schema 2 on); earlier versions named them by text
-    from trialflow.store import Control as _Control  # noqa: E402
+    from trialflow.records.store import Control as _Control  # noqa: E402
 
     def control(name: str) -> Any:
         return _Control(name)

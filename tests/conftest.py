@@ -34,7 +34,7 @@ for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="trialflow-tests-prefect-")
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 # One cache for the whole session of this worker: the first Prefect server it starts keeps the migrated
-# empty database that the next ones start from (trialflow.prefect_db_template). Tests of the cache set
+# empty database that the next ones start from (trialflow.server.prefect_db_template). Tests of the cache set
 # their own.
 os.environ["TRIALFLOW_CACHE_DIR"] = tempfile.mkdtemp(prefix="trialflow-tests-cache-")
 atexit.register(shutil.rmtree, os.environ["TRIALFLOW_CACHE_DIR"], ignore_errors=True)
@@ -60,7 +60,7 @@ def prefect_server(tmp_path_factory):
     PREFECT_API_URL meanwhile (for this process and the CLI processes tests start)."""
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    from trialflow.kept_server import ensure_server, stop_server
+    from trialflow.server.kept_server import ensure_server, stop_server
 
     home = tmp_path_factory.mktemp("kept-server")
     server = ensure_server(home, stop_with_pid=os.getpid(), port=0)  # 4200 stays free for the user's
@@ -301,7 +301,7 @@ def run_until_running_then_sigkill(config, api_url: str, running: int = 2, confi
     import signal
 
     from trialflow.experiments import create_experiment, open_store
-    from trialflow.status import EXPERIMENT_ENDED
+    from trialflow.foundation.status import EXPERIMENT_ENDED
 
     exp_id, exp_dir = create_experiment(config, config_path)
     store = open_store(exp_dir.parent, exp_id)
@@ -436,7 +436,7 @@ def mlflow_server():
 def store_url(request, tmp_path):
     """A store URL: the embedded SQLite file, or a fresh database on the session's PostgreSQL."""
     if request.param == "sqlite":
-        from trialflow.store_engine import embedded_url
+        from trialflow.records.store_engine import embedded_url
 
         return embedded_url(tmp_path)
     import uuid
@@ -555,7 +555,7 @@ def service_of(tmp_path: Path, section: dict, command: str = 'python3 "$NNI_TRIA
     """The training service of the trainingService ``section`` for a new experiment under ``tmp_path``
     (code directory ``tmp_path/code``; by default each trial runs the script named after it)."""
     from trialflow.config.platforms import PLATFORM_CONFIGS
-    from trialflow.ids import new_experiment_id
+    from trialflow.foundation.ids import new_experiment_id
     from trialflow.platforms import create_service
 
     code = tmp_path / "code"

@@ -11,7 +11,7 @@ from tests.conftest import base_config, write_trial
 from tests.test_results import SKLEARN_LIKE
 from trialflow.config import parse_config
 from trialflow.experiments import create_experiment
-from trialflow.store import ExperimentStore
+from trialflow.records.store import ExperimentStore
 
 
 @pytest.mark.breaks_records
@@ -24,7 +24,7 @@ def test_the_audit_names_every_kind_of_broken_record(tmp_path):
         code, tmp_path / "w", maxTrialNumber=3, searchSpace={"accuracy": {"_type": "choice", "_value": [1]}})))
     store = ExperimentStore.embedded(exp_dir, exp_id)
     assert check_experiment(exp_dir) == []
-    from trialflow.store import Metric
+    from trialflow.records.store import Metric
 
     for i, tid in enumerate(["AAAAA", "BBBBB", "CCCCC", "DDDDD"]):
         store.add_trial(tid, None, i, {"accuracy": 1}, {"accuracy": 0})

@@ -376,7 +376,7 @@ def test_the_read_only_commands_load_no_numerical_library_nor_the_config_models(
     the tuners' numerical libraries, Optuna, Prefect, trialflow's config models, pydantic (which typer
     0.29 would load for its option values), PyYAML and SQLAlchemy (an embedded store is read with
     ``sqlite3``): together about half a second of every such command's start (benchmarks/listings.py)."""
-    from trialflow.store_records import DB_RELATIVE_PATH
+    from trialflow.records.store_records import DB_RELATIVE_PATH
 
     db = tmp_path / "w" / "embedded1" / DB_RELATIVE_PATH  # an experiment of five trials, at this code's schema
     db.parent.mkdir(parents=True)

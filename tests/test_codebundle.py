@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trialflow.codebundle import CodeDirError, scan_code_dir
+from trialflow.records.codebundle import CodeDirError, scan_code_dir
 from trialflow.trial.unpack import UnsafeArchiveError, extract_stream
 
 
@@ -161,8 +161,8 @@ def test_unpack_command_reports_a_traversal_archive(tmp_path):
 def test_withheld_files_are_found_by_path_and_by_content_across_read_chunks(tmp_path, monkeypatch):
     from pydantic import SecretStr
 
-    from trialflow import withheld
     from trialflow.config import RemoteMachineConfig
+    from trialflow.foundation import withheld
 
     for name in ("_files", "_secrets", "_announced"):  # this process's registry, for this test only
         monkeypatch.setattr(withheld, name, set())

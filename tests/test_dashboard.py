@@ -24,7 +24,7 @@ from trialflow import parse_config
 from trialflow.experiments import create_experiment, open_store
 from trialflow.presentation.dashboard import LiveDashboard, open_mirror
 from trialflow.presentation.report import write_report
-from trialflow.store import Metric
+from trialflow.records.store import Metric
 
 TRIAL = """\
 import os, sys, time, nni

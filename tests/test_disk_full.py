@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
-from trialflow.disk_space import SpaceTolerantFileHandler, no_space
 from trialflow.experiments import open_store
-from trialflow.store import DB_RELATIVE_PATH
+from trialflow.records.disk_space import SpaceTolerantFileHandler, no_space
+from trialflow.records.store import DB_RELATIVE_PATH
 from trialflow.testing.audit import check_folder
 from trialflow.trial.procs import write_when_space
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import base_config, write_trial
+from trialflow.app.experiment_archive import ArchiveError, load_experiment, save_experiment
 from trialflow.config import parse_config
-from trialflow.experiment_archive import ArchiveError, load_experiment, save_experiment
 from trialflow.experiments import create_experiment, open_store
 
 

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import base_config, start_controller, wait_for, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import create_experiment, open_store
-from trialflow.store import Control
+from trialflow.records.store import Control
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

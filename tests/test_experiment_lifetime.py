@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import base_config, write_trial
 from tests.test_cli import cli
 from trialflow import resume_experiment, run_experiment
-from trialflow.control import UpdateError
+from trialflow.app.control import UpdateError
 from trialflow.experiments import list_experiments, open_store
 
 SERVER = pytest.mark.usefixtures("prefect_server")  # the tests that run experiments
@@ -137,8 +137,8 @@ def test_a_warm_start_whose_search_space_does_not_match_is_one_line_and_creates_
 
 
 def test_an_oversized_or_too_deeply_nested_warm_start_file_is_one_line(tmp_path, monkeypatch):
-    import trialflow.result_exchange as result_exchange
-    import trialflow.warm_start as warm_start
+    import trialflow.experiments.result_exchange as result_exchange
+    import trialflow.experiments.warm_start as warm_start
     from trialflow import parse_config
 
     big, deep = tmp_path / "big.json", tmp_path / "deep.json"
@@ -183,7 +183,7 @@ def test_a_stop_a_killed_controller_left_unfinished_is_finished_later(tmp_path, 
 
     from tests.conftest import run_until_running_then_sigkill, start_controller, wait_for
     from trialflow import parse_config
-    from trialflow.control import stop_experiment
+    from trialflow.app.control import stop_experiment
 
     ended_by_itself = case == "ended-meanwhile"
     write_trial(tmp_path / "code", REPORTING.format(steps=8 if ended_by_itself else 200))

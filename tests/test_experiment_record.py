@@ -22,7 +22,7 @@ from tests.test_results import SKLEARN_LIKE
 from trialflow.config import load_config, parse_config
 from trialflow.experiments import ConfigMismatch, create_experiment, open_store
 from trialflow.flows.experiment import experiment_flow, final_status
-from trialflow.store import ExperimentStore
+from trialflow.records.store import ExperimentStore
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

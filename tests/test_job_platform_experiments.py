@@ -26,7 +26,7 @@ from tests.test_kubernetes_experiment import _check_done
 from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import load_config, run_experiment
 from trialflow.experiments import open_store
-from trialflow.ids import lowercase_id
+from trialflow.foundation.ids import lowercase_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 CASES = {"openpai": ("openpai", False), "openpai-reuse": ("openpai", True), "dlts": ("dlts", False),

@@ -24,8 +24,8 @@ import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import open_store
-from trialflow.kept_server import ensure_server, running_server, server_home, stop_server
-from trialflow.prefect_db_template import DATABASE_MARK
+from trialflow.server.kept_server import ensure_server, running_server, server_home, stop_server
+from trialflow.server.prefect_db_template import DATABASE_MARK
 from trialflow.testing.ports import free_port
 from trialflow.trial.procs import pid_alive, stop_with
 
@@ -270,7 +270,7 @@ def _processes_of(home: Path, *marks: bytes) -> list[int]:
 
 def _servers_of(home: Path) -> list[int]:
     """Pids of Prefect servers started with this TRIALFLOW_HOME (kept or temporary)."""
-    return _processes_of(home, b"server start", b"create_app", b"trialflow.kept_server_app")
+    return _processes_of(home, b"server start", b"create_app", b"trialflow.server.kept_server_app")
 
 
 def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(tmp_path, home):
@@ -303,11 +303,11 @@ def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home, entry):
     assert proc.returncode == 1
     assert proc.stdout.startswith("error: Invalid experiment config")
     assert "did you mean 'trialConcurrency'" in proc.stdout
-    waiting = _processes_of(home, b"trialflow.controller_launch")
+    waiting = _processes_of(home, b"trialflow.app.controller_launch")
     deadline = time.monotonic() + 10
     while waiting and time.monotonic() < deadline:
         time.sleep(0.1)
-        waiting = _processes_of(home, b"trialflow.controller_launch")
+        waiting = _processes_of(home, b"trialflow.app.controller_launch")
     _guard(home)  # the controller may have started the server already: it is kept for the next create
     assert not waiting  # the controller started beside the config check ended with it
 
@@ -479,7 +479,7 @@ def _started_like_an_older_trialflow(home: Path) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(folder / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     with open(folder / "server.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "trialflow.kept_server_app", "--fd", str(sock.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", "trialflow.server.kept_server_app", "--fd", str(sock.fileno())],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 pass_fds=(sock.fileno(),))
     port = sock.getsockname()[1]
@@ -501,7 +501,7 @@ def _post(url: str, body: dict, headers: dict[str, str] | None = None) -> tuple[
 
 
 def test_a_server_an_older_trialflow_left_open_is_replaced_by_a_private_one(home):
-    from trialflow.kept_server import OpenServerWarning
+    from trialflow.server.kept_server import OpenServerWarning
 
     old_pid = _started_like_an_older_trialflow(home)
     old = running_server(home)
@@ -528,7 +528,7 @@ def test_two_homes_starting_their_servers_at_once_never_both_take_one_port():
     """Each start holds the port it chose from the moment it chose it: a second start (another home,
     another user) looking at the same moment finds it taken and moves on, so no home's clients reach
     another home's server (they were refused with 401 when two starts raced for 4200)."""
-    from trialflow.kept_server import _bound
+    from trialflow.server.kept_server import _bound
 
     port = free_port()
     first = _bound(port)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 
-from trialflow.kept_server_app import REPLAYS, CollectorResumedAfterStart, ReplayBusyWrites
+from trialflow.server.kept_server_app import REPLAYS, CollectorResumedAfterStart, ReplayBusyWrites
 
 
 def _app(busy_times: int, seen: list[bytes], status_when_failing: int = 503) -> Starlette:

@@ -128,7 +128,7 @@ def _preempt_when_paused(k8s, stop):
     """The test's scheduler: preempts the pod of the trial that says it paused (once)."""
     import time
 
-    from trialflow.ids import lowercase_id
+    from trialflow.foundation.ids import lowercase_id
 
     while not stop.is_set():
         for paused in k8s.nfs_dir.glob("nni/*/trials/*/checkpoint/paused"):
@@ -170,7 +170,7 @@ def test_a_preempted_trial_runs_again_from_its_checkpoint_and_is_no_failure(tmp_
     assert all(t.status == "SUCCEEDED" for t in result.trials), [(t.status, t.message) for t in result.trials]
     store = open_store(tmp_path / "w", result.experiment_id)
     [first] = [t for t in result.trials if t.sequence == 0]
-    from trialflow.ids import lowercase_id
+    from trialflow.foundation.ids import lowercase_id
 
     assert first.handle["data"]["attempt"] == 1  # a job of its own for the second run
     assert first.handle["data"]["job"].endswith("-trial-" + lowercase_id(first.id + "r1"))

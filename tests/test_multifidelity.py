@@ -19,7 +19,7 @@ from trialflow import run_experiment
 from trialflow.assessors import create_assessor
 from trialflow.config import AlgorithmConfig
 from trialflow.experiments import open_store
-from trialflow.search_space import parse_search_space
+from trialflow.records.search_space import parse_search_space
 from trialflow.tuners import TunerError, create_tuner
 from trialflow.tuners.hyperband import Bracket
 

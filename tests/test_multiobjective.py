@@ -9,7 +9,7 @@ from tests.conftest import base_config, wait_for, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.config import ConfigError
 from trialflow.experiments import open_store
-from trialflow.results import pareto_set
+from trialflow.experiments.results import pareto_set
 from trialflow.tuners import InvalidMetric, TunerError, create_tuner
 from trialflow.tuners.base import Tuner
 from trialflow.tuners.objectives import Bound, MultiResult, Objective, Objectives
@@ -320,8 +320,8 @@ def test_moasha_stops_dominated_trials_of_a_running_experiment(tmp_path, prefect
 @pytest.mark.breaks_records
 def test_the_audit_checks_the_recorded_pareto_set(tmp_path):
     from trialflow.experiments import create_experiment
-    from trialflow.results import end_experiment
-    from trialflow.store import ExperimentStore, Metric
+    from trialflow.experiments.results import end_experiment
+    from trialflow.records.store import ExperimentStore, Metric
     from trialflow.testing.audit import check_experiment
 
     exp_id, exp_dir = create_experiment(parse_config(_config(tmp_path, maxTrialNumber=3,
@@ -396,7 +396,7 @@ def test_a_csv_export_of_trials_without_results_has_no_reward_column(tmp_path):
     import csv
     import json
 
-    from trialflow.result_exchange import write_csv
+    from trialflow.experiments.result_exchange import write_csv
 
     rows = [{"parameter": {"x": 1}, "value": json.dumps({"accuracy": 0.9, "latency_ms": 3}), "trialJobId": "A",
              "status": "SUCCEEDED", "pareto": True},
@@ -421,9 +421,9 @@ def test_hypervolume_of_hand_computed_fronts():
 
 def test_the_report_of_a_multi_objective_experiment_draws_its_front_and_hypervolume(tmp_path):
     from trialflow.experiments import create_experiment
+    from trialflow.experiments.results import end_experiment
     from trialflow.presentation.report import charts
-    from trialflow.results import end_experiment
-    from trialflow.store import ExperimentStore, Metric
+    from trialflow.records.store import ExperimentStore, Metric
 
     exp_id, exp_dir = create_experiment(parse_config(_config(tmp_path, maxTrialNumber=4,
                                                              constraints=[{"name": "memory_gb", "max": 8}])))
@@ -451,7 +451,7 @@ def test_the_optuna_mirror_of_a_multi_objective_experiment_has_its_directions_va
 
     from trialflow.experiments import create_experiment
     from trialflow.presentation.dashboard import open_mirror
-    from trialflow.store import Metric
+    from trialflow.records.store import Metric
 
     exp_id, exp_dir = create_experiment(parse_config(_config(tmp_path, maxTrialNumber=5,
                                                                    constraints=[{"name": "memory_gb", "max": 8}])))

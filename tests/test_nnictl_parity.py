@@ -16,7 +16,7 @@ import yaml
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.console_script import chooses_the_server
 from trialflow.experiments import list_experiments, open_store
-from trialflow.kept_server import ServerError, ui_path_prefix
+from trialflow.server.kept_server import ServerError, ui_path_prefix
 
 HELD = ("import os, time, nni\np = nni.get_next_parameter()\nwhile os.path.exists({hold!r}):\n    time.sleep(0.2)\n"
         "nni.report_intermediate_result(p['x'])\nnni.report_final_result(p['x'])\n")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import base_config, write_trial
-from trialflow.api import run_experiment
+from trialflow.app.api import run_experiment
 from trialflow.config import parse_config
-from trialflow.kept_server import ensure_server, running_server, stop_server
-from trialflow.prefect_db_template import remember, seed, template_for
+from trialflow.server.kept_server import ensure_server, running_server, stop_server
+from trialflow.server.prefect_db_template import remember, seed, template_for
 from trialflow.trial.procs import stop_with
 
 VERSION = "0.0-test"

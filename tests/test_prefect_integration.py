@@ -15,7 +15,7 @@ import yaml
 from tests.conftest import base_config, write_trial
 from trialflow import run_experiment
 from trialflow.experiments import list_experiments
-from trialflow.store import Control
+from trialflow.records.store import Control
 from trialflow.testing.prefect_server import stop_group
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -195,7 +195,7 @@ def test_a_deployment_runs_overrides_change_a_new_experiments_config_as_validate
     from trialflow.config import ConfigError
     from trialflow.experiments import open_store
     from trialflow.flows.experiment import experiment_flow
-    from trialflow.store import Control
+    from trialflow.records.store import Control
 
     assert "overrides" in experiment_flow.parameters.properties  # a field of the UI's custom run form
     code = tmp_path / "code"
@@ -248,7 +248,7 @@ def test_the_readmes_automation_notifies_of_each_new_best_and_a_failed_sweep_of_
     from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
 
     from tests.conftest import wait_for
-    from trialflow.results import trial_value
+    from trialflow.experiments.results import trial_value
 
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()

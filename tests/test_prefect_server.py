@@ -272,7 +272,7 @@ def test_experiments_creating_one_platform_cap_together_all_start(server):
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from trialflow.limits import PlatformCap
+    from trialflow.server.limits import PlatformCap
 
     with temporary_settings(updates={PREFECT_API_URL: server.url}):
         for attempt in range(5):
@@ -290,7 +290,7 @@ def test_a_cap_an_operator_changed_in_prefect_is_kept_and_the_difference_said(se
     from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from trialflow.limits import PlatformCap
+    from trialflow.server.limits import PlatformCap
 
     with temporary_settings(updates={PREFECT_API_URL: server.url}):
         PlatformCap("cap-operator", 3).ensure().close()  # made by the first experiment

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import wait_for
 from trialflow.experiments import list_experiments
-from trialflow.kept_server import running_server, stop_server
+from trialflow.server.kept_server import running_server, stop_server
 from trialflow.trial.procs import stop_with
 
 ROOT = Path(__file__).resolve().parent.parent

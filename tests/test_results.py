@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import base_config, write_trial
 from trialflow.config import parse_config
 from trialflow.experiments import create_experiment, open_store
-from trialflow.results import maximizes, optimize_mode_of
+from trialflow.experiments.results import maximizes, optimize_mode_of
 
 SKLEARN_LIKE = "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['accuracy'])\n"
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trialflow.config import AlgorithmConfig
-from trialflow.search_space import ReplayChooser, SearchSpaceError, grid_points, parse_search_space
+from trialflow.records.search_space import ReplayChooser, SearchSpaceError, grid_points, parse_search_space
 from trialflow.tuners import create_tuner
 from trialflow.tuners.base import RandomChooser
 

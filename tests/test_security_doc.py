@@ -45,7 +45,7 @@ def test_every_module_that_listens_has_a_row():
         if "testing" in rel.parts or not LISTENING.search(path.read_text()):
             continue
         modules.append(".".join(rel.with_suffix("").parts))
-    assert "trialflow.kept_server_app" in modules and "trialflow.platforms.metrics_receiver" in modules
+    assert "trialflow.server.kept_server_app" in modules and "trialflow.platforms.metrics_receiver" in modules
     missing = [m for m in modules if f"`{m}`" not in DOC]
     assert not missing, f"docs/security.md has no row for these listeners: {missing}"
 

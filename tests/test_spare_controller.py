@@ -18,11 +18,11 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.test_kept_server import CONSOLE_SCRIPT, _as_other_user, _cli, _config, _env
+from trialflow.app.spare_controller import start_spare
 from trialflow.experiments import open_store
-from trialflow.kept_server import ensure_server, server_home, stop_server
-from trialflow.process_fingerprint import fingerprint
-from trialflow.spare_controller import start_spare
-from trialflow.spare_record import RECORD
+from trialflow.foundation.process_fingerprint import fingerprint
+from trialflow.server.kept_server import ensure_server, server_home, stop_server
+from trialflow.server.spare_record import RECORD
 from trialflow.trial.procs import pid_alive, read_json
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e, pytest.mark.xdist_group("kept_server")]
@@ -189,7 +189,7 @@ def test_the_kept_servers_end_ends_its_spare_and_leaves_nothing_behind(home, mon
 def test_the_fingerprint_follows_trialflows_files_and_the_resource_limits():
     import resource
 
-    import trialflow.spare_controller as module
+    import trialflow.app.spare_controller as module
 
     before = fingerprint()
     assert fingerprint() == before

@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
 from trialflow.experiments import list_experiments, open_store
-from trialflow.store import ExperimentStore
+from trialflow.records.store import ExperimentStore
 
 pytestmark = pytest.mark.e2e  # each runs an experiment and stops it
 

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import time
 
-from trialflow.store import Control, ExperimentStore, Metric
+from trialflow.records.store import Control, ExperimentStore, Metric
 
 WRITER = """
 import sys, time
-from trialflow.store import ExperimentStore, Metric
+from trialflow.records.store import ExperimentStore, Metric
 store = ExperimentStore(sys.argv[1], "crashexp")
 store.create_experiment("crash", {"a": 1})
 i = 0
@@ -32,7 +32,7 @@ while True:
 
 OPENER = """
 import os, sys, time
-from trialflow.store import ExperimentStore
+from trialflow.records.store import ExperimentStore
 while not os.path.exists(sys.argv[2]):  # all start opening together
     time.sleep(0.001)
 ExperimentStore(sys.argv[1], "raceexp").close()
@@ -133,7 +133,7 @@ def test_a_store_from_before_the_schema_number_opens_and_a_newer_one_is_refused_
     import pytest
     import sqlalchemy as sa
 
-    from trialflow.store import SCHEMA_VERSION, StoreUnreadable
+    from trialflow.records.store import SCHEMA_VERSION, StoreUnreadable
 
     store = ExperimentStore(store_url, "schemaexp")
     store.create_experiment("old", {"a": 1})

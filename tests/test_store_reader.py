@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from trialflow.experiments import list_experiments, open_records
-from trialflow.store import ExperimentStore
-from trialflow.store_reader import EmbeddedReader
-from trialflow.store_records import DB_RELATIVE_PATH, StoreUnreadable
+from trialflow.records.store import ExperimentStore
+from trialflow.records.store_reader import EmbeddedReader
+from trialflow.records.store_records import DB_RELATIVE_PATH, StoreUnreadable
 
 ASSETS = sorted((Path(__file__).parent / "assets" / "stores").glob("v*"), key=lambda p: int(p.name[1:]))
 EXPERIMENT = "embedded1"  # the embedded experiment every asset holds

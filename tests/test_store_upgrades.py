@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from trialflow.store import SCHEMA_VERSION, ExperimentStore
-from trialflow.store_schema import STEPS
+from trialflow.records.store import SCHEMA_VERSION, ExperimentStore
+from trialflow.records.store_schema import STEPS
 
 ASSETS = sorted((Path(__file__).parent / "assets" / "stores").glob("v*"), key=lambda p: int(p.name[1:]))
 IDS = {"sqlite": ["embedded1"], "postgresql": ["shared01", "shared02"]}
@@ -109,7 +109,7 @@ def test_a_shared_postgresql_store_of_each_version_opens_upgraded_with_every_row
 
 OPEN_AT = """
 import sys, time
-from trialflow.store import ExperimentStore
+from trialflow.records.store import ExperimentStore
 start = float(sys.argv[3])
 time.sleep(max(0.0, start - time.time()))
 ExperimentStore(sys.argv[1], sys.argv[2]).close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from trialflow.presentation.optuna_mirror import flatten
-from trialflow.search_space import parse_search_space
+from trialflow.records.search_space import parse_search_space
 from trialflow.tracking.values import as_text, flat_parameters, numbers
 
 SPACE = {

@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from trialflow import trial_output
-from trialflow.platforms import TrialHandle
+from trialflow.platforms import TrialHandle, trial_output
+from trialflow.platforms.trial_output import MAX_BYTES, MAX_LINE_CHARS, OutputBudget, TrialOutput
 from trialflow.platforms.trialfs import READ_CHUNK
-from trialflow.trial_output import MAX_BYTES, MAX_LINE_CHARS, OutputBudget, TrialOutput
 
 
 class _Printing:

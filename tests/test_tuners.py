@@ -9,7 +9,7 @@ import pytest
 
 from trialflow.assessors import CurvefittingAssessor, MedianstopAssessor, create_assessor
 from trialflow.config import AlgorithmConfig
-from trialflow.search_space import parse_search_space
+from trialflow.records.search_space import parse_search_space
 from trialflow.tuners import InvalidMetric, TunerError, create_tuner, extract_scalar
 
 QUAD = {f"x{i}": {"_type": "uniform", "_value": [-5, 5]} for i in range(5)}
@@ -273,7 +273,7 @@ def test_importing_and_using_the_optuna_tuners_leaves_optunas_verbosity_as_the_u
     notebook = """
 import logging, optuna
 optuna.logging.set_verbosity(logging.INFO)  # the user's own choice, before trialflow is imported
-from trialflow.search_space import parse_search_space
+from trialflow.records.search_space import parse_search_space
 from trialflow.tuners import optuna_tuners
 tuner = optuna_tuners.OptunaTuner(parse_search_space({"x": {"_type": "uniform", "_value": [0, 1]}}),
                                   optuna_tuners.random_sampler, seed=0)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .optuna_logging import quietly
+from .foundation.optuna_logging import quietly
 from .tuners import AlgorithmSpec
 from .tuners.base import (
     TunerError,

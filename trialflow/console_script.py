@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from .api_choice import set_process_defaults
+from .server.api_choice import set_process_defaults
 
 # commands that run an experiment in this process or in a controller it starts
 RUNNING_COMMANDS = frozenset({"create", "resume"})
@@ -50,9 +50,9 @@ def _start() -> None:
     set_process_defaults()
     args = sys.argv[1:]
     if runs_an_experiment(args) and not chooses_the_server(args):
-        from .api_choice import point_this_process_at_kept_server
-        from .kept_server import ServerError
-        from .spare_controller import start_controller_early
+        from .app.spare_controller import start_controller_early
+        from .server.api_choice import point_this_process_at_kept_server
+        from .server.kept_server import ServerError
 
         try:
             point_this_process_at_kept_server()

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import k8s_section, wait_for, write_trial
 from trialflow.config.platforms import PLATFORM_CONFIGS
-from trialflow.ids import new_experiment_id
+from trialflow.foundation.ids import new_experiment_id
 from trialflow.platforms import (
     PlatformError,
     TransientPlatformError,

@@ -250,7 +250,7 @@ def test_unchanged_code_is_uploaded_once_per_machine_across_experiments(tmp_path
 
 
 def _archive_bytes(code: Path) -> bytes:
-    from trialflow.codebundle import scan_code_dir
+    from trialflow.records.codebundle import scan_code_dir
 
     out = bytearray()
     scan_code_dir(code).stream(out.extend)

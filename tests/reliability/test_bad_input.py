@@ -18,8 +18,8 @@ from tests.conftest import PYTHON, base_config, write_trial
 from trialflow import ConfigError, parse_config, run_experiment
 from trialflow.config import AlgorithmConfig
 from trialflow.platforms.metrics_receiver import MetricsReceiver
-from trialflow.search_space import SearchSpaceError, parse_search_space
-from trialflow.store_engine import dumps as store_dumps
+from trialflow.records.search_space import SearchSpaceError, parse_search_space
+from trialflow.records.store_engine import dumps as store_dumps
 from trialflow.trial.records import (
     MetricRecord,
     MetricRecordError,

@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 from prefect.blocks.core import Block
 
-from ..user_errors import UserError
+from ..foundation.user_errors import UserError
 
 B = TypeVar("B", bound=Block)
 

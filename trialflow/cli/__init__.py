@@ -15,8 +15,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..disk_space import no_space
-from ..user_errors import UserError
+from ..foundation.user_errors import UserError
+from ..records.disk_space import no_space
 from . import algorithms, experiments, platform_clean, running, server, trials, watching
 from .common import CliError, _config, console
 
@@ -62,7 +62,7 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
                   line: str | None = None) -> None:
     """Config warnings as one line, each once (the config may be read twice: by the command and its run);
     others as Python prints them."""
-    from ..kept_server import OpenServerWarning
+    from ..server.kept_server import OpenServerWarning
 
     if issubclass(category, _config.ConfigWarning | OpenServerWarning):
         if str(message) in _WARNED:
@@ -75,7 +75,7 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 def main() -> None:
     """Console entry point: one-line errors, exit code 1."""
-    from ..api_choice import set_process_defaults
+    from ..server.api_choice import set_process_defaults
 
     warnings.showwarning = _show_warning
     set_process_defaults()

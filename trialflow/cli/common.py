@@ -13,23 +13,23 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .._lazy import lazy_module
-from ..status import EXPERIMENT_LIVE
-from ..user_errors import UserError
+from ..foundation.lazy import lazy_module
+from ..foundation.status import EXPERIMENT_LIVE
+from ..foundation.user_errors import UserError
 
 if TYPE_CHECKING:
-    from ..store import ExperimentStore
-    from ..store_reader import RecordSource
+    from ..records.store import ExperimentStore
+    from ..records.store_reader import RecordSource
 
 # imported on first use: `trialflow --help` and light commands never import Prefect, Optuna or SDKs
 _config = lazy_module("trialflow.config")
-_control = lazy_module("trialflow.control")
-_records = lazy_module("trialflow.store_records")
+_control = lazy_module("trialflow.app.control")
+_records = lazy_module("trialflow.records.store_records")
 _experiments = lazy_module("trialflow.experiments")
-_warm = lazy_module("trialflow.warm_start")
+_warm = lazy_module("trialflow.experiments.warm_start")
 _run_control = lazy_module("trialflow.flows.run_control")
 _platforms = lazy_module("trialflow.platforms")
-_results = lazy_module("trialflow.results")
+_results = lazy_module("trialflow.experiments.results")
 _tuners = lazy_module("trialflow.tuners")
 _views = lazy_module("trialflow.presentation.views")
 console = Console(markup=False)  # printed values are never read as markup; styled lines say markup=True
@@ -118,8 +118,8 @@ def use_kept_server(port: int | None = None, url_prefix: str | None = None) -> N
     server (started now when none runs, without waiting: it comes up while the controller imports);
     ``port`` and ``url_prefix`` (nnictl's ``--port`` and ``--url_prefix``): the port it must listen on
     and the path it must serve its UI under."""
-    from ..api_choice import point_this_process_at_kept_server, wants_temporary_server
-    from ..kept_server import SERVER_SETTING
+    from ..server.api_choice import point_this_process_at_kept_server, wants_temporary_server
+    from ..server.kept_server import SERVER_SETTING
 
     chosen = [flag for flag, value in (("--port", port), ("--url_prefix", url_prefix)) if value is not None]
     if chosen and os.environ.get("PREFECT_API_URL"):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..status import EXPERIMENT_LIVE, ExperimentStatus
+from ..foundation.status import EXPERIMENT_LIVE, ExperimentStatus
 from .common import (
     CliError,
     ExpIdArg,
@@ -29,7 +29,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..store import ExperimentStore
+    from ..records.store import ExperimentStore
 
 
 experiment_app = typer.Typer(help="List, show, export, import and delete experiments.", no_args_is_help=True)
@@ -84,7 +84,7 @@ def experiment_export(
     if kind not in ("json", "csv"):
         raise CliError(f"bad --type {kind!r}: use json or csv")
     _, store = find_records(experiment_id, root)
-    from ..result_exchange import export_results
+    from ..experiments.result_exchange import export_results
 
     console.print(f"exported {export_results(store, filename, kind, intermediate)} trials to {filename}")
 
@@ -96,7 +96,7 @@ def experiment_import(
                       experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """Import results ([{parameter, value}]) for the tuner, as NNI's importData: told to it on every (re)start;
     they are not trials (no budget, never the best trial). All items or none."""
-    from ..result_exchange import import_file
+    from ..experiments.result_exchange import import_file
 
     _, store = find_store(experiment_id, root)
     count = import_file(store, filename)
@@ -186,7 +186,7 @@ def experiment_save(experiment_id: ExpIdArg = None,
                     root: RootOpt = None) -> None:
     """Pack a stopped or finished experiment (store, trial folders, logs; --saveCodeDir: its code
     folders, as its trials get them) into one file that `experiment load` unpacks elsewhere."""
-    from ..experiment_archive import save_experiment
+    from ..app.experiment_archive import save_experiment
 
     base, store = find_store(experiment_id, root)
     if _control.controller_alive(store):
@@ -207,7 +207,7 @@ def experiment_load(path: Annotated[Path, typer.Option("--path", "-p", help="the
                                                                       "space file to use from now on")] = None
                     ) -> None:
     """Unpack an experiment package; it can then be viewed, exported and resumed here."""
-    from ..experiment_archive import ArchiveError, load_experiment
+    from ..app.experiment_archive import ArchiveError, load_experiment
     from ..experiments import default_root
 
     try:
@@ -273,7 +273,7 @@ def update_searchspace(experiment_id: ExpIdArg = None,
                        root: RootOpt = None) -> None:
     """Replace the search space of a running experiment: later trials take their parameters from it
     (the tuner is rebuilt and told the results so far that fit it); running trials keep theirs."""
-    from ..search_space import SearchSpaceError
+    from ..records.search_space import SearchSpaceError
 
     _, store = find_store(experiment_id, root)
     try:

@@ -11,11 +11,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..controller_launch import PendingController, run_to_exit_code, wait_for_run_page
-from ..disk_space import NoSpaceLeft
-from ..kept_server import ServerError
-from ..spare_controller import start_next_spare, take_controller
-from ..status import EXPERIMENT_LIVE, ExperimentStatus
+from ..app.controller_launch import PendingController, run_to_exit_code, wait_for_run_page
+from ..app.spare_controller import start_next_spare, take_controller
+from ..foundation.status import EXPERIMENT_LIVE, ExperimentStatus
+from ..records.disk_space import NoSpaceLeft
+from ..server.kept_server import ServerError
 from .common import (
     DEFAULT_DASHBOARD_PORT,
     SERVER_ENV_LINE,

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..status import EXPERIMENT_LIVE
+from ..foundation.status import EXPERIMENT_LIVE
 from .common import SERVER_ENV_LINE, CliError, UrlPrefixOpt, _experiments, console
 
 if TYPE_CHECKING:
-    from ..kept_server import KeptServer
+    from ..server.kept_server import KeptServer
 
 
 server_app = typer.Typer(help="trialflow's kept local Prefect server and its UI (used when PREFECT_API_URL is "
@@ -39,8 +39,8 @@ def server_start(port: Annotated[int | None, typer.Option(
         "--port", min=1, max=65535, help="the port it listens on, kept for its later starts")] = None,
                  url_prefix: UrlPrefixOpt = None) -> None:
     """Start the kept server (once; experiments start it on first use anyway)."""
-    from ..api_choice import server_choice
-    from ..kept_server import ensure_server, running_server
+    from ..server.api_choice import server_choice
+    from ..server.kept_server import ensure_server, running_server
 
     already = running_server()
     server = ensure_server(**server_choice(port, url_prefix))
@@ -54,7 +54,7 @@ def server_env() -> None:
     when none runs): eval "$(trialflow server env)"."""
     from prefect.settings import PREFECT_API_URL
 
-    from ..kept_server import ensure_server, running_server
+    from ..server.kept_server import ensure_server, running_server
 
     configured = PREFECT_API_URL.value()
     current = running_server()
@@ -69,7 +69,7 @@ def server_env() -> None:
 @server_app.command("status")
 def server_status() -> None:
     """Whether the kept server runs and answers (exit code 1 when it does not run)."""
-    from ..kept_server import running_server
+    from ..server.kept_server import running_server
 
     server = running_server()
     if server is None:
@@ -78,8 +78,8 @@ def server_status() -> None:
         raise typer.Exit(1)
     healthy = server.healthy()
     _print_server(server, "running" if healthy else "starting or not answering")
-    from ..spare_controller import SPARE_SETTING
-    from ..spare_record import recorded_spare
+    from ..app.spare_controller import SPARE_SETTING
+    from ..server.spare_record import recorded_spare
 
     if (spare := recorded_spare(server.home)) is not None:
         console.print(f"spare controller: pid {spare.pid}, {'ready for' if spare.ready else 'loading for'} the next "
@@ -93,7 +93,7 @@ def server_status() -> None:
 def server_stop(force: Annotated[bool, typer.Option("--force", help="stop it even while experiments report to "
                                                     "it (they go on, without Prefect's records)")] = False) -> None:
     """Stop the kept server; the next experiment (or `server start`) starts it again, on the same port."""
-    from ..kept_server import running_server, stop_server
+    from ..server.kept_server import running_server, stop_server
 
     server = running_server()
     if server is None:

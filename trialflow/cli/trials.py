@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ..controller_launch import CONTROLLER_OUTPUT
-from ..ids import looks_like_experiment_id
+from ..app.controller_launch import CONTROLLER_OUTPUT
+from ..foundation.ids import looks_like_experiment_id
 from .common import (
     CliError,
     ExpIdArg,

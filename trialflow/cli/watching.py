@@ -31,7 +31,7 @@ from .common import (
 
 if TYPE_CHECKING:
     from ..presentation.dashboard import LiveDashboard
-    from ..store import ExperimentRecord
+    from ..records.store import ExperimentRecord
 
 
 def dashboard_port_of(dashboard: bool, port: int | None) -> int:
@@ -102,7 +102,7 @@ def dashboard_command(experiment_id: str, port: Annotated[int | None, typer.Opti
 
 def prefect_ui_line(record: ExperimentRecord) -> str:
     """The line naming the Prefect UI page of the experiment's latest flow run."""
-    from ..prefect_ui_pages import flow_run_page, sign_in_note
+    from ..server.prefect_ui_pages import flow_run_page, sign_in_note
 
     page = flow_run_page(record.prefect_api, record.flow_run_id)
     return f"Prefect UI: {page}{sign_in_note(record.prefect_api)}" if page else (
@@ -118,7 +118,7 @@ webui_app = typer.Typer(help="Where to watch an experiment: its Prefect UI page 
 def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     """The experiment's Prefect UI page (its flow run) and its live dashboard's address, when serving.
     (NNI's web UI is Prefect's UI and optuna-dashboard here.)"""
-    from ..store import Control
+    from ..records.store import Control
 
     _, store = find_store(experiment_id, root)
     record = store.experiment()

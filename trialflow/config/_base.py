@@ -32,7 +32,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from ..user_errors import UserError
+from ..foundation.user_errors import UserError
 
 # An unknown key is renamed to "<key><_SUGGEST><closest valid name>" so that pydantic's
 # "extra_forbidden" error carries the suggestion through to format_errors().

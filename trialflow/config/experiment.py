@@ -18,8 +18,8 @@ from pydantic import (
 )
 
 from ..assessors import ASSESSORS, MULTI_OBJECTIVE_ASSESSORS
-from ..ids import looks_like_experiment_id
-from ..search_space import SearchSpace, SearchSpaceError, parse_search_space
+from ..foundation.ids import looks_like_experiment_id
+from ..records.search_space import SearchSpace, SearchSpaceError, parse_search_space
 from ..tuners import MULTI_OBJECTIVE_NAMES, MULTI_OBJECTIVE_TUNERS, NAS_TUNERS, TUNERS
 from ..tuners.custom import is_custom
 from ..tuners.objectives import Objectives

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..context import ExperimentContext
+from ..experiments.context import ExperimentContext
+from ..experiments.results import best_trial, maximizes, outcome_counts, pareto_lines, trial_value
+from ..foundation.status import TrialStatus
 from ..platforms import service_name
-from ..results import best_trial, maximizes, outcome_counts, pareto_lines, trial_value
-from ..status import TrialStatus
-from ..store import TERMINAL, Control, TrialRecord
+from ..records.store import TERMINAL, Control, TrialRecord
 from .api_outage import OptionalCalls, next_try_after
 
 PROGRESS_INTERVAL = 3.0  # seconds between looks at the progress (updated in place when it moved)

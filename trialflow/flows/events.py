@@ -33,9 +33,17 @@ import time
 from typing import Any
 
 from ..config import ExperimentConfig
-from ..results import best_trial, maximizes, multi_objective, nothing_succeeded, outcome_counts, pareto_set, trial_value
-from ..status import ExperimentStatus, TrialStatus
-from ..store import ExperimentStore, TrialRecord
+from ..experiments.results import (
+    best_trial,
+    maximizes,
+    multi_objective,
+    nothing_succeeded,
+    outcome_counts,
+    pareto_set,
+    trial_value,
+)
+from ..foundation.status import ExperimentStatus, TrialStatus
+from ..records.store import ExperimentStore, TrialRecord
 from .artifacts import json_safe
 from .run_control import run_tags
 

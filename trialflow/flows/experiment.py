@@ -31,21 +31,21 @@ from prefect.states import Cancelled, Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from ..config import load_config
-from ..context import open_context
-from ..disk_space import NoSpaceLeft, no_space
 from ..experiments import (
     find_experiment,
     load_experiment_config,
     open_store,
 )
-from ..ids import new_experiment_id
-from ..kept_server import ServerError
-from ..results import end_experiment, nothing_succeeded, outcome_line
-from ..status import ExperimentStatus
-from ..store import ExperimentStore
+from ..experiments.context import open_context
+from ..experiments.results import end_experiment, nothing_succeeded, outcome_line
+from ..experiments.warm_start import create_warm_started
+from ..foundation.ids import new_experiment_id
+from ..foundation.status import ExperimentStatus
+from ..foundation.withheld import withhold
+from ..records.disk_space import NoSpaceLeft, no_space
+from ..records.store import ExperimentStore
+from ..server.kept_server import ServerError
 from ..tracking import tracking
-from ..warm_start import create_warm_started
-from ..withheld import withhold
 from .events import ExperimentEvents
 from .run_api import experiment_api
 from .run_control import (
@@ -191,10 +191,10 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
 
 def run_experiment_flow(config_path: str | None, experiment_id: str | None, root: str | None) -> State:
     """Run :func:`experiment_flow` in this process and return its final state. Without a configured
-    PREFECT_API_URL it reports to trialflow's kept local server (:mod:`trialflow.kept_server`), started
+    PREFECT_API_URL it reports to trialflow's kept local server (:mod:`trialflow.server.kept_server`), started
     first when needed, or to Prefect's temporary server when that is asked for. Either runs in a session
     of its own: a Ctrl-C in this terminal stops the experiment, never its API. Raises
-    :class:`~trialflow.kept_server.ServerError` when the kept server cannot start or a configured API
+    :class:`~trialflow.server.kept_server.ServerError` when the kept server cannot start or a configured API
     does not answer; a stored experiment (``experiment_id``) is then recorded ERROR with that message
     (``trialflow resume`` runs it once the API is back), a new one is not created."""
     with ExitStack() as stack:

@@ -7,9 +7,9 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from ..api_choice import wants_temporary_server
-from ..kept_server import KeptServer, ServerError, ensure_server, revive, running_server
-from ..startup_gc import collector_paused
+from ..foundation.startup_gc import collector_paused
+from ..server.api_choice import wants_temporary_server
+from ..server.kept_server import KeptServer, ServerError, ensure_server, revive, running_server
 from .api_outage import unreachable
 from .temporary_server import start_temporary_server
 

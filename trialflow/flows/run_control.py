@@ -20,7 +20,7 @@ from typing import Any
 
 from ..config import ExperimentConfig
 from ..experiments import ExperimentNotFound, find_experiment, stored_config
-from ..ids import looks_like_experiment_id
+from ..foundation.ids import looks_like_experiment_id
 from .api_outage import OptionalCalls, next_try_after
 
 log = logging.getLogger("trialflow.experiment")
@@ -172,7 +172,7 @@ def end_flow_run(flow_run_id: str, api: str | None, message: str, crashed: bool 
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelled, Crashed
 
-    from ..kept_server import auth_for, revive
+    from ..server.kept_server import auth_for, revive
     from .temporary_server import start_temporary_server
 
     auth = auth_for(api)  # the kept server's, when ``api`` is its address

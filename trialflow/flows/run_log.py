@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..disk_space import SpaceTolerantFileHandler
 from ..experiments import CONTROLLER_LOG
+from ..records.disk_space import SpaceTolerantFileHandler
 
 # The loggers whose records go to the experiment's log: trialflow's own and the run's flow/task runs.
 LOGGED = ("trialflow", "prefect.flow_runs", "prefect.task_runs")

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..prefect_db_template import database_of, remember, seed
+from ..server.prefect_db_template import database_of, remember, seed
 from ..trial.procs import stop_with, watch_next_child
 
 log = logging.getLogger("trialflow.experiment")
@@ -74,7 +74,7 @@ def _startup_timeout() -> int:
 
 def _new_database() -> tuple[Path | None, str | None]:
     """The SQLite file the temporary server will use and the Prefect version; a file that does not
-    exist yet is seeded with a migrated empty copy when there is one (:mod:`trialflow.prefect_db_template`)."""
+    exist yet is seeded with a migrated empty copy when there is one (:mod:`trialflow.server.prefect_db_template`)."""
     from prefect import __version__
     from prefect.settings import get_current_settings
 

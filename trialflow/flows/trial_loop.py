@@ -17,13 +17,13 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.utilities.annotations import allow_failure
 
-from ..context import ExperimentContext
-from ..disk_space import NoSpaceLeft, no_space, out_of_space
 from ..experiments import set_stored_fields
-from ..limits import PlatformCap
+from ..experiments.context import ExperimentContext
+from ..foundation.status import ExperimentStatus, TrialStatus
 from ..platforms import TrialHandle, experiment_retry
-from ..status import ExperimentStatus, TrialStatus
-from ..store import Control
+from ..records.disk_space import NoSpaceLeft, no_space, out_of_space
+from ..records.store import Control
+from ..server.limits import PlatformCap
 from ..tasks import poll_trial, submit_trial, suggest_parameters, upload_code
 from ..tasks.retries import retry_options
 from ..tuners import TunerError, create_tuner

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from ..blocks import AzureMLCredentials, load_block
 from ..config.sections.aml import AmlConfig
-from ..ids import lowercase_id
+from ..foundation.ids import lowercase_id
 from .base import PlatformError, TransientPlatformError, TrialStatus
 from .errors import http_error
 from .mounted_share import MountedShare

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..status import TrialStatus
+from ..foundation.status import TrialStatus
 from ..trial.protocol import ATTEMPT_ENV, OUTPUT_FILES, REPORTED_ENV
 from ..trial.records import MetricRecord
 from .errors import LostHandleError, PlatformError, TransientPlatformError

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..user_errors import UserError
+from ..foundation.user_errors import UserError
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ..blocks import BlockNotFoundError, KubernetesCredentials, load_block
-from ..ids import lowercase_id as k8s_id
+from ..foundation.ids import lowercase_id as k8s_id
 from .base import PlatformError, TransientPlatformError
 from .errors import http_error
 

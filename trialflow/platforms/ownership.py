@@ -12,7 +12,7 @@ without a marker, is left alone.
 
 from __future__ import annotations
 
-from ..ids import looks_like_experiment_id
+from ..foundation.ids import looks_like_experiment_id
 from .trialfs import TrialFS
 
 MARKER = ".trialflow-made"

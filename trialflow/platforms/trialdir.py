@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..codebundle import CodeBundle, CodeDirError, scan_code_dir
+from ..records.codebundle import CodeBundle, CodeDirError, scan_code_dir
 from ..trial.protocol import (
     HEARTBEAT,
     HOLD,

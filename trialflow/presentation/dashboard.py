@@ -24,9 +24,9 @@ from types import ModuleType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..results import multi_objective
-from ..search_space import SearchSpace, parse_search_space
-from ..store import Control, ExperimentStore
+from ..experiments.results import multi_objective
+from ..records.search_space import SearchSpace, parse_search_space
+from ..records.store import Control, ExperimentStore
 from .optuna_mirror import OptunaMirror
 from .views import is_maximize_stored
 

@@ -22,12 +22,20 @@ from rich.live import Live
 from rich.table import Table
 
 from ..experiments import open_store
+from ..experiments.results import (
+    best_trial,
+    maximizes,
+    multi_objective,
+    outcome_line,
+    pareto_lines,
+    pareto_set,
+    trial_value,
+)
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
-from ..prefect_ui_pages import flow_run_page, sign_in_note
-from ..results import best_trial, maximizes, multi_objective, outcome_line, pareto_lines, pareto_set, trial_value
-from ..startup_gc import collector_paused
-from ..status import TrialStatus
-from ..store import Control
+from ..foundation.startup_gc import collector_paused
+from ..foundation.status import TrialStatus
+from ..records.store import Control
+from ..server.prefect_ui_pages import flow_run_page, sign_in_note
 
 
 def _run_page(root: Path, experiment_id: str) -> str | None:

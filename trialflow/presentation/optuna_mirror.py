@@ -40,10 +40,10 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from ..optuna_logging import quietly
-from ..search_space import Option, Param, SearchSpace
-from ..status import TrialStatus
-from ..store import ExperimentStore, TrialRecord
+from ..foundation.optuna_logging import quietly
+from ..foundation.status import TrialStatus
+from ..records.search_space import Option, Param, SearchSpace
+from ..records.store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
 from ..tuners.objectives import Objectives
 

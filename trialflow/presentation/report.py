@@ -28,9 +28,9 @@ from typing import Any, TypeVar
 
 import optuna
 
-from ..results import maximizes, multi_objective, multi_results, pareto_set, succeeded, trial_value
-from ..status import TrialStatus
-from ..store import ExperimentStore, TrialRecord
+from ..experiments.results import maximizes, multi_objective, multi_results, pareto_set, succeeded, trial_value
+from ..foundation.status import TrialStatus
+from ..records.store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
 from ..tuners.objectives import MultiResult, Objectives, hypervolume
 from .dashboard import open_mirror, plots_module

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import requests
 
+from ..foundation.user_errors import UserError
 from ..platforms import PlatformError, TrainingService, TrialHandle
-from ..store import ExperimentStore
+from ..records.store import ExperimentStore
 from ..trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, write_atomic
-from ..user_errors import UserError
 
 FOLDER = "tensorboard"  # under each trial's NNI_OUTPUT_DIR, as NNI
 STATE = "server.json"

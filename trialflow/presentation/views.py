@@ -1,5 +1,5 @@
 """Rendering for the CLI: experiment summary, trial tables, the running experiments (export and
-import are :mod:`trialflow.result_exchange`)."""
+import are :mod:`trialflow.experiments.result_exchange`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..experiments import list_experiments, open_store
-from ..platforms import service_name
-from ..platforms.base import stored_attempt
-from ..results import (
+from ..experiments.results import (
     best_trial,
     maximizes,
     multi_objective,
@@ -26,9 +24,11 @@ from ..results import (
     ranked,
     trial_value,
 )
-from ..status import EXPERIMENT_LIVE, TrialStatus
-from ..store_reader import RecordSource
-from ..store_records import TrialRecord, config_in_force
+from ..foundation.status import EXPERIMENT_LIVE, TrialStatus
+from ..platforms import service_name
+from ..platforms.base import stored_attempt
+from ..records.store_reader import RecordSource
+from ..records.store_records import TrialRecord, config_in_force
 from ..tuners.objectives import Objectives
 
 

@@ -1,6 +1,6 @@
 """The Prefect task library: ``suggest_parameters``, ``upload_code``, ``submit_trial`` and
 ``poll_trial``, generic over platforms, used by the experiment flow and usable from a user's own
-flow (open the experiment with ``trialflow.api.experiment_session``). Parameters are ids and small
+flow (open the experiment with ``trialflow.app.api.experiment_session``). Parameters are ids and small
 values; the tasks find the running experiment by its id."""
 
 from __future__ import annotations

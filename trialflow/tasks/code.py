@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ..context import get_context
+from ..experiments.context import get_context
 from ..platforms import CodeRef, RetryPolicy
 from .retries import retry_options
 

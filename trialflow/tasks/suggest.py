@@ -10,8 +10,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from ..context import ExperimentContext, get_context
-from ..ids import new_trial_id
+from ..experiments.context import ExperimentContext, get_context
+from ..foundation.ids import new_trial_id
 from ..tuners import InvalidMetric
 from ..tuners.objectives import MultiResult, read_result
 

@@ -31,8 +31,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed, Crashed, Failed, State
 
-from ..context import ExperimentContext, FollowingHalted, get_context
-from ..disk_space import no_space
+from ..experiments.context import ExperimentContext, FollowingHalted, get_context
+from ..experiments.results import exited_by_itself
+from ..foundation.status import ASSESSOR_STOP, DURATION_STOP
 from ..platforms import (
     PlatformError,
     RetryPolicy,
@@ -43,10 +44,9 @@ from ..platforms import (
     experiment_retry,
 )
 from ..platforms.base import interruption_note, stored_attempt
-from ..results import exited_by_itself
-from ..status import ASSESSOR_STOP, DURATION_STOP
-from ..store import Metric
-from ..trial_output import TrialOutput, output_logger
+from ..platforms.trial_output import TrialOutput, output_logger
+from ..records.disk_space import no_space
+from ..records.store import Metric
 from ..tuners import scalar_or_none
 from .retries import retry_options
 from .suggest import observe
@@ -156,7 +156,7 @@ def trial_state(ctx: ExperimentContext, trial_id: str, status: str) -> State:
 
 def follow_trial(ctx: ExperimentContext, trial_id: str, handle: TrialHandle) -> str:
     """Poll the trial until it ends; returns its recorded terminal status. Its output goes to this task
-    run's logs meanwhile (:mod:`trialflow.trial_output`).
+    run's logs meanwhile (:mod:`trialflow.platforms.trial_output`).
 
     A poll's terminal status is looked at before the assessor: a trial that has already ended keeps its
     own outcome (its exit code, its final result), the assessor only stops running trials, and never

@@ -30,10 +30,10 @@ import os
 from pathlib import Path
 
 from ..experiments import STORE_URL_FILE, open_store
+from ..experiments.results import exited_by_itself, expected_best, expected_pareto, maximizes
+from ..foundation.status import EXPERIMENT_ENDED, TrialStatus
 from ..platforms.base import attempt_of, stored_attempt
-from ..results import exited_by_itself, expected_best, expected_pareto, maximizes
-from ..status import EXPERIMENT_ENDED, TrialStatus
-from ..store import (
+from ..records.store import (
     DB_RELATIVE_PATH,
     STOPPED_BY_US,
     TERMINAL,
@@ -43,7 +43,7 @@ from ..store import (
     Metric,
     TrialRecord,
 )
-from ..store_engine import embedded_url, stored_experiment_ids
+from ..records.store_engine import embedded_url, stored_experiment_ids
 
 ENDED = EXPERIMENT_ENDED
 CLOCK_SLACK = 0.001  # store times are floats written by one clock; allow rounding only

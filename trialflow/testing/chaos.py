@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..flows.trial_loop import RESUBMITTED
-from ..status import STOPPED_BY_US, TERMINAL, TrialStatus
-from ..store import ExperimentStore
+from ..foundation.status import STOPPED_BY_US, TERMINAL, TrialStatus
+from ..records.store import ExperimentStore
 
 CHAOS_TRIAL = """\
 import fcntl, json, os, time, nni

@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..kept_server import SERVER_DEFAULTS
+from ..server.kept_server import SERVER_DEFAULTS
 from .ports import free_port
 
 STARTUP_SECONDS = 120.0

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from ..config import ExperimentConfig
 from ..platforms import TrainingService, TrialHandle
-from ..store import ExperimentStore
+from ..records.store import ExperimentStore
 from .worker import MAX_LOG_BYTES, PROGRESS
 
 log = logging.getLogger("trialflow.tracking")

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..status import ExperimentStatus, TrialStatus
-from ..store import ExperimentRecord, Metric, TrialRecord
+from ..foundation.status import ExperimentStatus, TrialStatus
+from ..records.store import ExperimentRecord, Metric, TrialRecord
 from .values import as_text, flat_parameters, numbers
 
 KIND = "trialflow.kind"  # "experiment" (the parent run) or "trial"

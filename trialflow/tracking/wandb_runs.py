@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from ..status import TrialStatus
-from ..store import ExperimentRecord, Metric, TrialRecord
+from ..foundation.status import TrialStatus
+from ..records.store import ExperimentRecord, Metric, TrialRecord
 from .values import flat_parameters, numbers
 
 LEDGER = "logged-trials"  # trial ids whose runs finished, one per line

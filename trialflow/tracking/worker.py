@@ -26,7 +26,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..store import ExperimentRecord, ExperimentStore, Metric, TrialRecord
+    from ..records.store import ExperimentRecord, ExperimentStore, Metric, TrialRecord
 
 MAX_BACKOFF_SECONDS = 30.0
 BACKLOG_SAID = 20  # trials left to log at the experiment's end from which the wait is said
@@ -74,7 +74,7 @@ def _read_lines(inbox: queue.Queue[Any]) -> None:
 
 def run(job: dict[str, Any]) -> int:
     """Log until finished (0) or until stdin closes (1)."""
-    from ..store import ExperimentStore
+    from ..records.store import ExperimentStore
 
     store = ExperimentStore(job["store_url"], job["experiment_id"])
     runs = open_runs(job)
@@ -85,8 +85,8 @@ def run(job: dict[str, Any]) -> int:
 
 
 def _log(job: dict[str, Any], store: ExperimentStore, runs: TrackerRuns) -> int:
+    from ..foundation.status import TrialStatus
     from ..platforms.trialdir import read_trial_logs
-    from ..status import TrialStatus
 
     inbox: queue.Queue[Any] = queue.Queue()
     threading.Thread(target=_read_lines, args=(inbox,), daemon=True).start()

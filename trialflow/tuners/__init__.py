@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..search_space import SearchSpace, parse_search_space
+from ..records.search_space import SearchSpace, parse_search_space
 from .base import (
     InvalidMetric,
     Suggestion,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..search_space import SearchSpace
+from ..records.search_space import SearchSpace
 from .base import RandomChooser, RawHistoryTuner, Suggestion
 
 

@@ -14,8 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from ..search_space import SearchSpace
-from ..user_errors import UserError
+from ..foundation.user_errors import UserError
+from ..records.search_space import SearchSpace
 
 # the checkpoint folders PBT (and, when asked, Hyperband and BOHB) pass in a trial's parameters, NNI's names
 LOAD_KEY, SAVE_KEY = "load_checkpoint_dir", "save_checkpoint_dir"

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..search_space import SearchSpace
+from ..records.search_space import SearchSpace
 from .base import PreferringChooser, TunerError
 from .hyperband import HyperbandTuner
 from .vectors import UnitVectors

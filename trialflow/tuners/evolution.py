@@ -4,7 +4,7 @@ options resampled where the mutation changes them) and the worst individual is d
 
 from __future__ import annotations
 
-from ..search_space import SearchSpace
+from ..records.search_space import SearchSpace
 from .base import PreferringChooser, RandomChooser, RawHistoryTuner, Suggestion
 
 

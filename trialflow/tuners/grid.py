@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..search_space import ReplayChooser, SearchSpace, grid_points
+from ..records.search_space import ReplayChooser, SearchSpace, grid_points
 from .base import Suggestion, Tuner, TunerError
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..search_space import ReplayChooser, SearchSpace
+from ..records.search_space import ReplayChooser, SearchSpace
 from .base import LOAD_KEY, SAVE_KEY, RandomChooser, Suggestion, Tuner
 
 BUDGET_KEY = "TRIAL_BUDGET"

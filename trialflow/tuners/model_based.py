@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..search_space import SearchSpace
+from ..records.search_space import SearchSpace
 from .base import PreferringChooser, RandomChooser, Suggestion, Tuner, TunerError
 from .objectives import MultiResult, Objectives
 from .vectors import UnitVectors

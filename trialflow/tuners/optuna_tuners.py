@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..optuna_logging import quietly
-from ..search_space import SearchSpace
+from ..foundation.optuna_logging import quietly
+from ..records.search_space import SearchSpace
 from .base import Suggestion, Tuner
 
 if TYPE_CHECKING:

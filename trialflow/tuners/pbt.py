@@ -27,7 +27,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from ..search_space import ReplayChooser, SearchSpace
+from ..records.search_space import ReplayChooser, SearchSpace
 from .base import LOAD_KEY, SAVE_KEY, RandomChooser, Suggestion, Tuner
 
 DEFAULT_CHECKPOINT_DIR = "checkpoint"  # relative: resolved by the trial runtime in the experiment's folder

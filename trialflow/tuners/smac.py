@@ -25,7 +25,7 @@ import tempfile
 import weakref
 from typing import Any
 
-from ..search_space import SearchSpace
+from ..records.search_space import SearchSpace
 from .base import PreferringChooser, Suggestion, Tuner, TunerError
 from .objectives import MultiResult, Objectives
 

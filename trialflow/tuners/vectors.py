@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..search_space import SearchSpace
+from ..records.search_space import SearchSpace
 
 
 class UnitVectors:

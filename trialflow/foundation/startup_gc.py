@@ -5,7 +5,7 @@ start a collection that finds next to nothing to free (Prefect's server imports 
 them: benchmarks/README.md). Imports made under
 :func:`collector_paused` skip those collections; afterwards the collector runs as before and finds
 whatever garbage the imports left. (The kept Prefect server keeps it paused through its whole start:
-:mod:`trialflow.kept_server_app`.)
+:mod:`trialflow.server.kept_server_app`.)
 
 Standard library only.
 """

@@ -1,7 +1,7 @@
 """Background controllers started before their experiment exists, so that their start-up (importing
-Prefect and the task library: over a second) overlaps the CLI's checking of the config.
+Prefect and the task library, their longest step) overlaps the CLI's checking of the config.
 
-Lifecycle: :func:`start_controller` starts ``python -m trialflow.controller_launch`` in a process group
+Lifecycle: :func:`start_controller` starts ``python -m trialflow.app.controller_launch`` in a process group
 of its own (a Ctrl-C or hang-up of the terminal never reaches it), in the command's session. It points
 itself at the kept Prefect server, then imports what a run needs while a thread reads one line from its
 stdin: the experiment to run.
@@ -23,18 +23,18 @@ import traceback
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .trial.procs import pid_alive
-from .user_errors import UserError
+from ..foundation.user_errors import UserError
+from ..trial.procs import pid_alive
 
 if TYPE_CHECKING:
-    from .kept_server import ServerError
+    from ..server.kept_server import ServerError
 
 CONTROLLER_OUTPUT = "controller.out"  # in the experiment's log/ folder: a background controller's raw output
 
 
 class PendingController:
     """A started controller waiting for its experiment: a new process, whose stdin carries the job line,
-    or a claimed spare (:mod:`trialflow.spare_controller`), whose connection carries it."""
+    or a claimed spare (:mod:`trialflow.app.spare_controller`), whose connection carries it."""
 
     def __init__(self, pid: int, spool: Path, channel: IO[bytes], proc: subprocess.Popen[bytes] | None = None,
                  start_time: int | None = None) -> None:
@@ -81,7 +81,7 @@ def start_controller() -> PendingController:
         # a process group of its own (a Ctrl-C or hang-up of the terminal never reaches it) in the command's
         # session: the scheduler shares the CPU between sessions first (autogroups), so while the command
         # and this controller start, a kept server starting beside them keeps a CPU to itself
-        proc = subprocess.Popen([sys.executable, "-m", "trialflow.controller_launch"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "trialflow.app.controller_launch"], stdin=subprocess.PIPE,
                                 stdout=fd, stderr=fd, close_fds=True, process_group=0)
     finally:
         os.close(fd)
@@ -126,8 +126,8 @@ _JOB: list[str] = []  # the job line, once read
 
 def _main() -> int:
     spool = Path(os.readlink("/proc/self/fd/1"))
-    from .api_choice import point_this_process_at_kept_server
-    from .kept_server import ServerError
+    from ..server.api_choice import point_this_process_at_kept_server
+    from ..server.kept_server import ServerError
 
     try:
         point_this_process_at_kept_server()  # starting while the imports below run
@@ -135,10 +135,10 @@ def _main() -> int:
     except ServerError as exc:
         problem = exc
     reader = _await_job(spool)  # after the server's start: a refused config never interrupts that
-    from .startup_gc import collector_paused, set_aside
+    from ..foundation.startup_gc import collector_paused, set_aside
 
     with collector_paused():
-        from .flows import experiment  # noqa: F401 -- imported while `create` checks the config
+        from ..flows import experiment  # noqa: F401 -- imported while `create` checks the config
     set_aside(collect_first=False)  # the run never walks the imports' objects
 
     reader.join()
@@ -149,9 +149,9 @@ def run_job(job: dict[str, Any], spool: Path, problem: ServerError | None = None
     """Run the job a command sent (its experiment, under its root) in this process, its output moved
     from ``spool`` to the experiment's log; ``problem``: why no Prefect API can be reached (recorded,
     nothing run). Returns the process's exit code."""
-    from .experiments import CONTROLLER_LOG
-    from .flows import experiment
-    from .kept_server import ServerError
+    from ..experiments import CONTROLLER_LOG
+    from ..flows import experiment
+    from ..server.kept_server import ServerError
 
     root = Path(job["root"])
     _move_output(spool, root / job["experiment_id"] / Path(CONTROLLER_LOG).parent / CONTROLLER_OUTPUT)
@@ -159,8 +159,8 @@ def run_job(job: dict[str, Any], spool: Path, problem: ServerError | None = None
         print(problem, file=sys.stderr)
         experiment.record_unstarted_run(job["experiment_id"], problem, root)
         return 1
-    from .disk_space import NoSpaceLeft
-    from .flows.api_outage import exit_now_if_api_gone
+    from ..flows.api_outage import exit_now_if_api_gone
+    from ..records.disk_space import NoSpaceLeft
 
     try:
         code = run_to_exit_code(job["experiment_id"], root, job["config"])
@@ -178,7 +178,7 @@ def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) ->
     """Run (or resume) the stored experiment in this process; 1 when its run Failed (no trial
     succeeded: cron and automations see a non-zero exit), else 0. Raises what ended a run that could
     not go on."""
-    from .flows.experiment import final_status, run_experiment_flow
+    from ..flows.experiment import final_status, run_experiment_flow
 
     state = run_experiment_flow(config_path, experiment_id, str(root))
     final_status(state)
@@ -201,8 +201,8 @@ def wait_for_run_page(controller: PendingController, experiment_id: str, root: P
     recorded or where its output is) when the controller ends before that."""
     import time
 
-    from .experiments import CONTROLLER_LOG, open_store
-    from .prefect_ui_pages import flow_run_page, sign_in_note
+    from ..experiments import CONTROLLER_LOG, open_store
+    from ..server.prefect_ui_pages import flow_run_page, sign_in_note
 
     store = open_store(root, experiment_id)
     deadline = time.monotonic() + RUN_PAGE_WAIT

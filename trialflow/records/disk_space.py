@@ -14,8 +14,8 @@ import logging
 import os
 import shutil
 
-from .trial.procs import NO_SPACE_ERRNOS
-from .user_errors import UserError
+from ..foundation.user_errors import UserError
+from ..trial.procs import NO_SPACE_ERRNOS
 
 SQLITE_FULL = "database or disk is full"  # sqlite3.OperationalError's text for SQLITE_FULL
 POSTGRES_DISK_FULL = "53100"  # SQLSTATE disk_full: the store's database server ran out of space

@@ -32,7 +32,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .trial.procs import read_json, write_atomic
+from ..trial.procs import read_json, write_atomic
 
 log = logging.getLogger("trialflow.server")
 DATABASE_MARK = "database.json"  # in a server's folder: the Prefect version last healthy on its database

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from .trial.procs import pid_alive, read_json
+from ..trial.procs import pid_alive, read_json
 
 RECORD = "spare.json"  # in the kept server's folder: the ready spare's pid, start time, socket, output
 

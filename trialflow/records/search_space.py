@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Protocol
 
-from .user_errors import UserError
+from ..foundation.user_errors import UserError
 
 TYPES = ("choice", "randint", "uniform", "quniform", "loguniform", "qloguniform",
          "normal", "qnormal", "lognormal", "qlognormal")

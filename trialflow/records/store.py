@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
+from ..foundation.status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
 from .store_engine import dumps, embedded_url, open_engine, unreadable_error
 from .store_records import (  # noqa: F401 -- the records, SCHEMA_VERSION and StoreUnreadable are the store's to name
     CONTROLLED_FIELDS,

@@ -15,17 +15,17 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .experiments import stored_config
-from .platforms import service_name
+from ..foundation.user_errors import UserError
+from ..platforms import service_name
+from ..records.store_reader import RecordSource
+from ..records.store_records import ImportedItem
+from ..tuners.objectives import read_result
+from . import stored_config
 from .results import multi_objective, pareto_set
-from .store_reader import RecordSource
-from .store_records import ImportedItem
-from .tuners.objectives import read_result
-from .user_errors import UserError
 
 if TYPE_CHECKING:  # the config models load only to import results: an export needs none of them
-    from .config import ExperimentConfig
-    from .store import ExperimentStore
+    from ..config import ExperimentConfig
+    from ..records.store import ExperimentStore
 
 
 def export_rows(store: RecordSource, intermediate: bool) -> list[dict[str, Any]]:

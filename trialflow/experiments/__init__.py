@@ -14,15 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .ids import looks_like_experiment_id, new_experiment_id
-from .kept_server import DEFAULT_WORKING_DIRECTORY
-from .store_reader import EmbeddedReader, RecordSource
-from .store_records import DB_RELATIVE_PATH, SCHEMA_VERSION, Control, ExperimentRecord, ImportedItem, StoreUnreadable
-from .user_errors import UserError
+from ..foundation.ids import looks_like_experiment_id, new_experiment_id
+from ..foundation.user_errors import UserError
+from ..records.store_reader import EmbeddedReader, RecordSource
+from ..records.store_records import (
+    DB_RELATIVE_PATH,
+    SCHEMA_VERSION,
+    Control,
+    ExperimentRecord,
+    ImportedItem,
+    StoreUnreadable,
+)
+from ..server.kept_server import DEFAULT_WORKING_DIRECTORY
 
 if TYPE_CHECKING:
-    from .config import ExperimentConfig
-    from .store import ExperimentStore
+    from ..config import ExperimentConfig
+    from ..records.store import ExperimentStore
 
 # The config models, tuners and assessors are imported where an experiment is made or its config read:
 # commands that only read records (trial ls, export, experiment list) start without them.
@@ -53,8 +60,8 @@ def default_root() -> Path:
 def check_new_experiment(config: ExperimentConfig) -> None:
     """What ``create`` checks before anything is read or written: the tuner and assessor
     (:class:`TunerError`) and the GPUs local trials ask for (:class:`~trialflow.platforms.PlatformError`)."""
-    from .assessors import check_assessor
-    from .tuners import check_tuner
+    from ..assessors import check_assessor
+    from ..tuners import check_tuner
 
     if config.tuner is not None:
         check_tuner(config.tuner)
@@ -62,7 +69,7 @@ def check_new_experiment(config: ExperimentConfig) -> None:
         check_assessor(config.assessor)
     for section in config.services:
         if section.platform == "local":
-            from .platforms.local import check_gpus
+            from ..platforms.local import check_gpus
 
             check_gpus(section)  # type: ignore[arg-type]
 
@@ -77,14 +84,14 @@ def create_experiment(config: ExperimentConfig, config_path: str | None = None,
     records go to that database and the directory keeps where (the URL without its password).
     :func:`check_new_experiment` runs first: a refusal leaves nothing. ``imported``: the items a warm
     start gathered, as ``(source, items)``, stored as the experiment's imported data; a config with a
-    ``warmStart`` is created through :func:`trialflow.warm_start.create_warm_started`, which gathers
+    ``warmStart`` is created through :func:`trialflow.experiments.warm_start.create_warm_started`, which gathers
     them (raises ``ValueError`` when none were given)."""
+    from ..records.store import ExperimentStore
     from .results import optimize_mode_of
-    from .store import ExperimentStore
 
     check_new_experiment(config)
     if config.warm_start and not imported:
-        raise ValueError("a config with warmStart is created by trialflow.warm_start.create_warm_started")
+        raise ValueError("a config with warmStart is created by trialflow.experiments.warm_start.create_warm_started")
     root = Path(config.experiment_working_directory).resolve()
     if experiment_id is None or not looks_like_experiment_id(experiment_id) or (root / experiment_id).exists():
         experiment_id = new_experiment_id()
@@ -177,7 +184,7 @@ def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
     The password of a shared one comes from the experiment's config in this process, else ``config``,
     else the file the experiment was created from, when their store is the recorded one; else from
     PGPASSWORD or ~/.pgpass."""
-    from .store import ExperimentStore
+    from ..records.store import ExperimentStore
 
     exp_dir = Path(working_directory) / experiment_id
     if (exp_dir / DB_RELATIVE_PATH).is_file():
@@ -197,9 +204,9 @@ def open_store(working_directory: str | os.PathLike[str], experiment_id: str,
 
 
 def open_records(working_directory: str | os.PathLike[str], experiment_id: str) -> RecordSource:
-    """The experiment's records to read: an :class:`~trialflow.store_reader.EmbeddedReader` for an embedded
-    store at this code's schema, else its :class:`~trialflow.store.ExperimentStore` (see
-    :mod:`trialflow.store_reader`). Raises what :func:`open_store` raises for an experiment it cannot open."""
+    """The experiment's records to read: an :class:`~trialflow.records.store_reader.EmbeddedReader` for an embedded
+    store at this code's schema, else its :class:`~trialflow.records.store.ExperimentStore` (see
+    :mod:`trialflow.records.store_reader`). Raises what :func:`open_store` raises for an experiment it cannot open."""
     path = Path(working_directory) / experiment_id / DB_RELATIVE_PATH
     if path.is_file():
         reader = None
@@ -217,7 +224,7 @@ def open_records(working_directory: str | os.PathLike[str], experiment_id: str) 
 def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
     """The config file a shared-store experiment was created from, when it still loads (it may hold
     the store's password, which the experiment directory never does)."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     try:
         return _load_quietly((exp_dir / CONFIG_FILE_NOTE).read_text(encoding="utf-8").strip())
@@ -227,7 +234,7 @@ def _creating_config(exp_dir: Path) -> ExperimentConfig | None:
 
 def _load_quietly(path: str) -> ExperimentConfig:
     """``load_config`` without its warnings (they were shown when the experiment was created)."""
-    from .config import load_config
+    from ..config import load_config
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -265,7 +272,7 @@ def _with_changes(store: ExperimentStore, record: ExperimentRecord,
                   given: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
     """``given`` (a config file's) with the fields trialflow set itself taken from the stored copy, and
     the fields in which the file differs otherwise (edits)."""
-    from .config import ExperimentConfig
+    from ..config import ExperimentConfig
 
     changed = set(store.controls().get(Control.CHANGED_FIELDS) or [])
     differ = config_differences(record.config, given.dump())
@@ -290,7 +297,7 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
 
     Raises :class:`ConfigMismatch` when ``config_path`` describes another experiment (naming the
     fields that differ), and :class:`ConfigError` when it does not load."""
-    from .config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     live = LIVE_CONFIGS.get(store.experiment_id)
     record = store.experiment()
@@ -321,7 +328,7 @@ def load_experiment_config(store: ExperimentStore, config_path: str | None = Non
 def stored_config(store: ExperimentStore) -> ExperimentConfig:
     """The config stored with the experiment, parsed. Copies stored before the search space's file
     was dropped from them hold both ``searchSpace`` and ``searchSpaceFile``: the content wins."""
-    from .config import parse_config
+    from ..config import parse_config
 
     data = dict(store.experiment().config)
     if data.get("searchSpace") is not None:

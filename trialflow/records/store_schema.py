@@ -1,6 +1,6 @@
 """The experiment store's tables and their numbered versions.
 
-:data:`~trialflow.store_records.SCHEMA_VERSION` numbers the tables below. A store records the version it
+:data:`~trialflow.records.store_records.SCHEMA_VERSION` numbers the tables below. A store records the version it
 was written at in ``trialflow_schema`` (stores from before the number read as 0). Opening a store runs every upgrade
 step from its version up to :data:`SCHEMA_VERSION`, one step per version, in one transaction that
 holds the store's write lock (PostgreSQL: an advisory lock; SQLite: the database's write lock), so
@@ -35,7 +35,7 @@ experiments = sa.Table(
     sa.Column("end_time", sa.Float),
     sa.Column("controller_pid", sa.Integer),
     sa.Column("next_sequence", sa.Integer, nullable=False, default=0),
-    sa.Column("optimize_mode", sa.String(8)),  # decided once at creation (``trialflow.results``)
+    sa.Column("optimize_mode", sa.String(8)),  # decided once at creation (``trialflow.experiments.results``)
     sa.Column("best_trial", sa.String(16)),  # recorded when the experiment ends
     sa.Column("pareto", sa.Text),  # a multi-objective experiment's Pareto set (JSON trial ids), recorded at its end
     sa.Column("flow_run_id", sa.String(64)),  # the Prefect flow run of its latest run

@@ -4,7 +4,7 @@ Tasks take ids and small values as parameters (never this object, which holds th
 service's connections and the tuner): they look the context up by experiment id with
 :func:`get_context`. :func:`open_context` builds it (service, tuner, assessor), registers it and,
 on exit, unregisters it and closes the service; the experiment flow and a user's own flow
-(``trialflow.api.experiment_session``) both use it.
+(``trialflow.app.api.experiment_session``) both use it.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .assessors import Assessor, create_assessor
-from .config import ExperimentConfig
-from .platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
-from .platforms.hybrid import HybridService
-from .platforms.report_desk import ReportDesk
-from .store import ExperimentStore
-from .trial_output import OutputBudget
-from .tuners import Tuner, create_tuner
+from ..assessors import Assessor, create_assessor
+from ..config import ExperimentConfig
+from ..platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
+from ..platforms.hybrid import HybridService
+from ..platforms.report_desk import ReportDesk
+from ..platforms.trial_output import OutputBudget
+from ..records.store import ExperimentStore
+from ..tuners import Tuner, create_tuner
 
 
 class FollowingHalted(Exception):
@@ -98,7 +98,7 @@ def get_context(experiment_id: str) -> ExperimentContext:
         return _CONTEXTS[experiment_id]
     except KeyError:
         raise ContextNotFound(f"experiment {experiment_id} is not open in this process: run the tasks inside "
-                              "experiment_flow or trialflow.api.experiment_session()") from None
+                              "experiment_flow or trialflow.app.api.experiment_session()") from None
 
 
 @contextmanager

@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .status import EXPERIMENT_LIVE, LIVE, STOPPED_BY_US, ExperimentStatus, TrialStatus
-from .store import Control
-from .trial.procs import pid_alive
-from .user_errors import UserError
+from ..foundation.status import EXPERIMENT_LIVE, LIVE, STOPPED_BY_US, ExperimentStatus, TrialStatus
+from ..foundation.user_errors import UserError
+from ..records.store import Control
+from ..trial.procs import pid_alive
 
 if TYPE_CHECKING:
-    from .platforms import TrainingService
-    from .store import ExperimentStore
+    from ..platforms import TrainingService
+    from ..records.store import ExperimentStore
 
 
 class UpdateError(UserError, ValueError):
@@ -46,7 +46,7 @@ def update_experiment(store: ExperimentStore, what: str, value: str | int, via: 
     update history as made ``via`` that, and return the stored number (seconds for a duration).
     Raises :class:`UpdateError` for a bad value and ``KeyError`` for another ``what``."""
     if what == "duration":
-        from .config import parse_duration
+        from ..config import parse_duration
 
         try:
             seconds = parse_duration(value)
@@ -89,7 +89,7 @@ def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | 
             raise UpdateError(f"--trialnum {trialnum} is not more than the {count} trials experiment "
                               f"{store.experiment_id} has: give a larger number to run more trials")
     if duration is not None:
-        from .config import parse_duration
+        from ..config import parse_duration
 
         try:
             seconds = parse_duration(duration)
@@ -113,7 +113,7 @@ def update_search_space(store: ExperimentStore, space: Any) -> None:
     and told the results so far that fit it); running trials keep theirs. A space for a built-in
     tuner is checked first (``SearchSpaceError``); a custom tuner's is its own business."""
     if not store.experiment().config.get("tuner", {}).get("className"):
-        from .search_space import parse_search_space
+        from ..records.search_space import parse_search_space
 
         parse_search_space(space)
     store.set_control(Control.SEARCH_SPACE, space, UPDATED_VIA)
@@ -153,7 +153,7 @@ def delete_experiment(store: ExperimentStore, base: Path) -> Path:
     """Delete a finished experiment: its folder (trials, logs, embedded store) and this process's copy
     of its config; returns the folder. ``store`` is closed in every case. Raises
     :class:`ExperimentRunning` while its controller runs (nothing is deleted) and OSError."""
-    from .experiments import delete_experiment_folder
+    from ..experiments import delete_experiment_folder
 
     try:
         ensure_not_running(store)
@@ -165,15 +165,15 @@ def delete_experiment(store: ExperimentStore, base: Path) -> Path:
 def open_service(store: ExperimentStore, base: Path) -> TrainingService:
     """The experiment's training service, for work done without its controller (kill, logs);
     the caller closes it."""
-    from .experiments import load_experiment_config
-    from .platforms import experiment_service
+    from ..experiments import load_experiment_config
+    from ..platforms import experiment_service
 
     return experiment_service(load_experiment_config(store, to_run=False), base / store.experiment_id)
 
 
 def cancel_offline(store: ExperimentStore, base: Path, handles: list[dict[str, Any] | None]) -> list[str]:
     """Stop trials whose controller is gone, through their training service; returns warnings."""
-    from .platforms import PlatformError, TrialHandle
+    from ..platforms import PlatformError, TrialHandle
 
     live = [TrialHandle.from_dict(h) for h in handles if h]
     if not live:
@@ -195,8 +195,8 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     """Stop the experiment: ask its controller (SIGTERM after ``wait`` seconds); without one, cancel
     what it left behind (USER_CANCELED) and its flow run. The experiment ends STOPPED unless it had
     already ended DONE or ERROR. Returns warnings."""
-    from .flows.run_control import end_flow_run  # Prefect's client: only when a run is cancelled here
-    from .results import end_experiment
+    from ..experiments.results import end_experiment
+    from ..flows.run_control import end_flow_run  # Prefect's client: only when a run is cancelled here
 
     store.set_control(Control.STOP, True)
     controller_gone = not controller_alive(store)

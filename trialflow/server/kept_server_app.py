@@ -9,12 +9,12 @@ start, the server's services write while the first experiment creates its flow r
 would often wait out that first retry. Run again here after a few milliseconds, the write goes through;
 after :data:`REPLAYS` tries the 503 goes to the client, whose own back-off then applies as before.
 
-The collector (see :mod:`trialflow.startup_gc`) stays paused through Prefect's import, the app's
+The collector (see :mod:`trialflow.foundation.startup_gc`) stays paused through Prefect's import, the app's
 creation, its lifespan start-up and :data:`SETTLE_SECONDS` after it (its services' first steps, the
 routes FastAPI builds on the first requests): the server answers its first request sooner so
 (benchmarks/README.md has the figures).
 
-Lifecycle: ``python -m trialflow.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.kept_server`
+Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.server.kept_server`
 starts) serves the app under uvicorn on the socket its parent bound; uvicorn calls :func:`create_app`
 once; the wrapper holds no state between requests. Standard library only at import (uvicorn and
 Prefect's app factory are imported when called).
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m trialflow.kept_server_app")
+    parser = argparse.ArgumentParser(prog="python -m trialflow.server.kept_server_app")
     parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket to serve on")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ its own, with the environment that controller got. The spare takes the spare loc
 socket in a new 0700 folder of the temporary directory, recorded in ``spare.json`` of the kept server's 0700 folder.
 The next background command claims it (:func:`claim_spare`): when the claimant is this user with the same Python,
 trialflow and library files, environment, groups, CPUs and resource limits, the spare gives up its lock, record and
-socket, answers ``taken``, and becomes that command's :class:`~trialflow.controller_launch.PendingController`: it
+socket, answers ``taken``, and becomes that command's :class:`~trialflow.app.controller_launch.PendingController`: it
 runs the job sent on the connection in the claimant's working directory and umask; when the connection closes
 without one (the config was refused) it takes its lock, record and a new socket again and waits on. A claim that
 differs makes it answer ``other`` and end (the command starts a controller of its own, then a spare for its
@@ -37,11 +37,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ..foundation.process_fingerprint import fingerprint, umask
+from ..server.kept_server import KeptServer, running_server
+from ..server.spare_record import RECORD
+from ..trial.procs import process_start_time, read_json, write_atomic
 from .controller_launch import PendingController, start_controller
-from .kept_server import KeptServer, running_server
-from .process_fingerprint import fingerprint, umask
-from .spare_record import RECORD
-from .trial.procs import process_start_time, read_json, write_atomic
 
 SPARE_SETTING = "TRIALFLOW_SPARE_CONTROLLER"  # "0" (or off/false/no): no spares
 LOCK = "spare.lock"  # held by the one spare of a kept server (loading or ready)
@@ -157,8 +157,8 @@ def start_spare(env: Mapping[str, str]) -> None:
         # this trialflow (not whichever the module path finds first), and no working directory on its module
         # path (-P; before Python 3.11, "/"): the claimant's goes there
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r}); "
-                "from trialflow.spare_controller import main; sys.exit(main())")
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
+                "from trialflow.app.spare_controller import main; sys.exit(main())")
         subprocess.Popen([sys.executable, *safe_path, "-c", code], stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                          env=dict(env), cwd="/", start_new_session=True, close_fds=True)
     except OSError:
@@ -236,11 +236,11 @@ class _Listing:
 
 def _load() -> None:
     """Import what a run needs."""
-    from .startup_gc import collector_paused, set_aside
+    from ..foundation.startup_gc import collector_paused, set_aside
 
     with collector_paused():
-        from .flows import experiment  # noqa: F401
-        from .flows.run_api import FIRST_RUN_IMPORTS, WHILE_STARTING_IMPORTS
+        from ..flows import experiment  # noqa: F401
+        from ..flows.run_api import FIRST_RUN_IMPORTS, WHILE_STARTING_IMPORTS
 
         for name in (*SPARE_IMPORTS, *FIRST_RUN_IMPORTS, *WHILE_STARTING_IMPORTS):
             with contextlib.suppress(ImportError):

@@ -4,8 +4,8 @@ started on first use and reused by every experiment after it, with its UI.
 
 Without ``PREFECT_API_URL`` an experiment needs a Prefect API. Prefect's own answer, a temporary server
 per process, costs seconds at every start and takes the UI away with the run; this module keeps one
-server instead (which API a process uses: :mod:`trialflow.api_choice`; a flow run's page in its UI:
-:mod:`trialflow.prefect_ui_pages`).
+server instead (which API a process uses: :mod:`trialflow.server.api_choice`; a flow run's page in its UI:
+:mod:`trialflow.server.prefect_ui_pages`).
 
 Lifecycle: :func:`ensure_server` starts the server when none of this home runs -- in a session of its
 own (a Ctrl-C in the caller's terminal never reaches it), its database and log under
@@ -14,9 +14,9 @@ file lock makes concurrent callers start one server. It stays until :func:`stop_
 server stop``), or until the process given as ``stop_with`` dies (the test suite's server). A recorded
 pid counts only with the same start time, so a recycled pid is never taken for the server. Once a
 server is seen healthy, the Prefect version its database is migrated to is noted; a later start with
-that version skips Prefect's migration check (:mod:`trialflow.prefect_db_template`).
+that version skips Prefect's migration check (:mod:`trialflow.server.prefect_db_template`).
 
-The server runs Prefect's app through :mod:`trialflow.kept_server_app`. Standard library only: the CLI
+The server runs Prefect's app through :mod:`trialflow.server.kept_server_app`. Standard library only: the CLI
 calls this before anything imports Prefect.
 """
 
@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..foundation.user_errors import UserError
+from ..trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
 from .prefect_db_template import note_migrated, prefect_version, start_settings
-from .trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
-from .user_errors import UserError
 
 SERVER_SETTING = "TRIALFLOW_PREFECT_SERVER"  # "kept" (the default) or "temporary" (Prefect's, one per process)
 DEFAULT_PORT = 4200  # Prefect's own default port, when free
@@ -48,9 +48,8 @@ STARTUP_SECONDS = 120.0  # a first start may create the database; a busy machine
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
 # Prefect settings the kept server starts with unless the environment sets them. Task runs reach the
 # server as state events (three task runs per trial, nine events); Prefect's recorder writes them one
-# event per transaction by default, its largest cost per trial: 60 ms of server CPU per trial at
-# 16 trials/s on 2 cores. Written in batches (at most a second late in the UI) it is 25 ms, and the
-# 2,000-trial scale run went from 1.22x to 1.18x ideal (benchmarks/scale.py).
+# event per transaction by default, the server's largest cost per trial. Written in batches they show
+# at most a second late in the UI (benchmarks/README.md: "after batching the kept server's task-run writes").
 SERVER_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
@@ -383,7 +382,7 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
     prefect_home = folder / "prefect"
     prefect_home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
-    package_root = str(Path(__file__).resolve().parent.parent)  # trialflow imports as it does here
+    package_root = str(Path(__file__).resolve().parents[2])  # trialflow imports as it does here
     origins = f"http://{HOST}:{port},http://localhost:{port}"
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api",
                PREFECT__SERVER_FINAL="1", PREFECT_SERVER_API_AUTH_STRING=auth, PREFECT_API_AUTH_STRING=auth,
@@ -401,7 +400,7 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
         # the Prefect CLI's own start-up: less CPU on every start (see kept_server_app)
         level = os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING").lower()
-        command = [sys.executable, "-m", "trialflow.kept_server_app", "--fd", str(sock.fileno()),
+        command = [sys.executable, "-m", "trialflow.server.kept_server_app", "--fd", str(sock.fileno()),
                    "--log-level", level]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True, pass_fds=(sock.fileno(),))

@@ -22,9 +22,9 @@ import re
 import threading
 import time
 
-from .platforms import TrainingService, TrialHandle
-from .trial.protocol import STDERR_FILE
-from .trial.records import is_metric_line
+from ..trial.protocol import STDERR_FILE
+from ..trial.records import is_metric_line
+from . import TrainingService, TrialHandle
 
 MAX_LINES = 2000
 MAX_BYTES = 512 * 1024

@@ -29,7 +29,7 @@ def fingerprint() -> str:
     with contextlib.suppress(OSError):
         parts.append(Path("/proc/self/cgroup").read_text())
     files = []
-    for folder, dirs, names in os.walk(Path(__file__).resolve().parent):
+    for folder, dirs, names in os.walk(Path(__file__).resolve().parents[1]):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         files += [os.path.join(folder, name) for name in names if name.endswith(".py")]
     for library in LIBRARIES:

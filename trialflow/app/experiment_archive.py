@@ -20,12 +20,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .codebundle import scan_code_dir
-from .experiments import has_store, open_store, register_root, search_roots, stored_config
-from .ids import looks_like_experiment_id
-from .store import DB_RELATIVE_PATH, ExperimentStore
-from .user_errors import UserError
-from .withheld import withhold
+from ..experiments import has_store, open_store, register_root, search_roots, stored_config
+from ..foundation.ids import looks_like_experiment_id
+from ..foundation.user_errors import UserError
+from ..foundation.withheld import withhold
+from ..records.codebundle import scan_code_dir
+from ..records.store import DB_RELATIVE_PATH, ExperimentStore
 
 MANIFEST = "manifest.json"
 MANIFEST_LIMIT = 1 << 20  # bytes of the manifest read (it is a few hundred)
@@ -46,7 +46,7 @@ def save_experiment(store: ExperimentStore, experiment_dir: Path, folder: Path, 
     trials get it: ``.nniignore`` honoured, the config file and files holding its secrets left out, the
     upload limits held. The package appears whole or not at all. Raises :class:`ArchiveError` for a
     shared (database) store (its records are not in the folder), a package already there without
-    ``force`` or a code folder that is gone; :class:`~trialflow.codebundle.CodeDirError` for one over
+    ``force`` or a code folder that is gone; :class:`~trialflow.records.codebundle.CodeDirError` for one over
     the limits."""
     record = store.experiment()
     if not store.url.startswith("sqlite"):

@@ -17,14 +17,14 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .status import TrialStatus
-from .store_records import ExperimentRecord, TrialRecord
-from .trial.protocol import STDERR_FILE
-from .tuners import scalar_or_none
-from .tuners.objectives import MultiResult, Objectives
+from ..foundation.status import TrialStatus
+from ..records.store_records import ExperimentRecord, TrialRecord
+from ..trial.protocol import STDERR_FILE
+from ..tuners import scalar_or_none
+from ..tuners.objectives import MultiResult, Objectives
 
 if TYPE_CHECKING:
-    from .store import ExperimentStore
+    from ..records.store import ExperimentStore
 
 MODES = ("maximize", "minimize")
 # The order outcomes are counted and printed in.

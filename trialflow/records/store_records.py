@@ -1,8 +1,8 @@
 """The experiment store's records (a trial, an experiment, a metric) and how a table row becomes one, the
 keys of its controls, its schema version and its one-line read error: what reading a store needs, free of
 SQLAlchemy, so that the read-only commands (``trial ls``, ``experiment export``, ``experiment list``) can
-read an embedded store with the standard library's ``sqlite3`` (:mod:`trialflow.store_reader`) while every
-write goes through :class:`~trialflow.store.ExperimentStore`.
+read an embedded store with the standard library's ``sqlite3`` (:mod:`trialflow.records.store_reader`) while every
+write goes through :class:`~trialflow.records.store.ExperimentStore`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .status import TERMINAL
-from .user_errors import UserError
+from ..foundation.status import TERMINAL
+from ..foundation.user_errors import UserError
 
-SCHEMA_VERSION = 3  # the tables' version (trialflow.store_schema: its upgrade steps)
+SCHEMA_VERSION = 3  # the tables' version (trialflow.records.store_schema: its upgrade steps)
 DB_RELATIVE_PATH = Path("db") / "trialflow.sqlite"  # an embedded store's file in its experiment's folder
 STOPPING = "stopping"  # in a stored handle, beside its fields: a stop recorded, not yet settled
 

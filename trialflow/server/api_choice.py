@@ -1,6 +1,6 @@
 """Which Prefect API a trialflow process reports to: a configured ``PREFECT_API_URL`` (the environment
 or the active Prefect profile) as it is, Prefect's temporary server when
-``TRIALFLOW_PREFECT_SERVER=temporary``, else the kept local server (:mod:`trialflow.kept_server`),
+``TRIALFLOW_PREFECT_SERVER=temporary``, else the kept local server (:mod:`trialflow.server.kept_server`),
 started on first use. Standard library only: the CLI decides before anything imports Prefect."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A read-only view of an embedded experiment store through the standard library's ``sqlite3``, for the
 commands that only read records (``trial ls``, ``experiment export``, ``experiment list``): they skip
 SQLAlchemy's import, most of their start-up. It reads the tables that
-:mod:`trialflow.store_schema` defines, at :data:`~trialflow.store_records.SCHEMA_VERSION` only: any other
-store (an older one that opening would upgrade, a newer one, a shared PostgreSQL one, one that cannot be
-read) is opened as an :class:`~trialflow.store.ExperimentStore`, which upgrades it or says in one line
+:mod:`trialflow.records.store_schema` defines, at :data:`~trialflow.records.store_records.SCHEMA_VERSION`
+only: any other store (an older one that opening would upgrade, a newer one, a shared PostgreSQL one, one that cannot be
+read) is opened as an :class:`~trialflow.records.store.ExperimentStore`, which upgrades it or says in one line
 why it cannot.
 
 Lifecycle: :func:`~trialflow.experiments.open_records` returns a reader holding one connection until
@@ -30,7 +30,7 @@ from .store_records import (
 
 class RecordSource(Protocol):
     """What the read-only commands read of a store: an :class:`EmbeddedReader` or an
-    :class:`~trialflow.store.ExperimentStore`."""
+    :class:`~trialflow.records.store.ExperimentStore`."""
 
     experiment_id: str
 
@@ -47,7 +47,7 @@ class RecordSource(Protocol):
 
 class EmbeddedReader:
     """One experiment's records in its embedded store file, read with ``sqlite3``. A read the database
-    refuses raises :class:`~trialflow.store_records.StoreUnreadable`, worded as the store words it."""
+    refuses raises :class:`~trialflow.records.store_records.StoreUnreadable`, worded as the store words it."""
 
     def __init__(self, path: Path, experiment_id: str) -> None:
         self.experiment_id = experiment_id

@@ -3,7 +3,7 @@
 :func:`scan_code_dir` walks ``trialCodeDirectory`` honouring ``.nniignore`` files at any depth
 (gitignore syntax through pathspec; a deeper file overrides a shallower one, ``!`` re-includes),
 refuses symbolic links that leave the directory, leaves out the running experiment's config file and
-files holding its secrets (:mod:`trialflow.withheld`), and enforces NNI's limits of 2000 files and
+files holding its secrets (:mod:`trialflow.foundation.withheld`), and enforces NNI's limits of 2000 files and
 300 MB with an error listing the biggest offenders and the ``.nniignore`` lines that fix it.
 
 A :class:`CodeBundle` streams itself as an uncompressed tar whose bytes depend only on the
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pathspec
 
-from .trial.protocol import MAX_CODE_BYTES, MAX_CODE_FILES
-from .user_errors import UserError
-from .withheld import is_withheld
+from ..foundation.user_errors import UserError
+from ..foundation.withheld import is_withheld
+from ..trial.protocol import MAX_CODE_BYTES, MAX_CODE_FILES
 
 MAX_FILES = MAX_CODE_FILES
 MAX_BYTES = MAX_CODE_BYTES

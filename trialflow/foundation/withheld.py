@@ -5,7 +5,7 @@ A config often sits in ``trialCodeDirectory`` (the quickstart's own layout) and 
 passphrases and tokens inline. Bundles go to remote machines, shared storage and Slurm clusters,
 where other users may read them; so before an experiment uploads its code, :func:`withhold` names its
 config file and the values of its secret fields, and :func:`scan_code_dir
-<trialflow.codebundle.scan_code_dir>` leaves out that file and every file whose bytes contain one of
+<trialflow.records.codebundle.scan_code_dir>` leaves out that file and every file whose bytes contain one of
 those values (values shorter than :data:`MIN_SECRET_BYTES` are too common to look for: the config
 file itself is still left out by its path).
 

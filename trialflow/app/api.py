@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ExperimentConfig, load_config, parse_config
-from .context import ExperimentContext, open_context
-from .experiments import find_experiment, open_store
-from .ids import new_trial_id
-from .results import best_trial, end_experiment, maximizes, multi_objective, pareto_set, trial_value
-from .status import ExperimentStatus
-from .store import TrialRecord
-from .warm_start import create_warm_started
+from ..config import ExperimentConfig, load_config, parse_config
+from ..experiments import find_experiment, open_store
+from ..experiments.context import ExperimentContext, open_context
+from ..experiments.results import best_trial, end_experiment, maximizes, multi_objective, pareto_set, trial_value
+from ..experiments.warm_start import create_warm_started
+from ..foundation.ids import new_trial_id
+from ..foundation.status import ExperimentStatus
+from ..records.store import TrialRecord
 
 log = logging.getLogger("trialflow")
 
@@ -70,7 +70,7 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_warm_started(cfg, path)
-    from .flows.experiment import final_status, run_experiment_flow
+    from ..flows.experiment import final_status, run_experiment_flow
 
     state = run_experiment_flow(path, experiment_id, str(exp_dir.parent))
     return result_of(exp_dir.parent, experiment_id, final_status(state))
@@ -98,8 +98,8 @@ def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_nu
     ``max_trial_number`` or ``max_experiment_duration`` (totals, as ``resume --trialnum/--duration``),
     its tuner told every trial it has. Raises ``ExperimentNotFound``, ``UpdateError`` (a budget that
     lets nothing more run) and ``ExperimentRunning`` (a ``RuntimeError``) when its controller still runs."""
+    from ..flows.experiment import final_status, run_experiment_flow
     from .control import prepare_resume
-    from .flows.experiment import final_status, run_experiment_flow
 
     base, store = find_experiment(experiment_id, root)
     try:
@@ -211,9 +211,9 @@ def prefect_api() -> Iterator[str | None]:
         with trialflow.prefect_api():
             SSHCredentials(host="gpu2", username="me", password="...").save("gpu2-login")
 
-    Raises :class:`~trialflow.kept_server.ServerError` when the kept server cannot start or the
+    Raises :class:`~trialflow.server.kept_server.ServerError` when the kept server cannot start or the
     configured API does not answer."""
-    from .flows.run_api import experiment_api
+    from ..flows.run_api import experiment_api
 
     with experiment_api() as url:
         yield url

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ExperimentConfig
-from .experiments import ExperimentNotFound, check_new_experiment, create_experiment, find_experiment
-from .ids import looks_like_experiment_id
+from ..config import ExperimentConfig
+from ..foundation.ids import looks_like_experiment_id
+from ..foundation.user_errors import UserError
+from ..records.store import ExperimentStore, ImportedItem, config_in_force
+from . import ExperimentNotFound, check_new_experiment, create_experiment, find_experiment
 from .result_exchange import export_rows, import_items, read_results_file
-from .store import ExperimentStore, ImportedItem, config_in_force
-from .user_errors import UserError
 
 
 class WarmStartError(UserError, ValueError):
