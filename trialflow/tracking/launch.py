@@ -7,7 +7,8 @@ hands it the job on stdin, the login from the ``credentials`` block included (ne
 arguments, environment at start, files or logs). :meth:`Tracking.trial_ended` is called from the
 trials' task threads and never blocks or raises: a thread of its own reads the trial's log files
 through the service once and sends them to every worker. At exit it tells the workers to finish and
-waits while they log (each at most :data:`FLUSH_SECONDS` without a trial logged); what is still
+waits while they log (each at most :data:`FLUSH_SECONDS` without a trial logged or, with MLflow, a
+request answered: a slow tracker is waited for, one that answers nothing is not); what is still
 unlogged then is logged at the experiment's next run. The workers' lines go to the
 ``trialflow.tracking`` logger (the terminal and the experiment's log). A tracker never fails the
 experiment; a missing credentials block does, at start (:class:`BlockNotFoundError`).
@@ -30,10 +31,10 @@ from typing import IO, Any
 from ..config import ExperimentConfig
 from ..platforms import TrainingService, TrialHandle
 from ..records.store import ExperimentStore
-from .worker import MAX_LOG_BYTES, PROGRESS
+from .worker import ANSWERED, MAX_LOG_BYTES, PROGRESS
 
 log = logging.getLogger("trialflow.tracking")
-FLUSH_SECONDS = 60.0  # at the end: how long the worker may log nothing before it is stopped
+FLUSH_SECONDS = 60.0  # at the end: how long the worker may go with no trial logged, no request answered
 # the MLflow client's own retries would hold the worker for minutes on a tracker that is down: it
 # retries itself, with its own backoff, and says so once
 MLFLOW_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
@@ -61,7 +62,7 @@ class _Worker:
     def _relay(self, stream: IO[str]) -> None:
         for line in stream:
             level, _, message = line.rstrip("\n").partition(" ")
-            if level == PROGRESS:
+            if level in (PROGRESS, ANSWERED):
                 self.progress = time.monotonic()
             elif level in _LEVELS:
                 log.log(_LEVELS[level], "experiment %s: %s", self.experiment_id, message)
@@ -89,7 +90,8 @@ class _Worker:
         self.progress = time.monotonic()
 
     def done(self) -> bool:
-        """Whether the worker exited; one that logged nothing for :data:`FLUSH_SECONDS` is stopped."""
+        """Whether the worker exited; one that logged no trial and had no request answered for
+        :data:`FLUSH_SECONDS` is stopped."""
         if self.proc.poll() is not None:
             return True
         if time.monotonic() - self.progress <= FLUSH_SECONDS:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,31 @@ def _ms(seconds: float | None) -> int | None:
     return int(seconds * 1000) if seconds is not None else None
 
 
+class _Answering:
+    """The MLflow client, calling ``answered()`` after each of its calls that returned."""
+
+    def __init__(self, client: Any, answered: Callable[[], None]) -> None:
+        self._client, self._answered = client, answered
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = attribute(*args, **kwargs)
+            self._answered()
+            return result
+
+        return call
+
+
 class MlflowRuns:
-    def __init__(self, experiment_id: str, tracking_uri: str, mlflow_experiment: str) -> None:
+    def __init__(self, experiment_id: str, tracking_uri: str, mlflow_experiment: str,
+                 answered: Callable[[], None] | None = None) -> None:
         from mlflow import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client: Any = _Answering(MlflowClient(tracking_uri=tracking_uri), answered or (lambda: None))
         self.where = f"MLflow at {tracking_uri}"
         self.mlflow_experiment = mlflow_experiment
         self.experiment_id = experiment_id

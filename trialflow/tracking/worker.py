@@ -9,8 +9,9 @@ never from what the controller holds: on connecting it also logs every trial tha
 run and is not logged yet, and at the finish every ended trial still unlogged (their log files read
 from their folders when those are on this machine). A tracker that does not answer is retried with
 backoff and said once (``WARNING ...`` on stderr, which the controller logs), and again when it
-answers; ``LOGGED <trial id>`` follows each trial logged. It exits after ``finish`` (0 once
-everything is logged, 2 when the tracker still does not answer after :data:`FINISH_TRIES`), or at
+answers; ``LOGGED <trial id>`` follows each trial logged, and ``ANSWERED`` a request the tracker
+answered (at most one a second; MLflow only). It exits after ``finish`` (0 once everything is logged,
+2 when the tracker still does not answer after :data:`FINISH_TRIES` tries since the finish), or at
 once when stdin closes before it (its controller is gone: what is left is logged at the experiment's
 next run). Apart from those lines it prints nothing; the login reaches only this process's
 environment.
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
 MAX_BACKOFF_SECONDS = 30.0
 BACKLOG_SAID = 20  # trials left to log at the experiment's end from which the wait is said
 PROGRESS = "LOGGED"  # the line after each trial logged: the controller waits while they come
+ANSWERED = "ANSWERED"  # the line after a request the tracker answered: it is slow, not gone
 MAX_LOG_BYTES = 2 * 1024 * 1024  # the end of each log file a tracker gets; the whole stays with the trial
-FINISH_TRIES = 4  # after the experiment ended: about 7 s of retries, then the next run logs the rest
+FINISH_TRIES = 4  # tries after the experiment ended (backoff from 1 s), then the next run logs the rest
 _EOF = object()
 
 
@@ -62,7 +64,21 @@ def open_runs(job: dict[str, Any]) -> TrackerRuns:
         return WandbRuns(job["experiment_id"], **job["settings"])
     from .mlflow_runs import MlflowRuns
 
-    return MlflowRuns(job["experiment_id"], **job["settings"])
+    return MlflowRuns(job["experiment_id"], **job["settings"], answered=_Answers().say)
+
+
+class _Answers:
+    """Says ``ANSWERED`` after a request the tracker answered, at most once a second."""
+
+    def __init__(self) -> None:
+        self._said = float("-inf")
+
+    def say(self) -> None:
+        import time
+
+        if time.monotonic() - self._said >= 1.0:
+            self._said = time.monotonic()
+            say(ANSWERED, "")
 
 
 def _read_lines(inbox: queue.Queue[Any]) -> None:
@@ -93,11 +109,11 @@ def _log(job: dict[str, Any], store: ExperimentStore, runs: TrackerRuns) -> int:
     pending: set[str] = set()
     logs: dict[str, dict[str, str]] = {}  # trial id -> its log files, as its service read them
     finishing = connected = False
-    failures = 0
+    failures = finish_failures = 0  # failed tries in a row; of them, those since the finish
     where = runs.where
     while True:
         if failures:
-            wait: float | None = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** failures)
+            wait: float | None = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (finish_failures if finishing else failures))
         else:
             wait = 0 if not connected or pending or finishing else None
         try:
@@ -150,7 +166,8 @@ def _log(job: dict[str, Any], store: ExperimentStore, runs: TrackerRuns) -> int:
                 say("WARNING", f"{where} cannot log this experiment now ({type(exc).__name__}: {reason}); "
                                "its trials are logged when it answers again")
             failures += 1
-            if finishing and failures >= FINISH_TRIES:
+            finish_failures += finishing
+            if finishing and finish_failures >= FINISH_TRIES:
                 say("WARNING", f"{where}: the trials not logged yet are logged when the experiment runs again")
                 return 2
 
