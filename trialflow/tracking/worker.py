@@ -24,6 +24,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -74,8 +75,6 @@ class _Answers:
         self._said = float("-inf")
 
     def say(self) -> None:
-        import time
-
         if time.monotonic() - self._said >= 1.0:
             self._said = time.monotonic()
             say(ANSWERED, "")
