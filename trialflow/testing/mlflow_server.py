@@ -1,8 +1,9 @@
 """A throwaway MLflow tracking server on 127.0.0.1 for tests: ``mlflow server`` from PyPI with its
 SQLite backend, a local artifact store and (unless ``auth=False``) MLflow's basic-auth app (one admin
-user), in a temporary directory. :meth:`LocalMlflow.stop` and :meth:`LocalMlflow.start` again keep its port and data (a
-tracker that goes away and comes back); it stops with the process that started it, also when that
-process is killed, and :meth:`LocalMlflow.close` removes its directory."""
+user, accepted credentials cached), without MLflow's job runner, in a temporary directory.
+:meth:`LocalMlflow.stop` and :meth:`LocalMlflow.start` again keep its port and data (a tracker that
+goes away and comes back); it stops with the process that started it, also when that process is killed,
+and :meth:`LocalMlflow.close` removes its directory."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from .ports import free_port, wait_serving
 from .prefect_server import stop_group
 
 ADMIN = "admin"
+# MLflow checks the password (scrypt) on every request unless it caches credentials it accepted
+# (auth_cache_ttl_seconds, off by default): several checks a request, ~10 s under the suite's load
+AUTH_CACHE_SECONDS = 600
 
 
 class LocalMlflow:
@@ -31,7 +35,8 @@ class LocalMlflow:
         self.proc: subprocess.Popen[bytes] | None = None
         (self.directory / "auth.ini").write_text(
             f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{self.directory / 'auth.db'}\n"
-            f"admin_username = {ADMIN}\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+            f"admin_username = {ADMIN}\nauth_cache_ttl_seconds = {AUTH_CACHE_SECONDS}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
 
     @property
     def uri(self) -> str:
@@ -45,7 +50,10 @@ class LocalMlflow:
     def start(self, timeout: float = 180.0) -> LocalMlflow:
         """Start it (again) and wait until it answers; raises RuntimeError when it does not."""
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(self.directory / "auth.ini"),
-               "MLFLOW_AUTH_ADMIN_PASSWORD": self.password, "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()}
+               "MLFLOW_AUTH_ADMIN_PASSWORD": self.password, "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
+               # its job runner (GenAI scoring, trace archival) starts ~8 interpreters that import MLflow
+               # for a minute after each start; tracking does not use it
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(self.directory / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),

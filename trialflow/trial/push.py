@@ -14,32 +14,24 @@ trial's stdout on the share), so nothing depends on this channel alone.
 from __future__ import annotations
 
 import atexit
-import http.client
 import json
 import sys
 import threading
 import time
-from urllib.parse import urlsplit
+
+from .receiver_http import ReceiverConnection
 
 FLUSH_SECONDS = 10.0
 MAX_BATCH_BYTES = 512 * 1024
 
 
-def receiver_address(url: str) -> tuple[str, int, str]:
-    """(host, port, base path without its trailing slash) of the metrics receiver at ``url``."""
-    parts = urlsplit(url)
-    return parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/")
-
-
 class MetricPusher:
     def __init__(self, url: str, token: str, trial_id: str) -> None:
-        self.host, self.port, base = receiver_address(url)
-        self.path = f"{base}/metrics/{trial_id}"
-        self.token = token
+        self._receiver = ReceiverConnection(url, token, timeout=10)
+        self.path = f"/metrics/{trial_id}"
         self._pending: list[str] = []
         self._cond = threading.Condition()
         self._closing = False
-        self._conn: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._loop, name="trialflow-metrics", daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -81,20 +73,5 @@ class MetricPusher:
                       "they are still in this trial's output", file=sys.stderr, flush=True)
 
     def _send(self, batch: list[str]) -> int | None:
-        body = json.dumps({"metrics": batch}).encode()
-        try:
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-            self._conn.request("POST", self.path, body, {"Content-Type": "application/json",
-                                                         "Authorization": f"Bearer {self.token}"})
-            response = self._conn.getresponse()
-            response.read()
-            if response.getheader("Connection", "").lower() == "close":
-                self._conn.close()
-                self._conn = None
-            return response.status
-        except (OSError, http.client.HTTPException):
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
-            return None
+        answer = self._receiver.request("POST", self.path, json.dumps({"metrics": batch}).encode())
+        return None if answer is None else answer[0]

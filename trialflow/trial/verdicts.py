@@ -31,7 +31,6 @@ from .protocol import RECEIVER_DESK, REPORT_DESK_ENV
 
 TYPE_CHECKING = False  # typing stays unimported at run time (the trial's start)
 if TYPE_CHECKING:
-    import http.client
     from collections.abc import Callable
 
 VERDICT_WAIT_SECONDS = 30.0  # the longest a trial waits for the word on one result
@@ -85,11 +84,9 @@ class _ReceiverDesk:
     """Asks through the HTTP channel's metrics receiver (one kept-alive connection)."""
 
     def __init__(self, url: str, token: str) -> None:
-        from .push import receiver_address
+        from .receiver_http import ReceiverConnection  # only trials of job platforms ask over HTTP
 
-        self.host, self.port, self.base = receiver_address(url)
-        self.token = token
-        self.conn: http.client.HTTPConnection | None = None
+        self.receiver = ReceiverConnection(url, token, timeout=REQUEST_TIMEOUT_SECONDS)
         self.next_ask: int | None = 0
 
     def ask(self, trial_id: str, sequence: int) -> str | None:
@@ -119,35 +116,18 @@ class _ReceiverDesk:
                 time.sleep(min(ASK_AGAIN_SECONDS, left))
 
     def _request(self, trial_id: str, sequence: int) -> tuple[int | None, dict[str, object]]:
-        """One ``GET /verdict``: its status and JSON body (status None: the receiver cannot be reached).
-        A kept-alive connection the receiver has closed meanwhile (an idle client is cut off) is
-        replaced once."""
-        import http.client  # only trials of job platforms ask over HTTP
-
-        for _attempt in range(2):
-            fresh = self.conn is None
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=REQUEST_TIMEOUT_SECONDS)
-            try:
-                self.conn.request("GET", f"{self.base}/verdict/{trial_id}?sequence={sequence}",
-                                  headers={"Authorization": f"Bearer {self.token}"})
-                response = self.conn.getresponse()
-                body = response.read()
-            except (OSError, http.client.HTTPException):
-                self.conn.close()
-                self.conn = None
-                if fresh:
-                    return None, {}
-                continue
-            if response.status != 200:
-                return response.status, {}
-            answer = json.loads(body)
-            return 200, answer if isinstance(answer, dict) else {}
-        return None, {}
+        """One ``GET /verdict``: its status and JSON body (status None: the receiver cannot be reached)."""
+        response = self.receiver.request("GET", f"/verdict/{trial_id}?sequence={sequence}")
+        if response is None:
+            return None, {}
+        status, body = response
+        if status != 200:
+            return status, {}
+        answer = json.loads(body)
+        return 200, answer if isinstance(answer, dict) else {}
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
+        self.receiver.close()
 
 
 class _Connection:
