@@ -398,3 +398,27 @@ def test_the_read_only_commands_load_no_numerical_library_nor_the_config_models(
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                               timeout=60)
         assert "LOADED []" in done.stdout and shown in done.stdout, (args, done.stdout, done.stderr)
+
+
+def test_a_create_that_checks_its_config_loads_no_numerical_library(tmp_path):
+    """``create`` checks the whole config (here TPE and Curvefitting with their arguments) before anything
+    runs; that check loads neither numpy nor Optuna, whose imports would only delay the command (a config
+    refused here is refused before any server or controller is asked for)."""
+    (tmp_path / "code").mkdir()
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": "python3 trial.py",
+        "trialCodeDirectory": str(tmp_path / "code"), "trialConcurrency": 2, "maxTrialNumber": -4,
+        "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+        "assessor": {"name": "Curvefitting", "classArgs": {"epoch_num": 20}},
+        "trainingService": {"platform": "local"}}))
+    code = ("import sys\n"
+            "from trialflow.cli import main\n"
+            "sys.argv = ['trialflow', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in ('numpy', 'optuna', 'scipy') if m in sys.modules))\n")
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "TRIALFLOW_HOME": str(tmp_path / "w")}
+    done = subprocess.run([sys.executable, "-c", code, "create", "--config", str(config)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert "maxTrialNumber" in done.stderr + done.stdout, (done.stdout, done.stderr)
+    assert "LOADED []" in done.stdout, (done.stdout, done.stderr)
