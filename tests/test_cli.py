@@ -401,9 +401,9 @@ def test_the_read_only_commands_load_no_numerical_library_nor_the_config_models(
 
 
 def test_a_create_that_checks_its_config_loads_no_numerical_library(tmp_path):
-    """``create`` checks the whole config (here TPE and Curvefitting with their arguments) before anything
-    runs; that check loads neither numpy nor Optuna, whose imports would only delay the command (a config
-    refused here is refused before any server or controller is asked for)."""
+    """``create`` checks the whole config (here TPE and Curvefitting with their arguments) before its
+    experiment exists; that check loads neither numpy nor Optuna, whose imports would only delay every
+    command that runs an experiment."""
     (tmp_path / "code").mkdir()
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump({
