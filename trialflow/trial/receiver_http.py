@@ -34,23 +34,27 @@ class ReceiverConnection:
         headers = {"Authorization": f"Bearer {self.token}"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        for _attempt in range(2):
-            fresh = self._conn is None
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            try:
-                self._conn.request(method, self.base + path, body, headers)
-                response = self._conn.getresponse()
-                answer = response.read()
-            except (OSError, http.client.HTTPException):
-                self.close()
-                if fresh:
-                    return None
-                continue  # a kept-alive connection the receiver had closed: once more on a new one
-            if response.getheader("Connection", "").lower() == "close":
-                self.close()
-            return response.status, answer
-        return None
+        reused = self._conn is not None
+        answer = self._once(method, self.base + path, body, headers)
+        if answer is None and reused:  # a kept-alive connection the receiver had closed: once more, on a new one
+            answer = self._once(method, self.base + path, body, headers)
+        return answer
+
+    def _once(self, method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes] | None:
+        """One request on the kept connection (opened when there is none); None, and no connection kept,
+        when it fails."""
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            self._conn.request(method, url, body, headers)
+            response = self._conn.getresponse()
+            answer = response.read()
+        except (OSError, http.client.HTTPException):
+            self.close()
+            return None
+        if response.getheader("Connection", "").lower() == "close":
+            self.close()
+        return response.status, answer
 
     def close(self) -> None:
         if self._conn is not None:
