@@ -29,7 +29,11 @@ Files in ``<trial dir>/.nni/`` (written atomically):
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
   ``"stop_signal": true`` when a stop signal (SIGINT, SIGTERM) reached the group while the trial
   still ran -- whatever code it then exited with answered the stop; on a full disk the keeper waits
-  until it can write it.
+  until it can write it. "Still ran" is as the keeper finds it when it takes the signal: a trial
+  already exited by then keeps its own code, whether it ended by itself or, on a loaded machine where
+  the keeper gets the processor late, answered the signal first (the group's processes receive it at
+  once). The stops trialflow sends carry their own reason, so this touches only a stop from elsewhere
+  answered within the keeper's reaction time.
 The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper survives
 SIGINT/SIGTERM (it notes them) so it can record the exit of a trial being stopped; ``--kill`` ends the
 whole group, keeper included, with SIGKILL at the end of the grace period.
