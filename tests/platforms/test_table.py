@@ -65,13 +65,29 @@ def test_every_remote_platform_has_a_credentials_block_with_secret_fields():
 
 
 def test_a_platform_without_a_service_is_refused_naming_the_available_ones(tmp_path, monkeypatch):
-    from trialflow.platforms.table import Platform
+    from trialflow.platforms import table
 
-    monkeypatch.setitem(PLATFORMS, "aml", Platform(PLATFORM_CONFIGS["aml"], None))  # a row not built yet
+    rows = {**PLATFORMS, "aml": table.Platform(PLATFORM_CONFIGS["aml"], None)}  # a row not built yet
+    monkeypatch.setattr(table, "PLATFORMS", rows)
     config = PLATFORM_CONFIGS["aml"].model_construct(platform="aml")
     with pytest.raises(PlatformError, match="'aml' training service is not available") as err:
         create_service(config, tmp_path / "exp")
     assert all(name in str(err.value) for name in available())
+
+
+def test_looking_up_one_platform_imports_that_platform_s_service_module_only():
+    """A process that runs one platform (a controller) pays for that platform's client libraries only:
+    the table reads a built-in row when it is first looked up."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from trialflow.platforms import platform\n"
+            "assert platform('local').name == 'local'\n"
+            "print(sorted(m for m in sys.modules if m.startswith('trialflow.platforms.') and m.split('.')[2] in "
+            "{'remote', 'openpai', 'kubeflow', 'aml', 'dlc', 'slurm'}), 'paramiko' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["[]", "False"], (done.stdout, done.stderr)
 
 
 def _imports(path: Path) -> set[str]:

@@ -5,7 +5,8 @@ platforms in error messages and the Prefect tasks' retries read it.
 The built-in rows are the config loader's sections (``trialflow.config.PLATFORM_CONFIGS``, in the
 config layer below this one), each paired with its service by name: the section model of
 ``config/sections/<name>.py`` runs in the service module ``platforms/<name>.py``, whose ``PLATFORM`` is
-its row -- the shape a plugin package has. Platforms of other packages add their row through the
+its row -- the shape a plugin package has; a row is read (its service module imported) when first looked
+up. Platforms of other packages add their row through the
 ``trialflow.platforms`` entry point (``trialflow.config.plugins``); :func:`platform` and
 :func:`available` include them. A new built-in platform adds the files listed in
 ``docs/platforms.md#adding-a-platform``; nothing in ``tasks/``, ``flows/`` or the other platforms changes.
@@ -14,6 +15,7 @@ its row -- the shape a plugin package has. Platforms of other packages add their
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ..config import PLATFORM_CONFIGS, TrainingServiceConfig
@@ -32,7 +34,32 @@ def _built_in_row(name: str, config: type[TrainingServiceConfig]) -> Platform:
     return row
 
 
-PLATFORMS: dict[str, Platform] = {name: _built_in_row(name, config) for name, config in PLATFORM_CONFIGS.items()}
+class _BuiltInRows(Mapping[str, Platform]):
+    """The built-in rows by name, each read from its service module when it is first looked up: a
+    process that runs one platform imports that platform's service module and client libraries only.
+    Membership and iteration need no import; a lookup raises ImportError when the pair is broken."""
+
+    def __init__(self, configs: Mapping[str, type[TrainingServiceConfig]]) -> None:
+        self._configs = configs
+        self._rows: dict[str, Platform] = {}
+
+    def __getitem__(self, name: str) -> Platform:
+        row = self._rows.get(name)
+        if row is None:
+            row = self._rows[name] = _built_in_row(name, self._configs[name])
+        return row
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._configs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._configs)
+
+    def __len__(self) -> int:
+        return len(self._configs)
+
+
+PLATFORMS: Mapping[str, Platform] = _BuiltInRows(PLATFORM_CONFIGS)
 
 
 _SKIPPED: set[str] = set()  # plugin rows already warned about
