@@ -194,6 +194,28 @@ def test_a_trial_waits_for_a_controller_slower_than_the_receiver_holds_an_ask(re
         desk.close()
 
 
+@pytest.mark.parametrize("stop", [False, True], ids=["go", "stop"])
+def test_an_answer_that_came_between_two_holds_of_an_ask_answers_the_next_one_at_once(stop):
+    """The controller may answer just after the receiver's hold of an ask ended and before the trial
+    asked again: that ask gets the answer at once, and the controller is not asked to judge the result
+    a second time (a stop stands for every later result too)."""
+    desk = ReportDesk()
+    try:
+        desk.follow("T9")
+        desk.answer("T9", 4, stop, None if stop else 7)  # no ask was held at that moment
+        started = time.monotonic()
+        assert desk.ask("T9", 4, timeout=5) == (("stop", None) if stop else ("go", 7))
+        assert time.monotonic() - started < 1
+        woken = select.select([desk.wakeup_fd("T9")], [], [], 0)[0]
+        assert not woken  # the follower is not woken to judge result 4 again
+        if stop:
+            assert desk.ask("T9", 9, timeout=5) == ("stop", None)
+        else:  # a later result is the follower's to judge: no word within the hold
+            assert desk.ask("T9", 7, timeout=0.2) is None
+    finally:
+        desk.close()
+
+
 def test_a_kept_alive_ask_connection_the_receiver_cut_while_the_trial_stepped_is_replaced(monkeypatch):
     """The receiver cuts idle clients; a trial whose step outlasts that still gets its next answer."""
     from trialflow.platforms.metrics_receiver import MetricsReceiver

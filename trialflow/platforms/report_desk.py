@@ -94,6 +94,9 @@ class _Asking:
     waiting: list[int] = field(default_factory=list)  # sequences asked about on ``conn``, not answered yet
     remote: bool = False  # it asks over HTTP: its follower waits on ``woken``
     http_asks: list[_HttpAsk] = field(default_factory=list)
+    # the last answer (through, verdict): an HTTP ask it covers, e.g. one asked again after its hold
+    # ended just before the answer came, gets it at once instead of being judged a second time
+    answered: tuple[int, Verdict] | None = None
 
 
 class ReportDesk:
@@ -192,14 +195,17 @@ class ReportDesk:
 
     def ask(self, trial_id: str, sequence: int, timeout: float) -> Verdict | None:
         """An ask over HTTP (the metrics receiver's thread, the trial's token checked): wakes the
-        trial's follower and waits up to ``timeout`` for its answer. None when the trial is not
-        followed, the answer did not come in time, or the desk closed."""
+        trial's follower and waits up to ``timeout`` for its answer; an ask the last answer covers (a
+        stop, or a sequence up to the one it judged) gets that answer at once. None when the trial is
+        not followed, the answer did not come in time, or the desk closed."""
         ask = _HttpAsk(sequence)
         with self._lock:
             asking = self._trials.get(trial_id)
             if asking is None or self._closed:
                 return None
             asking.remote = True
+            if asking.answered is not None and (asking.answered[1][0] == "stop" or sequence <= asking.answered[0]):
+                return asking.answered[1]
             asking.http_asks.append(ask)
             asking.woken.set()
         ask.done.wait(timeout)
@@ -216,6 +222,8 @@ class ReportDesk:
             asking = self._trials.get(trial_id)
             if asking is None:
                 return
+            if asking.answered is None or asking.answered[1][0] != "stop":
+                asking.answered = (through, verdict)
             for ask in [a for a in asking.http_asks if stop or a.sequence <= through]:
                 asking.http_asks.remove(ask)
                 ask.verdict = verdict
