@@ -92,6 +92,17 @@ def test_create_foreground_runs_to_done_and_prints_best(finished):
     assert exp_id in listing.stdout and "DONE" in listing.stdout
 
 
+def test_experiment_list_with_nothing_to_list_says_so_in_a_line(tmp_path):
+    """As nnictl, a listing with no running experiment says so and how to see the ended ones, instead of
+    printing an empty table."""
+    env = {"TRIALFLOW_HOME": str(tmp_path / "w")}
+    running = cli("experiment", "list", env=env)
+    assert running.returncode == 0 and running.stdout.strip() == (
+        "no experiment is running: `trialflow experiment list --all` lists all")
+    every = cli("experiment", "list", "--all", env=env)
+    assert every.returncode == 0 and every.stdout.strip() == "no experiment yet"
+
+
 @pytest.mark.parametrize("what,value,message", [
     ("concurrency", "abc", "bad concurrency value 'abc': must be an integer from 1 to 1000"),
     ("concurrency", "0", "bad concurrency value 0: must be from 1 to 1000"),

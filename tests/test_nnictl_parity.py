@@ -87,7 +87,9 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
     assert later and {t.parameters["x"] for t in later} == {7}
     running_only = nnictl("experiment", "status", env=env)
     assert running_only.returncode == 1 and "no experiment is running" in running_only.stdout
-    assert exp_id not in ok("experiment", "list", env=env) and exp_id in ok("experiment", "list", "--all", env=env)
+    listing = ok("experiment", "list", env=env)
+    assert exp_id not in listing and "no experiment is running" in listing and "--all" in listing
+    assert exp_id in ok("experiment", "list", "--all", env=env)
 
     # save, and load as another machine would (its own TRIALFLOW_HOME), code included; here, where the
     # experiment is known, a second copy is refused

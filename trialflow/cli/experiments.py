@@ -52,7 +52,13 @@ def experiment_list(root: RootOpt = None,
         store.close()
         started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
         table.add_row(e.id, e.record.name or "", e.record.status, str(count), started, str(e.root / e.id))
-    console.print(table)
+    if table.row_count:
+        console.print(table)
+    elif all_:
+        if not unreadable:  # otherwise the skipped ones are said below
+            console.print("no experiment yet")
+    else:  # as nnictl says it, instead of an empty table
+        console.print("no experiment is running: `trialflow experiment list --all` lists all", soft_wrap=True)
     report_unreadable(unreadable)
 
 
