@@ -65,6 +65,26 @@ def test_a_trial_asks_only_where_the_assessor_decides_and_goes_on_at_once(desk):
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("stop", [False, True], ids=["go", "stop"])
+def test_a_result_judged_before_the_trial_asked_is_answered_at_once_on_the_socket(desk, stop):
+    """A poll may judge a result before the trial's ask about it arrives (the controller reads the
+    metric first): the ask is answered at once from that answer, the follower not woken for it."""
+    desk.follow("T10")
+    desk.answer("T10", 4, stop, None if stop else 7)  # no ask waiting yet
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        conn.connect(desk.path)
+        started = time.monotonic()
+        conn.sendall(b"T10 4\n")
+        assert conn.recv(256) == (b"4 stop\n" if stop else b"4 go 7\n")
+        assert time.monotonic() - started < 1
+        assert not select.select([desk.wakeup_fd("T10")], [], [], 0)[0]  # nobody judges result 4 again
+        conn.sendall(b"T10 7\n")  # a later result: the stop stands, a go leaves it to the follower
+        assert select.select([desk.wakeup_fd("T10")], [], [], 1)[0] == ([] if stop else [desk.wakeup_fd("T10")])
+        if stop:
+            assert conn.recv(256) == b"7 stop\n"
+
+
 def test_a_stopped_trial_takes_no_further_step(desk, monkeypatch):
     monkeypatch.setattr(verdicts, "STOPPED_WAIT_SECONDS", 1.0)
     desk.follow("T2")

@@ -42,6 +42,20 @@ MAX_LINE = 256
 Verdict = tuple[str, int | None]  # ("go", the next result to ask at or None) or ("stop", None)
 
 
+def _covered(answered: tuple[int, Verdict] | None, sequence: int) -> Verdict | None:
+    """The last answer ``answered`` (through, verdict) when it covers an ask about result ``sequence``:
+    a stop covers every ask, a go those up to the result it judged."""
+    if answered is not None and (answered[1][0] == "stop" or sequence <= answered[0]):
+        return answered[1]
+    return None
+
+
+def _line(sequence: int, verdict: Verdict) -> str:
+    """The desk's answer to a trial's ask on its socket: ``<sequence> stop`` or ``<sequence> go <next|->``."""
+    word = "stop" if verdict[0] == "stop" else f"go {'-' if verdict[1] is None else verdict[1]}"
+    return f"{sequence} {word}\n"
+
+
 @dataclass
 class _HttpAsk:
     sequence: int
@@ -94,8 +108,8 @@ class _Asking:
     waiting: list[int] = field(default_factory=list)  # sequences asked about on ``conn``, not answered yet
     remote: bool = False  # it asks over HTTP: its follower waits on ``woken``
     http_asks: list[_HttpAsk] = field(default_factory=list)
-    # the last answer (through, verdict): an HTTP ask it covers, e.g. one asked again after its hold
-    # ended just before the answer came, gets it at once instead of being judged a second time
+    # the last answer (through, verdict): an ask it covers gets it at once (an HTTP ask made again after
+    # its hold ended just before the answer came; an ask whose result a poll judged before it arrived)
     answered: tuple[int, Verdict] | None = None
 
 
@@ -204,8 +218,9 @@ class ReportDesk:
             if asking is None or self._closed:
                 return None
             asking.remote = True
-            if asking.answered is not None and (asking.answered[1][0] == "stop" or sequence <= asking.answered[0]):
-                return asking.answered[1]
+            covered = _covered(asking.answered, sequence)
+            if covered is not None:
+                return covered
             asking.http_asks.append(ask)
             asking.woken.set()
         ask.done.wait(timeout)
@@ -235,8 +250,7 @@ class ReportDesk:
                 return
             asking.waiting = [s for s in asking.waiting if s > through]
             conn = asking.conn
-        word = "stop" if stop else f"go {'-' if next_ask is None else next_ask}"
-        lines = "".join(f"{s} {word}\n" for s in (due or [through]))
+        lines = "".join(_line(s, verdict) for s in (due or [through]))
         try:
             conn.sendall(lines.encode())
         except OSError:  # the trial ended meanwhile
@@ -285,7 +299,8 @@ class ReportDesk:
                 return
 
     def _note(self, conn: socket.socket, line: bytes) -> bool:
-        """One ask ``<trial id> <sequence>``: the trial's follower is woken. False (connection closed)
+        """One ask ``<trial id> <sequence>``: answered at once when the trial's last answer covers it,
+        else the trial's follower is woken. False (connection closed)
         when it names no trial the desk follows, another trial than the connection's first ask, or
         is not in that form."""
         words = line.decode("ascii", "replace").split()
@@ -293,18 +308,27 @@ class ReportDesk:
             self._drop(conn, "a line not in the desk's form")
             return False
         trial_id, sequence = words[0], int(words[1])
+        allowed, covered = False, None
         with self._lock:
             asking = self._trials.get(trial_id)
             owner = self._owners.setdefault(conn, trial_id)
-            if asking is None or owner != trial_id or (asking.conn is not None and asking.conn is not conn):
-                problem = f"an ask for trial {trial_id!r}, which this connection may not make"
-            else:
+            if asking is not None and owner == trial_id and (asking.conn is None or asking.conn is conn):
+                allowed = True
                 asking.conn = conn
-                asking.waiting.append(sequence)
-                asking.woken.set()
-                return True
-        self._drop(conn, problem)
-        return False
+                covered = _covered(asking.answered, sequence)
+                if covered is None:  # the follower judges it
+                    asking.waiting.append(sequence)
+                    asking.woken.set()
+        if not allowed:
+            self._drop(conn, f"an ask for trial {trial_id!r}, which this connection may not make")
+            return False
+        if covered is not None:
+            try:
+                conn.sendall(_line(sequence, covered).encode())
+            except OSError:  # the trial ended meanwhile
+                self._drop(conn)
+                return False
+        return True
 
     def _drop(self, conn: socket.socket, problem: str | None = None) -> None:
         if problem is not None:
