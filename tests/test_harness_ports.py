@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from trialflow.testing import ports
 
 
@@ -22,3 +24,30 @@ def test_a_port_in_use_is_never_chosen(monkeypatch):
         monkeypatch.setattr(ports, "LOWEST", taken)
         monkeypatch.setattr(ports, "_ephemeral_start", lambda: taken + 1000)
         assert all(ports.free_port() != taken for _ in range(50))
+
+
+@pytest.mark.e2e
+def test_a_killed_test_process_leaves_no_prefect_server_nor_worker_behind(tmp_path):
+    """The test harness's ``prefect server start`` and the workers spawned against it stop by themselves
+    when the process that started them is killed (its fixtures' teardown never runs)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from trialflow.trial.procs import group_alive
+
+    code = ("import json, os, signal, sys\n"
+            "from pathlib import Path\n"
+            "from trialflow.testing.prefect_server import PrefectServer\n"
+            "server = PrefectServer(Path(sys.argv[1])).start()\n"
+            "worker = server.spawn(['prefect', 'worker', 'start', '--pool', 'check'], Path(sys.argv[1]) / 'w')\n"
+            "print(json.dumps([server.proc.pid, worker.pid]), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "home")], capture_output=True, text=True,
+                          timeout=180)
+    groups = json.loads(done.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 60
+    while any(group_alive(pgid) for pgid in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(group_alive(pgid) for pgid in groups), (groups, done.stderr[-2000:])

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from .owned import popen_owned
 from .ports import free_port, wait_serving
 
 USER = "trialflow"
@@ -52,10 +53,11 @@ class LocalPostgres:
         data = self.directory / "data"
         subprocess.run([*self._as, str(self.bin / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8",
                         "--no-sync"], check=True, capture_output=True, timeout=120)
-        self.proc = subprocess.Popen(
-            [*self._as, str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
-             "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200"],
-            stdout=subprocess.DEVNULL, stderr=open(self.directory / "server.log", "ab"), start_new_session=True)
+        with open(self.directory / "server.log", "ab") as log:
+            self.proc = popen_owned(
+                [*self._as, str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
+                 "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200"],
+                stdout=subprocess.DEVNULL, stderr=log)
         try:
             wait_serving(lambda: subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
                                                 capture_output=True).returncode == 0,

@@ -1,5 +1,7 @@
 """A real ``prefect server start`` on 127.0.0.1 for tests (throwaway home and database). It stops with
-the test session; started servers and workers die with their session leader."""
+the test session; the server and the processes spawned against it (workers, CLI calls) are stopped
+by a watchdog when the process that started them dies, however it dies (a killed test run leaves
+none behind)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from ..server.kept_server import SERVER_DEFAULTS
+from .owned import popen_owned
 from .ports import free_port
 
 STARTUP_SECONDS = 120.0
@@ -37,9 +40,8 @@ class PrefectServer:
     def start(self) -> PrefectServer:
         self.home.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--no-ui"], env=env, start_new_session=True,
-                                     stdout=open(self.home / "server.log", "wb"), stderr=subprocess.STDOUT)
+        self.proc = _watched([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                              "--port", str(self.port), "--no-ui"], env, self.home / "server.log")
         deadline = time.monotonic() + STARTUP_SECONDS
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -55,13 +57,18 @@ class PrefectServer:
 
     def spawn(self, args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
         """A process (a worker, a CLI call) talking to this server, in its own session."""
-        return subprocess.Popen(args, env={**self.env, **env}, start_new_session=True, stdout=open(log, "wb"),
-                                stderr=subprocess.STDOUT)
+        return _watched(args, {**self.env, **env}, log)
 
     def stop(self) -> None:
         if self.proc is not None:
             stop_group(self.proc)
             self.proc = None
+
+
+def _watched(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``args`` in a session of its own, output to ``log``, stopped when this process dies."""
+    with open(log, "wb") as out:
+        return popen_owned(args, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
