@@ -209,14 +209,18 @@ sys.exit(3)
 """
 
 
+def _state(pid: int) -> str:
+    """The process's state letter in ``/proc/<pid>/stat`` (``S`` sleeping, ``Z`` zombie, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _took_signal_and_waits(pid: int, signum: int) -> bool:
     """Whether process ``pid`` has taken signal ``signum`` (no longer pending) and waits for its child
     again: a Python process runs its handlers before it retries an interrupted wait."""
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     pending = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
-    asleep = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
     where = Path(f"/proc/{pid}/wchan").read_text()  # "0" where the kernel does not say
-    return not any(mask & (1 << (signum - 1)) for mask in pending) and asleep and where in ("do_wait", "0")
+    return not any(mask & (1 << (signum - 1)) for mask in pending) and _state(pid) == "S" and where in ("do_wait", "0")
 
 
 @pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited"])
@@ -246,8 +250,7 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
         trial_pid = json.loads(started.read_text())["pid"]
         if signalled == "after-it-exited":
             os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
-            while Path(f"/proc/{trial_pid}/stat").read_text().split(")")[-1].split()[0] != "Z" \
-                    and time.monotonic() < deadline:
+            while _state(trial_pid) != "Z" and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:
             os.kill(trial_pid, signal.SIGSTOP)  # the trial answers only once the keeper has seen the signal

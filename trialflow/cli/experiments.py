@@ -54,11 +54,10 @@ def experiment_list(root: RootOpt = None,
         table.add_row(e.id, e.record.name or "", e.record.status, str(count), started, str(e.root / e.id))
     if table.row_count:
         console.print(table)
-    elif all_:
-        if not unreadable:  # otherwise the skipped ones are said below
-            console.print("no experiment yet")
-    else:  # as nnictl says it, instead of an empty table
+    elif not all_:  # as nnictl says it, instead of an empty table
         console.print("no experiment is running: `trialflow experiment list --all` lists all", soft_wrap=True)
+    elif not unreadable:  # otherwise the skipped ones are said below
+        console.print("no experiment yet")
     report_unreadable(unreadable)
 
 

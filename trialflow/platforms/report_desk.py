@@ -239,7 +239,7 @@ class ReportDesk:
                 return
             if asking.answered is None or asking.answered[1][0] != "stop":
                 asking.answered = (through, verdict)
-            for ask in [a for a in asking.http_asks if stop or a.sequence <= through]:
+            for ask in [a for a in asking.http_asks if _covered((through, verdict), a.sequence)]:
                 asking.http_asks.remove(ask)
                 ask.verdict = verdict
                 ask.done.set()

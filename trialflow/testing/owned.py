@@ -17,7 +17,6 @@ def popen_owned(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     process dies. Raises OSError when the process or its watchdog cannot start."""
     held = watch_next_child(os.getpid())
     try:
-        return subprocess.Popen(args, start_new_session=True, pass_fds=(held, *kwargs.pop("pass_fds", ())),
-                                **kwargs)
+        return subprocess.Popen(args, start_new_session=True, pass_fds=(held,), **kwargs)
     finally:
         os.close(held)
