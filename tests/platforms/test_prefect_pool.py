@@ -81,6 +81,40 @@ def test_each_trial_is_a_flow_run_on_the_pool_with_no_secret_in_its_parameters(t
     svc.close()
 
 
+def test_a_process_pool_s_worker_starts_each_trial_s_engine_itself_in_this_interpreter(tmp_path, on_pool):
+    """On a process pool the deployment's command is this interpreter running Prefect's engine, so the
+    worker starts each run's engine as its own child: no workspace supervisor between them (a second
+    Prefect start per trial). A command the config gives stays; a pool type without one gets none."""
+    import os
+    import shlex
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from tests.test_prefect_pool_experiment import _parent, _processes_of_trial
+
+    # ends by itself: a cancel would hold the worker's next submissions (its kill grace)
+    svc, handle = _run_one(tmp_path, on_pool, "Eng1", "import nni, time\nnni.get_next_parameter()\n"
+                           "time.sleep(6)\nnni.report_final_result(1.0)\n")
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(svc.deployment_id)
+    assert deployment.job_variables["command"] == shlex.join([sys.executable, "-m", "prefect.engine"])
+    trial = wait_for(lambda: _processes_of_trial("Eng1"), timeout=120)[0]
+    engine = _parent(os.getsid(trial))  # the flow run's process, as the interruption test kills it
+    assert _parent(engine) == on_pool.worker.pid
+    assert poll_until_terminal(svc, handle, timeout=120)[0][-1] == TrialStatus.SUCCEEDED
+    svc.close()
+    for other_home in ("given", "other"):
+        (tmp_path / other_home / "code").mkdir(parents=True)
+    given = pool_service(tmp_path / "given", on_pool, jobVariables={"command": "python -m prefect.engine"})
+    assert given._deployment_job_variables() == {"command": "python -m prefect.engine"}
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="trialflow-docker", type="docker"), overwrite=True)
+    other = pool_service(tmp_path / "other", on_pool, workPool="trialflow-docker", jobVariables={"image": "x"})
+    assert other._deployment_job_variables() == {"image": "x"}
+
+
 @pytest.mark.parametrize("state,expected", [
     ("SCHEDULED", TrialStatus.WAITING), ("PENDING", TrialStatus.WAITING), ("PAUSED", TrialStatus.WAITING),
     ("RUNNING", TrialStatus.RUNNING), ("CANCELLING", TrialStatus.RUNNING), ("COMPLETED", TrialStatus.SUCCEEDED),

@@ -49,6 +49,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -167,8 +169,24 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         source = Path(trialflow.__file__).resolve().parent.parent
         runner: Any = Flow.from_source(source=str(source), entrypoint=RUNNER_ENTRYPOINT)  # sync here: a Flow
         self.deployment_id = runner.deploy(name=f"trialflow-{self.experiment_id}", work_pool_name=config.work_pool,
-                                           job_variables=config.job_variables, build=False, push=False,
+                                           job_variables=self._deployment_job_variables(), build=False, push=False,
                                            print_next_steps=False)
+
+    def _deployment_job_variables(self) -> dict[str, Any]:
+        """The config's job variables; on a process pool whose job template takes a ``command`` and when the
+        config gives none, also this interpreter running Prefect's engine. A process worker then starts
+        each run's engine itself, instead of through a workspace supervisor process that imports Prefect
+        once more and runs state hooks in processes of their own: a second Prefect start per trial. This
+        interpreter has what the runner needs (trialflow and its Prefect), and the workers already see
+        trialflow's source at this path (the deployment's source)."""
+        variables = dict(self.config.job_variables)
+        if "command" in variables:
+            return variables
+        pool = self._call("read_work_pool", lambda: self.api.read_work_pool(self.config.work_pool))
+        takes_command = "command" in (pool.base_job_template or {}).get("variables", {}).get("properties", {})
+        if pool.type == "process" and takes_command:
+            variables["command"] = shlex.join([sys.executable, "-m", "prefect.engine"])
+        return variables
 
     # ---- what the shared-storage base asks ------------------------------------------------------
 
