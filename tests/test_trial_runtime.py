@@ -223,23 +223,26 @@ def _took_signal_and_waits(pid: int, signum: int) -> bool:
     return not any(mask & (1 << (signum - 1)) for mask in pending) and _state(pid) == "S" and where in ("do_wait", "0")
 
 
-@pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited"])
+@pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited", "by-trialflow-keeper-late"])
 def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, signalled):
     """A stop signal that reaches the trial's group while the trial runs makes its exit the stop's
     (``stop_signal`` in its state); one that arrives after the trial exited by itself, before the keeper
     saw that exit (a busy machine), leaves the trial its own exit code. Each case holds one process
     stopped so the order is the one it names: the keeper across the trial's exit, or the trial until
     the keeper has taken the signal (on a loaded machine the trial may otherwise answer first: see
-    the keeper's module docstring)."""
+    the keeper's module docstring). trialflow's own kill counts even when the trial answers it before
+    the keeper takes the signal (the keeper stopped across the trial's exit)."""
     import signal
+    import threading
     import time
 
-    from trialflow.trial.keeper import write_trial_files
+    from trialflow.trial.keeper import claim, kill_trial, write_trial_files
 
     (tmp_path / "trial.py").write_text(SAVES_ON_SIGINT)
-    linger = 30 if signalled == "while-it-runs" else 0.2
+    linger = 0.2 if signalled == "after-it-exited" else 30
     trial_dir = Path(write_trial_files({"trial_dir": str(tmp_path / "t"), "parameter": "{}", "keeper": {
         "command": f"exec {sys.executable} -S trial.py {linger}", "cwd": str(tmp_path), "env": {}}}))
+    assert claim(str(trial_dir))  # as a detached keeper does: the kill then stops it instead of its start
     keeper = subprocess.Popen([sys.executable, "-S", "-m", "trialflow.trial.keeper", str(trial_dir)],
                               env={**os.environ, "PYTHONPATH": RUNTIME_ROOT}, start_new_session=True)
     try:
@@ -248,14 +251,24 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
         while not ((tmp_path / "ready").exists() and started.exists()) and time.monotonic() < deadline:
             time.sleep(0.02)
         trial_pid = json.loads(started.read_text())["pid"]
-        if signalled == "after-it-exited":
+        if signalled == "by-trialflow-keeper-late":
+            os.kill(keeper.pid, signal.SIGSTOP)
+            killer = threading.Thread(target=kill_trial, args=(str(trial_dir), 20.0), daemon=True)
+            killer.start()
+            while _state(trial_pid) != "Z" and time.monotonic() < deadline:  # it answered the SIGINT
+                time.sleep(0.02)
+            os.kill(keeper.pid, signal.SIGCONT)
+            assert keeper.wait(timeout=30) == 0
+            killer.join(timeout=30)
+        elif signalled == "after-it-exited":
             os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
             while _state(trial_pid) != "Z" and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:
             os.kill(trial_pid, signal.SIGSTOP)  # the trial answers only once the keeper has seen the signal
-        os.killpg(keeper.pid, signal.SIGINT)
-        os.kill(keeper.pid, signal.SIGCONT)
+        if signalled != "by-trialflow-keeper-late":
+            os.killpg(keeper.pid, signal.SIGINT)
+            os.kill(keeper.pid, signal.SIGCONT)
         if signalled == "while-it-runs":
             while not _took_signal_and_waits(keeper.pid, signal.SIGINT) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -265,7 +278,7 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
         if keeper.poll() is None:
             os.killpg(keeper.pid, signal.SIGKILL)
     state = json.loads((trial_dir / ".nni" / "state").read_text())
-    if signalled == "while-it-runs":
+    if signalled != "after-it-exited":
         assert (state["exit_code"], state.get("stop_signal")) == (1, True)
     else:
         assert (state["exit_code"], state.get("stop_signal")) == (3, None)

@@ -25,15 +25,16 @@ Files in ``<trial dir>/.nni/`` (written atomically):
 * ``keeper.lock``: created exclusively by the one keeper allowed to start (so retried or repeated
   launches never run a trial twice);
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
-* ``started``: ``{"pid", "time"}`` once the command runs;
+* ``started``: ``{"pid", "time", "start_time"}`` once the command runs;
+* ``stop_sent``: ``{"time"}``, written by ``--kill`` just before its first signal when it finds the trial
+  still running;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
-  ``"stop_signal": true`` when a stop signal (SIGINT, SIGTERM) reached the group while the trial
-  still ran -- whatever code it then exited with answered the stop; on a full disk the keeper waits
-  until it can write it. "Still ran" is as the keeper finds it when it takes the signal: a trial
-  already exited by then keeps its own code, whether it ended by itself or, on a loaded machine where
-  the keeper gets the processor late, answered the signal first (the group's processes receive it at
-  once). The stops trialflow sends carry their own reason, so this touches only a stop from elsewhere
-  answered within the keeper's reaction time.
+  ``"stop_signal": true`` when a stop reached the trial while it still ran -- whatever code it then
+  exited with answered the stop; on a full disk the keeper waits until it can write it. For trialflow's
+  own kill, "still ran" is ``stop_sent``, checked by the sender before it signals (the keeper may get
+  the processor only after the trial has answered). For a stop signal from elsewhere it is as the keeper
+  finds it when it takes the signal: a trial already exited by then keeps its own code, whether it
+  ended by itself or answered that signal within the keeper's reaction time.
 The trial's output goes to ``trial.stdout`` / ``trial.stderr`` in the trial dir. The keeper survives
 SIGINT/SIGTERM (it notes them) so it can record the exit of a trial being stopped; ``--kill`` ends the
 whole group, keeper included, with SIGKILL at the end of the grace period.
@@ -63,6 +64,7 @@ from .protocol import (
     STATE,
     STDERR_FILE,
     STDOUT_FILE,
+    STOP_SENT,
 )
 
 __all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "never_start", "pod", "process_record", "run",
@@ -146,10 +148,12 @@ def execute(trial_dir: str, tee: bool = False) -> int:
             write_atomic(os.path.join(meta_dir, STATE), {"exit_code": 127, "end_time": time.time()})
             return 127
         trial.append(proc)
-        write_when_space(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time()})
+        write_when_space(os.path.join(meta_dir, STARTED), {"pid": proc.pid, "time": time.time(),
+                                                           "start_time": process_start_time(proc.pid)})
         copiers = [_tee(proc.stdout, out, sys.stdout), _tee(proc.stderr, err, sys.stderr)] if tee else []
         code = proc.wait()
-        stopped = bool(stop_signals)  # one reached the trial while it ran: its exit answered the stop
+        # a stop reached the trial while it ran (one of ours says so in stop_sent): its exit answered it
+        stopped = bool(stop_signals) or os.path.exists(os.path.join(meta_dir, STOP_SENT))
         for copier in copiers:
             copier.join()
     exit_code = 128 - code if code < 0 else code
@@ -328,7 +332,8 @@ def never_start(trial_dir: str) -> bool:
 
 def kill_trial(trial_dir: str, grace: float) -> None:
     """Stop the trial: if its keeper never started, make sure it never will (and record the end);
-    otherwise stop its process group unless it already ended (pid checked with its start time)."""
+    otherwise stop its process group unless it already ended (pid checked with its start time), first
+    writing ``stop_sent`` when the trial itself still runs, so its exit reads as the stop's."""
     meta_dir = os.path.join(trial_dir, META_DIR)
     os.makedirs(meta_dir, exist_ok=True)
     if never_start(trial_dir):
@@ -339,6 +344,9 @@ def kill_trial(trial_dir: str, grace: float) -> None:
         time.sleep(0.05)
         info = read_json(os.path.join(meta_dir, KEEPER_PID))
     if info and pid_alive(int(info["pid"]), info.get("start_time")):
+        started = read_json(os.path.join(meta_dir, STARTED))
+        if started and pid_alive(int(started["pid"]), started.get("start_time")):
+            write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
         kill_group(int(info["pid"]), grace)
 
 

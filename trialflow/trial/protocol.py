@@ -3,10 +3,11 @@ controller exchange (standard library only; the controller side is ``trialflow.p
 
 A trial directory holds ``parameter.cfg``, ``trial.stdout``, ``trial.stderr``, ``trial.log`` and the
 meta directory ``.nni/`` with ``keeper.json`` (what to run), ``keeper.lock`` (claimed by the one keeper
-allowed to start), ``keeper.pid``, ``started``, ``state`` (how it ended) and ``metrics``, and
-``checkpoint/``, the trial's own folder that outlives its runs (an interrupted run's ``.nni/`` is set
-aside as ``.nni-<attempt>``). A reuse environment directory holds ``worker.json``, the ``queue/``,
-``hold/``, ``taken/`` and ``kill/`` boxes and the ``heartbeat`` and ``stop`` files.
+allowed to start), ``keeper.pid``, ``started``, ``stop_sent`` (trialflow's kill found the trial
+running), ``state`` (how it ended) and ``metrics``, and ``checkpoint/``, the trial's own folder that
+outlives its runs (an interrupted run's ``.nni/`` is set aside as ``.nni-<attempt>``). A reuse
+environment directory holds ``worker.json``, the ``queue/``, ``hold/``, ``taken/`` and ``kill/`` boxes
+and the ``heartbeat`` and ``stop`` files.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ KEEPER_SPEC = "keeper.json"
 KEEPER_LOCK = "keeper.lock"
 KEEPER_PID = "keeper.pid"
 STARTED = "started"
+STOP_SENT = "stop_sent"
 STATE = "state"
 METRICS = "metrics"
 METRICS_FILE = os.path.join(META_DIR, METRICS)
