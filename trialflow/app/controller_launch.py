@@ -125,6 +125,9 @@ _JOB: list[str] = []  # the job line, once read
 
 
 def _main() -> int:
+    from ..foundation.startup_gc import no_collection_at_exit
+
+    no_collection_at_exit()
     spool = Path(os.readlink("/proc/self/fd/1"))
     from ..server.api_choice import point_this_process_at_kept_server
     from ..server.kept_server import ServerError

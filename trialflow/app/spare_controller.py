@@ -362,7 +362,10 @@ def _serve(spool: Path, server: KeptServer | None, env: dict[str, str]) -> tuple
 
 def main() -> int:
     """The spare's process (see the module doc); its exit code."""
+    from ..foundation.startup_gc import no_collection_at_exit
+
     env = _settled(os.environ)  # as started: imports may add to it
+    no_collection_at_exit()
     spool = Path(os.readlink("/proc/self/fd/1"))
     job = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unclaimed, it ends tidily

@@ -8,8 +8,6 @@ list one line per bad field). Experiments run in a detached background process b
 
 from __future__ import annotations
 
-import atexit
-import gc
 import sys
 import warnings
 from typing import Annotated, Any
@@ -17,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from ..foundation.startup_gc import no_collection_at_exit
 from ..foundation.user_errors import UserError
 from ..records.disk_space import no_space
 from . import algorithms, experiments, platform_clean, running, server, trials, watching
@@ -81,11 +80,7 @@ def main() -> None:
 
     warnings.showwarning = _show_warning
     set_process_defaults()
-    # The interpreter's last collection at exit walks every object Prefect, SQLAlchemy and the run made:
-    # about a second of CPU after an experiment, several on a busy machine, between the command's last
-    # line (a Ctrl-C's included) and the shell's prompt. The exit handlers have flushed and closed what
-    # this process wrote by then; frozen objects are left to the exit itself.
-    atexit.register(gc.freeze)
+    no_collection_at_exit()
     try:
         code = app(standalone_mode=False)
     except UserError as exc:  # CliError and every domain error a user can fix: one line, exit 1
