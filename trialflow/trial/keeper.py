@@ -42,6 +42,7 @@ whole group, keeper included, with SIGKILL at the end of the grace period.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -346,7 +347,10 @@ def kill_trial(trial_dir: str, grace: float) -> None:
     if info and pid_alive(int(info["pid"]), info.get("start_time")):
         started = read_json(os.path.join(meta_dir, STARTED))
         if started and pid_alive(int(started["pid"]), started.get("start_time")):
-            write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
+            # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
+            # the trial's own exit)
+            with contextlib.suppress(OSError):
+                write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
         kill_group(int(info["pid"]), grace)
 
 
