@@ -51,3 +51,30 @@ def test_a_killed_test_process_leaves_no_prefect_server_nor_worker_behind(tmp_pa
     while any(group_alive(pgid) for pgid in groups) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(group_alive(pgid) for pgid in groups), (groups, done.stderr[-2000:])
+
+
+def test_a_killed_test_process_leaves_no_sshd_listening(tmp_path):
+    """The loopback sshd a test starts stops by itself when the process that started it is killed (its
+    fixtures' teardown never runs): nothing listens on its port afterwards."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from trialflow.trial.procs import group_alive
+
+    code = ("import json, os, signal, sys\n"
+            "from pathlib import Path\n"
+            "from trialflow.testing.sshd import LoopbackSshd\n"
+            "server = LoopbackSshd(Path(sys.argv[1])).start()\n"
+            "print(json.dumps([server.proc.pid, server.port]), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sshd")], capture_output=True, text=True,
+                          timeout=60)
+    pid, port = json.loads(done.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 30
+    while group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(pid), done.stderr[-2000:]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -691,3 +691,22 @@ def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_pa
     moved = open_store(elsewhere, exp_id)
     wait_for(lambda: moved.experiment().status == "DONE", timeout=120)
     assert moved.experiment().config["logLevel"] == "debug"
+
+
+def test_a_new_users_first_foreground_run_in_a_terminal_shows_no_prefect_telemetry_notice(tmp_path, home):
+    """The kept server runs with analytics off; a new user's first ``create --foreground`` in a terminal
+    (Prefect's first import there) shows trialflow's lines, not Prefect's notice asking to turn off what is
+    off."""
+    from prefect._internal.analytics.ci_detection import CI_ENV_VARS
+
+    from tests.test_stopping import Terminal
+
+    newcomer = tmp_path / "newcomer"
+    env = {k: v for k, v in _env(home).items() if k not in CI_ENV_VARS and k != "DO_NOT_TRACK"}
+    env.update(HOME=str(newcomer), PREFECT_HOME=str(newcomer / ".prefect"), TERM="xterm")
+    term = Terminal([*MODULE, "create", "--config", str(_config(tmp_path, "first")), "--foreground"], env)
+    assert term.exit_code(timeout=180) == 0, term.read(0)
+    _guard(home)
+    out = term.read(0)
+    assert "2 trials: 2 SUCCEEDED" in out
+    assert "usage data" not in out and "telemetry" not in out, out

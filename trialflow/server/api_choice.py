@@ -52,4 +52,8 @@ def point_this_process_at_kept_server(home: Path | None = None, port: int | None
         return None
     server = ensure_server(home, wait=False, **server_choice(port, url_prefix))
     os.environ.update(server.client_settings())
+    # The kept server runs with analytics off, and Prefect's client sends nothing when its server says
+    # so; but Prefect's first import in a terminal still prints its telemetry notice, telling a new user
+    # to turn off what is off. Unless the user said otherwise, this process and its children say so.
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     return server

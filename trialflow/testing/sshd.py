@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .owned import popen_watched
 from .ports import free_port
 
 SSHD = "/usr/sbin/sshd"
@@ -80,8 +81,9 @@ class LoopbackSshd:
         ]))
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
-                                     stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "ab"))  # noqa: SIM115
+        with open(d / "sshd.log", "ab") as log:  # a killed test run leaves no listener behind
+            self.proc = popen_watched([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
+                                      stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
