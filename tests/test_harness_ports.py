@@ -1,12 +1,19 @@
-"""Ports for the servers tests start: chosen where outgoing connections never take them."""
+"""The servers tests start: ports chosen where outgoing connections never take them, and an end with the
+process that started them."""
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from trialflow.testing import ports
+from trialflow.trial.procs import group_alive
 
 
 def test_a_free_port_is_below_the_ephemeral_range_and_bindable():
@@ -26,55 +33,41 @@ def test_a_port_in_use_is_never_chosen(monkeypatch):
         assert all(ports.free_port() != taken for _ in range(50))
 
 
+def _started_then_killed(starts: str, prints: str, folder: Path, timeout: float) -> tuple[list[int], str]:
+    """Run Python that ``starts`` servers in ``folder`` (``sys.argv[1]``), prints the JSON list ``prints``
+    names, then SIGKILLs itself, as a test run killed mid-test: (that list, its stderr)."""
+    code = ("import json, os, signal, sys\nfrom pathlib import Path\n" + starts +
+            f"print(json.dumps({prints}), flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=timeout)
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr[-2000:]
+
+
+def _gone(groups: list[int], seconds: float) -> bool:
+    """Whether every process group in ``groups`` has ended within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while any(group_alive(pgid) for pgid in groups) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(group_alive(pgid) for pgid in groups)
+
+
 @pytest.mark.e2e
 def test_a_killed_test_process_leaves_no_prefect_server_nor_worker_behind(tmp_path):
     """The test harness's ``prefect server start`` and the workers spawned against it stop by themselves
     when the process that started them is killed (its fixtures' teardown never runs)."""
-    import json
-    import subprocess
-    import sys
-    import time
-
-    from trialflow.trial.procs import group_alive
-
-    code = ("import json, os, signal, sys\n"
-            "from pathlib import Path\n"
-            "from trialflow.testing.prefect_server import PrefectServer\n"
-            "server = PrefectServer(Path(sys.argv[1])).start()\n"
-            "worker = server.spawn(['prefect', 'worker', 'start', '--pool', 'check'], Path(sys.argv[1]) / 'w')\n"
-            "print(json.dumps([server.proc.pid, worker.pid]), flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGKILL)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "home")], capture_output=True, text=True,
-                          timeout=180)
-    groups = json.loads(done.stdout.strip().splitlines()[-1])
-    deadline = time.monotonic() + 60
-    while any(group_alive(pgid) for pgid in groups) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(group_alive(pgid) for pgid in groups), (groups, done.stderr[-2000:])
+    groups, stderr = _started_then_killed(
+        "from trialflow.testing.prefect_server import PrefectServer\n"
+        "server = PrefectServer(Path(sys.argv[1])).start()\n"
+        "worker = server.spawn(['prefect', 'worker', 'start', '--pool', 'check'], Path(sys.argv[1]) / 'w')\n",
+        "[server.proc.pid, worker.pid]", tmp_path / "home", timeout=180)
+    assert _gone(groups, 60), (groups, stderr)
 
 
 def test_a_killed_test_process_leaves_no_sshd_listening(tmp_path):
     """The loopback sshd a test starts stops by itself when the process that started it is killed (its
     fixtures' teardown never runs): nothing listens on its port afterwards."""
-    import json
-    import subprocess
-    import sys
-    import time
-
-    from trialflow.trial.procs import group_alive
-
-    code = ("import json, os, signal, sys\n"
-            "from pathlib import Path\n"
-            "from trialflow.testing.sshd import LoopbackSshd\n"
-            "server = LoopbackSshd(Path(sys.argv[1])).start()\n"
-            "print(json.dumps([server.proc.pid, server.port]), flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGKILL)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sshd")], capture_output=True, text=True,
-                          timeout=60)
-    pid, port = json.loads(done.stdout.strip().splitlines()[-1])
-    deadline = time.monotonic() + 30
-    while group_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not group_alive(pid), done.stderr[-2000:]
+    (pid, port), stderr = _started_then_killed(
+        "from trialflow.testing.sshd import LoopbackSshd\nserver = LoopbackSshd(Path(sys.argv[1])).start()\n",
+        "[server.proc.pid, server.port]", tmp_path / "sshd", timeout=60)
+    assert _gone([pid], 30), stderr
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
