@@ -274,6 +274,11 @@ def wait_for(predicate, timeout=90.0, interval=0.1):
     raise AssertionError("condition not reached in time")
 
 
+def process_state(pid: int) -> str:
+    """The process's state letter in ``/proc/<pid>/stat`` (``S`` sleeping, ``Z`` zombie, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def run_in_thread(function) -> tuple[threading.Thread, dict]:
     """Start ``function()`` in a thread that sees this context's Prefect settings (a new thread gets
     the settings Prefect read at import, so an experiment run in it would miss the session's server

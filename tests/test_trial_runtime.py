@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, write_trial
+from tests.conftest import base_config, process_state, write_trial
 from trialflow.trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from trialflow.trial.records import (
     MAX_RECORD_BYTES,
@@ -209,18 +209,14 @@ sys.exit(3)
 """
 
 
-def _state(pid: int) -> str:
-    """The process's state letter in ``/proc/<pid>/stat`` (``S`` sleeping, ``Z`` zombie, ...)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 def _took_signal_and_waits(pid: int, signum: int) -> bool:
     """Whether process ``pid`` has taken signal ``signum`` (no longer pending) and waits for its child
     again: a Python process runs its handlers before it retries an interrupted wait."""
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     pending = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
     where = Path(f"/proc/{pid}/wchan").read_text()  # "0" where the kernel does not say
-    return not any(mask & (1 << (signum - 1)) for mask in pending) and _state(pid) == "S" and where in ("do_wait", "0")
+    return (not any(mask & (1 << (signum - 1)) for mask in pending) and process_state(pid) == "S"
+            and where in ("do_wait", "0"))
 
 
 @pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited", "by-trialflow-keeper-late"])
@@ -255,14 +251,14 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
             os.kill(keeper.pid, signal.SIGSTOP)
             killer = threading.Thread(target=kill_trial, args=(str(trial_dir), 20.0), daemon=True)
             killer.start()
-            while _state(trial_pid) != "Z" and time.monotonic() < deadline:  # it answered the SIGINT
+            while process_state(trial_pid) != "Z" and time.monotonic() < deadline:  # it answered the SIGINT
                 time.sleep(0.02)
             os.kill(keeper.pid, signal.SIGCONT)
             assert keeper.wait(timeout=30) == 0
             killer.join(timeout=30)
         elif signalled == "after-it-exited":
             os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
-            while _state(trial_pid) != "Z" and time.monotonic() < deadline:
+            while process_state(trial_pid) != "Z" and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:
             os.kill(trial_pid, signal.SIGSTOP)  # the trial answers only once the keeper has seen the signal

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fake_nvidia_smi, wait_for, write_trial
+from tests.conftest import fake_nvidia_smi, process_state, wait_for, write_trial
 from trialflow.config import LocalConfig
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.gpu import GpuProbe
@@ -18,11 +18,11 @@ from trialflow.testing.contract import TrainingServiceContract, poll_until_termi
 from trialflow.trial.procs import pid_alive
 
 
-def _local(tmp_path: Path, **fields) -> LocalTrainingService:
+def _local(tmp_path: Path, kill_grace: float = 0.5, **fields) -> LocalTrainingService:
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     config = LocalConfig(trial_command="unused", trial_code_directory=code, **fields)
-    service = LocalTrainingService(config, tmp_path / "exp", kill_grace_seconds=0.5)
+    service = LocalTrainingService(config, tmp_path / "exp", kill_grace_seconds=kill_grace)
     return service
 
 
@@ -148,6 +148,41 @@ time.sleep(120)
     assert time.monotonic() - started < 5
     status = poll_until_terminal(service, handle, timeout=10)[0][-1]
     assert status in (TrialStatus.SYS_CANCELED, TrialStatus.FAILED)
+
+
+def test_a_trial_that_answers_the_cancel_before_its_keeper_runs_again_is_cancelled_not_failed(tmp_path, make_spec):
+    """On a loaded machine the trial may answer the cancel's SIGINT with a code of its own (it saves its
+    work and exits 1; a trial still starting exits 1 with a KeyboardInterrupt too) before its keeper gets
+    the processor to note the signal. The end is the cancel's, not a failure of the trial: the keeper
+    is held stopped across the trial's answer here."""
+    import json
+    import signal
+    import threading
+
+    body = ("import pathlib, signal, sys, time, nni\nnni.get_next_parameter()\n"
+            "signal.signal(signal.SIGINT, lambda *_: sys.exit(1))\n"
+            "pathlib.Path('ready').touch()\ntime.sleep(60)\n")
+    service = _local(tmp_path, kill_grace=20.0)  # no SIGTERM before the keeper is let go
+    service.prepare()
+    try:
+        handle = service.submit(make_spec("Answers1", body, {}), service.upload_code(tmp_path / "code"))
+        wait_for(lambda: (tmp_path / "code" / "ready").exists(), timeout=30)
+        meta = Path(handle.data["trial_dir"]) / ".nni"
+        keeper = json.loads((meta / "keeper.pid").read_text())["pid"]
+        trial = json.loads((meta / "started").read_text())["pid"]
+        os.kill(keeper, signal.SIGSTOP)
+        try:
+            cancel = threading.Thread(target=service.cancel, args=(handle, TrialStatus.USER_CANCELED), daemon=True)
+            cancel.start()
+            wait_for(lambda: process_state(trial) == "Z", timeout=30, interval=0.02)  # it answered, unseen
+        finally:
+            os.kill(keeper, signal.SIGCONT)
+        cancel.join(timeout=30)
+        statuses, _, last = poll_until_terminal(service, handle, timeout=30)
+    finally:
+        service.close()
+    assert (statuses[-1], last.exit_code) == (TrialStatus.SYS_CANCELED, None), last.message
+    assert last.message == "exit code 1 after a stop signal"
 
 
 # ---- GPU scheduling ---------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from typing import Any
 from ..config.sections.local import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
-from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
+from ..trial.keeper import stop_group
+from ..trial.procs import pid_alive, read_json, write_atomic
 from ..trial.protocol import (
     CHECKPOINT_DIR,
     CHECKPOINT_ENV,
@@ -254,7 +255,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
     def cancel(self, handle: TrialHandle, reason: TrialStatus) -> None:
         keeper = self._keeper(handle)
         if keeper is not None and pid_alive(*keeper):
-            kill_group(keeper[0], self.kill_grace)
+            stop_group(os.path.join(handle.data["trial_dir"], META_DIR), keeper[0], self.kill_grace)
         self._finish(handle)
 
     def adopt(self, handle: TrialHandle) -> None:

@@ -26,8 +26,8 @@ Files in ``<trial dir>/.nni/`` (written atomically):
   launches never run a trial twice);
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time", "start_time"}`` once the command runs;
-* ``stop_sent``: ``{"time"}``, written by ``--kill`` just before its first signal when it finds the trial
-  still running;
+* ``stop_sent``: ``{"time"}``, written by trialflow's stop (``--kill``, the local platform's cancel: both
+  :func:`stop_group`) just before its first signal when it finds the trial still running;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
   ``"stop_signal": true`` when a stop reached the trial while it still ran -- whatever code it then
   exited with answered the stop; on a full disk the keeper waits until it can write it. For trialflow's
@@ -69,7 +69,7 @@ from .protocol import (
 )
 
 __all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "never_start", "pod", "process_record", "run",
-           "runtime_version", "write_atomic", "write_trial_files"]
+           "runtime_version", "stop_group", "write_atomic", "write_trial_files"]
 
 
 def runtime_version() -> str:
@@ -345,13 +345,21 @@ def kill_trial(trial_dir: str, grace: float) -> None:
         time.sleep(0.05)
         info = read_json(os.path.join(meta_dir, KEEPER_PID))
     if info and pid_alive(int(info["pid"]), info.get("start_time")):
-        started = read_json(os.path.join(meta_dir, STARTED))
-        if started and pid_alive(int(started["pid"]), started.get("start_time")):
-            # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
-            # the trial's own exit)
-            with contextlib.suppress(OSError):
-                write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
-        kill_group(int(info["pid"]), grace)
+        stop_group(meta_dir, int(info["pid"]), grace)
+
+
+def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
+    """Stop the process group of the keeper ``keeper_pid`` (see :func:`kill_group`), first writing
+    ``stop_sent`` in ``meta_dir`` when the trial itself still runs: however soon the trial answers, and
+    however late its keeper gets the processor to note the signal, the exit then reads as the stop's.
+    Every stop trialflow sends to a keeper's group goes through here."""
+    started = read_json(os.path.join(meta_dir, STARTED))
+    if started and pid_alive(int(started["pid"]), started.get("start_time")):
+        # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
+        # the trial's own exit)
+        with contextlib.suppress(OSError):
+            write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
+    kill_group(keeper_pid, grace)
 
 
 def _default_signals() -> None:
