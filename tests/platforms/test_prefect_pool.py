@@ -82,12 +82,14 @@ def test_each_trial_is_a_flow_run_on_the_pool_with_no_secret_in_its_parameters(t
 
 
 def test_a_process_pool_s_worker_starts_each_trial_s_engine_itself_in_this_interpreter(tmp_path, on_pool):
-    """On a process pool the deployment's command is this interpreter running Prefect's engine, so the
-    worker starts each run's engine as its own child: no workspace supervisor between them (a second
-    Prefect start per trial). A command the config gives stays; a pool type without one gets none."""
+    """On a process pool the deployment's command is this interpreter running Prefect's engine (less
+    the last collection at exit), so the worker starts each run's engine as its own child: no workspace
+    supervisor between them (a second Prefect start per trial). A command the config gives stays; a pool
+    type without one gets none."""
     import os
     import shlex
     import sys
+    from pathlib import Path
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -99,10 +101,12 @@ def test_a_process_pool_s_worker_starts_each_trial_s_engine_itself_in_this_inter
                            "time.sleep(6)\nnni.report_final_result(1.0)\n")
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(svc.deployment_id)
-    assert deployment.job_variables["command"] == shlex.join([sys.executable, "-m", "prefect.engine"])
+    command = shlex.split(deployment.job_variables["command"])
+    assert command[0] == sys.executable and "runpy.run_module('prefect.engine'" in command[-1]
     trial = wait_for(lambda: _processes_of_trial("Eng1"), timeout=120)[0]
     engine = _parent(os.getsid(trial))  # the flow run's process, as the interruption test kills it
     assert _parent(engine) == on_pool.worker.pid
+    assert Path(f"/proc/{engine}/cmdline").read_bytes().split(b"\0")[:-1] == [part.encode() for part in command]
     assert poll_until_terminal(svc, handle, timeout=120)[0][-1] == TrialStatus.SUCCEEDED
     svc.close()
     for other_home in ("given", "other"):

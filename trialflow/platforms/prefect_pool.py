@@ -73,6 +73,11 @@ DEPLOYMENT_WAIT = 30.0  # seconds the end of an experiment waits for its runs to
 HEARTBEAT_FILE = ".runner-heartbeat"
 STALE_SECONDS = 20.0
 RUNNER_ENTRYPOINT = "trialflow/flows/trial_runner.py:trial_runner"
+# Prefect's engine as ``python -m prefect.engine`` runs it, without the interpreter's last collection at exit
+# (as trialflow's own processes: foundation.startup_gc), which walks all the run made and frees nothing the
+# exit needs. Standard library only, so any interpreter with Prefect runs it.
+ENGINE_CODE = ("import atexit, gc, runpy; atexit.register(gc.freeze); "
+               "runpy.run_module('prefect.engine', run_name='__main__', alter_sys=True)")
 log = logging.getLogger("trialflow.platforms.prefect_pool")
 STATES = {
     "SCHEDULED": TrialStatus.WAITING, "PENDING": TrialStatus.WAITING, "PAUSED": TrialStatus.WAITING,
@@ -178,14 +183,15 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         each run's engine itself, instead of through a workspace supervisor process that imports Prefect
         once more and runs state hooks in processes of their own: a second Prefect start per trial. This
         interpreter has what the runner needs (trialflow and its Prefect), and the workers already see
-        trialflow's source at this path (the deployment's source)."""
+        trialflow's source at this path (the deployment's source). The engine skips the last collection
+        at exit (:data:`ENGINE_CODE`)."""
         variables = dict(self.config.job_variables)
         if "command" in variables:
             return variables
         pool = self._call("read_work_pool", lambda: self.api.read_work_pool(self.config.work_pool))
         takes_command = "command" in (pool.base_job_template or {}).get("variables", {}).get("properties", {})
         if pool.type == "process" and takes_command:
-            variables["command"] = shlex.join([sys.executable, "-m", "prefect.engine"])
+            variables["command"] = shlex.join([sys.executable, "-c", ENGINE_CODE])
         return variables
 
     # ---- what the shared-storage base asks ------------------------------------------------------
