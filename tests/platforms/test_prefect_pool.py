@@ -81,11 +81,12 @@ def test_each_trial_is_a_flow_run_on_the_pool_with_no_secret_in_its_parameters(t
     svc.close()
 
 
-def test_a_process_pool_s_worker_starts_each_trial_s_engine_itself_in_this_interpreter(tmp_path, on_pool):
+def test_a_process_pool_s_worker_starts_each_trial_s_engine_itself_in_this_interpreter(tmp_path, on_pool, capfd):
     """On a process pool the deployment's command is this interpreter running Prefect's engine (less
     the last collection at exit), so the worker starts each run's engine as its own child: no workspace
-    supervisor between them (a second Prefect start per trial). A command the config gives stays; a pool
-    type without one gets none."""
+    supervisor between them (a second Prefect start per trial). Deploying it prints nothing (a foreground
+    command's live table is on that terminal). A command the config gives stays; a pool type without one
+    gets none."""
     import os
     import shlex
     import sys
@@ -99,6 +100,7 @@ def test_a_process_pool_s_worker_starts_each_trial_s_engine_itself_in_this_inter
     # ends by itself: a cancel would hold the worker's next submissions (its kill grace)
     svc, handle = _run_one(tmp_path, on_pool, "Eng1", "import nni, time\nnni.get_next_parameter()\n"
                            "time.sleep(6)\nnni.report_final_result(1.0)\n")
+    assert capfd.readouterr().out == ""
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(svc.deployment_id)
     command = shlex.split(deployment.job_variables["command"])

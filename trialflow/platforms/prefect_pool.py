@@ -173,9 +173,12 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
 
         source = Path(trialflow.__file__).resolve().parent.parent
         runner: Any = Flow.from_source(source=str(source), entrypoint=RUNNER_ENTRYPOINT)  # sync here: a Flow
-        self.deployment_id = runner.deploy(name=f"trialflow-{self.experiment_id}", work_pool_name=config.work_pool,
-                                           job_variables=self._deployment_job_variables(), build=False, push=False,
-                                           print_next_steps=False)
+        # registered as Flow.deploy would (the pool was checked when the service started), without its console
+        # lines: advice about process pools and "Successfully created/updated all deployments!" printed into the
+        # command's live table
+        deployment = runner.to_deployment(name=f"trialflow-{self.experiment_id}",
+                                          job_variables=self._deployment_job_variables())
+        self.deployment_id = deployment.apply(work_pool_name=config.work_pool)
 
     def _deployment_job_variables(self) -> dict[str, Any]:
         """The config's job variables; on a process pool whose job template takes a ``command`` and when the
