@@ -352,7 +352,8 @@ def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
     """Stop the process group of the keeper ``keeper_pid`` (see :func:`kill_group`), first writing
     ``stop_sent`` in ``meta_dir`` when the trial itself still runs: however soon the trial answers, and
     however late its keeper gets the processor to note the signal, the exit then reads as the stop's.
-    Every stop trialflow sends to a keeper's group goes through here."""
+    The stops trialflow signals itself go through here (``--kill``, the local platform's cancel); a
+    platform's own stop (Slurm's ``scancel``, a work-pool run's cancel in its runner) does not."""
     started = read_json(os.path.join(meta_dir, STARTED))
     if started and pid_alive(int(started["pid"]), started.get("start_time")):
         # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
