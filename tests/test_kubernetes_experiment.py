@@ -124,8 +124,16 @@ def test_nnis_role_only_framework_config_runs_each_trial_in_its_own_job(tmp_path
     assert len(mine) == 3 and not (k8s.nfs_dir / "nni" / result.experiment_id / "envs").exists()
 
 
-def _preempt_when_paused(k8s, stop):
-    """The test's scheduler: preempts the pod of the trial that says it paused (once)."""
+def _preempt_when_paused(k8s, stop, preempted):
+    """The test's scheduler: preempts the pod of the trial that says it paused (once), and appends the
+    pod's name to ``preempted`` (or what stopped it from preempting, so the test can say why)."""
+    try:
+        _preempt_paused(k8s, stop, preempted)
+    except Exception as exc:  # noqa: BLE001 -- said by the test, not lost in a thread
+        preempted.append(f"the test's scheduler failed: {exc!r}")
+
+
+def _preempt_paused(k8s, stop, preempted):
     import time
 
     from trialflow.foundation.ids import lowercase_id
@@ -140,6 +148,7 @@ def _preempt_when_paused(k8s, stop):
             if pods:
                 k8s.disrupt(pods[0], reason="PreemptionByScheduler", message="Preempted by pod urgent-1 on node n1")
                 paused.unlink()
+                preempted.append(pods[0])
                 return
         time.sleep(0.05)
 
@@ -158,14 +167,15 @@ def test_a_preempted_trial_runs_again_from_its_checkpoint_and_is_no_failure(tmp_
     section = k8s_section("tfjob", k8s.nfs_dir, command="python3 trial.py")
     config = base_config(tmp_path / "code", tmp_path / "w", trialCommand="python3 trial.py", trainingService=section,
                          trialConcurrency=2, maxTrialNumber=3)
-    stop = threading.Event()
-    scheduler = threading.Thread(target=_preempt_when_paused, args=(k8s, stop), daemon=True)
+    stop, preempted = threading.Event(), list[str]()
+    scheduler = threading.Thread(target=_preempt_when_paused, args=(k8s, stop, preempted), daemon=True)
     scheduler.start()
     try:
         result = run_experiment(config)
     finally:
         stop.set()
         scheduler.join()
+    assert len(preempted) == 1 and preempted[0].endswith("-worker-0"), preempted
     assert result.status == "DONE" and len(result.trials) == 3
     assert all(t.status == "SUCCEEDED" for t in result.trials), [(t.status, t.message) for t in result.trials]
     store = open_store(tmp_path / "w", result.experiment_id)

@@ -17,6 +17,10 @@ when any replica fails, then running replicas are removed), FrameworkController 
 completion status (exit code, Succeeded/Failed, Transient/Permanent; ``executionType: Stop`` ends it
 with -210), AdaptDL phases (Pending, Starting, Running, Succeeded/Failed). Deleting a job deletes its
 pods: SIGTERM to the process tree, SIGKILL after the grace period.
+
+Threads. The reconcile loop, each pod's thread, the API server's handlers and a test's own calls
+(:meth:`Controller.disrupt`) share the jobs and their pods: each reads or changes them under the
+cluster's lock.
 """
 
 from __future__ import annotations
@@ -88,21 +92,27 @@ class Controller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        for job in list(self.jobs.values()):
+        with self.cluster.lock:
+            jobs = list(self.jobs.values())
+        for job in jobs:
             self._remove_pods(job, wait=True)
 
     # ---- events from the API server ---------------------------------------------------------
 
+    def _pod(self, ns: str, name: str, running: bool = False) -> PodRun | None:
+        """The pod ``ns/name`` of a job (only while it runs, when ``running``); None when there is none."""
+        with self.cluster.lock:
+            return next((p for job in self.jobs.values() for p in job.pods if p.namespace == ns and p.name == name
+                         and (not running or p.phase == "Running")), None)
+
     def deleted(self, plural: str, ns: str, name: str, obj: dict[str, Any]) -> None:
-        job = self.jobs.pop((plural, ns, name), None)
+        with self.cluster.lock:
+            job = self.jobs.pop((plural, ns, name), None)
         if job is not None:
             threading.Thread(target=self._remove_pods, args=(job,), daemon=True).start()
-        if plural == "pods":
-            for job in self.jobs.values():
-                for pod in job.pods:
-                    if pod.name == name and pod.namespace == ns:
-                        pod.deleted = True
-                        threading.Thread(target=self._kill_pod, args=(pod,), daemon=True).start()
+        if plural == "pods" and (pod := self._pod(ns, name)) is not None:
+            pod.deleted = True
+            threading.Thread(target=self._kill_pod, args=(pod,), daemon=True).start()
 
     def updated(self, plural: str, ns: str, obj: dict[str, Any]) -> None:
         if plural == "frameworks" and obj["spec"].get("executionType") == "Stop":
@@ -116,8 +126,7 @@ class Controller:
     def start_disruption(self, ns: str, name: str, reason: str, message: str) -> None:
         """:meth:`disrupt` in the background (as the API answers an eviction at once); raises
         LookupError at once for a pod that is not running."""
-        if not any(p.namespace == ns and p.name == name and p.phase == "Running"
-                   for job in self.jobs.values() for p in job.pods):
+        if self._pod(ns, name, running=True) is None:
             raise LookupError(f"no running pod {ns}/{name}")
         def disrupt() -> None:
             with contextlib.suppress(LookupError):  # it ended meanwhile
@@ -132,11 +141,10 @@ class Controller:
         period) and it ends Failed -- reason ``Evicted`` when the kubelet ended it
         (``TerminationByKubelet``). The pod object stays, as an evicted pod's does. Raises LookupError
         for a pod that is not running."""
-        pod = next((p for job in self.jobs.values() for p in job.pods
-                    if p.namespace == ns and p.name == name and p.phase == "Running"), None)
-        if pod is None:
-            raise LookupError(f"no running pod {ns}/{name}")
         with self.cluster.lock:
+            pod = self._pod(ns, name, running=True)
+            if pod is None:
+                raise LookupError(f"no running pod {ns}/{name}")
             pod.disruption = reason
             status = pod.obj["status"]
             status["conditions"] = [*(status.get("conditions") or []),
@@ -147,19 +155,18 @@ class Controller:
             stop_container(pod.proc.pid, self.kill_grace)
 
     def pod_log(self, ns: str, name: str, query: dict[str, list[str]]) -> str:
-        for job in self.jobs.values():
-            for pod in job.pods:
-                if pod.name == name and pod.namespace == ns:
-                    try:
-                        data = pod.log_path.read_bytes()
-                    except OSError:
-                        data = b""
-                    tail = query.get("tailLines")
-                    text = data.decode("utf-8", "replace")
-                    if tail:
-                        text = "\n".join(text.splitlines()[-int(tail[0]):]) + "\n"
-                    return text
-        return ""
+        pod = self._pod(ns, name)
+        if pod is None:
+            return ""
+        try:
+            data = pod.log_path.read_bytes()
+        except OSError:
+            data = b""
+        tail = query.get("tailLines")
+        text = data.decode("utf-8", "replace")
+        if tail:
+            text = "\n".join(text.splitlines()[-int(tail[0]):]) + "\n"
+        return text
 
     # ---- reconcile loop -------------------------------------------------------------------------
 
@@ -170,7 +177,8 @@ class Controller:
                     key = (plural, obj["metadata"]["namespace"], obj["metadata"]["name"])
                     job = self.jobs.get(key)
                     if job is None:
-                        job = self.jobs[key] = JobRun(*key)
+                        with self.cluster.lock:
+                            job = self.jobs[key] = JobRun(*key)
                         self._create_pods(job, obj)
                     if not job.done:
                         self._reconcile(job, obj)
@@ -196,7 +204,9 @@ class Controller:
             self._write_status(job, {"phase": "Pending", "replicas": 0, "readyReplicas": 0, "group": 0})
         for rtype, count, template in replicas:
             for index in range(count):
-                job.pods.append(self._start_pod(job, obj, rtype, index, template, labels))
+                pod = self._start_pod(job, obj, rtype, index, template, labels)
+                with self.cluster.lock:
+                    job.pods.append(pod)
 
     def _pod_identity(self, job: JobRun, rtype: str, index: int, base: dict[str, str]) -> tuple[str, dict[str, str]]:
         if job.plural in KUBEFLOW:
@@ -380,7 +390,9 @@ class Controller:
 
     def _remove_pods(self, job: JobRun, wait: bool = False, keep_objects: bool = False) -> None:
         threads = []
-        for pod in job.pods:
+        with self.cluster.lock:
+            pods = list(job.pods)
+        for pod in pods:
             if not keep_objects:
                 self.cluster.remove("pods", pod.namespace, pod.name)
             threads.append(threading.Thread(target=self._kill_pod, args=(pod,), daemon=True))
@@ -412,10 +424,11 @@ class Controller:
         conditions = [dict(c, status="False") if c["type"] == "Running" and c["status"] == "True" else c
                       for c in status.get("conditions") or []]
         for pod in failed:
-            job.pods.remove(pod)
-            self.cluster.remove("pods", pod.namespace, pod.name)
             template = obj["spec"][key][pod.role]["template"]
-            job.pods.append(self._start_pod(job, obj, pod.role, pod.index, template, _kubeflow_labels(job)))
+            with self.cluster.lock:
+                job.pods.remove(pod)
+                self.cluster.remove("pods", pod.namespace, pod.name)
+                job.pods.append(self._start_pod(job, obj, pod.role, pod.index, template, _kubeflow_labels(job)))
         roles = sorted({p.role for p in failed})
         status["conditions"] = conditions + [_condition(
             "Restarting", f"{obj['kind']} {job.name} is restarting because {len(failed)} {', '.join(roles)} "
