@@ -125,12 +125,15 @@ def test_a_pod_evicted_through_the_eviction_api_is_an_interruption(tmp_path, k8s
 SAVES_ON_SIGTERM = """
 import os, signal, sys, time
 import nni
+os.environ["TRIALFLOW_METRICS_URL"] = "http://127.0.0.1:9"  # its pushes never arrive: stdout lines only
 nni.get_next_parameter()
+for i in range(3):
+    nni.report_intermediate_result(i)
 step = 0
 def save(*_):
     with open(os.path.join(os.environ["TRIALFLOW_CHECKPOINT_DIR"], "saved"), "w") as f:
         f.write(str(step))
-    sys.exit(143)
+    os._exit(143)  # at once: its pusher would retry its undelivered results at exit
 signal.signal(signal.SIGTERM, save)
 open(os.path.join(os.environ["TRIALFLOW_CHECKPOINT_DIR"], "ready"), "w").close()
 while True:
@@ -139,11 +142,13 @@ while True:
 """
 
 
-def test_a_disrupted_pods_trial_gets_the_stop_signal_and_saves_before_the_kill(tmp_path, k8s):
+@pytest.mark.parametrize("kind", ["framework", "tfjob"])  # a job that ends; one whose replica runs again in place
+def test_a_disrupted_pods_trial_gets_the_stop_signal_and_saves_before_the_kill(tmp_path, k8s, kind):
     """Kubernetes signals a pod's first process only (the keeper); the keeper passes SIGTERM on, so a
     trial that saves on SIGTERM writes its checkpoint within the grace period, then its run is an
-    interruption."""
-    svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, "framework"), tmp_path / "code")
+    interruption. Its results whose pushes never arrived come with the interruption, from its output
+    on the share: the next run numbers on after them."""
+    svc = prepared(k8s_service(tmp_path, k8s.nfs_dir, kind), tmp_path / "code")
     try:
         write_trial(tmp_path / "code", SAVES_ON_SIGTERM, "Save1.py")
         handle = svc.submit(TrialSpec(svc.experiment_id, "Save1", 0, 0, {}, COMMAND, tmp_path / "code", None),
@@ -154,7 +159,10 @@ def test_a_disrupted_pods_trial_gets_the_stop_signal_and_saves_before_the_kill(t
                  and match_labels(p["metadata"]["labels"], svc.pod_selector(handle.data["job"]))]
         k8s.disrupt(pod, reason="PreemptionByScheduler", message="emulated")
         update = wait_for(lambda: (u := svc.poll(handle, {})).interrupted is not None and u, timeout=30)
-        assert "PreemptionByScheduler" in update.interrupted
+        # a TFJob's operator may have replaced the disrupted pod before the poll: then the stop is told
+        assert "PreemptionByScheduler" in update.interrupted or "Kubernetes stopped the trial's pod" in \
+            update.interrupted and kind == "tfjob", update.interrupted
+        assert [(m.sequence, m.value) for m in update.metrics if m.type == "PERIODICAL"] == [(0, 0), (1, 1), (2, 2)]
         assert int((trial_dir / "checkpoint" / "saved").read_text()) > 0  # saved on the forwarded SIGTERM
     finally:
         svc.close()

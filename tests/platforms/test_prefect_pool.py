@@ -11,12 +11,12 @@ from tests.conftest import FINAL_ONLY, job_platform, prefect_section, service_of
 from trialflow.platforms import PlatformError, TrialStatus
 from trialflow.platforms.prefect_pool import STATES, secret_name
 from trialflow.testing.contract import (
+    ANSWERING_TRIAL,
     SLEEPING_TRIAL,
     InterruptionContract,
     JobPlatformContract,
     poll_until_terminal,
     prepared,
-    wait_for_status,
 )
 
 VARIANTS = {"prefect": (False, "http"), "prefect-reuse": (True, "http")}
@@ -130,12 +130,42 @@ def test_prefect_state_table(tmp_path, on_pool, state, expected):
     assert pool_service(tmp_path, on_pool).apply_states("j", state, STATES) == expected
 
 
-def test_cancelling_a_trial_cancels_its_flow_run(tmp_path, on_pool):
-    svc, handle = _run_one(tmp_path, on_pool, "Can1", SLEEPING_TRIAL)
-    wait_for_status(svc, handle, TrialStatus.RUNNING, timeout=120)
-    svc.cancel(handle, TrialStatus.USER_CANCELED)
+def test_cancelling_a_trial_cancels_its_flow_run_and_its_answer_reads_as_the_stop(tmp_path, on_pool):
+    """The cancel ends the trial's flow run (CANCELLED in Prefect) and the trial. A trial that answers
+    the run's stop with a code of its own (it saves, then exits 1) while its keeper is descheduled
+    (held stopped here until the trial has exited) still ends as the stop, not with that code: the
+    runner marks the stop (``stop_sent``) before it signals."""
+    import json
+    import os
+    import signal
+
+    from tests.conftest import process_state
+    from trialflow.trial.protocol import KEEPER_PID, META_DIR, STARTED
+
+    svc, handle = _run_one(tmp_path, on_pool, "Can1", ANSWERING_TRIAL)
+    cursor: dict = {}
+
+    def reported():  # it handles the stop signals once it has reported
+        nonlocal cursor
+        update = svc.poll(handle, cursor)
+        cursor = update.cursor
+        assert not update.status.is_terminal, update.message
+        return any(m.type == "PERIODICAL" for m in update.metrics)
+
+    wait_for(reported, timeout=120)
+    meta = svc.storage.path(svc.experiment_id, "trials", handle.trial_id) / META_DIR
+    keeper = json.loads((meta / KEEPER_PID).read_text())["pid"]
+    trial = json.loads((meta / STARTED).read_text())["pid"]
+    os.kill(keeper, signal.SIGSTOP)
+    try:
+        svc.cancel(handle, TrialStatus.USER_CANCELED)
+        wait_for(lambda: process_state(trial) == "Z", timeout=60, interval=0.02)  # it answered, unseen
+    finally:
+        os.kill(keeper, signal.SIGCONT)
     wait_for(lambda: _flow_run(on_pool, handle.data["job"])[0].state.type.value == "CANCELLED", timeout=120)
-    assert poll_until_terminal(svc, handle)[0][-1] == TrialStatus.USER_CANCELED
+    statuses, _, last = poll_until_terminal(svc, handle)
+    assert (statuses[-1], last.exit_code) == (TrialStatus.USER_CANCELED, None), last.message
+    assert last.message == "exit code 1 after a stop signal"
     svc.close()
 
 

@@ -6,8 +6,10 @@ Parameters carry no secret: ``command`` (the run script on the shared storage, a
 it), ``metrics_url`` and ``token_block`` -- the *name* of the Prefect Secret block holding the trial's
 metrics token, read here and handed to the trial in ``TRIALFLOW_METRICS_TOKEN``. The flow fails when
 the command exits non-zero (the trial's own exit code and stderr are on the shared storage), and a
-cancellation by Prefect ends the command's whole process tree; so does this flow's process dying
-without a word (a watchdog process stops the command's session then).
+cancellation by Prefect ends the command's whole process tree (SIGTERM to its session; a trial's run
+first marks the stop, ``stop_sent``, so a trial that answers it with a code of its own reads as
+stopped); so does this flow's process dying without a word (a watchdog process stops the command's
+session then).
 
 The command's output goes to the run's Prefect logs, line by line, but for its metric records (NNI's
 ``NNISDK_MEb'...'`` lines); the trial's stdout and stderr also stay on the shared storage, where
@@ -31,7 +33,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from trialflow.trial.keeper import mark_stop_sent
 from trialflow.trial.procs import watch_next_child
+from trialflow.trial.protocol import META_DIR
 from trialflow.trial.records import is_metric_line
 
 HEARTBEAT_SECONDS = 2.0
@@ -91,6 +95,8 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
                 logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
         code = proc.wait()
     except BaseException:  # cancelled or interrupted: the trial goes with the run
+        if heartbeat:  # a trial's run (its meta directory is beside the script): its answer is the stop's
+            mark_stop_sent(os.path.join(os.path.dirname(heartbeat), META_DIR))
         os.killpg(proc.pid, signal.SIGTERM)
         raise
     if code != 0:

@@ -73,6 +73,7 @@ from .report_desk import ReportDesk
 from .runtime_files import runtime_files, runtime_key
 from .trialdir import (
     LOCAL,
+    answered_stop,
     read_from,
     read_json,
     read_output_files,
@@ -259,20 +260,31 @@ class JobPlatformService(JobPlatformHooks, TrainingService[ConfigT]):
                 status, message = self._cancelled[handle.trial_id], None
         state = self.keeper_state(handle.trial_id)
         ended = status.is_terminal or (found is not None and self.job_restarting(handle.data["job"], state))
-        records, errors = self._metrics(handle, cursor, status.is_terminal and found is not None)
+        why = None
         if ended and found is not None and handle.trial_id not in self._cancelled and \
                 state.get("exit_code") != 0:  # a trial that succeeded keeps its outcome
             why = self.job_interruption(handle.data["job"], state)
-            if why is not None:
-                return self.interrupted(handle, why, records, cursor)
+        # an interrupted run's results are all in its output on the share (the job's own logs may be
+        # a replica's run again in place); one whose push the interruption broke off is taken from there
+        records, errors = self._metrics(handle, cursor, (status.is_terminal or why is not None) and found is not None,
+                                        from_share=why is not None)
+        if why is not None:
+            return self.interrupted(handle, why, records, cursor)
         if not status.is_terminal:
             return TrialUpdate(status, records, cursor, None, message, errors)
         return self._job_ended(handle, status, message, records, cursor, errors)
 
     def _job_ended(self, handle: TrialHandle, status: TrialStatus, message: str | None, records: list[MetricRecord],
                    cursor: dict[str, Any], errors: list[str]) -> TrialUpdate:
-        """A non-reuse trial whose job ended: the job's status, with the keeper's exit code."""
-        exit_code = self.keeper_exit_code(handle.trial_id)
+        """A non-reuse trial whose job ended: the job's status, with the keeper's exit code -- unless that
+        exit answered a stop signal (:func:`~.trialdir.answered_stop`): then the end is the cancel's
+        (SYS_CANCELED when the stop was not ours), with no exit code, as on every platform."""
+        state = self.keeper_state(handle.trial_id)
+        if answered_stop(state):
+            self._finish(handle)
+            return TrialUpdate(self._cancelled.get(handle.trial_id, TrialStatus.SYS_CANCELED), records, cursor, None,
+                               f"exit code {state['exit_code']} after a stop signal", errors)
+        exit_code = state.get("exit_code") if isinstance(state.get("exit_code"), int) else None
         if status == TrialStatus.FAILED:
             tail = tail_text(self._trial_dir(handle) / STDERR_FILE)
             message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \
@@ -327,13 +339,14 @@ class JobPlatformService(JobPlatformHooks, TrainingService[ConfigT]):
         first = self._stopped_at.setdefault(handle.trial_id, time.monotonic())
         return time.monotonic() - first < ENV_VERDICT_SECONDS
 
-    def _metrics(self, handle: TrialHandle, cursor: dict[str, Any], final: bool
+    def _metrics(self, handle: TrialHandle, cursor: dict[str, Any], final: bool, from_share: bool = False
                  ) -> tuple[list[MetricRecord], list[str]]:
-        """New metrics of the trial from its channel(s), without duplicates."""
+        """New metrics of the trial from its channel(s), without duplicates; ``final`` (its run ended)
+        fills gaps from its output: the job's logs, or (``from_share``) the trial's stdout on the share."""
         trial_dir = self._trial_dir(handle)
 
         def log_chunks(offsets: dict[str, int]) -> dict[str, tuple[int, bytes]]:
-            if handle.data.get("reuse") or self.logs_on_share:  # the trial's stdout file, from where we left off
+            if handle.data.get("reuse") or self.logs_on_share or from_share:  # the trial's stdout file
                 start = int(offsets.get(STDOUT_FILE, 0))
                 return {STDOUT_FILE: (start, read_from(trial_dir / STDOUT_FILE, start))}
             return {pod: (int(offsets.get(pod, 0)), data[int(offsets.get(pod, 0)):])  # job logs come whole

@@ -57,13 +57,21 @@ def ended_update(state: dict[str, Any], records: list[MetricRecord], cursor: dic
     if code is None:
         return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None, NEVER_STARTED, errors)
     code = int(code)
-    if state.get("stop_signal") and 0 <= code < 128:  # a code >= 128 (killed by the signal) says so itself
+    if answered_stop(state):
         return TrialUpdate(cancelled or TrialStatus.SYS_CANCELED, records, cursor, None,
                            f"exit code {code} after a stop signal", errors)
     if code == 0:
         return TrialUpdate(TrialStatus.SUCCEEDED, records, cursor, 0, None, errors)
     message = f"exit code {code}" + (f"; stderr tail:\n{stderr_tail}" if stderr_tail else "")
     return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code, message, errors)
+
+
+def answered_stop(state: dict[str, Any]) -> bool:
+    """Whether the trial's recorded exit (its keeper's ``state``) answered a stop signal that reached it
+    while it ran: a code of its own (0-127) with ``stop_signal``. That code is not the trial's own end;
+    a code >= 128 (killed by the signal) says so itself."""
+    code = state.get("exit_code")
+    return bool(state.get("stop_signal")) and isinstance(code, int) and 0 <= code < 128
 
 
 def read_json(fs: TrialFS, path: str) -> dict[str, Any] | None:

@@ -44,6 +44,20 @@ nni.report_intermediate_result(1.0)
 time.sleep(60)
 """
 
+# answers a stop as a trial that saves its work does: a line, then exit 1 (a code of its own choosing);
+# a trial run in a thread (the in-memory service) takes no signals, and its service stops it its own way
+ANSWERING_TRIAL = """
+import nni, signal, sys, threading, time
+nni.get_next_parameter()
+def answer(signum, frame):
+    print("saving checkpoint", flush=True)
+    sys.exit(1)
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, answer)
+    signal.signal(signal.SIGTERM, answer)
+nni.report_intermediate_result(1.0)
+time.sleep(60)
+"""
 
 # runs until the test has restarted the controller and adopted it: the file GATE appears (or 60 s pass)
 ADOPTED_TRIAL = """
@@ -261,14 +275,26 @@ class TrainingServiceContract:
         assert "boom" in (update.message or "")
 
     def test_cancel_is_idempotent_also_after_the_end(self, service, make_spec):
-        handle = service.submit(make_spec("Canc1", SLEEPING_TRIAL, {"x": 1}), service.code)
+        """A cancelled trial that answers the stop with a code of its own (it saves, then exits 1) ends
+        with no exit code of its own choosing: the flow would take one as the trial's own end (FAILED),
+        where it records the cancel's (it records its reason before it cancels, so the platform's
+        status for the end may be any but SUCCEEDED). Cancelling twice, and again after the end, is no
+        error."""
+        handle = service.submit(make_spec("Canc1", ANSWERING_TRIAL, {"x": 1}), service.code)
         deadline = time.monotonic() + patience(service, 30)
-        while service.poll(handle, {}).status != TrialStatus.RUNNING and time.monotonic() < deadline:
+        cursor: dict = {}
+        while True:  # it handles the stop signals once it has reported
+            update = service.poll(handle, cursor)
+            cursor = update.cursor
+            if any(m.type == "PERIODICAL" for m in update.metrics):
+                break
+            assert not update.status.is_terminal and time.monotonic() < deadline, (update.status, update.message)
             time.sleep(0.05)
         service.cancel(handle, TrialStatus.USER_CANCELED)
         service.cancel(handle, TrialStatus.USER_CANCELED)
-        statuses, _, _ = poll_until_terminal(service, handle, timeout=30)
-        assert statuses[-1].is_terminal and statuses[-1] != TrialStatus.SUCCEEDED
+        statuses, _, last = poll_until_terminal(service, handle, timeout=30)
+        assert statuses[-1].is_terminal and statuses[-1] != TrialStatus.SUCCEEDED, (statuses, last.message)
+        assert last.exit_code is None or not 0 <= last.exit_code < 128, (last.exit_code, last.message)
         service.cancel(handle, TrialStatus.USER_CANCELED)  # after the end: no error
 
     def test_budgets_and_checkpoint_folders_reach_the_trials(self, service, make_spec):

@@ -16,7 +16,8 @@ Failed; the job succeeds when its Chief/Master -- or, without one, every Worker 
 when any replica fails, then running replicas are removed), FrameworkController attempt states with a
 completion status (exit code, Succeeded/Failed, Transient/Permanent; ``executionType: Stop`` ends it
 with -210), AdaptDL phases (Pending, Starting, Running, Succeeded/Failed). Deleting a job deletes its
-pods: SIGTERM to the process tree, SIGKILL after the grace period.
+pods, each stopped as a kubelet stops a container: SIGTERM to its first process, SIGKILL to all it held
+after the grace period.
 
 Threads. The reconcile loop, each pod's thread, the API server's handlers and a test's own calls
 (:meth:`Controller.disrupt`) share the jobs and their pods: each reads or changes them under the
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .processes import base_env, kill_tree, map_mounts, stop_container
+from .processes import base_env, map_mounts, stop_container
 
 TICK = 0.02
 KUBEFLOW = {"tfjobs": ("tfReplicaSpecs", "tfjob-controller"), "pytorchjobs": ("pytorchReplicaSpecs",
@@ -384,9 +385,10 @@ class Controller:
                 self.cluster.put("pods", pod.namespace, pod.obj)
 
     def _kill_pod(self, pod: PodRun) -> None:
+        """A deleted pod's container stopped as the kubelet stops it (:func:`stop_container`)."""
         pod.deleted = True
         if pod.proc is not None and pod.proc.poll() is None:
-            kill_tree(pod.proc.pid, self.kill_grace)
+            stop_container(pod.proc.pid, self.kill_grace)
 
     def _remove_pods(self, job: JobRun, wait: bool = False, keep_objects: bool = False) -> None:
         threads = []
