@@ -235,6 +235,17 @@ def test_optuna_export_opens_as_a_study(finished):
     assert all(t.intermediate_values == {0: t.params["x"]} for t in measured)
 
 
+def test_trial_ls_of_an_experiment_with_no_trial_yet_says_so(tmp_path):
+    """Between ``create`` and its first submission (a work pool's worker can hold it a minute) the
+    listing says there are none yet, not a traceback (seen by hand)."""
+    from trialflow import parse_config
+    from trialflow.experiments import create_experiment
+
+    exp_id, _ = create_experiment(parse_config(base_config(tmp_path, tmp_path / "w", maxTrialNumber=3)))
+    proc = cli("trial", "ls", exp_id, "--root", str(tmp_path / "w"))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "no trials yet\n", "")
+
+
 def test_trial_ls_of_thousands_of_trials_lists_every_one_quickly(tmp_path):
     from trialflow import parse_config
     from trialflow.experiments import create_experiment, open_store

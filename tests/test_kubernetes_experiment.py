@@ -74,6 +74,27 @@ def test_controller_sigkill_and_resume_reattaches_running_jobs(tmp_path, k8s, pr
     _check_done(tmp_path, store, store.trials(), 4)
 
 
+def test_a_code_directory_holding_trialflow_s_own_folders_uploads_neither(tmp_path, k8s, monkeypatch):
+    """A project folder that is also the code directory and holds the experiments folder (records,
+    logs being written) and the kept server's folder (its auth string): the bundle leaves both out,
+    and the experiment runs (seen by hand before: it ended ERROR, its bundle's checksum mismatched)."""
+    from tests.conftest import write_trial
+    from trialflow.server.kept_server import server_home
+
+    project = tmp_path / "project"
+    write_trial(project, f"# {project}\nimport nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    monkeypatch.setenv("TRIALFLOW_HOME", str(project / "tf-home"))
+    server_home().mkdir(parents=True)
+    (server_home() / "auth").write_text("kept-server-auth-string")
+    config = base_config(project, project / "runs", maxTrialNumber=2,
+                         trainingService=k8s_section("tfjob", k8s.nfs_dir, command="python3 trial.py"))
+    result = run_experiment(config)
+    assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials)
+    [bundle] = [b for b in (k8s.nfs_dir / "nni" / "code").iterdir() if (b / "trial.py").exists()
+                and (b / "trial.py").read_text() == (project / "trial.py").read_text()]
+    assert sorted(p.name for p in bundle.iterdir()) == ["trial.py"]
+
+
 def test_file_metric_channel_end_to_end_and_log_trial_of_a_kubernetes_trial(tmp_path, k8s):
     import os
     import subprocess

@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..experiments import has_store, open_store, register_root, search_roots, stored_config
+from ..experiments import default_root, has_store, open_store, register_root, search_roots, stored_config
 from ..foundation.ids import looks_like_experiment_id
 from ..foundation.user_errors import UserError
-from ..foundation.withheld import withhold
+from ..foundation.withheld import withhold, withhold_folders
 from ..records.codebundle import scan_code_dir
 from ..records.store import DB_RELATIVE_PATH, ExperimentStore
 
@@ -43,11 +43,11 @@ def save_experiment(store: ExperimentStore, experiment_dir: Path, folder: Path, 
                     force: bool = False) -> Path:
     """Write the experiment's package into ``folder``; returns its path. With ``with_code``, the code
     folder of each training-service section (the experiment's own, wherever the command runs), as its
-    trials get it: ``.nniignore`` honoured, the config file and files holding its secrets left out, the
-    upload limits held. The package appears whole or not at all. Raises :class:`ArchiveError` for a
-    shared (database) store (its records are not in the folder), a package already there without
-    ``force`` or a code folder that is gone; :class:`~trialflow.records.codebundle.CodeDirError` for one over
-    the limits."""
+    trials get it: ``.nniignore`` honoured, the config file, files holding its secrets and trialflow's own
+    folders left out, the upload limits held. The package appears whole or not at all. Raises
+    :class:`ArchiveError` for a shared (database) store (its records are not in the folder), a package
+    already there without ``force`` or a code folder that is gone;
+    :class:`~trialflow.records.codebundle.CodeDirError` for one over the limits."""
     record = store.experiment()
     if not store.url.startswith("sqlite"):
         raise ArchiveError(f"experiment {record.id} keeps its records in a shared database, not in its folder; "
@@ -59,6 +59,7 @@ def save_experiment(store: ExperimentStore, experiment_dir: Path, folder: Path, 
     bundles = []
     if with_code:
         withhold(stored_config(store), record.config_path)
+        withhold_folders(experiment_dir.parent, default_root())
         for code in codes:
             if not Path(code).is_dir():
                 raise ArchiveError(f"the code directory {code} is gone; save without --saveCodeDir")

@@ -32,6 +32,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from ..config import load_config
 from ..experiments import (
+    default_root,
     find_experiment,
     load_experiment_config,
     open_store,
@@ -41,7 +42,7 @@ from ..experiments.results import end_experiment, nothing_succeeded, outcome_lin
 from ..experiments.warm_start import create_warm_started
 from ..foundation.ids import new_experiment_id
 from ..foundation.status import ExperimentStatus
-from ..foundation.withheld import withhold
+from ..foundation.withheld import withhold, withhold_folders
 from ..records.disk_space import NoSpaceLeft, no_space
 from ..records.store import ExperimentStore
 from ..server.kept_server import ServerError
@@ -129,6 +130,9 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
         stack.enter_context(controller_log(exp_dir))
         config = load_experiment_config(store, config_path, given)  # refuses another experiment's config first
         withhold(config, config_path or store.experiment().config_path)  # out of the code bundles
+        # trialflow's own (the experiments home holds the kept server's auth string): a code directory
+        # holding them uploads neither
+        withhold_folders(root, default_root())
         previous = store.experiment()  # a resumed experiment's earlier run
         flow_run_id = label_run(experiment_id, run_tags(experiment_id, config))
         if previous.flow_run_id and previous.flow_run_id != flow_run_id and previous.prefect_api \

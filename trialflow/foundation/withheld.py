@@ -1,5 +1,5 @@
-"""Files no code bundle of this process carries: the experiment's config file and any file holding
-one of its secrets.
+"""Files no code bundle of this process carries: the experiment's config file, any file holding
+one of its secrets, and trialflow's own folders.
 
 A config often sits in ``trialCodeDirectory`` (the quickstart's own layout) and may hold passwords,
 passphrases and tokens inline. Bundles go to remote machines, shared storage and Slurm clusters,
@@ -7,7 +7,9 @@ where other users may read them; so before an experiment uploads its code, :func
 config file and the values of its secret fields, and :func:`scan_code_dir
 <trialflow.records.codebundle.scan_code_dir>` leaves out that file and every file whose bytes contain one of
 those values (values shorter than :data:`MIN_SECRET_BYTES` are too common to look for: the config
-file itself is still left out by its path).
+file itself is still left out by its path). A code directory may also hold trialflow's own folders (the
+experiments folder, with the records, a platform's default shared storage and the kept Prefect
+server's auth string): :func:`withhold_folders` names them and the walk leaves each out whole.
 
 Lifecycle: what is withheld stays withheld for the life of the process (a notebook that runs several
 experiments keeps all of their secrets out of every bundle); each left-out file is logged once.
@@ -31,6 +33,7 @@ READ_CHUNK = 1 << 20
 
 _lock = threading.Lock()
 _files: set[str] = set()  # real paths
+_folders: set[str] = set()  # real paths
 _secrets: set[bytes] = set()
 _announced: set[str] = set()
 
@@ -68,6 +71,26 @@ def withhold(config: BaseModel, config_path: str | os.PathLike[str] | None) -> N
         if config_path is not None:
             _files.add(os.path.realpath(config_path))
         _secrets.update(values)
+
+
+def withhold_folders(*paths: str | os.PathLike[str]) -> None:
+    """Keep the folders ``paths`` (trialflow's own) out of every bundle this process makes from now on."""
+    with _lock:
+        _folders.update(os.path.realpath(path) for path in paths)
+
+
+def is_withheld_folder(path: str) -> bool:
+    """Whether the folder at ``path`` stays out of bundles (one of trialflow's own); logs the first time
+    it is left out."""
+    real = os.path.realpath(path)
+    with _lock:
+        if real not in _folders:
+            return False
+        first = real not in _announced
+        _announced.add(real)
+    if first:
+        log.warning("%s is left out of the code the trials get: it is trialflow's own folder", path)
+    return True
 
 
 def is_withheld(path: str, size: int) -> bool:

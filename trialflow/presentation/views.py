@@ -112,7 +112,11 @@ def print_trials(console: Console, trials: list[TrialRecord], objectives: Object
     ended, cut to the terminal's width): a rich table up to ``RICH_TABLE_ROWS``, plain aligned
     columns beyond. A hybrid experiment's table names the service each trial ran on; a multi-objective
     one's has a column per objective instead of the metric, and ``*`` in ``pareto`` for its Pareto set.
-    Once any trial was run again after an interruption, ``runs`` says how many runs each had."""
+    Once any trial was run again after an interruption, ``runs`` says how many runs each had. An
+    experiment with none yet (its first is still being submitted) gets a line saying so."""
+    if not trials:
+        console.print("no trials yet")
+        return
     hybrid = any(service_name(t.handle) for t in trials)
     runs = [1 + stored_attempt(t.handle) for t in trials]
     rerun = any(n > 1 for n in runs)

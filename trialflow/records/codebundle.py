@@ -2,9 +2,10 @@
 
 :func:`scan_code_dir` walks ``trialCodeDirectory`` honouring ``.nniignore`` files at any depth
 (gitignore syntax through pathspec; a deeper file overrides a shallower one, ``!`` re-includes),
-refuses symbolic links that leave the directory, leaves out the running experiment's config file and
-files holding its secrets (:mod:`trialflow.foundation.withheld`), and enforces NNI's limits of 2000 files and
-300 MB with an error listing the biggest offenders and the ``.nniignore`` lines that fix it.
+refuses symbolic links that leave the directory, leaves out the running experiment's config file,
+files holding its secrets and trialflow's own folders (:mod:`trialflow.foundation.withheld`), and
+enforces NNI's limits of 2000 files and 300 MB with an error listing the biggest offenders and the
+``.nniignore`` lines that fix it.
 
 A :class:`CodeBundle` streams itself as an uncompressed tar whose bytes depend only on the
 relative paths, contents, executable bits and link targets (sorted entries, zero mtimes/owners),
@@ -26,7 +27,7 @@ from pathlib import Path
 import pathspec
 
 from ..foundation.user_errors import UserError
-from ..foundation.withheld import is_withheld
+from ..foundation.withheld import is_withheld, is_withheld_folder
 from ..trial.protocol import MAX_CODE_BYTES, MAX_CODE_FILES
 
 MAX_FILES = MAX_CODE_FILES
@@ -105,6 +106,8 @@ def scan_code_dir(code_dir: Path | str, max_files: int = MAX_FILES, max_bytes: i
                 entries.append(_link_entry(root, child.path, rel))
                 files += 1
             elif is_dir:
+                if is_withheld_folder(child.path):
+                    continue
                 entries.append(BundleEntry(rel, child.path, "dir"))
                 walk(child.path, rel)
             elif stat.S_ISREG(st.st_mode):

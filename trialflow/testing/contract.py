@@ -282,7 +282,7 @@ class TrainingServiceContract:
         error."""
         handle = service.submit(make_spec("Canc1", ANSWERING_TRIAL, {"x": 1}), service.code)
         deadline = time.monotonic() + patience(service, 30)
-        cursor: dict = {}
+        cursor = {}
         while True:  # it handles the stop signals once it has reported
             update = service.poll(handle, cursor)
             cursor = update.cursor
