@@ -6,10 +6,10 @@ Parameters carry no secret: ``command`` (the run script on the shared storage, a
 it), ``metrics_url`` and ``token_block`` -- the *name* of the Prefect Secret block holding the trial's
 metrics token, read here and handed to the trial in ``TRIALFLOW_METRICS_TOKEN``. The flow fails when
 the command exits non-zero (the trial's own exit code and stderr are on the shared storage), and a
-cancellation by Prefect ends the command's whole process tree (SIGTERM to its session; a trial's run
-first marks the stop, ``stop_sent``, so a trial that answers it with a code of its own reads as
-stopped); so does this flow's process dying without a word (a watchdog process stops the command's
-session then).
+cancellation by Prefect stops the command as a container runtime stops a container: SIGTERM to a
+trial's keeper, which passes it on to the trial once, then up to :data:`STOP_GRACE_SECONDS` for the
+trial to save its work and end, then SIGKILL to what is left (:func:`_stop_command`). This flow's process
+dying without a word ends the command too (a watchdog process stops the command's session then).
 
 The command's output goes to the run's Prefect logs, line by line, but for its metric records (NNI's
 ``NNISDK_MEb'...'`` lines); the trial's stdout and stderr also stay on the shared storage, where
@@ -33,13 +33,15 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from trialflow.trial.keeper import mark_stop_sent
 from trialflow.trial.procs import watch_next_child
 from trialflow.trial.protocol import META_DIR
 from trialflow.trial.records import is_metric_line
 
 HEARTBEAT_SECONDS = 2.0
 MAX_LOG_LINE = 10_000  # characters of one output line sent to the run's logs
+# how long a stopped command has to end (a trial saving its work) before its session is killed: within
+# the 30 s a Prefect process worker gives a cancelled run's process
+STOP_GRACE_SECONDS = 20.0
 
 
 _BEATING: dict[str, threading.Event] = {}  # flow run id -> the event that stops its heartbeat
@@ -59,6 +61,40 @@ def _beat(path: Path, stop: threading.Event) -> None:
         except OSError:
             pass  # the share is briefly unavailable: the next beat tries again
         stop.wait(HEARTBEAT_SECONDS)
+
+
+def _stop_command(proc: subprocess.Popen[bytes], logger: Any, keeper: bool) -> None:
+    """Stop the run's command: SIGTERM to a trial's keeper alone (``keeper``), which notes the stop and
+    passes it on to the trial once, as a container runtime signals a container's first process; to
+    the whole session of any other command. The command then has up to :data:`STOP_GRACE_SECONDS` to
+    end (its output is still read: a full pipe would hold it), then what is left of its session is
+    killed."""
+    try:
+        if keeper:
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if not is_metric_line(line):
+                    logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
+        except Exception:  # noqa: BLE001 -- the run is ending: its last lines are on the share too
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        proc.wait(STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @flow(name="trialflow-trial", log_prints=False, validate_parameters=True, on_completion=[_stop_beating],
@@ -95,9 +131,7 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
                 logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
         code = proc.wait()
     except BaseException:  # cancelled or interrupted: the trial goes with the run
-        if heartbeat:  # a trial's run (its meta directory is beside the script): its answer is the stop's
-            mark_stop_sent(os.path.join(os.path.dirname(heartbeat), META_DIR))
-        os.killpg(proc.pid, signal.SIGTERM)
+        _stop_command(proc, logger, keeper=os.path.isdir(os.path.join(os.path.dirname(heartbeat or "/"), META_DIR)))
         raise
     if code != 0:
         raise RuntimeError(f"the trial's command exited with code {code}")

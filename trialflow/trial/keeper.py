@@ -26,9 +26,8 @@ Files in ``<trial dir>/.nni/`` (written atomically):
   launches never run a trial twice);
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time", "start_time"}`` once the command runs;
-* ``stop_sent``: ``{"time"}``, written by trialflow's stop (``--kill``, the local platform's cancel, a
-  work-pool run's runner when the run is cancelled: :func:`mark_stop_sent`) just before its first signal
-  when it finds the trial still running;
+* ``stop_sent``: ``{"time"}``, written by trialflow's stop (``--kill``, the local platform's cancel: both
+  :func:`stop_group`) just before its first signal when it finds the trial still running;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
   ``"stop_signal": true`` when a stop reached the trial while it still ran -- whatever code it then
   exited with answered the stop; on a full disk the keeper waits until it can write it. For trialflow's
@@ -70,7 +69,7 @@ from .protocol import (
 )
 
 __all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "never_start", "pod", "process_record", "run",
-           "mark_stop_sent", "runtime_version", "stop_group", "write_atomic", "write_trial_files"]
+           "runtime_version", "stop_group", "write_atomic", "write_trial_files"]
 
 
 def runtime_version() -> str:
@@ -350,25 +349,19 @@ def kill_trial(trial_dir: str, grace: float) -> None:
 
 
 def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
-    """Stop the process group of the keeper ``keeper_pid`` (see :func:`kill_group`), first marking the
-    stop (:func:`mark_stop_sent`). The stops trialflow signals itself from the trial's machine go
-    through here (``--kill``, the local platform's cancel)."""
-    mark_stop_sent(meta_dir)
-    kill_group(keeper_pid, grace)
-
-
-def mark_stop_sent(meta_dir: str) -> None:
-    """Write ``stop_sent`` in ``meta_dir`` when the trial itself still runs (its pid and start time match
-    a live process on this machine), just before the caller signals it: however soon the trial answers,
-    and however late its keeper gets the processor to note the signal, the exit then reads as the
-    stop's. A trial that already ended keeps its own code. Used by :func:`stop_group` and by a
-    work-pool run's runner when its run is cancelled; a platform's own stop (Slurm's ``scancel``) is
-    signalled where the trial cannot be looked at, and is not marked. On a full disk the stop goes ahead
-    unmarked (an answer the keeper does not see then reads as the trial's own exit)."""
+    """Stop the process group of the keeper ``keeper_pid`` (see :func:`kill_group`), first writing
+    ``stop_sent`` in ``meta_dir`` when the trial itself still runs: however soon the trial answers, and
+    however late its keeper gets the processor to note the signal, the exit then reads as the stop's.
+    The stops trialflow signals to a whole group go through here (``--kill``, the local platform's
+    cancel). A work-pool run's runner signals the keeper alone, which notes the stop before it passes it
+    on; a platform's own stop (Slurm's ``scancel``) signals where the trial cannot be looked at."""
     started = read_json(os.path.join(meta_dir, STARTED))
     if started and pid_alive(int(started["pid"]), started.get("start_time")):
+        # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
+        # the trial's own exit)
         with contextlib.suppress(OSError):
             write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
+    kill_group(keeper_pid, grace)
 
 
 def _default_signals() -> None:
