@@ -16,6 +16,7 @@ from trialflow.testing.contract import (
     JobPlatformContract,
     poll_until_terminal,
     prepared,
+    wait_for_result,
 )
 
 VARIANTS = {"prefect": (False, "http"), "prefect-reuse": (True, "http")}
@@ -150,16 +151,7 @@ def test_cancelling_a_trial_cancels_its_flow_run_and_gives_the_trial_time_to_sav
     container: the trial gets SIGTERM once (through its keeper) and time to save its work; its exit
     with a code of its own after the stop is the stop's, not a failure."""
     svc, handle = _run_one(tmp_path, on_pool, "Can1", SAVES_SLOWLY_ON_SIGTERM)
-    cursor: dict = {}
-
-    def reported():  # it handles SIGTERM once it has reported
-        nonlocal cursor
-        update = svc.poll(handle, cursor)
-        cursor = update.cursor
-        assert not update.status.is_terminal, update.message
-        return any(m.type == "PERIODICAL" for m in update.metrics)
-
-    wait_for(reported, timeout=120)
+    wait_for_result(svc, handle, timeout=60)  # 120 s with the pool's stall; it handles SIGTERM once it has reported
     svc.cancel(handle, TrialStatus.USER_CANCELED)
     wait_for(lambda: _flow_run(on_pool, handle.data["job"])[0].state.type.value == "CANCELLED", timeout=120)
     statuses, _, last = poll_until_terminal(svc, handle)

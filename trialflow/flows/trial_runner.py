@@ -63,6 +63,15 @@ def _beat(path: Path, stop: threading.Event) -> None:
         stop.wait(HEARTBEAT_SECONDS)
 
 
+def _log_output(proc: subprocess.Popen[bytes], logger: Any) -> None:
+    """The command's output to the run's logs, line by line until it ends, but for its metric records
+    (results in NNI's stdout framing: trialflow reads them from the share)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if not is_metric_line(line):
+            logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
+
+
 def _stop_command(proc: subprocess.Popen[bytes], logger: Any, keeper: bool) -> None:
     """Stop the run's command: SIGTERM to a trial's keeper alone (``keeper``), which notes the stop and
     passes it on to the trial once, as a container runtime signals a container's first process; to
@@ -78,11 +87,8 @@ def _stop_command(proc: subprocess.Popen[bytes], logger: Any, keeper: bool) -> N
         return
 
     def drain() -> None:
-        assert proc.stdout is not None
         try:
-            for line in proc.stdout:
-                if not is_metric_line(line):
-                    logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
+            _log_output(proc, logger)
         except Exception:  # noqa: BLE001 -- the run is ending: its last lines are on the share too
             pass
 
@@ -125,13 +131,11 @@ def trial_runner(command: list[str], metrics_url: str | None = None, token_block
     finally:
         os.close(guard)
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if not is_metric_line(line):  # results in NNI's stdout framing: trialflow reads them from the share
-                logger.info(line.decode("utf-8", "replace").rstrip()[:MAX_LOG_LINE])
+        _log_output(proc, logger)
         code = proc.wait()
     except BaseException:  # cancelled or interrupted: the trial goes with the run
-        _stop_command(proc, logger, keeper=os.path.isdir(os.path.join(os.path.dirname(heartbeat or "/"), META_DIR)))
+        # a trial's run has its meta folder beside the script (and the heartbeat); a reuse environment's has none
+        _stop_command(proc, logger, keeper=heartbeat is not None and (Path(heartbeat).parent / META_DIR).is_dir())
         raise
     if code != 0:
         raise RuntimeError(f"the trial's command exited with code {code}")

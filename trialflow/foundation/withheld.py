@@ -86,11 +86,17 @@ def is_withheld_folder(path: str) -> bool:
     with _lock:
         if real not in _folders:
             return False
+    _say_left_out(path, real, "it is trialflow's own folder")
+    return True
+
+
+def _say_left_out(path: str, real: str, why: str) -> None:
+    """Log that ``path`` (real path ``real``) is left out of the bundles, the first time only."""
+    with _lock:
         first = real not in _announced
         _announced.add(real)
     if first:
-        log.warning("%s is left out of the code the trials get: it is trialflow's own folder", path)
-    return True
+        log.warning("%s is left out of the code the trials get: %s", path, why)
 
 
 def is_withheld(path: str, size: int) -> bool:
@@ -106,11 +112,7 @@ def is_withheld(path: str, size: int) -> bool:
         why = "it holds one of the experiment's secrets"
     if why is None:
         return False
-    with _lock:
-        first = real not in _announced
-        _announced.add(real)
-    if first:
-        log.warning("%s is left out of the code the trials get: %s", path, why)
+    _say_left_out(path, real, why)
     return True
 
 

@@ -79,6 +79,7 @@ from .trialdir import (
     read_output_files,
     read_trial,
     read_trial_logs,
+    recorded_exit_code,
     set_aside_earlier_run,
     tail_text,
 )
@@ -284,7 +285,7 @@ class JobPlatformService(JobPlatformHooks, TrainingService[ConfigT]):
             self._finish(handle)
             return TrialUpdate(self._cancelled.get(handle.trial_id, TrialStatus.SYS_CANCELED), records, cursor, None,
                                f"exit code {state['exit_code']} after a stop signal", errors)
-        exit_code = state.get("exit_code") if isinstance(state.get("exit_code"), int) else None
+        exit_code = recorded_exit_code(state)
         if status == TrialStatus.FAILED:
             tail = tail_text(self._trial_dir(handle) / STDERR_FILE)
             message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \
@@ -294,8 +295,7 @@ class JobPlatformService(JobPlatformHooks, TrainingService[ConfigT]):
 
     def keeper_exit_code(self, trial_id: str) -> int | None:
         """The exit code the trial's keeper recorded on the shared storage; None until it has one."""
-        code = self.keeper_state(trial_id).get("exit_code")
-        return code if isinstance(code, int) else None
+        return recorded_exit_code(self.keeper_state(trial_id))
 
     def _poll_reuse(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         env = self.environments.assign(handle)

@@ -66,12 +66,18 @@ def ended_update(state: dict[str, Any], records: list[MetricRecord], cursor: dic
     return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code, message, errors)
 
 
+def recorded_exit_code(state: dict[str, Any]) -> int | None:
+    """The exit code in the keeper's record ``state``; None until it has one."""
+    code = state.get("exit_code")
+    return code if isinstance(code, int) else None
+
+
 def answered_stop(state: dict[str, Any]) -> bool:
     """Whether the trial's recorded exit (its keeper's ``state``) answered a stop signal that reached it
     while it ran: a code of its own (0-127) with ``stop_signal``. That code is not the trial's own end;
     a code >= 128 (killed by the signal) says so itself."""
-    code = state.get("exit_code")
-    return bool(state.get("stop_signal")) and isinstance(code, int) and 0 <= code < 128
+    code = recorded_exit_code(state)
+    return bool(state.get("stop_signal")) and code is not None and 0 <= code < 128
 
 
 def read_json(fs: TrialFS, path: str) -> dict[str, Any] | None:

@@ -180,6 +180,20 @@ def wait_for_status(service, handle, status, timeout=30.0):
     raise AssertionError(f"trial {handle.trial_id} did not reach {status.value} within {timeout} s")
 
 
+def wait_for_result(service, handle, timeout=30.0):
+    """Poll until the trial's first intermediate result arrives (``timeout`` plus the platform's start
+    stall); fails when it ends first. Returns the metric cursor after it."""
+    deadline = time.monotonic() + patience(service, timeout)
+    cursor: dict = {}
+    while True:
+        update = service.poll(handle, cursor)
+        cursor = update.cursor
+        if any(m.type == "PERIODICAL" for m in update.metrics):
+            return cursor
+        assert not update.status.is_terminal and time.monotonic() < deadline, (update.status, update.message)
+        time.sleep(0.05)
+
+
 class TrainingServiceContract:
     """Subclass and provide fixtures ``service`` (prepared, with code uploaded as ``service.code``)
     and ``make_spec(trial_id, script_body, parameters)``. ``reopen`` (a fresh, prepared service for the
@@ -281,15 +295,7 @@ class TrainingServiceContract:
         status for the end may be any but SUCCEEDED). Cancelling twice, and again after the end, is no
         error."""
         handle = service.submit(make_spec("Canc1", ANSWERING_TRIAL, {"x": 1}), service.code)
-        deadline = time.monotonic() + patience(service, 30)
-        cursor = {}
-        while True:  # it handles the stop signals once it has reported
-            update = service.poll(handle, cursor)
-            cursor = update.cursor
-            if any(m.type == "PERIODICAL" for m in update.metrics):
-                break
-            assert not update.status.is_terminal and time.monotonic() < deadline, (update.status, update.message)
-            time.sleep(0.05)
+        wait_for_result(service, handle)  # it handles the stop signals once it has reported
         service.cancel(handle, TrialStatus.USER_CANCELED)
         service.cancel(handle, TrialStatus.USER_CANCELED)
         statuses, _, last = poll_until_terminal(service, handle, timeout=30)
