@@ -184,7 +184,7 @@ def wait_for_result(service, handle, timeout=30.0):
     """Poll until the trial's first intermediate result arrives (``timeout`` plus the platform's start
     stall); fails when it ends first. Returns the metric cursor after it."""
     deadline = time.monotonic() + patience(service, timeout)
-    cursor: dict = {}
+    cursor = {}
     while True:
         update = service.poll(handle, cursor)
         cursor = update.cursor
