@@ -74,24 +74,34 @@ def test_controller_sigkill_and_resume_reattaches_running_jobs(tmp_path, k8s, pr
     _check_done(tmp_path, store, store.trials(), 4)
 
 
-def test_a_code_directory_holding_trialflow_s_own_folders_uploads_neither(tmp_path, k8s, monkeypatch):
+def test_a_code_directory_holding_trialflow_s_folders_and_the_share_s_mount_uploads_none_of_them(tmp_path,
+                                                                                                   monkeypatch):
     """A project folder that is also the code directory and holds the experiments folder (records,
-    logs being written) and the kept server's folder (its auth string): the bundle leaves both out,
-    and the experiment runs (seen by hand before: it ended ERROR, its bundle's checksum mismatched)."""
-    from tests.conftest import write_trial
+    logs being written), the kept server's folder (its auth string) and the mount of the cluster's NFS
+    share (other files on it, and the bundles written there): the bundle leaves all three out, and the
+    experiment runs (seen by hand before: it ended ERROR, its bundle's checksum mismatched)."""
+    from tests.conftest import NFS_PATH, NFS_SERVER, write_trial
     from trialflow.server.kept_server import server_home
+    from trialflow.testing.emulators.kubernetes import KubernetesEmulator
 
     project = tmp_path / "project"
     write_trial(project, f"# {project}\nimport nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
     monkeypatch.setenv("TRIALFLOW_HOME", str(project / "tf-home"))
     server_home().mkdir(parents=True)
     (server_home() / "auth").write_text("kept-server-auth-string")
-    config = base_config(project, project / "runs", maxTrialNumber=2,
-                         trainingService=k8s_section("tfjob", k8s.nfs_dir, command="python3 trial.py"))
-    result = run_experiment(config)
+    share = project / "share"
+    (share / "someone-else").mkdir(parents=True)
+    (share / "someone-else" / "data.bin").write_bytes(b"not for this experiment")
+    emulator = KubernetesEmulator(tmp_path / "cluster", {f"{NFS_SERVER}:{NFS_PATH}": share}, kill_grace=1.0).start()
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(emulator.write_kubeconfig(tmp_path / "kubeconfig")))
+        config = base_config(project, project / "runs", maxTrialNumber=2,
+                             trainingService=k8s_section("tfjob", share, command="python3 trial.py"))
+        result = run_experiment(config)
+    finally:
+        emulator.stop()
     assert result.status == "DONE" and all(t.status == "SUCCEEDED" for t in result.trials)
-    [bundle] = [b for b in (k8s.nfs_dir / "nni" / "code").iterdir() if (b / "trial.py").exists()
-                and (b / "trial.py").read_text() == (project / "trial.py").read_text()]
+    [bundle] = [b for b in (share / "nni" / "code").iterdir() if b.is_dir()]
     assert sorted(p.name for p in bundle.iterdir()) == ["trial.py"]
 
 

@@ -9,7 +9,9 @@ config file and the values of its secret fields, and :func:`scan_code_dir
 those values (values shorter than :data:`MIN_SECRET_BYTES` are too common to look for: the config
 file itself is still left out by its path). A code directory may also hold trialflow's own folders (the
 experiments folder, with the records, a platform's default shared storage and the kept Prefect
-server's auth string): :func:`withhold_folders` names them and the walk leaves each out whole.
+server's auth string), named by :func:`withhold_folders`, or the folder where the config mounts a
+share (other experiments' and other users' files, and the bundles themselves), named by
+:func:`withhold`: the walk leaves each such folder out whole.
 
 Lifecycle: what is withheld stays withheld for the life of the process (a notebook that runs several
 experiments keeps all of their secrets out of every bundle); each left-out file is logged once.
@@ -33,18 +35,30 @@ READ_CHUNK = 1 << 20
 
 _lock = threading.Lock()
 _files: set[str] = set()  # real paths
-_folders: set[str] = set()  # real paths
+_folders: dict[str, str] = {}  # real path -> why it stays out
 _secrets: set[bytes] = set()
 _announced: set[str] = set()
+
+
+def _values(value: Any) -> Iterable[Any]:
+    """``value`` and every value inside it (a config's models, lists and mappings, at any depth)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        yield item
+        if isinstance(item, BaseModel):
+            stack.extend(getattr(item, field) for field in type(item).model_fields)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 def secret_values(value: Any) -> list[str]:
     """Every :class:`SecretStr` value inside a config (models, lists and mappings, at any depth), with
     the password of a URL-shaped one (a store URL) on its own as well."""
     found: list[str] = []
-    stack = [value]
-    while stack:
-        item = stack.pop()
+    for item in _values(value):
         if isinstance(item, SecretStr):
             text = item.get_secret_value()
             found.append(text)
@@ -54,39 +68,44 @@ def secret_values(value: Any) -> list[str]:
                 password = None
             if password:
                 found.append(password)
-        elif isinstance(item, BaseModel):
-            stack.extend(getattr(item, name) for name in type(item).model_fields)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
     return found
 
 
+def local_mount_points(config: BaseModel) -> list[str]:
+    """The folders where a config's shares are mounted on this machine (``localMountPoint`` of its
+    shared storage and of a platform's storage): trial files of this and other experiments, other
+    users' files, and the code bundles themselves."""
+    return [str(point) for item in _values(config)
+            if isinstance(item, BaseModel) and (point := getattr(item, "local_mount_point", None)) is not None]
+
+
 def withhold(config: BaseModel, config_path: str | os.PathLike[str] | None) -> None:
-    """Keep ``config_path`` (the file the experiment runs from) and files holding ``config``'s secrets
-    out of every bundle this process makes from now on."""
+    """Keep ``config_path`` (the file the experiment runs from), files holding ``config``'s secrets and
+    the folders its shares are mounted at out of every bundle this process makes from now on."""
     values = {v.encode() for v in secret_values(config) if len(v.encode()) >= MIN_SECRET_BYTES}
     with _lock:
         if config_path is not None:
             _files.add(os.path.realpath(config_path))
         _secrets.update(values)
+        _folders.update((os.path.realpath(path), "it is where the experiment's shared storage is mounted")
+                        for path in local_mount_points(config))
 
 
 def withhold_folders(*paths: str | os.PathLike[str]) -> None:
     """Keep the folders ``paths`` (trialflow's own) out of every bundle this process makes from now on."""
     with _lock:
-        _folders.update(os.path.realpath(path) for path in paths)
+        _folders.update((os.path.realpath(path), "it is trialflow's own folder") for path in paths)
 
 
 def is_withheld_folder(path: str) -> bool:
-    """Whether the folder at ``path`` stays out of bundles (one of trialflow's own); logs the first time
-    it is left out."""
+    """Whether the folder at ``path`` stays out of bundles (one of trialflow's own, or a share's mount
+    point); logs the first time it is left out."""
     real = os.path.realpath(path)
     with _lock:
-        if real not in _folders:
-            return False
-    _say_left_out(path, real, "it is trialflow's own folder")
+        why = _folders.get(real)
+    if why is None:
+        return False
+    _say_left_out(path, real, why)
     return True
 
 
