@@ -128,52 +128,7 @@ def pytest_collection_modifyitems(config, items):
             kept.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = _groups_spread_out(kept)
-
-
-# Where each xdist group's tests go in the run's queue, as a fraction of the way through the other tests.
-# A group runs on one worker, mostly waiting on its services (servers starting, Slurm scheduling, a
-# cron minute); pytest-xdist's default order (largest group first) put the three largest on the three
-# workers at once, and the cores idled through the run's first minutes. Spread out, about one or two
-# workers are in a group at a time, beside workers busy with other tests (docs/testing.md#parallel-workers).
-GROUP_PLACES = {"kept_server": 0.0, "slurm": 0.13, "mlflow": 0.35, "pool": 0.5, "model_based": 0.58,
-                "readme": 0.73, "prefect_server_start": 0.78}
-
-
-def pytest_configure(config):
-    """xdist's load-group scheduling takes the tests in the order :func:`_groups_spread_out` gives them
-    instead of putting the largest groups first."""
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def _group_of(item) -> str | None:
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return None
-    return mark.args[0] if mark.args else mark.kwargs.get("name")
-
-
-def _groups_spread_out(items: list) -> list:
-    """``items`` with each group of :data:`GROUP_PLACES` moved, in its own order, to its place among the
-    tests of no such group (a group not in the table stays in collection order). xdist keeps this order
-    when ``--no-loadscope-reorder`` is in effect (:func:`pytest_configure` sets it)."""
-    placed: dict[str, list] = {}
-    rest = []
-    for item in items:
-        group = _group_of(item)
-        if group in GROUP_PLACES:
-            placed.setdefault(group, []).append(item)
-        else:
-            rest.append(item)
-    ordered: list = []
-    slots = sorted((GROUP_PLACES[group] * len(rest), group) for group in placed)
-    taken = 0
-    for position, group in slots:
-        ordered += rest[taken:max(taken, int(position))]
-        taken = max(taken, int(position))
-        ordered += placed[group]
-    return ordered + rest[taken:]
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
