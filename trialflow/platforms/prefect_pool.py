@@ -356,10 +356,10 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         """Delete the deployment once none of its runs is going: the worker reads it to start a run, to
         cancel one that has not started, and, once a cancelled run's process has ended, to run its
         cancellation hooks. It waits up to :data:`DEPLOYMENT_WAIT` seconds for the runs to end (a cancelled
-        trial saves within the runner's grace); a run still Cancelling then has been stopped and loses
-        only its hooks, so the deployment goes. A run left going (a controller that stops without stopping
-        its trials leaves them for a resume) keeps it, with a line saying how to remove it. Never raises:
-        the experiment's end is recorded already."""
+        trial saves within the runner's grace); a started run still Cancelling after that has had its
+        stop and loses only its hooks, so the deployment goes. A run left going (a controller that stops
+        without stopping its trials leaves them for a resume) keeps it, with a line saying how to remove
+        it. Never raises: the experiment's end is recorded already."""
         from prefect.client.schemas.filters import (
             DeploymentFilter,
             DeploymentFilterId,
