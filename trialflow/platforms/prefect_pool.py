@@ -69,7 +69,9 @@ from .platform_row import Platform
 from .rest_jobs import RestJobService
 
 RUNNER_FLOW = "trialflow-trial"
-DEPLOYMENT_WAIT = 30.0  # seconds the end of an experiment waits for its runs to end before removing their deployment
+# seconds the end of an experiment waits for its runs to end before removing their deployment: a cancelled
+# trial's save (the runner's 20-s grace), the worker noticing the cancel and running the run's hooks
+DEPLOYMENT_WAIT = 45.0
 HEARTBEAT_FILE = ".runner-heartbeat"
 STALE_SECONDS = 20.0
 RUNNER_ENTRYPOINT = "trialflow/flows/trial_runner.py:trial_runner"
