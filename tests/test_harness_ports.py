@@ -1,5 +1,5 @@
-"""The servers tests start: ports chosen where outgoing connections never take them, and an end with the
-process that started them."""
+"""The servers tests start: ports chosen where outgoing connections never take them, an end with the
+process that started them, and the sshd's sessions kept out of the real home."""
 
 from __future__ import annotations
 
@@ -71,3 +71,18 @@ def test_a_killed_test_process_leaves_no_sshd_listening(tmp_path):
     assert _gone([pid], 30), stderr
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_a_session_on_the_loopback_sshd_has_a_home_of_its_own(sshd_servers):
+    """A remote trial's ``~`` is the test server's own folder: the commands sshd runs never read the real
+    user's shell start-up files (bash reads ``~/.bashrc`` for them) nor write under the real home."""
+    server = sshd_servers[0]
+    (server.home / ".bashrc").write_text("echo started-up\n")
+    try:
+        done = subprocess.run(["ssh", "-p", str(server.port), "-i", str(server.key_file), "-o", "BatchMode=yes",
+                               "-o", f"UserKnownHostsFile={server.known_hosts}", f"{server.user}@127.0.0.1",
+                               'echo "$HOME"; cd ~ && pwd -P'], capture_output=True, text=True, timeout=60)
+    finally:
+        (server.home / ".bashrc").unlink()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["started-up", str(server.home), str(server.home.resolve())]

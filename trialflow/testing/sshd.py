@@ -4,7 +4,8 @@
 ``sshd_config`` that accepts only that key (and, when asked, passwords) for the current user,
 listens on a free loopback port, and is stopped (process and directory) by :meth:`stop` or the
 context manager. A ``known_hosts`` file holding the host key is written beside it so clients can
-check the host key as in production.
+check the host key as in production. Sessions get a ``$HOME`` of their own in that directory
+(:attr:`LoopbackSshd.home`): the real user's shell start-up files never run for them.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class LoopbackSshd:
         return self.directory / "known_hosts"
 
     @property
+    def home(self) -> Path:
+        """The sessions' home folder (their ``$HOME``, so ``~`` on the "remote machine"): the real user's
+        own, and its shell start-up files, stay untouched. The login folder is still the real home."""
+        return self.directory / "home"
+
+    @property
     def host_public_key(self) -> str:
         return " ".join((self.directory / "host_key.pub").read_text().split()[:2])
 
@@ -71,13 +78,14 @@ class LoopbackSshd:
             shutil.copy(d / "user_key.pub", d / "authorized_keys")
         self.port = port or self.port or free_port()
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public_key}\n")
+        self.home.mkdir(mode=0o700, exist_ok=True)
         (d / "sshd_config").write_text("\n".join([
             "ListenAddress 127.0.0.1", f"Port {self.port}", f"HostKey {d / 'host_key'}",
             f"PidFile {d / 'sshd.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
             f"AllowUsers {self.user}", "PermitRootLogin yes", "StrictModes no", "UsePAM no",
             "PubkeyAuthentication yes", f"PasswordAuthentication {'yes' if self.password_auth else 'no'}",
             "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp" if self.sftp else "", "MaxSessions 100",
-            "MaxStartups 100:30:200", "ClientAliveInterval 0", "LogLevel ERROR", "",
+            "MaxStartups 100:30:200", "ClientAliveInterval 0", "LogLevel ERROR", f'SetEnv "HOME={self.home}"', "",
         ]))
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
