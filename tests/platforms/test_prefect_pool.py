@@ -149,18 +149,29 @@ time.sleep(120)
 def test_cancelling_a_trial_cancels_its_flow_run_and_gives_the_trial_time_to_save(tmp_path, on_pool):
     """The cancel ends the trial's flow run (CANCELLED in Prefect) as a container runtime stops a
     container: the trial gets SIGTERM once (through its keeper) and time to save its work; its exit
-    with a code of its own after the stop is the stop's, not a failure."""
+    with a code of its own after the stop is the stop's, not a failure. The experiment's end (``close``)
+    leaves the run's deployment until the run has ended: the worker runs its cancellation hooks from it."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
     svc, handle = _run_one(tmp_path, on_pool, "Can1", SAVES_SLOWLY_ON_SIGTERM)
     wait_for_result(svc, handle, timeout=60)  # 120 s with the pool's stall; it handles SIGTERM once it has reported
+    logged_before = on_pool.worker_log.stat().st_size
     svc.cancel(handle, TrialStatus.USER_CANCELED)
-    wait_for(lambda: _flow_run(on_pool, handle.data["job"])[0].state.type.value == "CANCELLED", timeout=120)
+    svc.close()  # as an experiment stopped with this trial running ends: the trial is still saving
+    (run,) = _flow_run(on_pool, handle.data["job"])
+    assert run.state.type.value == "CANCELLED"
+    with get_client(sync_client=True) as client, pytest.raises(ObjectNotFound):
+        client.read_deployment(svc.deployment_id)
+    with on_pool.worker_log.open() as log:
+        log.seek(logged_before)
+        assert "failed to retrieve flow" not in log.read()
     statuses, _, last = poll_until_terminal(svc, handle)
     trial_dir = svc.storage.path(svc.experiment_id, "trials", handle.trial_id)
     assert (trial_dir / "checkpoint" / "saved").read_text() == "ok"
     assert (trial_dir / "trial.stdout").read_text().count("saving on signal") == 1  # not once per process
     assert (statuses[-1], last.exit_code, last.message) == (TrialStatus.USER_CANCELED, None,
                                                             "exit code 1 after a stop signal")
-    svc.close()
 
 
 def test_a_retried_submit_returns_the_same_flow_run(tmp_path, on_pool):

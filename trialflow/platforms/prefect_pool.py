@@ -69,7 +69,9 @@ from .platform_row import Platform
 from .rest_jobs import RestJobService
 
 RUNNER_FLOW = "trialflow-trial"
-DEPLOYMENT_WAIT = 30.0  # seconds the end of an experiment waits for its runs to end before removing their deployment
+# seconds the end of an experiment waits for its runs to end before removing their deployment: a cancelled
+# trial's save (the runner's 20-s grace), the worker noticing the cancel and running the run's hooks
+DEPLOYMENT_WAIT = 45.0
 HEARTBEAT_FILE = ".runner-heartbeat"
 STALE_SECONDS = 20.0
 RUNNER_ENTRYPOINT = "trialflow/flows/trial_runner.py:trial_runner"
@@ -353,11 +355,13 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             self._remove_deployment(self.deployment_id)
 
     def _remove_deployment(self, deployment_id: UUID) -> None:
-        """Delete the deployment once no run needs it: a run that started cancels itself, but the worker
-        reads the deployment to cancel one that has not, so for such a run it waits up to
-        :data:`DEPLOYMENT_WAIT` seconds. A run left going (a controller that stops without stopping its
-        trials leaves them for a resume) keeps it, with a line saying how to remove it. Never raises: the
-        experiment's end is recorded already."""
+        """Delete the deployment once none of its runs is going: the worker reads it to start a run, to
+        cancel one that has not started, and, once a cancelled run's process has ended, to run its
+        cancellation hooks. It waits up to :data:`DEPLOYMENT_WAIT` seconds for the runs to end (a cancelled
+        trial saves within the runner's grace); a started run still Cancelling after that has had its
+        stop and loses only its hooks, so the deployment goes. A run left going (a controller that stops
+        without stopping its trials leaves them for a resume) keeps it, with a line saying how to remove
+        it. Never raises: the experiment's end is recorded already."""
         from prefect.client.schemas.filters import (
             DeploymentFilter,
             DeploymentFilterId,
@@ -374,10 +378,10 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         try:
             with _client() as client:
                 while running := client.read_flow_runs(flow_run_filter=going, deployment_filter=ours, limit=20):
-                    cancelling = [r for r in running if r.state is not None and r.state.type == StateType.CANCELLING]
-                    if len(cancelling) == len(running) and all(r.start_time is not None for r in running):
-                        break  # each cancels itself, without the deployment
-                    if len(cancelling) < len(running) or time.monotonic() >= deadline:
+                    cancelling = all(r.state is not None and r.state.type == StateType.CANCELLING for r in running)
+                    if cancelling and time.monotonic() >= deadline and all(r.start_time for r in running):
+                        break  # each still ends itself, without the deployment
+                    if not cancelling or time.monotonic() >= deadline:
                         log.info("the trial runner's deployment stays while flow run %s ends: `prefect deployment "
                                  "delete %s/trialflow-%s` removes it", running[0].name, RUNNER_FLOW,
                                  self.experiment_id)
