@@ -379,9 +379,10 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
             with _client() as client:
                 while running := client.read_flow_runs(flow_run_filter=going, deployment_filter=ours, limit=20):
                     cancelling = all(r.state is not None and r.state.type == StateType.CANCELLING for r in running)
-                    if cancelling and time.monotonic() >= deadline and all(r.start_time for r in running):
+                    waited = time.monotonic() >= deadline  # read once: both checks below see the same answer
+                    if cancelling and waited and all(r.start_time for r in running):
                         break  # each still ends itself, without the deployment
-                    if not cancelling or time.monotonic() >= deadline:
+                    if not cancelling or waited:
                         log.info("the trial runner's deployment stays while flow run %s ends: `prefect deployment "
                                  "delete %s/trialflow-%s` removes it", running[0].name, RUNNER_FLOW,
                                  self.experiment_id)
