@@ -318,9 +318,11 @@ def _migrates_on_start(server) -> bool:
         return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
 
 
-def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_version_runs_it(home):
+def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_version_runs_it(
+        home, tmp_path, monkeypatch):
     """A cold start (server stopped, database kept) skips Prefect's migration check when the database
     was last served by the same Prefect version; a database last served by another version is migrated."""
+    monkeypatch.setenv("TRIALFLOW_CACHE_DIR", str(tmp_path / "empty-cache"))  # no migrated copy to start from
     first = ensure_server(home, port=0)
     _guard(home)
     assert _migrates_on_start(first)  # a new database: created and migrated

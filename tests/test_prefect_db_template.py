@@ -4,10 +4,13 @@ experiment, and ignored when anyone else could have written it."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from tests.conftest import base_config, write_trial
 from trialflow.app.api import run_experiment
 from trialflow.config import parse_config
 from trialflow.server.kept_server import ensure_server, running_server, stop_server
-from trialflow.server.prefect_db_template import remember, seed, template_for
+from trialflow.server.prefect_db_template import remember, seed, seeded_settings, start_settings, template_for
 from trialflow.trial.procs import stop_with
 
 VERSION = "0.0-test"
@@ -71,6 +74,42 @@ def test_the_template_keeps_the_schema_and_block_types_only_and_seeds_a_new_file
     assert not (tmp_path / "third" / "prefect.db").exists()
 
 
+def test_installing_a_prefect_collection_makes_new_databases_register_its_block_types(tmp_path, cache, monkeypatch):
+    """A template holds the block types of the collections installed when it was made; once another is
+    installed, a new database is no longer seeded from it (its server migrates and registers all)."""
+    remember(_migrated_file(tmp_path / "first" / "prefect.db"), VERSION)
+    before = template_for(VERSION)
+    assert before.is_file() and seed(tmp_path / "second" / "prefect.db", VERSION)
+    site = tmp_path / "site"
+    info = site / "prefect_fancy-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: prefect-fancy\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[prefect.collections]\nprefect_fancy = prefect_fancy\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert template_for(VERSION) != before
+    assert not seed(tmp_path / "third" / "prefect.db", VERSION)
+    assert not (tmp_path / "third" / "prefect.db").exists()
+
+
+def test_a_seeded_start_skips_only_what_the_copy_holds_and_what_the_user_did_not_set(tmp_path, cache, monkeypatch):
+    """The first start on a seeded copy runs neither the migration check nor the block registration,
+    unless the environment sets either; a database of a server that never migrated makes no template."""
+    remember(_migrated_file(tmp_path / "first" / "prefect.db"), VERSION)
+    folder = tmp_path / "server"
+    assert start_settings(folder, folder / "prefect.db", VERSION, {}) == {
+        "PREFECT_API_DATABASE_MIGRATE_ON_START": "false", "PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}
+    registering = {"PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "true"}
+    assert start_settings(folder, folder / "other.db", VERSION, registering) == {
+        "PREFECT_API_DATABASE_MIGRATE_ON_START": "false"}
+    assert start_settings(folder, folder / "third.db", "another-version", {}) == {}  # no copy: migrate, register
+    assert seeded_settings({"PREFECT_API_BLOCKS_REGISTER_ON_START": "false"}) == {
+        "PREFECT_API_DATABASE_MIGRATE_ON_START": "false"}
+
+    monkeypatch.setenv("PREFECT_SERVER_DATABASE_MIGRATE_ON_START", "False")
+    remember(_migrated_file(tmp_path / "old" / "prefect.db", revision="old"), "1.2-unmigrated")
+    assert not template_for("1.2-unmigrated").exists()
+
+
 @pytest.mark.parametrize("damage", ["group-writable", "symlink", "not-sqlite", "no-revision", "other-user"])
 def test_a_template_anyone_else_could_have_written_or_that_does_not_read_is_not_used(tmp_path, cache, damage):
     template = template_for(VERSION)
@@ -116,6 +155,8 @@ def test_a_new_kept_or_temporary_server_starts_from_the_first_ones_copy_and_runs
         second = ensure_server(second_home, port=0)
         stop_with(os.getpid(), second.pid)
         assert {row[0] for row in _rows(second.database, "block_type")} >= made
+        assert _rows(second.database, "block_type") == _rows(template, "block_type")  # none written again
+        assert not _migrates_on_start(second)
     finally:
         stop_server(first_home)
     monkeypatch.setenv("TRIALFLOW_HOME", str(second_home))
@@ -138,6 +179,15 @@ def test_a_new_kept_or_temporary_server_starts_from_the_first_ones_copy_and_runs
                           env={**env, "PREFECT_HOME": str(prefect_home)})
     assert done.returncode == 0 and done.stdout.strip().endswith("ran"), done.stderr[-2000:]
     assert {row[0] for row in _rows(prefect_home / "prefect.db", "block_type")} >= made
+    assert _rows(prefect_home / "prefect.db", "block_type") == _rows(template, "block_type")
+
+
+def _migrates_on_start(server) -> bool:
+    """Whether ``server`` ran Prefect's migration check at its start (its settings, as its API tells)."""
+    signed_in = {"Authorization": "Basic " + base64.b64encode(server.auth.encode()).decode()}
+    request = urllib.request.Request(f"{server.url}/admin/settings", headers=signed_in)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
 
 
 def _config(tmp_path: Path):

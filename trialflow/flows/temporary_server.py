@@ -22,10 +22,11 @@ import os
 import subprocess
 import sys
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..server.prefect_db_template import database_of, remember, seed
+from ..server.prefect_db_template import database_of, remember, seed, seeded_settings
 from ..trial.procs import stop_with, watch_next_child
 
 log = logging.getLogger("trialflow.experiment")
@@ -48,17 +49,19 @@ def start_temporary_server() -> str | None:
     server = server_module.SubprocessASGIServer()
     with _START_LOCK:
         if not server.running:
-            database, version = _new_database()
+            database, version, seeded = _new_database()
+            made = database is not None and not seeded and not database.exists()  # Prefect makes it anew
             # Prefect's own start (port choice, health wait, exit hook), with its Popen in a new session:
             # the server's command line stays Prefect's. Only this module's name is swapped, briefly.
             real = server_module.subprocess
             server_module.subprocess = SimpleNamespace(  # type: ignore[assignment]
                 **{**vars(subprocess), "Popen": _popen_in_new_session})
             try:
-                server.start(timeout=_startup_timeout())
+                with _first_start_settings(seeded):
+                    server.start(timeout=_startup_timeout())
             finally:
                 server_module.subprocess = real
-            if database is not None:
+            if database is not None and made:
                 remember(database, version)
     return server.api_url
 
@@ -72,17 +75,28 @@ def _startup_timeout() -> int:
     return max(int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()), MIN_STARTUP_SECONDS)
 
 
-def _new_database() -> tuple[Path | None, str | None]:
-    """The SQLite file the temporary server will use and the Prefect version; a file that does not
-    exist yet is seeded with a migrated empty copy when there is one (:mod:`trialflow.server.prefect_db_template`)."""
+def _new_database() -> tuple[Path | None, str | None, bool]:
+    """The SQLite file the temporary server will use, the Prefect version, and whether that file was
+    just seeded: a file that does not exist yet is seeded with a migrated empty copy when there is one
+    (:mod:`trialflow.server.prefect_db_template`)."""
     from prefect import __version__
     from prefect.settings import get_current_settings
 
     url = get_current_settings().server.database.connection_url
     database = database_of(url.get_secret_value() if url is not None else None)
-    if database is not None:
-        seed(database, __version__)
-    return database, __version__
+    seeded = database is not None and seed(database, __version__)
+    return database, __version__, seeded
+
+
+def _first_start_settings(seeded: bool) -> AbstractContextManager[object]:
+    """Prefect settings for the server's start, which it passes to the server's process: on a database
+    just seeded, no migration check and no registration of block types (:func:`seeded_settings`)."""
+    if not seeded:
+        return nullcontext()
+    import prefect.settings
+
+    return prefect.settings.temporary_settings(
+        updates={getattr(prefect.settings, name): False for name in seeded_settings(os.environ)})
 
 
 def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:

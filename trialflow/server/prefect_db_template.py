@@ -5,15 +5,20 @@ migrations first (more CPU than the rest of its start). So once a
 server of a Prefect version has started healthy on a new database, :func:`remember` keeps an empty copy
 of it, the *template*: Prefect's schema and the block types (schemas only), and nothing else (every
 other table emptied: no run, log, event, variable or block document of any experiment). :func:`seed` puts a
-copy of the template where a new database is about to be made; Prefect's migration check at start-up
-then finds it migrated.
+copy of the template where a new database is about to be made, and the server started on that copy
+skips Prefect's migration check and its registration of block types (:func:`seeded_settings`): the
+template is at its version's last migration and holds the block types that registration writes, which
+come from Prefect and the Prefect collections installed (entry points ``prefect.collections``).
 
-Lifecycle: one template per Prefect version, ``<cache>/prefect-db/<version>.db`` where ``<cache>`` is
+Lifecycle: one template per Prefect version and set of installed collections,
+``<cache>/prefect-db/<version>-<collections>.db`` (:func:`template_for`) where ``<cache>`` is
 ``TRIALFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/trialflow``, else ``~/.cache/trialflow`` (folders 0700,
 file 0600), made from a database of at most 16 MB, written whole under a temporary name and renamed,
 never changed in place. A template is used only when it is a regular file (no link) this user owns
 that no one else may write, checked on the opened file, and when its copy reads as an intact SQLite
-database at a migration revision; anything else is left alone and the server migrates as before.
+database at a migration revision; anything else is left alone and the server migrates and registers
+as on any new database. A template is made only where the environment leaves Prefect's migration at
+start-up on, so that it is at its version's last migration.
 Neither function raises: a cache that cannot be read or written costs the migration, nothing more.
 
 A server's folder also notes, in ``database.json``, the Prefect version its database was last healthy
@@ -30,6 +35,7 @@ import os
 import sqlite3
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..trial.procs import read_json, write_atomic
@@ -37,6 +43,9 @@ from ..trial.procs import read_json, write_atomic
 log = logging.getLogger("trialflow.server")
 DATABASE_MARK = "database.json"  # in a server's folder: the Prefect version last healthy on its database
 MIGRATE_SETTING = "PREFECT_API_DATABASE_MIGRATE_ON_START"
+MIGRATE_NAMES = (MIGRATE_SETTING, "PREFECT_SERVER_DATABASE_MIGRATE_ON_START")  # Prefect reads either
+REGISTER_NAMES = ("PREFECT_API_BLOCKS_REGISTER_ON_START", "PREFECT_SERVER_REGISTER_BLOCKS_ON_START")
+COLLECTIONS_GROUP = "prefect.collections"  # the entry points whose packages bring block types of their own
 KEPT_TABLES = ("alembic_version", "block_type", "block_schema", "block_schema_reference")
 MAX_TEMPLATE_BYTES = 64 * 1024 * 1024
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # a new database is ~1.3 MB
@@ -62,17 +71,25 @@ def start_settings(folder: Path, database: Path, version: str | None, env: dict[
         return {}
     if version is not None and database.exists() and read_json(str(folder / DATABASE_MARK)) == {"prefect": version}:
         return {MIGRATE_SETTING: "false"}
-    seed(database, version)
-    return {}
+    return seeded_settings(env) if seed(database, version) else {}
+
+
+def seeded_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """Settings for a server's first start on a database :func:`seed` just made: neither Prefect's
+    migration check nor its registration of block types, both already in the copy, except where ``env``
+    sets either itself. (Prefect still notes the block types it would have registered, so a later start
+    skips their registration as it does after any start.)"""
+    return {names[0]: "false" for names in (MIGRATE_NAMES, REGISTER_NAMES) if not any(name in env for name in names)}
 
 
 def note_migrated(folder: Path, database: Path, version: str | None) -> None:
     """A server in ``folder`` answered healthy on ``database`` under Prefect ``version``: noted for
-    :func:`start_settings`, and the database kept as the template of new ones when there is none."""
+    :func:`start_settings`; the first time, the database is also kept as the template of new ones when
+    there is none."""
     mark = str(folder / DATABASE_MARK)
     if version and read_json(mark) != {"prefect": version}:
         write_atomic(mark, {"prefect": version})
-    remember(database, version)
+        remember(database, version)
 
 
 def cache_folder() -> Path:
@@ -84,7 +101,20 @@ def cache_folder() -> Path:
 
 
 def template_for(version: str) -> Path:
-    return cache_folder() / "prefect-db" / f"{version}.db"
+    """The template of Prefect ``version`` with the Prefect collections installed now (a collection
+    installed or upgraded later makes a new template, so its block types are registered)."""
+    return cache_folder() / "prefect-db" / f"{version}-{collections_key()}.db"
+
+
+def collections_key() -> str:
+    """A short digest of the installed Prefect collections: each entry point of
+    :data:`COLLECTIONS_GROUP` with its package's name and version (package metadata only)."""
+    import hashlib
+    from importlib.metadata import entry_points
+
+    found = sorted(f"{point.name}={point.value} {point.dist.name if point.dist else ''} "
+                   f"{point.dist.version if point.dist else ''}" for point in entry_points(group=COLLECTIONS_GROUP))
+    return hashlib.sha256("\n".join(found).encode()).hexdigest()[:12]
 
 
 def database_of(url: str | None) -> Path | None:
@@ -123,7 +153,7 @@ def seed(database: Path, version: str | None) -> bool:
 def remember(database: Path, version: str | None) -> None:
     """Keep an empty copy of ``database`` (migrated by a healthy server of ``version``) as the template,
     when there is none yet. The copy is a consistent snapshot even while the server writes."""
-    if version is None:
+    if version is None or _migration_off(os.environ):
         return
     template = template_for(version)
     try:
@@ -150,6 +180,12 @@ def remember(database: Path, version: str | None) -> None:
                 os.unlink(temporary)
     except (OSError, sqlite3.Error) as exc:
         log.debug("no template kept from %s: %s", database, exc)
+
+
+def _migration_off(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` turns Prefect's migration at start-up off (a database of such a server may be
+    at an earlier revision than its version's last)."""
+    return any(env.get(name, "").strip().lower() in ("false", "0", "no", "off") for name in MIGRATE_NAMES)
 
 
 def _empty(path: Path) -> None:
