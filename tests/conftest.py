@@ -248,6 +248,19 @@ def write_trial(directory: Path, body: str, name: str = "trial.py") -> Path:
     return path
 
 
+def migrates_on_start(server) -> bool:
+    """Whether the kept ``server`` ran Prefect's migration check at its start (its settings, as its API
+    tells a client signed in with its auth string)."""
+    import base64
+    import json
+    import urllib.request
+
+    signed_in = {"Authorization": "Basic " + base64.b64encode(server.auth.encode()).decode()}
+    request = urllib.request.Request(f"{server.url}/admin/settings", headers=signed_in)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
+
+
 def base_config(code_dir: Path, workdir: Path, **overrides) -> dict:
     config = {
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},

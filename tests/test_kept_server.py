@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, wait_for, write_trial
+from tests.conftest import base_config, migrates_on_start, wait_for, write_trial
 from trialflow.experiments import open_store
 from trialflow.server.kept_server import ensure_server, running_server, server_home, stop_server
 from trialflow.server.prefect_db_template import DATABASE_MARK
@@ -312,24 +312,16 @@ def test_a_refused_config_leaves_no_waiting_controller(tmp_path, home, entry):
     assert not waiting  # the controller started beside the config check ended with it
 
 
-def _migrates_on_start(server) -> bool:
-    request = urllib.request.Request(f"{server.url}/admin/settings", headers=_signed_in(server))
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
-
-
-def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_version_runs_it(
-        home, tmp_path, monkeypatch):
+def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_version_runs_it(home):
     """A cold start (server stopped, database kept) skips Prefect's migration check when the database
-    was last served by the same Prefect version; a database last served by another version is migrated."""
-    monkeypatch.setenv("TRIALFLOW_CACHE_DIR", str(tmp_path / "empty-cache"))  # no migrated copy to start from
+    was last served by the same Prefect version; a database last served by another version is migrated.
+    (A new database's first start: tests/test_prefect_db_template.py.)"""
     first = ensure_server(home, port=0)
     _guard(home)
-    assert _migrates_on_start(first)  # a new database: created and migrated
     stop_server(home)
     again = ensure_server(home, port=0)
     _guard(home)
-    assert again.port == first.port and not _migrates_on_start(again)
+    assert again.port == first.port and not migrates_on_start(again)
     flows = urllib.request.Request(f"{again.url}/flows/filter", data=b"{}", method="POST",
                                    headers={"Content-Type": "application/json", **_signed_in(again)})
     with urllib.request.urlopen(flows, timeout=10) as response:  # the database serves as before
@@ -338,7 +330,7 @@ def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_v
     (server_home(home) / DATABASE_MARK).write_text(json.dumps({"prefect": "3.0.0"}))  # as after an upgrade
     upgraded = ensure_server(home, port=0)
     _guard(home)
-    assert _migrates_on_start(upgraded)
+    assert migrates_on_start(upgraded)
     assert json.loads((server_home(home) / DATABASE_MARK).read_text())["prefect"] == upgraded.prefect
 
 

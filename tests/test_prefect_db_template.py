@@ -4,18 +4,15 @@ experiment, and ignored when anyone else could have written it."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import sqlite3
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, write_trial
+from tests.conftest import base_config, migrates_on_start, write_trial
 from trialflow.app.api import run_experiment
 from trialflow.config import parse_config
 from trialflow.server.kept_server import ensure_server, running_server, stop_server
@@ -148,6 +145,7 @@ def test_a_new_kept_or_temporary_server_starts_from_the_first_ones_copy_and_runs
     try:
         first = ensure_server(first_home, port=0)
         stop_with(os.getpid(), first.pid)
+        assert migrates_on_start(first)  # no copy yet: its new database was created and migrated
         template = template_for(first.prefect)
         assert template.is_file()
         made = {row[0] for row in _rows(template, "block_type")}
@@ -156,7 +154,7 @@ def test_a_new_kept_or_temporary_server_starts_from_the_first_ones_copy_and_runs
         stop_with(os.getpid(), second.pid)
         assert {row[0] for row in _rows(second.database, "block_type")} >= made
         assert _rows(second.database, "block_type") == _rows(template, "block_type")  # none written again
-        assert not _migrates_on_start(second)
+        assert not migrates_on_start(second)
     finally:
         stop_server(first_home)
     monkeypatch.setenv("TRIALFLOW_HOME", str(second_home))
@@ -180,14 +178,6 @@ def test_a_new_kept_or_temporary_server_starts_from_the_first_ones_copy_and_runs
     assert done.returncode == 0 and done.stdout.strip().endswith("ran"), done.stderr[-2000:]
     assert {row[0] for row in _rows(prefect_home / "prefect.db", "block_type")} >= made
     assert _rows(prefect_home / "prefect.db", "block_type") == _rows(template, "block_type")
-
-
-def _migrates_on_start(server) -> bool:
-    """Whether ``server`` ran Prefect's migration check at its start (its settings, as its API tells)."""
-    signed_in = {"Authorization": "Basic " + base64.b64encode(server.auth.encode()).decode()}
-    request = urllib.request.Request(f"{server.url}/admin/settings", headers=signed_in)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
 
 
 def _config(tmp_path: Path):
