@@ -248,15 +248,20 @@ def write_trial(directory: Path, body: str, name: str = "trial.py") -> Path:
     return path
 
 
+def signed_in(server) -> dict[str, str]:
+    """The header a client of the kept ``server`` sends (its API asks every caller for its auth string)."""
+    import base64
+
+    return {"Authorization": "Basic " + base64.b64encode((server.auth or "").encode()).decode()}
+
+
 def migrates_on_start(server) -> bool:
     """Whether the kept ``server`` ran Prefect's migration check at its start (its settings, as its API
     tells a client signed in with its auth string)."""
-    import base64
     import json
     import urllib.request
 
-    signed_in = {"Authorization": "Basic " + base64.b64encode(server.auth.encode()).decode()}
-    request = urllib.request.Request(f"{server.url}/admin/settings", headers=signed_in)
+    request = urllib.request.Request(f"{server.url}/admin/settings", headers=signed_in(server))
     with urllib.request.urlopen(request, timeout=10) as response:
         return bool(json.loads(response.read())["server"]["database"]["migrate_on_start"])
 

@@ -4,7 +4,6 @@ and a refused config that must leave no waiting controller behind."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, migrates_on_start, wait_for, write_trial
+from tests.conftest import base_config, migrates_on_start, signed_in, wait_for, write_trial
 from trialflow.experiments import open_store
 from trialflow.server.kept_server import ensure_server, running_server, server_home, stop_server
 from trialflow.server.prefect_db_template import DATABASE_MARK
@@ -76,14 +75,9 @@ def _guard(home: Path) -> None:
         stop_with(os.getpid(), server.pid)  # a killed test session must not leave it running
 
 
-def _signed_in(server) -> dict[str, str]:
-    """The header a client of ``server`` sends (its API asks every caller for its auth string)."""
-    return {"Authorization": "Basic " + base64.b64encode(server.auth.encode()).decode()}
-
-
 def _get(url: str, server) -> tuple[int, bytes]:
     """GET as a browser asks (the UI answers deep links with its page for HTML requests only), signed in."""
-    request = urllib.request.Request(url, headers={"Accept": "text/html", **_signed_in(server)})
+    request = urllib.request.Request(url, headers={"Accept": "text/html", **signed_in(server)})
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status, response.read()
 
@@ -92,7 +86,7 @@ def _final_task_runs(server, flow_run_id: str) -> set[str]:
     """Names of the flow run's task runs in a final state, as the server has them."""
     body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode()
     request = urllib.request.Request(f"{server.url}/task_runs/filter", data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **_signed_in(server)})
+                                     headers={"Content-Type": "application/json", **signed_in(server)})
     with urllib.request.urlopen(request, timeout=10) as response:
         runs = json.loads(response.read())
     return {r["name"] for r in runs if r["state_type"] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")}
@@ -323,7 +317,7 @@ def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_v
     _guard(home)
     assert again.port == first.port and not migrates_on_start(again)
     flows = urllib.request.Request(f"{again.url}/flows/filter", data=b"{}", method="POST",
-                                   headers={"Content-Type": "application/json", **_signed_in(again)})
+                                   headers={"Content-Type": "application/json", **signed_in(again)})
     with urllib.request.urlopen(flows, timeout=10) as response:  # the database serves as before
         assert response.status == 200
     stop_server(home)
@@ -398,7 +392,7 @@ def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_ke
         assert (folder.stat().st_mode & 0o777, (folder / "auth").stat().st_mode & 0o777) == (0o700, 0o600)
         signed = urllib.request.Request(f"{server.url}/block_documents/filter", data=b'{"include_secrets": true}',
                                         method="POST", headers={"Content-Type": "application/json",
-                                                                **_signed_in(server)})
+                                                                **signed_in(server)})
         with urllib.request.urlopen(signed, timeout=10) as response:  # the user who started it still can
             assert b"s3cret-pass-7" in response.read()
     finally:
@@ -515,7 +509,7 @@ def test_a_server_an_older_trialflow_left_open_is_replaced_by_a_private_one(home
     assert new.pid != old_pid and new.port == old.port and new.auth
     assert not pid_alive(old_pid)
     assert _post(f"{new.url}/flows/filter", {})[0] == 401  # private now
-    assert _post(f"{new.url}/flows/filter", {}, _signed_in(new))[0] == 200
+    assert _post(f"{new.url}/flows/filter", {}, signed_in(new))[0] == 200
 
 
 def test_two_homes_starting_their_servers_at_once_never_both_take_one_port():

@@ -7,7 +7,6 @@ succeed and leave every experiment it made DONE; a documented step that stops wo
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import signed_in, wait_for
 from trialflow.experiments import list_experiments
 from trialflow.server.kept_server import running_server, stop_server
 from trialflow.trial.procs import stop_with
@@ -121,8 +120,6 @@ def _run_is_over(env: dict[str, str], flow_run_id: str | None) -> bool:
     server = running_server(Path(env["HOME"]) / "trialflow-experiments")
     if server is None or flow_run_id is None:
         return False
-    auth = base64.b64encode((server.auth or "").encode()).decode()
-    request = urllib.request.Request(f"{server.url}/flow_runs/{flow_run_id}",
-                                     headers={"Authorization": f"Basic {auth}"})
+    request = urllib.request.Request(f"{server.url}/flow_runs/{flow_run_id}", headers=signed_in(server))
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)["state_type"] in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")

@@ -50,7 +50,8 @@ def start_temporary_server() -> str | None:
     with _START_LOCK:
         if not server.running:
             database, version, seeded = _new_database()
-            made = database is not None and not seeded and not database.exists()  # Prefect makes it anew
+            # the file Prefect is about to create (migrated by this start), kept as the template afterwards
+            created = database if database is not None and not seeded and not database.exists() else None
             # Prefect's own start (port choice, health wait, exit hook), with its Popen in a new session:
             # the server's command line stays Prefect's. Only this module's name is swapped, briefly.
             real = server_module.subprocess
@@ -61,8 +62,8 @@ def start_temporary_server() -> str | None:
                     server.start(timeout=_startup_timeout())
             finally:
                 server_module.subprocess = real
-            if database is not None and made:
-                remember(database, version)
+            if created is not None:
+                remember(created, version)
     return server.api_url
 
 
