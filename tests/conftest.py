@@ -749,8 +749,9 @@ def prefect_pool(_work_pool_session):
 
 
 def _timeline(event: str, nodeid: str) -> None:
-    """With ``TRIALFLOW_TEST_TIMELINE=FILE``, a line per test start and end (time, worker, test): where a
-    parallel run's time goes, and which tests ran together while the cores idled."""
+    """With ``TRIALFLOW_TEST_TIMELINE=FILE``, a line per test start and end (time, worker, test), and one per
+    failed phase (``failed-setup``, ``failed-call``, ``failed-teardown``): where a parallel run's time goes,
+    which tests ran together while the cores idled, and what failed before pytest wrote its report."""
     path = os.environ.get("TRIALFLOW_TEST_TIMELINE")
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -763,6 +764,11 @@ def pytest_runtest_logstart(nodeid, location):
 
 def pytest_runtest_logfinish(nodeid, location):
     _timeline("end", nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _timeline(f"failed-{report.when}", report.nodeid)
 
 
 def _temporary_servers() -> int:
