@@ -219,7 +219,8 @@ def _took_signal_and_waits(pid: int, signum: int) -> bool:
             and where in ("do_wait", "0"))
 
 
-@pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited", "by-trialflow-keeper-late"])
+@pytest.mark.parametrize("signalled", ["while-it-runs", "after-it-exited", "by-trialflow-keeper-late",
+                                       "by-a-marked-platform-stop-keeper-late"])
 def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, signalled):
     """A stop signal that reaches the trial's group while the trial runs makes its exit the stop's
     (``stop_signal`` in its state); one that arrives after the trial exited by itself, before the keeper
@@ -227,7 +228,8 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
     stopped so the order is the one it names: the keeper across the trial's exit, or the trial until
     the keeper has taken the signal (on a loaded machine the trial may otherwise answer first: see
     the keeper's module docstring). trialflow's own kill counts even when the trial answers it before
-    the keeper takes the signal (the keeper stopped across the trial's exit)."""
+    the keeper takes the signal (the keeper stopped across the trial's exit); so does a platform's stop
+    that signals the keeper and the trial at once (Slurm's ``scancel``) after ``keeper --mark-stop``."""
     import signal
     import threading
     import time
@@ -256,6 +258,14 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
             os.kill(keeper.pid, signal.SIGCONT)
             assert keeper.wait(timeout=30) == 0
             killer.join(timeout=30)
+        elif signalled == "by-a-marked-platform-stop-keeper-late":
+            marked = subprocess.run([sys.executable, "-S", "-m", "trialflow.trial.keeper", "--mark-stop",
+                                     str(trial_dir)], env={**os.environ, "PYTHONPATH": RUNTIME_ROOT}, timeout=30)
+            assert marked.returncode == 0 and (trial_dir / ".nni" / "stop_sent").exists()
+            os.kill(keeper.pid, signal.SIGSTOP)  # the platform's signal reaches the trial first
+            os.kill(trial_pid, signal.SIGINT)
+            while process_state(trial_pid) != "Z" and time.monotonic() < deadline:  # it answered
+                time.sleep(0.02)
         elif signalled == "after-it-exited":
             os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
             while process_state(trial_pid) != "Z" and time.monotonic() < deadline:
@@ -278,6 +288,23 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
         assert (state["exit_code"], state.get("stop_signal")) == (1, True)
     else:
         assert (state["exit_code"], state.get("stop_signal")) == (3, None)
+
+
+@pytest.mark.parametrize("files", [(), ("started", "state"), ("state",)], ids=["not-started", "ended", "never-started"])
+def test_a_stop_mark_is_left_only_for_a_trial_whose_files_say_it_runs(tmp_path, files):
+    """``keeper --mark-stop`` before a platform's stop marks nothing for a trial that has not started or
+    has ended: a later run's own exit, or a recorded end, is not taken for that stop's."""
+    from trialflow.trial.keeper import mark_stop
+    from trialflow.trial.protocol import META_DIR, STOP_SENT
+
+    meta = tmp_path / "t" / META_DIR
+    meta.mkdir(parents=True)
+    for name in files:
+        (meta / name).write_text("{}")
+    assert mark_stop(str(tmp_path / "t")) is False and not (meta / STOP_SENT).exists()
+    (meta / "state").unlink(missing_ok=True)
+    (meta / "started").write_text("{}")
+    assert mark_stop(str(tmp_path / "t")) is True and (meta / STOP_SENT).exists()
 
 
 @pytest.mark.parametrize("taken_over", ["meta moved aside", "meta made again, spec not yet written",

@@ -21,8 +21,10 @@ directory, then its batch script, then calls ``sbatch`` for a job named ``tf-<ex
 job's keeper (``keeper --batch``, the trial protocol's claim) claims the trial before running it, so a
 requeued job never runs a trial twice. ``poll`` reads Slurm's view of every job of the experiment
 (one ``squeue`` per second, taken before the trial's files are read) and the trial's files;
-``cancel`` is ``scancel`` (reuse: a kill request to the environment's worker). ``close()`` stops the
-idle environments and cancels those of cancelled trials; running trials are not touched.
+``cancel`` is ``scancel``, after ``stop_sent`` is written for a running trial (Slurm signals its
+keeper and the trial at once; the mark makes any exit but 0 read as the stop's); reuse: a kill
+request to the environment's worker. ``close()`` stops the idle environments and cancels those of
+cancelled trials; running trials are not touched.
 
 State table: Slurm's job state, with the trial's own record (its keeper's exit code):
 
@@ -317,9 +319,13 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
                 env.ended = env.ended or "cancelled"
                 self.scheduler.scancel(job.id)  # an interrupted or never-started environment is of no further use
             return
+        trial_dir = str(handle.data.get("trial_dir", ""))
+        # scancel signals the keeper and the trial at once: a trial that answers with a code of its own
+        # before its keeper notes the signal must still read as stopped
+        self.login.conn.run(self.login.command("keeper", "--mark-stop", trial_dir))
         self.scheduler.scancel(str(handle.data.get("job_id", "")))
         # a trial whose job had not started yet is claimed here, so no late (or requeued) run starts it
-        self.login.conn.run(self.login.command("keeper", "--never-start", str(handle.data.get("trial_dir", ""))))
+        self.login.conn.run(self.login.command("keeper", "--never-start", trial_dir))
 
     def adopt(self, handle: TrialHandle) -> None:
         """Re-attach after a restart: a reuse trial's environment is known again."""

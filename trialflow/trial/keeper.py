@@ -14,6 +14,8 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
 * ``... keeper --never-start <trial dir>``: a trial whose keeper has not started never will (a batch job
   cancelled before it ran; see :func:`never_start`);
+* ``... keeper --mark-stop <trial dir>``: write ``stop_sent`` when the trial's files say it runs (see
+  :func:`mark_stop`), before a stop that signals where the trial cannot be looked at (Slurm's ``scancel``);
 * ``... keeper --pod <trial dir> <role> <primary role> [<attempt>]``: a cluster job's replica, in the foreground
   (see :func:`pod`); paths in a ``located`` ``keeper.json`` are relative to the trial directory;
 * ``... keeper --batch <trial dir> <attempt>``: a batch job's run of the trial (Slurm), in the foreground
@@ -27,7 +29,8 @@ Files in ``<trial dir>/.nni/`` (written atomically):
 * ``keeper.pid``: ``{"pid", "start_time", "version"}`` of the keeper (= process group id);
 * ``started``: ``{"pid", "time", "start_time"}`` once the command runs;
 * ``stop_sent``: ``{"time"}``, written by trialflow's stop (``--kill``, the local platform's cancel: both
-  :func:`stop_group`) just before its first signal when it finds the trial still running;
+  :func:`stop_group`; Slurm's cancel: :func:`mark_stop`) just before its first signal when it finds the trial
+  still running;
 * ``state``: ``{"exit_code", "end_time"}`` when it ends (exit code ``128 + n`` for signal ``n``), and
   ``"stop_signal": true`` when a stop reached the trial while it still ran -- whatever code it then
   exited with answered the stop; on a full disk the keeper waits until it can write it. For trialflow's
@@ -68,8 +71,8 @@ from .protocol import (
     STOP_SENT,
 )
 
-__all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "never_start", "pod", "process_record", "run",
-           "runtime_version", "stop_group", "write_atomic", "write_trial_files"]
+__all__ = ["assign_gpus", "batch", "claim", "execute", "kill_trial", "mark_stop", "never_start", "pod",
+           "process_record", "run", "runtime_version", "stop_group", "write_atomic", "write_trial_files"]
 
 
 def runtime_version() -> str:
@@ -331,6 +334,22 @@ def never_start(trial_dir: str) -> bool:
     return True
 
 
+def mark_stop(trial_dir: str) -> bool:
+    """Write ``stop_sent`` when the trial's files say it runs (``started``, and no ``state`` yet), for a
+    stop about to be signalled where its process cannot be looked at (a compute node: Slurm's ``scancel``
+    signals the keeper and the trial at once, and the trial may exit before its keeper notes the signal).
+    A trial that ends meanwhile by itself then reads as stopped unless it exited 0 (a success stands).
+    True when written; an unwritable mark (a full disk) is False, and the stop goes ahead unmarked."""
+    meta_dir = os.path.join(trial_dir, META_DIR)
+    if not os.path.exists(os.path.join(meta_dir, STARTED)) or os.path.exists(os.path.join(meta_dir, STATE)):
+        return False
+    try:
+        write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
+    except OSError:
+        return False
+    return True
+
+
 def kill_trial(trial_dir: str, grace: float) -> None:
     """Stop the trial: if its keeper never started, make sure it never will (and record the end);
     otherwise stop its process group unless it already ended (pid checked with its start time), first
@@ -354,7 +373,8 @@ def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
     however late its keeper gets the processor to note the signal, the exit then reads as the stop's.
     The stops trialflow signals to a whole group go through here (``--kill``, the local platform's
     cancel). A work-pool run's runner signals the keeper alone, which notes the stop before it passes it
-    on; a platform's own stop (Slurm's ``scancel``) signals where the trial cannot be looked at."""
+    on; a platform's own stop that signals where the trial cannot be looked at (Slurm's ``scancel``) is
+    preceded by :func:`mark_stop`."""
     started = read_json(os.path.join(meta_dir, STARTED))
     if started and pid_alive(int(started["pid"]), started.get("start_time")):
         # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
@@ -388,13 +408,17 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--never-start"] and len(argv) == 2:
         never_start(argv[1])
         return 0
+    if argv[:1] == ["--mark-stop"] and len(argv) == 2:
+        mark_stop(argv[1])
+        return 0
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
     if len(argv) == 1:
         return run(argv[0])
     print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> [attempt] | "
-          "--batch <trial dir> <attempt> | --never-start <trial dir> | --kill <trial dir> <grace> | --version",
+          "--batch <trial dir> <attempt> | --never-start <trial dir> | --mark-stop <trial dir> | "
+          "--kill <trial dir> <grace> | --version",
           file=sys.stderr)
     return 2
 
