@@ -210,10 +210,10 @@ def test_a_configured_api_that_does_not_answer_is_one_line_and_resume_runs_the_e
 
 def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controller_end(tmp_path, home):
     # Prefect's client retries a refused call three times here, without jitter (2 + 4 + 8 s of back-off;
-    # 62 s by default, each wait +-20 %): a stall per cancel check, or minutes of undeliverable events
-    # at exit, would be several times the bounds below, which a busy machine's own slowness stays under
-    # the trials wait until the API's absence has been noticed (a busy machine may look at the run's state
-    # seconds apart), then take 1 s each
+    # by default five times, 62 s, each wait +-20 %). A stall per cancel check, or minutes of undeliverable
+    # events at exit, then far exceed the bounds below, while a busy machine's own slowness stays under them.
+    # The trials wait until the API's absence has been noticed (a busy machine may look at the run's state
+    # seconds apart), then take 1 s each.
     hold = tmp_path / "hold"
     hold.touch()
     held = (f"import os, time, nni\nnni.get_next_parameter()\nwhile os.path.exists({str(hold)!r}):\n"

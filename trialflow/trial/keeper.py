@@ -45,7 +45,6 @@ whole group, keeper included, with SIGKILL at the end of the grace period.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -343,6 +342,12 @@ def mark_stop(trial_dir: str) -> bool:
     meta_dir = os.path.join(trial_dir, META_DIR)
     if not os.path.exists(os.path.join(meta_dir, STARTED)) or os.path.exists(os.path.join(meta_dir, STATE)):
         return False
+    return _write_stop_sent(meta_dir)
+
+
+def _write_stop_sent(meta_dir: str) -> bool:
+    """Write ``stop_sent`` in ``meta_dir``; False when it cannot be written (a full disk): the stop then goes
+    ahead unmarked, and an answer the keeper does not see itself reads as the trial's own exit."""
     try:
         write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
     except OSError:
@@ -377,10 +382,7 @@ def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
     preceded by :func:`mark_stop`."""
     started = read_json(os.path.join(meta_dir, STARTED))
     if started and pid_alive(int(started["pid"]), started.get("start_time")):
-        # on a full disk the stop goes ahead unmarked (an answer the keeper does not see then reads as
-        # the trial's own exit)
-        with contextlib.suppress(OSError):
-            write_atomic(os.path.join(meta_dir, STOP_SENT), {"time": time.time()})
+        _write_stop_sent(meta_dir)
     kill_group(keeper_pid, grace)
 
 
