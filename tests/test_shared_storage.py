@@ -4,8 +4,11 @@ and the machines both see -- nothing uploaded per machine, trial output under
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,9 +16,12 @@ import pytest
 from tests.conftest import NFS_PATH, NFS_SERVER, base_config, k8s_section, machine, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.config import ConfigError
+from trialflow.config.platforms import SharedStorageConfig
 from trialflow.experiments import open_store
 from trialflow.platforms import PlatformError
 from trialflow.platforms.remote import RemoteTrainingService
+from trialflow.platforms.share import Share
+from trialflow.platforms.trialfs import LocalFS
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -122,14 +128,18 @@ def test_nnimount_runs_blobfuse_with_the_key_in_a_private_file(tmp_path, monkeyp
                f'stat -c %a "$cfg" >> {record}; cat "$cfg" >> {record}\n')
     _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')  # not root in every CI: sudo -n passes through
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     write_trial(tmp_path / "code", TRIAL)
     (tmp_path / "blob").mkdir()
-    share = {"storageType": "AzureBlob", "storageAccountName": "acct", "containerName": "box",
-             "storageAccountKey": "s3cr3t-key-value", "localMountPoint": str(tmp_path / "blob"),
-             "remoteMountPoint": "/mnt/blob", "localMounted": "nnimount"}
+    share = _blob_share(tmp_path / "blob")
     result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", sharedStorage=share, maxTrialNumber=1))
     assert result.status == "DONE"
     args, mode, *cfg = record.read_text().splitlines()
+    # blobfuse caches the share's files in a folder of this user's own, one per mount point
+    cache = Path(args.split("--tmp-path=")[1].split()[0])
+    assert cache.parent == tmp_path / "tmp" / f"trialflow-blobfuse-{os.getuid()}"
+    assert stat.S_IMODE(cache.stat().st_mode) == stat.S_IMODE(cache.parent.stat().st_mode) == 0o700
     assert args.startswith(f"{tmp_path / 'blob'} --tmp-path=") and "s3cr3t" not in args
     assert mode == "600" and cfg == ["accountName acct", "accountKey s3cr3t-key-value", "containerName box"]
     config_file = args.split("--config-file=")[1].split()[0]
@@ -140,16 +150,64 @@ def test_nnimount_runs_blobfuse_with_the_key_in_a_private_file(tmp_path, monkeyp
                    stat.S_ISREG(p.stat().st_mode) and p.stat().st_size < 1_000_000)
 
 
+def _blob_share(mount_point: Path) -> dict:
+    return {"storageType": "AzureBlob", "storageAccountName": "acct", "containerName": "box",
+            "storageAccountKey": "s3cr3t-key-value", "localMountPoint": str(mount_point),
+            "remoteMountPoint": "/mnt/blob", "localMounted": "nnimount"}
+
+
+@pytest.mark.parametrize("planted", ["another-user-s-folder", "a-link", "another-user-s-inner-folder"])
+@pytest.mark.parametrize("where", ["here", "on-a-machine"])
+def test_blobfuse_s_cache_folder_planted_by_someone_else_stops_the_mount(tmp_path, monkeypatch, planted, where):
+    """Another user of the machine who makes blobfuse's cache folder first (or links it elsewhere) would
+    read the share's files as blobfuse caches them: the mount stops with one line naming the folder,
+    before blobfuse runs, and nothing is written where the link points."""
+    if planted != "a-link" and os.geteuid() != 0:
+        pytest.skip("making a folder another user owns needs root")
+    bin_dir, record = tmp_path / "bin", tmp_path / "blobfuse-call"
+    _fake_tool(bin_dir, "blobfuse", f'echo "$@" > {record}\n')
+    _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    tmp, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
+    tmp.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    top = tmp / f"trialflow-blobfuse-{os.getuid()}"
+    share = Share(SharedStorageConfig.model_validate(_blob_share(tmp_path / "blob")), "exp")
+    if planted == "a-link":
+        top.symlink_to(elsewhere)
+        named = top
+    else:
+        if planted == "another-user-s-inner-folder":  # this user's folder, left open; the other made the inner one
+            top.mkdir(mode=0o777)
+            named = top / hashlib.sha256(str(tmp_path / "blob").encode()).hexdigest()[:16]
+        else:
+            named = top
+        named.mkdir(mode=0o777)
+        os.chown(named, 65534, 65534)
+    with pytest.raises(PlatformError, match=rf"blobfuse's cache folder {re.escape(str(named))} is not a folder of your "
+                                            "own .*remove it, or set TMPDIR to a folder of yours") as err:
+        if where == "here":
+            share.prepare_local()
+        else:  # the command as a training machine's shell gets it
+            def run(command: str) -> tuple[int, str, str]:
+                done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+                return done.returncode, done.stdout, done.stderr
+            share._mount_there(LocalFS(), run, str(tmp_path), str(tmp_path / "blob"))
+    assert "\n" not in str(err.value) and "s3cr3t" not in str(err.value)
+    assert not record.exists() and list(elsewhere.iterdir()) == []
+    assert not list(tmp_path.glob(".blobfuse-*.cfg"))  # the key's file is gone too
+
+
 def test_nnimount_errors_name_the_tool_and_the_fix(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     _fake_tool(bin_dir, "blobfuse", 'echo "fuse: failed to open /dev/fuse: Permission denied" >&2; exit 1\n')
     _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # blobfuse's cache folder goes there
     write_trial(tmp_path / "code", TRIAL)
     (tmp_path / "blob").mkdir()
-    share = {"storageType": "AzureBlob", "storageAccountName": "acct", "containerName": "box",
-             "storageAccountKey": "s3cr3t-key-value", "localMountPoint": str(tmp_path / "blob"),
-             "remoteMountPoint": "/mnt/blob", "localMounted": "nnimount"}
-    config = base_config(tmp_path / "code", tmp_path / "w", sharedStorage=share)
+    config = base_config(tmp_path / "code", tmp_path / "w", sharedStorage=_blob_share(tmp_path / "blob"))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no blobfuse anywhere
     with pytest.raises(PlatformError, match="nnimount needs blobfuse on this machine: install blobfuse") as err:
         run_experiment(config)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -95,9 +96,10 @@ def _check_trial_runs(client, runs: list, trials: list) -> None:
         else:
             assert "default" not in run.data.metrics and run.data.tags["trialflow.exit_code"] == "3"
         assert run.info.start_time == int(trial.start_time * 1000) and run.info.end_time == int(trial.end_time * 1000)
-        folder = Path(client.download_artifacts(run.info.run_id, "logs"))
-        assert f"trial says {trial.parameters['x']}" in (folder / "trial.stdout").read_text()
-        assert "to stderr" in (folder / "trial.stderr").read_text()
+        with tempfile.TemporaryDirectory() as downloads:  # MLflow's own default folder would stay behind
+            folder = Path(client.download_artifacts(run.info.run_id, "logs", downloads))
+            assert f"trial says {trial.parameters['x']}" in (folder / "trial.stdout").read_text()
+            assert "to stderr" in (folder / "trial.stderr").read_text()
 
 
 def test_an_experiment_on_local_is_a_parent_run_with_a_nested_run_per_trial(tmp_path, mlflow_server, login,
@@ -112,7 +114,7 @@ def test_an_experiment_on_local_is_a_parent_run_with_a_nested_run_per_trial(tmp_
     assert parent.info.status == "FINISHED" and parent.info.run_name == result.experiment_id
     assert parent.data.tags["trialflow.experiment_id"] == result.experiment_id
     assert parent.data.tags["trialflow.platform"] == "local" and parent.data.tags["trialflow.tuner"] == "GridSearch"
-    config_file = Path(client.download_artifacts(parent.info.run_id, "config.json"))
+    config_file = Path(client.download_artifacts(parent.info.run_id, "config.json", str(tmp_path)))
     assert json.loads(config_file.read_text())["trialCommand"] == config["trialCommand"]
     best = [i for i, r in _trial_runs(runs).items() if r.data.tags.get("trialflow.best") == "true"]
     assert best == [result.best.id] and parent.data.tags["trialflow.best_trial"] == result.best.id

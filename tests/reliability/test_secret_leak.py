@@ -307,6 +307,8 @@ def test_a_shared_storage_account_key_never_leaks(tmp_path, prefect_server, scan
     _fake_tool(bin_dir, "blobfuse", f'cfg="${{3#--config-file=}}"; cp "$cfg" {kept}\n')
     _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # blobfuse's cache folder goes there
     code = tmp_path / "code"
     write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
     (tmp_path / "blob").mkdir()
@@ -316,7 +318,7 @@ def test_a_shared_storage_account_key_never_leaks(tmp_path, prefect_server, scan
     result = run_experiment(base_config(code, tmp_path / "w", sharedStorage=share, maxTrialNumber=2))
     assert result.status == "DONE"
     assert f"accountKey {PASSWORD}" in kept.read_text()  # blobfuse got it
-    _assert_nowhere([PASSWORD], [tmp_path / "w", tmp_path / "blob", code], set(),
+    _assert_nowhere([PASSWORD], [tmp_path / "w", tmp_path / "blob", tmp_path / "tmp", code], set(),
                     [*_prefect_texts(result.experiment_id), *scan_logs()])
 
 

@@ -24,6 +24,7 @@ removed after the mount.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
@@ -44,6 +45,7 @@ from .trialfs import TrialFS
 MARKER = ".trialflow-share"
 OUTPUT_DIR = "nnioutput"
 MOUNT_CONFIG = re.compile(r"\.blobfuse-\d+\.cfg")  # the AzureBlob key written for a mount (removed after it)
+CACHE_REFUSED = 97  # the mount command's exit when blobfuse's cache folder is not the user's own
 
 
 class Share:
@@ -149,6 +151,8 @@ class Share:
         finally:
             if cfg_path is not None:
                 fs.remove(cfg_path)
+        if status == CACHE_REFUSED:
+            raise PlatformError(f"sharedStorage: on {fs.where}: {err.strip()[-300:]}")
         if status != 0:
             raise PlatformError(f"sharedStorage: mounting the {self.what} share at {mount_point} on {fs.where} "
                                 f"failed: {(err or out).strip()[-300:]}; mounting needs root or passwordless sudo "
@@ -165,10 +169,9 @@ class Share:
         key = self.config.storage_account_key.get_secret_value() if self.config.storage_account_key else ""
         cfg = (f"accountName {self.config.storage_account_name}\naccountKey {key}\n"
                f"containerName {self.config.container_name}\n")
-        tmp = "/tmp/trialflow-blobfuse-tmp"
-        return (f"mkdir -p {q(mount_point)} {tmp} && {sudo}blobfuse {q(mount_point)} --tmp-path={tmp} "
-                '--config-file="$TRIALFLOW_BLOBFUSE_CFG" -o attr_timeout=240 -o entry_timeout=240 '
-                "-o negative_timeout=120 -o allow_other"), cfg
+        return (f"{_private_cache(mount_point)} && mkdir -p {q(mount_point)} && {sudo}blobfuse {q(mount_point)} "
+                '--tmp-path="$cache" --config-file="$TRIALFLOW_BLOBFUSE_CFG" -o attr_timeout=240 '
+                "-o entry_timeout=240 -o negative_timeout=120 -o allow_other"), cfg
 
     def tool(self) -> str:
         return "mount.nfs" if self.config.storage_type == "NFS" else "blobfuse"
@@ -195,10 +198,27 @@ class Share:
         finally:
             if cfg_file is not None:
                 os.unlink(cfg_file)
+        if done.returncode == CACHE_REFUSED:
+            raise PlatformError(f"sharedStorage: {done.stderr.strip()[-300:]}")
         if done.returncode != 0:
             raise PlatformError(f"sharedStorage: mounting the {self.what} share at {self.local_mount} failed "
                                 f"(`{command.split(' && ')[-1]}`): {done.stderr.strip()[-300:] or done.returncode}; "
                                 "mounting needs root or passwordless sudo -- or mount it yourself (usermount)")
+
+
+def _private_cache(mount_point: str) -> str:
+    """Shell that sets ``$cache`` to blobfuse's file cache for ``mount_point``: a folder of the calling
+    user's own, ``${TMPDIR:-/tmp}/trialflow-blobfuse-<uid>/<mount point's hash>``, both levels 0700.
+    A level that is a link, not a folder, or another user's (made there first to read the share's
+    files as they are cached, or to send them elsewhere) exits :data:`CACHE_REFUSED` with one line on
+    stderr naming it; blobfuse is not run then."""
+    key = hashlib.sha256(mount_point.encode()).hexdigest()[:16]
+    refuse = ('echo "blobfuse\'s cache folder $d is not a folder of your own (a link, another user\'s, or it '
+              f'cannot be made): remove it, or set TMPDIR to a folder of yours" >&2; exit {CACHE_REFUSED}')
+    return (f'top="${{TMPDIR:-/tmp}}/trialflow-blobfuse-$(id -u)"; cache="$top/{key}"; '
+            'for d in "$top" "$cache"; do mkdir -m 700 "$d" 2>/dev/null; '
+            f'if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ]; then {refuse}; fi; '
+            f'chmod 700 "$d" || exit {CACHE_REFUSED}; done')
 
 
 def _is_mount(path: Path) -> bool:
