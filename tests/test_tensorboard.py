@@ -4,6 +4,7 @@ local and remote (copied over SFTP), on 127.0.0.1."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,11 +69,24 @@ def _serve_and_check(result, root: Path, trials: list) -> None:
     assert "no TensorBoard" in _cli("tensorboard", "stop", result.experiment_id, "--root", str(root)).stdout
 
 
-def test_tensorboard_serves_local_trials_logs_and_stops(tmp_path):
+def test_tensorboard_serves_local_trials_logs_and_stops(tmp_path, monkeypatch):
     write_trial(tmp_path / "code", TRIAL)
     result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=3))
     assert result.status == "DONE"
-    _serve_and_check(result, tmp_path / "w", result.trials[:2])  # --trials picks two of the three
+    # Another user of the machine made TensorBoard's folder in the shared temporary directory first and
+    # linked every name TensorBoard could write there (pid-<pid>.info, any pid) to a file of this user's.
+    shared_tmp, victim = tmp_path / "shared-tmp", tmp_path / "victim"
+    (shared_tmp / ".tensorboard-info").mkdir(parents=True, mode=0o777)
+    victim.write_text("this user's file\n")
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(1, pid_max + 1):
+        (shared_tmp / ".tensorboard-info" / f"pid-{pid}.info").symlink_to(victim)
+    monkeypatch.setenv("TMPDIR", str(shared_tmp))
+    try:
+        _serve_and_check(result, tmp_path / "w", result.trials[:2])  # --trials picks two of the three
+        assert victim.read_text() == "this user's file\n"  # TensorBoard wrote through none of the links
+    finally:
+        shutil.rmtree(shared_tmp)
 
 
 def test_tensorboard_copies_remote_trials_logs(tmp_path, sshd_servers, known_hosts):

@@ -93,12 +93,18 @@ def start(exp_dir: Path, runs: dict[str, str], port: int = 6006, host: str = "12
                                f"`trialflow tensorboard stop {exp_dir.name}` first")
     folder = exp_dir / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
+    # TensorBoard writes pid-<pid>.info into <temporary directory>/.tensorboard-info, a folder it leaves
+    # open to all (0777, no sticky bit), following links: in the shared /tmp another user could link
+    # those names to this user's files. Its temporary directory is this experiment's own instead.
+    private = folder / "tmp"
+    private.mkdir(mode=0o700, exist_ok=True)
+    private.chmod(0o700)
     log_path = folder / "tensorboard.log"
     spec = ",".join(f"{name}:{path}" for name, path in sorted(runs.items()))
     args = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", spec, "--host", host, "--port", str(port)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(private)})
     try:
         url = _wait_until_serving(proc, log_path)
     except BaseException:
