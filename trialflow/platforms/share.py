@@ -19,7 +19,7 @@ machines see it (relative: under their ``remoteWorkingDirectory``). ``localMount
 
 Lifecycle: :meth:`Share.prepare_local` once per experiment start, :meth:`Share.check_marker` /
 :meth:`Share.mount_command` per machine; the AzureBlob key only ever goes into a 0600 file that is
-removed after the mount.
+removed after the mount, and blobfuse caches the share's files only in a folder of the user's own.
 """
 
 from __future__ import annotations
