@@ -4,7 +4,6 @@ and the machines both see -- nothing uploaded per machine, trial output under
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -20,7 +19,7 @@ from trialflow.config.platforms import SharedStorageConfig
 from trialflow.experiments import open_store
 from trialflow.platforms import PlatformError
 from trialflow.platforms.remote import RemoteTrainingService
-from trialflow.platforms.share import Share
+from trialflow.platforms.share import Share, cache_key
 from trialflow.platforms.trialfs import LocalFS
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -121,15 +120,27 @@ def _fake_tool(folder: Path, name: str, body: str) -> None:
     tool.chmod(0o755)
 
 
-def test_nnimount_runs_blobfuse_with_the_key_in_a_private_file(tmp_path, monkeypatch):
-    bin_dir, record = tmp_path / "bin", tmp_path / "blobfuse-call"
-    # Records its arguments and the config file's mode and content, as the real one would read them.
-    _fake_tool(bin_dir, "blobfuse", f'echo "$@" > {record}; cfg="${{3#--config-file=}}"; '
-               f'stat -c %a "$cfg" >> {record}; cat "$cfg" >> {record}\n')
-    _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')  # not root in every CI: sudo -n passes through
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+def _own_tmpdir(tmp_path: Path, monkeypatch) -> Path:
+    """A TMPDIR of the test's own (blobfuse's cache folder goes there, not into the machine's /tmp)."""
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    return tmp_path / "tmp"
+
+
+def _stand_in_blobfuse(tmp_path: Path, monkeypatch, body: str) -> None:
+    """blobfuse running ``body``, and a sudo that passes through (not root in every CI), first on PATH;
+    a TMPDIR of the test's own."""
+    _fake_tool(tmp_path / "bin", "blobfuse", body)
+    _fake_tool(tmp_path / "bin", "sudo", 'shift; exec "$@"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    _own_tmpdir(tmp_path, monkeypatch)
+
+
+def test_nnimount_runs_blobfuse_with_the_key_in_a_private_file(tmp_path, monkeypatch):
+    record = tmp_path / "blobfuse-call"
+    # Records its arguments and the config file's mode and content, as the real one would read them.
+    _stand_in_blobfuse(tmp_path, monkeypatch, f'echo "$@" > {record}; cfg="${{3#--config-file=}}"; '
+                       f'stat -c %a "$cfg" >> {record}; cat "$cfg" >> {record}\n')
     write_trial(tmp_path / "code", TRIAL)
     (tmp_path / "blob").mkdir()
     share = _blob_share(tmp_path / "blob")
@@ -164,15 +175,10 @@ def test_blobfuse_s_cache_folder_planted_by_someone_else_stops_the_mount(tmp_pat
     before blobfuse runs, and nothing is written where the link points."""
     if planted != "a-link" and os.geteuid() != 0:
         pytest.skip("making a folder another user owns needs root")
-    bin_dir, record = tmp_path / "bin", tmp_path / "blobfuse-call"
-    _fake_tool(bin_dir, "blobfuse", f'echo "$@" > {record}\n')
-    _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    tmp, elsewhere = tmp_path / "tmp", tmp_path / "elsewhere"
-    tmp.mkdir()
+    record, elsewhere = tmp_path / "blobfuse-call", tmp_path / "elsewhere"
+    _stand_in_blobfuse(tmp_path, monkeypatch, f'echo "$@" > {record}\n')
     elsewhere.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    top = tmp / f"trialflow-blobfuse-{os.getuid()}"
+    top = tmp_path / "tmp" / f"trialflow-blobfuse-{os.getuid()}"
     share = Share(SharedStorageConfig.model_validate(_blob_share(tmp_path / "blob")), "exp")
     if planted == "a-link":
         top.symlink_to(elsewhere)
@@ -180,7 +186,7 @@ def test_blobfuse_s_cache_folder_planted_by_someone_else_stops_the_mount(tmp_pat
     else:
         if planted == "another-user-s-inner-folder":  # this user's folder, left open; the other made the inner one
             top.mkdir(mode=0o777)
-            named = top / hashlib.sha256(str(tmp_path / "blob").encode()).hexdigest()[:16]
+            named = top / cache_key(str(tmp_path / "blob"))
         else:
             named = top
         named.mkdir(mode=0o777)
@@ -203,8 +209,7 @@ def test_nnimount_errors_name_the_tool_and_the_fix(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     _fake_tool(bin_dir, "blobfuse", 'echo "fuse: failed to open /dev/fuse: Permission denied" >&2; exit 1\n')
     _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # blobfuse's cache folder goes there
+    _own_tmpdir(tmp_path, monkeypatch)
     write_trial(tmp_path / "code", TRIAL)
     (tmp_path / "blob").mkdir()
     config = base_config(tmp_path / "code", tmp_path / "w", sharedStorage=_blob_share(tmp_path / "blob"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import traceback
 from pathlib import Path
@@ -300,21 +299,15 @@ def test_a_store_url_password_never_leaks(tmp_path, prefect_server, postgres_ser
 def test_a_shared_storage_account_key_never_leaks(tmp_path, prefect_server, scan_logs, monkeypatch):
     """sharedStorage's AzureBlob key with nnimount: only in blobfuse's own 0600 config file, deleted after
     the mount; nowhere in the experiment, the share, Prefect, the logs or output."""
-    from tests.test_shared_storage import _fake_tool
+    from tests.test_shared_storage import _blob_share, _stand_in_blobfuse
 
-    bin_dir, kept = tmp_path / "bin", tmp_path / "blobfuse-config"
+    kept = tmp_path / "blobfuse-config"
     # blobfuse here keeps a copy of its config file outside every scanned place, to know it was given the key
-    _fake_tool(bin_dir, "blobfuse", f'cfg="${{3#--config-file=}}"; cp "$cfg" {kept}\n')
-    _fake_tool(bin_dir, "sudo", 'shift; exec "$@"\n')
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # blobfuse's cache folder goes there
+    _stand_in_blobfuse(tmp_path, monkeypatch, f'cfg="${{3#--config-file=}}"; cp "$cfg" {kept}\n')
     code = tmp_path / "code"
     write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
     (tmp_path / "blob").mkdir()
-    share = {"storageType": "AzureBlob", "storageAccountName": "acct", "containerName": "box",
-             "storageAccountKey": PASSWORD, "localMountPoint": str(tmp_path / "blob"),
-             "remoteMountPoint": "/mnt/blob", "localMounted": "nnimount"}
+    share = {**_blob_share(tmp_path / "blob"), "storageAccountKey": PASSWORD}
     result = run_experiment(base_config(code, tmp_path / "w", sharedStorage=share, maxTrialNumber=2))
     assert result.status == "DONE"
     assert f"accountKey {PASSWORD}" in kept.read_text()  # blobfuse got it

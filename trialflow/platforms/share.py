@@ -212,13 +212,16 @@ def _private_cache(mount_point: str) -> str:
     A level that is a link, not a folder, or another user's (made there first to read the share's
     files as they are cached, or to send them elsewhere) exits :data:`CACHE_REFUSED` with one line on
     stderr naming it; blobfuse is not run then."""
-    key = hashlib.sha256(mount_point.encode()).hexdigest()[:16]
     refuse = ('echo "blobfuse\'s cache folder $d is not a folder of your own (a link, another user\'s, or it '
               f'cannot be made): remove it, or set TMPDIR to a folder of yours" >&2; exit {CACHE_REFUSED}')
-    return (f'top="${{TMPDIR:-/tmp}}/trialflow-blobfuse-$(id -u)"; cache="$top/{key}"; '
+    return (f'top="${{TMPDIR:-/tmp}}/trialflow-blobfuse-$(id -u)"; cache="$top/{cache_key(mount_point)}"; '
             'for d in "$top" "$cache"; do mkdir -m 700 "$d" 2>/dev/null; '
-            f'if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ]; then {refuse}; fi; '
-            f'chmod 700 "$d" || exit {CACHE_REFUSED}; done')
+            f'if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ] || ! chmod 700 "$d"; then {refuse}; fi; done')
+
+
+def cache_key(mount_point: str) -> str:
+    """The name of ``mount_point``'s folder in the user's blobfuse cache."""
+    return hashlib.sha256(mount_point.encode()).hexdigest()[:16]
 
 
 def _is_mount(path: Path) -> bool:

@@ -97,7 +97,7 @@ def start(exp_dir: Path, runs: dict[str, str], port: int = 6006, host: str = "12
     # open to all (0777, no sticky bit), following links: in the shared /tmp another user could link
     # those names to this user's files. Its temporary directory is this experiment's own instead.
     private = folder / "tmp"
-    private.mkdir(mode=0o700, exist_ok=True)
+    private.mkdir(exist_ok=True)
     private.chmod(0o700)
     log_path = folder / "tensorboard.log"
     spec = ",".join(f"{name}:{path}" for name, path in sorted(runs.items()))
