@@ -216,7 +216,8 @@ def _private_cache(mount_point: str) -> str:
               f'cannot be made): remove it, or set TMPDIR to a folder of yours" >&2; exit {CACHE_REFUSED}')
     return (f'top="${{TMPDIR:-/tmp}}/trialflow-blobfuse-$(id -u)"; cache="$top/{cache_key(mount_point)}"; '
             'for d in "$top" "$cache"; do mkdir -m 700 "$d" 2>/dev/null; '
-            f'if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ] || ! chmod 700 "$d"; then {refuse}; fi; done')
+            'if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ] || ! chmod 700 "$d" 2>/dev/null; '
+            f'then {refuse}; fi; done')
 
 
 def cache_key(mount_point: str) -> str:
