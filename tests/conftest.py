@@ -831,3 +831,28 @@ def on_pool(prefect_pool, monkeypatch):
 def prefect_section(pool, reuse: bool = False, channel: str = "http", **extra) -> dict:
     return {"platform": "prefect", "workPool": "trialflow-pool", "localStorageMountPoint": str(pool.share_dir),
             "reuseMode": reuse, "metricChannel": channel, **extra}
+
+
+OTHER_USER = "trialflow-other"
+
+
+def as_other_user(*command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run by a second Unix user of this machine (made once; the suite runs as root)."""
+    if subprocess.run(["id", OTHER_USER], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", OTHER_USER],
+                       check=True, capture_output=True)
+    return subprocess.run(["runuser", "-u", OTHER_USER, "--", *command], capture_output=True, text=True, timeout=60)
+
+
+def raw_request(port: int, method: str, path: str, body: str = "", user: str | None = OTHER_USER,
+                **headers: str) -> str:
+    """What an HTTP request to a server on 127.0.0.1 gets, sent by ``user`` (None: this user) through
+    bash's /dev/tcp (nothing to install); "" when the server closes the connection unanswered."""
+    head = {"Host": f"127.0.0.1:{port}", "Content-Type": "application/json", "Content-Length": str(len(body)),
+            "Connection": "close", **{k.replace("_", "-"): v for k, v in headers.items()}}
+    request = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n" + body
+    script = f'exec 3<>/dev/tcp/127.0.0.1/{port}; printf %s "$1" >&3; timeout 10 cat <&3'
+    command = ("bash", "-c", script, "request", request)
+    if user is None:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    return as_other_user(*command).stdout

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, migrates_on_start, signed_in, wait_for, write_trial
+from tests.conftest import as_other_user, base_config, migrates_on_start, raw_request, signed_in, wait_for, write_trial
 from trialflow.experiments import open_store
 from trialflow.server.kept_server import ensure_server, running_server, server_home, stop_server
 from trialflow.server.prefect_db_template import DATABASE_MARK
@@ -349,28 +349,9 @@ def test_the_port_is_the_servers_from_its_choice_on_and_a_taken_one_moves_it(hom
         holder.close()
 
 
-OTHER_USER = "trialflow-other"
-
-
-def _as_other_user(*command: str) -> subprocess.CompletedProcess[str]:
-    """``command`` run by a second Unix user of this machine (made once; the suite runs as root)."""
-    if subprocess.run(["id", OTHER_USER], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", OTHER_USER],
-                       check=True, capture_output=True)
-    return subprocess.run(["runuser", "-u", OTHER_USER, "--", *command], capture_output=True, text=True, timeout=60)
-
-
-def _raw_request(port: int, method: str, path: str, body: str = "", **headers: str) -> str:
-    """What the other user's HTTP request to the server gets (bash's /dev/tcp: nothing to install)."""
-    head = {"Host": f"127.0.0.1:{port}", "Content-Type": "application/json", "Content-Length": str(len(body)),
-            "Connection": "close", **{k.replace("_", "-"): v for k, v in headers.items()}}
-    request = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n" + body
-    script = f'exec 3<>/dev/tcp/127.0.0.1/{port}; printf %s "$1" >&3; timeout 10 cat <&3'
-    return _as_other_user("bash", "-c", script, "request", request).stdout
-
-
 def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_kept_server():
-    """A shared login node: a second Unix user, and a web page in a browser, against the server."""
+    """A shared login node: a second Unix user (who may have learnt the auth string: a controller
+    sends it to whoever holds the port while the server is down), and a web page in a browser."""
     from prefect.blocks.system import Secret
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
@@ -381,17 +362,26 @@ def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_ke
         _guard(home)
         with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth}):
             Secret(value="s3cret-pass-7").save("mine")  # what the README says to keep in blocks
-        stolen = _raw_request(server.port, "POST", "/api/block_documents/filter", '{"include_secrets": true}')
+        secrets_asked = ("POST", "/api/block_documents/filter", '{"include_secrets": true}')
+        for headers in ({}, signed_in(server)):  # the other user, without and with the auth string
+            assert raw_request(server.port, *secrets_asked, **headers) == ""
+            assert raw_request(server.port, "POST", "/api/flow_runs/filter", "{}", **headers) == ""
+        other_uid = int(as_other_user("id", "-u").stdout)
+        said = (server_home(home) / "server.log").read_text()
+        assert said.count(f"refused a connection: its client is uid {other_uid}, not this") == 1, said[-2000:]
+        # this user's own programs without the string, and a web page in this user's browser
+        stolen = raw_request(server.port, *secrets_asked, user=None)
         assert stolen.startswith("HTTP/1.1 401") and "s3cret-pass-7" not in stolen, stolen[:300]
-        for path in ("/api/flow_runs/filter", "/api/logs/filter"):
-            assert _raw_request(server.port, "POST", path, "{}").startswith("HTTP/1.1 401")
-        assert _raw_request(server.port, "GET", "/api/health", Host="rebound.example:80").startswith("HTTP/1.1 421")
-        preflight = _raw_request(server.port, "OPTIONS", "/api/flow_runs/filter", Origin="http://evil.example",
-                                 Access_Control_Request_Method="POST")
-        assert "evil.example" not in preflight.lower() and "access-control-allow-origin: *" not in preflight.lower()
+        assert raw_request(server.port, "POST", "/api/logs/filter", "{}", user=None).startswith("HTTP/1.1 401")
+        rebound = raw_request(server.port, "GET", "/api/health", user=None, Host="rebound.example:80")
+        assert rebound.startswith("HTTP/1.1 421"), rebound[:300]
+        preflight = raw_request(server.port, "OPTIONS", "/api/flow_runs/filter", user=None,
+                                 Origin="http://evil.example", Access_Control_Request_Method="POST")
+        assert preflight.startswith("HTTP/1.1 ") and "evil.example" not in preflight.lower()
+        assert "access-control-allow-origin: *" not in preflight.lower()
         folder = server_home(home)
         for private in (folder / "prefect" / "prefect.db", folder / "auth"):
-            assert private.exists() and _as_other_user("cat", str(private)).returncode != 0, private
+            assert private.exists() and as_other_user("cat", str(private)).returncode != 0, private
         assert (folder.stat().st_mode & 0o777, (folder / "auth").stat().st_mode & 0o777) == (0o700, 0o600)
         signed = urllib.request.Request(f"{server.url}/block_documents/filter", data=b'{"include_secrets": true}',
                                         method="POST", headers={"Content-Type": "application/json",

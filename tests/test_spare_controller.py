@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
-from tests.test_kept_server import CONSOLE_SCRIPT, _as_other_user, _cli, _config, _env
+from tests.conftest import as_other_user, wait_for
+from tests.test_kept_server import CONSOLE_SCRIPT, _cli, _config, _env
 from trialflow.app.spare_controller import start_spare
 from trialflow.experiments import open_store
 from trialflow.foundation.process_fingerprint import fingerprint
@@ -79,7 +79,7 @@ def _answer(path: str, line: bytes) -> bytes:
 def _other_users_python() -> str:
     """A Python the second user may run (this one may live in root's home)."""
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(candidate) and _as_other_user(candidate, "-c", "pass").returncode == 0:
+        if os.path.exists(candidate) and as_other_user(candidate, "-c", "pass").returncode == 0:
             return candidate
     pytest.skip("no Python the second user may run")
 
@@ -100,13 +100,13 @@ def test_the_next_create_from_the_same_shell_runs_in_the_spare_in_its_directory_
     knock = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.settimeout(10)\ns.connect(sys.argv[1])\n"
              "try:\n    s.sendall(sys.argv[2].encode() + b'\\n')\n    print(repr(s.recv(100)))\n"
              "except (BrokenPipeError, ConnectionResetError):\n    print(repr(b''))\n")
-    denied = _as_other_user(python, "-c", knock, spare["socket"], claim)
+    denied = as_other_user(python, "-c", knock, spare["socket"], claim)
     assert denied.returncode != 0 and "Permission denied" in denied.stderr  # the 0700 folder, the 0600 socket
     assert os.stat(spare["socket"]).st_mode & 0o777 == 0o600
     os.chmod(folder, 0o711)  # as if both were open: the spare still asks who connects
     os.chmod(spare["socket"], 0o666)
     try:
-        stranger = _as_other_user(python, "-c", knock, spare["socket"], claim)
+        stranger = as_other_user(python, "-c", knock, spare["socket"], claim)
     finally:
         os.chmod(folder, 0o700)
         os.chmod(spare["socket"], 0o600)

@@ -21,7 +21,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import base_config, wait_for
+from tests.conftest import base_config, raw_request, wait_for
 from tests.test_cli import cli
 from tests.test_metrics_receiver import post, record
 from trialflow.config import parse_config
@@ -183,7 +183,8 @@ def test_a_config_search_space_or_update_nested_too_deeply_is_one_line(tmp_path)
     assert "Traceback" not in proc.stderr
 
 
-def test_the_dashboard_answers_only_loopback_host_names(tmp_path):
+def test_the_dashboard_answers_only_loopback_host_names_and_its_own_user(tmp_path):
+    """A web page rebinding a name to 127.0.0.1, and a second user of a shared machine."""
     pytest.importorskip("optuna_dashboard")
     import optuna
 
@@ -200,6 +201,9 @@ def test_the_dashboard_answers_only_loopback_host_names(tmp_path):
         for host in (f"attacker.example:{port}", "rebind.attacker.example", f"10.0.0.5:{port}"):
             refused = requests.get(base, headers={"Host": host}, timeout=10)
             assert refused.status_code == 403 and "study" not in refused.text, host
+        assert raw_request(int(port), "GET", "/api/studies", user=None).startswith("HTTP/1.0 200")
+        assert raw_request(int(port), "GET", "/api/studies") == ""  # the other user: closed unanswered
+        assert requests.get(base, timeout=10).status_code == 200  # and it still serves this user
 
 
 # ---- tampered code bundles (the worker's unpack) -------------------------------------------------

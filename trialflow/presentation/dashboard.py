@@ -2,10 +2,11 @@
 ``create --foreground``, ``resume --foreground`` and ``view``.
 
 Lifecycle of :class:`LiveDashboard`: :meth:`~LiveDashboard.start` brings the Optuna study up to date,
-serves optuna-dashboard's WSGI app on ``host:port`` (127.0.0.1 by default; port 0 picks a free one)
-and keeps the study in step from a background thread every ``interval`` seconds;
-:meth:`~LiveDashboard.stop` ends both. While it serves, the experiment's store holds its address
-(control ``dashboard_url``), which the running experiment publishes as a Prefect link artifact.
+serves optuna-dashboard's WSGI app on ``host:port`` (127.0.0.1 by default; port 0 picks a free one; on
+loopback, to this user's connections and loopback ``Host`` names only) and keeps the study in step from
+a background thread every ``interval`` seconds; :meth:`~LiveDashboard.stop` ends both. While it serves,
+the experiment's store holds its address (control ``dashboard_url``), which the running experiment
+publishes as a Prefect link artifact.
 
 The study lives in an Optuna JournalStorage file in the experiment's directory
 (``dashboard/optuna-journal.log``) unless another storage is given, so a restarted dashboard carries
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -25,6 +27,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..experiments.results import multi_objective
+from ..foundation.socket_owner import client_uid
 from ..records.search_space import SearchSpace, parse_search_space
 from ..records.store import Control, ExperimentStore
 from .optuna_mirror import OptunaMirror
@@ -77,6 +80,16 @@ def journal_storage(experiment_dir: Path) -> Any:
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a browser's open request never holds up stop()
+    own_user_only = False  # True: a connection another local user made is closed unread
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if not self.own_user_only:
+            return True
+        try:
+            return client_uid(request) == os.geteuid()
+        except OSError as exc:
+            log.warning("dashboard: refused a connection whose user the kernel did not name (%s)", exc)
+            return False
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -139,6 +152,7 @@ class LiveDashboard:
         except OSError as exc:
             raise OSError(f"the dashboard cannot listen on {self.host}:{self.port}: {exc.strerror or exc}; "
                           "choose another --port") from None
+        self._server.own_user_only = self.host in LOOPBACK_NAMES
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._url = f"http://{host}:{self._server.server_port}/dashboard/studies/{self.mirror.study_id}"
         self._threads = [threading.Thread(target=self._server.serve_forever, args=(0.05,), name="dashboard-http",
