@@ -389,6 +389,33 @@ def test_a_controller_sigkilled_while_its_temporary_server_starts_leaves_no_serv
                 os.kill(pid, 9)
 
 
+@pytest.mark.e2e
+def test_prefect_s_temporary_server_answers_its_own_user_only(tmp_path):
+    """It has no auth string: on a shared machine another user could read the experiment's runs and
+    logs, and cancel them."""
+    script = ("import time\nfrom trialflow.flows.temporary_server import start_temporary_server\n"
+              "print(start_temporary_server(), flush=True)\ntime.sleep(120)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    controller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True, env={**env, "PREFECT_HOME": str(tmp_path / "prefect")},
+                                  start_new_session=True)
+    servers: list[int] = []
+    try:
+        url = controller.stdout.readline().strip()  # type: ignore[union-attr]
+        assert url.startswith("http://127.0.0.1:"), url
+        port = int(url.split(":")[2].split("/")[0])
+        servers[:] = [p for p in _children(controller.pid) if "create_app" in _cmdline(p)]
+        asked = ("POST", "/api/flow_runs/filter", "{}")
+        assert raw_request(port, *asked) == ""  # the other user: closed unanswered
+        mine = raw_request(port, *asked, user=None)
+        assert mine.startswith("HTTP/1.1 200"), mine[:300]
+        assert "trialflow.server.own_user_only" in _cmdline(servers[0])  # Prefect's server, through it
+    finally:
+        controller.kill()
+        controller.wait()
+    wait_for(lambda: not any(_cmdline(p) for p in servers), timeout=15)  # gone with it, by the watchdog
+
+
 OWNER_DIES_AT_ONCE = """
 import os, subprocess, sys
 from trialflow.trial.procs import watch_next_child

@@ -4,7 +4,9 @@ controller, however the controller ends.
 Without ``PREFECT_API_URL`` Prefect starts a temporary API server as a child process and stops it at
 exit. Started by Prefect it shares the terminal's process group, so a Ctrl-C meant for the experiment
 also kills the server and leaves the controller retrying a dead API. :func:`start_temporary_server`
-therefore starts it first, in a session of its own (Prefect then reuses it: one per process).
+therefore starts it first, in a session of its own (Prefect then reuses it: one per process), and
+answering this user's connections only (Prefect's temporary server has no auth string; see
+:mod:`trialflow.server.own_user_only`).
 
 A controller killed with SIGKILL never reaches Prefect's exit hook, and the server (~200 MB) would
 stay. So each temporary server of this process gets a watchdog: a small process in a session of its
@@ -25,6 +27,7 @@ import threading
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from ..server.prefect_db_template import database_of, remember, seed, seeded_settings
 from ..trial.procs import stop_with, watch_next_child
@@ -100,20 +103,43 @@ def _first_start_settings(seeded: bool) -> AbstractContextManager[object]:
         updates={getattr(prefect.settings, name): False for name in seeded_settings(os.environ)})
 
 
-def _popen_in_new_session(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
-    """The server's process, in a session of its own and watched from its first moment: its watchdog
+def _popen_in_new_session(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """The server's process (Prefect's command as :func:`own_user_command` makes it, with this trialflow on
+    its PYTHONPATH), in a session of its own and watched from its first moment: its watchdog
     starts before it and stops the process that holds the pipe end handed to the server, so a
     controller SIGKILLed at any point of the start (seconds, more on a busy machine) leaves no server.
     (Nothing runs in the child before its exec: a ``preexec_fn`` could deadlock a threaded controller.)"""
+    command = own_user_command(list(kwargs.pop("args") if "args" in kwargs else args[0]))
+    env = _with_trialflow(kwargs.pop("env", None))
     held = watch_next_child(os.getpid())
-    passed: tuple[int, ...] = tuple(kwargs.pop("pass_fds", ()))  # type: ignore[arg-type]
+    passed: tuple[int, ...] = tuple(kwargs.pop("pass_fds", ()))
     try:
         process: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
-            *args, start_new_session=True, pass_fds=(*passed, held), **kwargs)
+            command, *args[1:], start_new_session=True, pass_fds=(*passed, held), env=env, **kwargs)
     finally:
         os.close(held)
     _GUARDED.add(process.pid)
     return process
+
+
+def own_user_command(command: list[str]) -> list[str]:
+    """Prefect's ``python -m uvicorn ARGS`` as ``python -m trialflow.server.own_user_only ARGS``: the
+    same server, answering this user's connections only. Raises RuntimeError for any other command (a
+    Prefect that starts its server otherwise), so the server never starts open to every user."""
+    if list(command[1:3]) != ["-m", "uvicorn"]:
+        raise RuntimeError(f"this Prefect starts its temporary server as {command[:3]}, which trialflow cannot keep "
+                           "to your user: install the Prefect version trialflow requires, or use the kept server "
+                           "(unset TRIALFLOW_PREFECT_SERVER)")
+    return [command[0], "-m", "trialflow.server.own_user_only", *command[3:]]
+
+
+def _with_trialflow(env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` (this process's when None) with this trialflow's package root first on PYTHONPATH, so the
+    server's process imports the trialflow this process runs."""
+    env = dict(os.environ if env is None else env)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def guard_temporary_servers() -> None:

@@ -14,12 +14,12 @@ creation, its lifespan start-up and :data:`SETTLE_SECONDS` after it (its service
 routes FastAPI builds on the first requests): the server answers its first request sooner so
 (benchmarks/README.md has the figures).
 
-Only this server's own user connects (:func:`own_user_only`): another user's connection is closed
-before its request is read, so the auth string alone, which a controller sends to whoever holds the
+Only this server's own user connects (:mod:`trialflow.server.own_user_only`): another user's
+connection is closed before its request is read, so the auth string alone, which a controller sends to whoever holds the
 port while the server is down, opens nothing to another user.
 
 Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.server.kept_server`
-starts) serves the app under uvicorn on the socket its parent bound, through :func:`own_user_only`'s
+starts) serves the app under uvicorn on the socket its parent bound, through that module's
 protocol; uvicorn calls :func:`create_app` once; the wrappers hold no state between requests.
 Standard library only at import (uvicorn and Prefect's app factory are imported when called).
 """
@@ -28,13 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
-import sys
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..foundation.socket_owner import client_uid
+from .own_user_only import own_user_only
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -155,40 +152,6 @@ class CollectorResumedAfterStart:
             await send(message)
 
         await self.app(scope, receive, started)
-
-
-def own_user_only(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
-    """``protocol`` (uvicorn's HTTP protocol) for connections from this server's own user: a connection
-    whose client socket another uid made (:mod:`trialflow.foundation.socket_owner`) is aborted as it
-    is made, before a byte of it is read, so the auth string, Host or origin it would send never matters.
-    A connection whose maker the kernel cannot name is aborted too. Each refused uid, and a failed
-    lookup, is named once in the server's log, whatever Prefect's server log level."""
-    me = os.geteuid()
-    named: set[object] = set()
-
-    class OwnUserOnly(protocol):  # type: ignore[misc,valid-type]
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)  # registered with the server first, so the abort is tidied
-            owner: object
-            try:
-                owner = client_uid(transport.get_extra_info("socket"))
-            except OSError as exc:
-                owner, why = OSError, f"the kernel did not say which user made it ({exc})"
-            else:
-                why = f"its client is uid {owner}, not this server's user (uid {me})"
-            if owner == me:
-                return
-            transport.abort()
-            if owner is not None and owner not in named:  # None: the client left before the lookup
-                named.add(owner)
-                _said(f"refused a connection: {why} (and any more like it)")
-
-    return OwnUserOnly
-
-
-def _said(line: str) -> None:
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} | WARNING | trialflow | {line}\n")
-    sys.stderr.flush()
 
 
 def create_app(port: int | None = None) -> App:
