@@ -393,6 +393,37 @@ def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_ke
         shutil.rmtree(home, ignore_errors=True)
 
 
+NO_SOCK_DIAG = """
+import socket
+_real = socket.socket
+class _NoSockDiag(_real):  # as a sandbox whose kernel has no sock_diag
+    def __init__(self, family=-1, *args, **kwargs):
+        if family == socket.AF_NETLINK:
+            raise OSError(93, "Protocol not supported")
+        super().__init__(family, *args, **kwargs)
+socket.socket = _NoSockDiag
+"""
+
+
+def test_a_kernel_that_cannot_name_a_connections_user_stops_the_server_at_once_with_one_line(tmp_path, home):
+    """Else every connection, its own user's too, would be refused, and commands would wait minutes."""
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    (sandbox / "sitecustomize.py").write_text(NO_SOCK_DIAG)
+    in_sandbox = {"PYTHONPATH": os.pathsep.join([str(sandbox), os.environ.get("PYTHONPATH", "")])}
+    for command, extra in ((("server", "start"), {}),  # Prefect's temporary server too: it has no auth string
+                           (("create", "--config", str(_config(tmp_path, "sandboxed")), "--foreground"),
+                            {"TRIALFLOW_PREFECT_SERVER": "temporary"})):
+        started = time.monotonic()
+        said = _cli(home, *command, **in_sandbox, **extra)
+        assert said.returncode == 1 and time.monotonic() - started < 60, said.stdout + said.stderr
+        assert "cannot tell which user makes a connection to it" in said.stdout, said.stdout + said.stderr
+        assert "Traceback" not in said.stdout + said.stderr and running_server(home) is None
+    ensure_server(home, port=0)  # with the kernel's answer, it serves
+    _guard(home)
+    stop_server(home)
+
+
 def test_a_resume_after_a_sigkilled_controller_marks_its_earlier_run_crashed(tmp_path, home):
     """Else the UI shows that run Running for ever beside the resumed one."""
     created, exp_id = _create_sleeper(tmp_path, home, "resumed", 2)

@@ -29,6 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ..server.kept_server import ServerError
+from ..server.own_user_only import lookup_refusal
 from ..server.prefect_db_template import database_of, remember, seed, seeded_settings
 from ..trial.procs import stop_with, watch_next_child
 
@@ -42,11 +44,14 @@ MIN_STARTUP_SECONDS = 90
 def start_temporary_server() -> str | None:
     """Start Prefect's temporary server in a session of its own when this process would use one (no
     ``PREFECT_API_URL``); returns its API URL, or None when a configured server is used. Idempotent.
-    Raises what Prefect raises when the server cannot start."""
+    Raises ServerError where the kernel cannot name a connection's user (the server could not keep
+    other users out), and what Prefect raises when the server cannot start."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         return None
+    if (refusal := lookup_refusal()) is not None:  # its server would refuse this process too
+        raise ServerError(refusal)
     import prefect.server.api.server as server_module
 
     server = server_module.SubprocessASGIServer()

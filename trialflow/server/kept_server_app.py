@@ -31,7 +31,7 @@ import gc
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .own_user_only import own_user_only
+from .own_user_only import check_lookup, own_user_only
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     """Serve :func:`create_app` under uvicorn until a signal stops it: ``--fd``, a TCP socket the parent
     bound and made listen (it chose the port, and no one else can take it before the server serves),
     ``--log-level`` uvicorn's. The events websocket goes uncompressed: its clients are on loopback,
-    where deflate costs CPU on both ends for every event."""
+    where deflate costs CPU on both ends for every event. Exits at once, naming the cause, where the kernel
+    cannot tell which user makes a connection (:func:`check_lookup`)."""
     import argparse
     import socket
 
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket to serve on")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
+    check_lookup()
     sock = socket.socket(fileno=args.fd)  # family and protocol read from the socket (TCP_NODELAY applies)
     port = int(sock.getsockname()[1])
     from uvicorn.protocols.http.auto import AutoHTTPProtocol

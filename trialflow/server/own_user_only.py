@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 import time
 
@@ -50,6 +51,33 @@ def own_user_only(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     return OwnUserOnly
 
 
+def lookup_refusal() -> str | None:
+    """None where the kernel names the maker of a loopback connection of this process's own; else one
+    line saying that a server here cannot keep other users out (a kernel without ``sock_diag``, as in
+    some sandboxes, where every connection, its own user's too, would be refused)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            socket.create_connection(listener.getsockname()[:2], timeout=5):
+        accepted, _ = listener.accept()
+        made_by: object
+        with accepted:
+            try:
+                made_by = client_uid(accepted)
+            except OSError as exc:
+                made_by = exc
+    if made_by == os.geteuid():
+        return None
+    return (f"this server cannot tell which user makes a connection to it (the kernel's socket table "
+            f"answered {made_by!r}), so it cannot keep other users out; use a Prefect server of your own "
+            "(PREFECT_API_URL)")
+
+
+def check_lookup() -> None:
+    """Before serving: exit at once with :func:`lookup_refusal`'s line where there is one (raises
+    SystemExit then), rather than refuse every connection."""
+    if (refusal := lookup_refusal()) is not None:
+        sys.exit(refusal)
+
+
 def _said(line: str) -> None:
     sys.stderr.write(f"{time.strftime('%H:%M:%S')} | WARNING | trialflow | {line}\n")
     sys.stderr.flush()
@@ -65,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if any(arg == "--http" or arg.startswith("--http=") for arg in args):
         sys.exit("python -m trialflow.server.own_user_only: --http is not taken (it would leave the check out)")
+    check_lookup()
     globals()["OwnUserHTTPProtocol"] = own_user_only(AutoHTTPProtocol)
     uvicorn.config.HTTP_PROTOCOLS["auto"] = f"{__name__}:OwnUserHTTPProtocol"  # what Config loads for "auto"
     uvicorn_main.main(args=args, prog_name="uvicorn")
