@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import base_config, machine, wait_for, write_trial
+from tests.conftest import base_config, machine, raw_request, wait_for, write_trial
 from trialflow import run_experiment
 from trialflow.testing.ports import free_port
 
@@ -59,6 +59,7 @@ def _serve_and_check(result, root: Path, trials: list) -> None:
                                                            timeout=10).json(), timeout=60)
             assert [(step, value) for _, step, value in points] == [
                 (s, pytest.approx(trial.parameters["x"] * s)) for s in range(3)]
+        assert raw_request(port, "GET", "/data/runs") == ""  # another user of the machine: closed unanswered
         again = _cli("tensorboard", "start", result.experiment_id, "--root", str(root), "--port", "0")
         assert again.returncode == 1 and "already serves" in again.stdout
     finally:

@@ -32,7 +32,7 @@ from typing import Any
 from ..server.kept_server import ServerError
 from ..server.own_user_only import lookup_refusal
 from ..server.prefect_db_template import database_of, remember, seed, seeded_settings
-from ..trial.procs import stop_with, watch_next_child
+from ..trial.procs import stop_with, watch_next_child, with_this_trialflow
 
 log = logging.getLogger("trialflow.experiment")
 _GUARDED: set[int] = set()
@@ -115,7 +115,7 @@ def _popen_in_new_session(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
     controller SIGKILLed at any point of the start (seconds, more on a busy machine) leaves no server.
     (Nothing runs in the child before its exec: a ``preexec_fn`` could deadlock a threaded controller.)"""
     command = own_user_command(list(kwargs.pop("args") if "args" in kwargs else args[0]))
-    env = _with_trialflow(kwargs.pop("env", None))
+    env = with_this_trialflow(kwargs.pop("env", None) or dict(os.environ))
     held = watch_next_child(os.getpid())
     passed: tuple[int, ...] = tuple(kwargs.pop("pass_fds", ()))
     try:
@@ -136,15 +136,6 @@ def own_user_command(command: list[str]) -> list[str]:
                            "to your user: install the Prefect version trialflow requires, or use the kept server "
                            "(unset TRIALFLOW_PREFECT_SERVER)")
     return [command[0], "-m", "trialflow.server.own_user_only", *command[3:]]
-
-
-def _with_trialflow(env: dict[str, str] | None) -> dict[str, str]:
-    """``env`` (this process's when None) with this trialflow's package root first on PYTHONPATH, so the
-    server's process imports the trialflow this process runs."""
-    env = dict(os.environ if env is None else env)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def guard_temporary_servers() -> None:

@@ -62,5 +62,29 @@ def client_uid(accepted: socket.socket) -> int | None:
     return tcp_socket_owner(accepted.getpeername()[:2], accepted.getsockname()[:2], accepted.family)
 
 
+def from_this_user(accepted: socket.socket) -> bool:
+    """Whether this process's user made the client end of ``accepted``; False also when the kernel
+    cannot say (a socketserver's ``verify_request``: a connection it cannot place is refused)."""
+    try:
+        return client_uid(accepted) == os.geteuid()
+    except OSError:
+        return False
+
+
+def lookup_problem() -> str | None:
+    """None where the kernel names this process's user as the maker of a loopback connection of its
+    own (what a server here will ask of every connection); else what it answered instead, in words (a
+    kernel without ``sock_diag``, as in some sandboxes)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            socket.create_connection(listener.getsockname()[:2], timeout=5):
+        accepted, _ = listener.accept()
+        with accepted:
+            try:
+                made_by: object = client_uid(accepted)
+            except OSError as exc:
+                made_by = exc
+    return None if made_by == os.geteuid() else f"the kernel's socket table answered {made_by!r}"
+
+
 def _packed(family: int, host: str) -> bytes:
     return socket.inet_pton(family, host).ljust(16, b"\0")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import threading
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -27,7 +26,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..experiments.results import multi_objective
-from ..foundation.socket_owner import client_uid
+from ..foundation.socket_owner import from_this_user, lookup_problem
 from ..records.search_space import SearchSpace, parse_search_space
 from ..records.store import Control, ExperimentStore
 from .optuna_mirror import OptunaMirror
@@ -83,13 +82,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     own_user_only = False  # True: a connection another local user made is closed unread
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        if not self.own_user_only:
-            return True
-        try:
-            return client_uid(request) == os.geteuid()
-        except OSError as exc:
-            log.warning("dashboard: refused a connection whose user the kernel did not name (%s)", exc)
-            return False
+        return not self.own_user_only or from_this_user(request)
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -142,9 +135,14 @@ class LiveDashboard:
         return self._url
 
     def start(self) -> LiveDashboard:
+        """Serve and follow (see the module docstring). Raises OSError, in one line, when it cannot listen
+        there or, on loopback, cannot tell which user makes a connection."""
         app = plots_module("optuna_dashboard").wsgi(self.mirror.storage)
         if self.host in LOOPBACK_NAMES:  # an explicit other --host is the user's choice (the CLI warns)
             app = only_loopback_hosts(app, self.host)
+        if self.host in LOOPBACK_NAMES and (problem := lookup_problem()) is not None:
+            raise OSError(f"the dashboard cannot tell which user connects to it ({problem}), so it cannot keep "
+                          "other users of this machine out")
         self.mirror.sync()
         try:
             self._server = make_server(self.host, self.port, app, server_class=_ThreadingServer,

@@ -3,7 +3,8 @@ experiment over its trials' ``$NNI_OUTPUT_DIR/tensorboard`` folders, one run per
 
 Lifecycle: :func:`start` gathers the folders through the experiment's training service (local and
 shared-storage trials are read where they are; remote trials are copied here over SFTP, a snapshot
-as of the start), launches ``tensorboard`` in its own session on 127.0.0.1 by default, waits until
+as of the start), launches ``tensorboard`` (:mod:`trialflow.presentation.tensorboard_own_user`: on
+loopback, for this user's connections only) in its own session on 127.0.0.1 by default, waits until
 it answers HTTP and records it in ``<experiment dir>/tensorboard/server.json``; it keeps serving after
 the command returns. :func:`stop` ends that process group and forgets it. Needs the ``tensorboard``
 extra (``pip install 'trialflow[tensorboard]'``).
@@ -25,7 +26,15 @@ import requests
 from ..foundation.user_errors import UserError
 from ..platforms import PlatformError, TrainingService, TrialHandle
 from ..records.store import ExperimentStore
-from ..trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, write_atomic
+from ..trial.procs import (
+    group_alive,
+    kill_group,
+    pid_alive,
+    process_start_time,
+    read_json,
+    with_this_trialflow,
+    write_atomic,
+)
 
 FOLDER = "tensorboard"  # under each trial's NNI_OUTPUT_DIR, as NNI
 STATE = "server.json"
@@ -101,10 +110,12 @@ def start(exp_dir: Path, runs: dict[str, str], port: int = 6006, host: str = "12
     private.chmod(0o700)
     log_path = folder / "tensorboard.log"
     spec = ",".join(f"{name}:{path}" for name, path in sorted(runs.items()))
-    args = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", spec, "--host", host, "--port", str(port)]
+    args = [sys.executable, "-m", "trialflow.presentation.tensorboard_own_user", "--logdir_spec", spec,
+            "--host", host, "--port", str(port)]
+    env = with_this_trialflow({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(private)})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(private)})
+                                env=env)
     try:
         url = _wait_until_serving(proc, log_path)
     except BaseException:

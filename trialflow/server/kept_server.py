@@ -35,7 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..foundation.user_errors import UserError
-from ..trial.procs import group_alive, kill_group, pid_alive, process_start_time, read_json, stop_with, write_atomic
+from ..trial.procs import (
+    group_alive,
+    kill_group,
+    pid_alive,
+    process_start_time,
+    read_json,
+    stop_with,
+    with_this_trialflow,
+    write_atomic,
+)
 from .prefect_db_template import note_migrated, prefect_version, start_settings
 
 SERVER_SETTING = "TRIALFLOW_PREFECT_SERVER"  # "kept" (the default) or "temporary" (Prefect's, one per process)
@@ -382,13 +391,12 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
     prefect_home = folder / "prefect"
     prefect_home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
-    package_root = str(Path(__file__).resolve().parents[2])  # trialflow imports as it does here
     origins = f"http://{HOST}:{port},http://localhost:{port}"
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api",
                PREFECT__SERVER_FINAL="1", PREFECT_SERVER_API_AUTH_STRING=auth, PREFECT_API_AUTH_STRING=auth,
                PREFECT_SERVER_CORS_ALLOWED_ORIGINS=origins,
-               PREFECT_UI_SERVE_BASE=url_prefix or "/",
-               PYTHONPATH=os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p))
+               PREFECT_UI_SERVE_BASE=url_prefix or "/")
+    env = with_this_trialflow(env)
     if url_prefix:
         # Prefect writes the prefix into a copy of the UI's files, by default one copy inside the
         # Prefect package that every server of this installation shares: this server's copy is its own

@@ -15,8 +15,8 @@ routes FastAPI builds on the first requests): the server answers its first reque
 (benchmarks/README.md has the figures).
 
 Only this server's own user connects (:mod:`trialflow.server.own_user_only`): another user's
-connection is closed before its request is read, so the auth string alone, which a controller sends to whoever holds the
-port while the server is down, opens nothing to another user.
+connection is closed before its request is read, so the auth string alone, which a controller sends
+to whoever holds the port while the server is down, opens nothing to another user.
 
 Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.server.kept_server`
 starts) serves the app under uvicorn on the socket its parent bound, through that module's
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     """Serve :func:`create_app` under uvicorn until a signal stops it: ``--fd``, a TCP socket the parent
     bound and made listen (it chose the port, and no one else can take it before the server serves),
     ``--log-level`` uvicorn's. The events websocket goes uncompressed: its clients are on loopback,
-    where deflate costs CPU on both ends for every event. Exits at once, naming the cause, where the kernel
-    cannot tell which user makes a connection (:func:`check_lookup`)."""
+    where deflate costs CPU on both ends for every event. Exits at once, naming the cause, where the
+    kernel cannot tell which user makes a connection (:func:`check_lookup`)."""
     import argparse
     import socket
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 
-from ..foundation.socket_owner import client_uid
+from ..foundation.socket_owner import client_uid, lookup_problem
 
 
 def own_user_only(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
@@ -52,23 +51,13 @@ def own_user_only(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
 
 
 def lookup_refusal() -> str | None:
-    """None where the kernel names the maker of a loopback connection of this process's own; else one
-    line saying that a server here cannot keep other users out (a kernel without ``sock_diag``, as in
-    some sandboxes, where every connection, its own user's too, would be refused)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener, \
-            socket.create_connection(listener.getsockname()[:2], timeout=5):
-        accepted, _ = listener.accept()
-        made_by: object
-        with accepted:
-            try:
-                made_by = client_uid(accepted)
-            except OSError as exc:
-                made_by = exc
-    if made_by == os.geteuid():
+    """None where the kernel names the maker of each connection (:func:`lookup_problem`); else one line
+    saying that a server here cannot keep other users out (every connection, its own user's too, would
+    be refused)."""
+    if (problem := lookup_problem()) is None:
         return None
-    return (f"this server cannot tell which user makes a connection to it (the kernel's socket table "
-            f"answered {made_by!r}), so it cannot keep other users out; use a Prefect server of your own "
-            "(PREFECT_API_URL)")
+    return (f"this server cannot tell which user makes a connection to it ({problem}), so it cannot keep "
+            "other users out; use a Prefect server of your own (PREFECT_API_URL)")
 
 
 def check_lookup() -> None:

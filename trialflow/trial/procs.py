@@ -18,6 +18,13 @@ from typing import Any
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a full disk, a spent quota
 
 
+def with_this_trialflow(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the folder this trialflow is imported from first on PYTHONPATH: a ``python -m
+    trialflow...`` child imports the same trialflow as this process, wherever it is started."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)}
+
+
 def write_atomic(path: str, data: dict[str, Any] | str) -> None:
     """Write JSON (or text as it is) so that readers see the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp{os.getpid()}"
