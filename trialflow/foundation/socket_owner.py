@@ -86,5 +86,13 @@ def lookup_problem() -> str | None:
     return None if made_by == os.geteuid() else f"the kernel's socket table answered {made_by!r}"
 
 
+def lookup_refusal(server: str) -> str | None:
+    """None where :func:`lookup_problem` finds none; else one line saying that ``server`` (its name in
+    words) cannot keep other users out, so it does not serve."""
+    if (problem := lookup_problem()) is None:
+        return None
+    return f"{server} cannot tell which user makes a connection to it ({problem}), so it cannot keep other users out"
+
+
 def _packed(family: int, host: str) -> bytes:
     return socket.inet_pton(family, host).ljust(16, b"\0")

@@ -26,7 +26,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..experiments.results import multi_objective
-from ..foundation.socket_owner import from_this_user, lookup_problem
+from ..foundation.socket_owner import from_this_user, lookup_refusal
 from ..records.search_space import SearchSpace, parse_search_space
 from ..records.store import Control, ExperimentStore
 from .optuna_mirror import OptunaMirror
@@ -139,10 +139,9 @@ class LiveDashboard:
         there or, on loopback, cannot tell which user makes a connection."""
         app = plots_module("optuna_dashboard").wsgi(self.mirror.storage)
         if self.host in LOOPBACK_NAMES:  # an explicit other --host is the user's choice (the CLI warns)
+            if (refusal := lookup_refusal("the dashboard")) is not None:
+                raise OSError(refusal)
             app = only_loopback_hosts(app, self.host)
-        if self.host in LOOPBACK_NAMES and (problem := lookup_problem()) is not None:
-            raise OSError(f"the dashboard cannot tell which user connects to it ({problem}), so it cannot keep "
-                          "other users of this machine out")
         self.mirror.sync()
         try:
             self._server = make_server(self.host, self.port, app, server_class=_ThreadingServer,

@@ -15,7 +15,7 @@ import socket
 import sys
 from typing import Any
 
-from ..foundation.socket_owner import from_this_user, lookup_problem
+from ..foundation.socket_owner import from_this_user, lookup_refusal
 
 
 def main() -> None:
@@ -24,9 +24,8 @@ def main() -> None:
     from tensorboard import default, main_lib, program
     from tensorboard.plugins import base_plugin
 
-    if (problem := lookup_problem()) is not None:
-        sys.exit(f"TensorBoard here cannot tell which user connects to it ({problem}), so it cannot keep other "
-                 "users of this machine out")
+    if (refusal := lookup_refusal("TensorBoard")) is not None:
+        sys.exit(refusal)
     main_lib.global_init()
     board = program.TensorBoard(plugins=default.get_plugins(), server_class=own_user_server(program.WerkzeugServer))
     try:

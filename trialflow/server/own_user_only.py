@@ -18,7 +18,8 @@ import os
 import sys
 import time
 
-from ..foundation.socket_owner import client_uid, lookup_problem
+from ..foundation import socket_owner
+from ..foundation.socket_owner import client_uid
 
 
 def own_user_only(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
@@ -51,13 +52,9 @@ def own_user_only(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
 
 
 def lookup_refusal() -> str | None:
-    """None where the kernel names the maker of each connection (:func:`lookup_problem`); else one line
-    saying that a server here cannot keep other users out (every connection, its own user's too, would
-    be refused)."""
-    if (problem := lookup_problem()) is None:
-        return None
-    return (f"this server cannot tell which user makes a connection to it ({problem}), so it cannot keep "
-            "other users out; use a Prefect server of your own (PREFECT_API_URL)")
+    """:func:`trialflow.foundation.socket_owner.lookup_refusal` for a Prefect server, with what to do."""
+    refusal = socket_owner.lookup_refusal("this server")
+    return None if refusal is None else f"{refusal}; use a Prefect server of your own (PREFECT_API_URL)"
 
 
 def check_lookup() -> None:
