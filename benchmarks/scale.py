@@ -262,7 +262,8 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, tracking:
         env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env.update(PREFECT_LOGGING_LEVEL=os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"),
                    TRIALFLOW_HOME=str(home), TRIALFLOW_PREFECT_SERVER=os.environ.get("SCALE_SERVER", "kept"))
-        server_cpu, busy = _cpu_seconds(server.pid), _machine_busy_seconds()
+        # the server's session: its port keeper and the process serving the app
+        server_cpu, busy = _session_cpu_seconds(server.pid), _machine_busy_seconds()
         worker = _WorkerCpu()
         worker.start()
         try:
@@ -270,8 +271,9 @@ def run(trials: int, concurrency: int, sleep: float, tpe: bool = True, tracking:
             out = subprocess.run([sys.executable, __file__, "--controller", str(config_path)], env=env, check=True,
                                  stdout=subprocess.PIPE, text=True).stdout
             controller_wall = time.perf_counter() - started
-            server_cpu, busy = _cpu_seconds(server.pid) - server_cpu, _machine_busy_seconds() - busy
-            server_kb = _vm_hwm_kb(server.pid)
+            server_cpu, busy = _session_cpu_seconds(server.pid) - server_cpu, _machine_busy_seconds() - busy
+            server_kb = max((_vm_hwm_kb(pid) or 0 for pid, fields in _processes().items()
+                             if int(fields[3]) == server.pid), default=0) or None
         finally:
             worker.done.set()
             stop_server(home)

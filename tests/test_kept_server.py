@@ -266,8 +266,10 @@ def _processes_of(home: Path, *marks: bytes) -> list[int]:
 
 
 def _servers_of(home: Path) -> list[int]:
-    """Pids of Prefect servers started with this TRIALFLOW_HOME (kept or temporary)."""
-    return _processes_of(home, b"server start", b"create_app", b"trialflow.server.kept_server_app")
+    """Pids of Prefect servers started with this TRIALFLOW_HOME (kept or temporary), each the leader of
+    its session (the kept server's keeper, not the process it runs)."""
+    return [pid for pid in _processes_of(home, b"server start", b"create_app", b"trialflow.server.kept_server_app")
+            if os.getsid(pid) == pid]
 
 
 def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(tmp_path, home):
@@ -391,6 +393,59 @@ def test_another_user_of_the_machine_reaches_no_secret_run_or_database_of_the_ke
     finally:
         stop_server(home)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _served_by(server) -> int:
+    """The pid of the process in the kept ``server``'s session that runs its app."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            app = argv[1:3] == [b"-m", b"trialflow.server.kept_server_app"]
+            if entry.isdigit() and app and os.getsid(int(entry)) == server.pid:
+                found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    assert len(found) == 1, found
+    return found[0]
+
+
+# binds and listens on a loopback port as uvicorn does (SO_REUSEADDR), in perl-base (in every Debian):
+# the other user may not run this user's Python
+BIND = ("perl -MSocket -e 'socket(my $s, PF_INET, SOCK_STREAM, 0) or die; "
+        "setsockopt($s, SOL_SOCKET, SO_REUSEADDR, 1); print((bind($s, pack_sockaddr_in($ARGV[0], "
+        "inet_aton(\"127.0.0.1\"))) && listen($s, 5)) ? \"bound\\n\" : \"$!\\n\")'")
+
+
+def _bind_as_other_user(port: int) -> str:
+    """What binding ``port`` on loopback gets another user of the machine: "bound" or the error."""
+    return as_other_user("bash", "-c", f"{BIND} {port}").stdout.strip()
+
+
+def test_a_server_that_dies_unasked_is_back_on_its_port_which_no_one_else_takes_meanwhile(home):
+    """The OOM killer's SIGKILL: while the server is down, another user of the machine could answer its
+    controllers and its open UI tabs, had its port become free."""
+    server = ensure_server(home, port=0)
+    _guard(home)
+    first = _served_by(server)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(first), timeout=10)
+    # the port stays taken for every other program, SO_REUSEADDR or not
+    assert _bind_as_other_user(server.port) == "Address already in use"
+    # a call made while it is down waits and is answered by the server started again in its place
+    request = urllib.request.Request(f"{server.url}/flow_runs/count", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json", **signed_in(server)})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200 and json.loads(response.read()) == 0
+    assert running_server(home) == server  # the same recorded process: status, stop and clients unchanged
+    second = _served_by(server)
+    assert second != first
+    said = (server_home(home) / "server.log").read_text()
+    assert f"the server (pid {first}) ended by SIGKILL after" in said and "starting it again" in said, said[-2000:]
+    # a server stopped on purpose (SIGTERM) ends its keeper and frees the port
+    os.kill(second, signal.SIGTERM)
+    wait_for(lambda: running_server(home) is None, timeout=30)
+    assert _bind_as_other_user(server.port) == "bound"
 
 
 NO_SOCK_DIAG = """

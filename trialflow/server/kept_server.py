@@ -16,7 +16,9 @@ pid counts only with the same start time, so a recycled pid is never taken for t
 server is seen healthy, the Prefect version its database is migrated to is noted; a later start with
 that version skips Prefect's migration check (:mod:`trialflow.server.prefect_db_template`).
 
-The server runs Prefect's app through :mod:`trialflow.server.kept_server_app`. Standard library only: the CLI
+The server runs Prefect's app through :mod:`trialflow.server.kept_server_app`, under a keeper
+(:mod:`trialflow.server.port_keeper`, the recorded process) that holds its port from the start to
+:func:`stop_server` and starts the server again after a crash. Standard library only: the CLI
 calls this before anything imports Prefect.
 """
 
@@ -408,8 +410,11 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         # what `prefect server start` runs (its app, with its services and UI, under uvicorn), without
         # the Prefect CLI's own start-up: less CPU on every start (see kept_server_app)
         level = os.environ.get("PREFECT_SERVER_LOGGING_LEVEL", "WARNING").lower()
-        command = [sys.executable, "-m", "trialflow.server.kept_server_app", "--fd", str(sock.fileno()),
-                   "--log-level", level]
+        fd = str(sock.fileno())
+        # the keeper (the recorded process) holds the socket while the server lives, and runs it again
+        # after a crash: the port is never free for another program while clients still call it
+        command = [sys.executable, "-S", "-m", "trialflow.server.port_keeper", "--fd", fd, "--",  # -S: stdlib only
+                   sys.executable, "-m", "trialflow.server.kept_server_app", "--fd", fd, "--log-level", level]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True, pass_fds=(sock.fileno(),))
     start_time = process_start_time(proc.pid)

@@ -16,18 +16,21 @@ routes FastAPI builds on the first requests): the server answers its first reque
 
 Only this server's own user connects (:mod:`trialflow.server.own_user_only`): another user's
 connection is closed before its request is read, so the auth string alone, which a controller sends
-to whoever holds the port while the server is down, opens nothing to another user.
+to whoever holds the port where the server is down and no keeper holds it, opens nothing to another
+user.
 
-Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what :mod:`trialflow.server.kept_server`
-starts) serves the app under uvicorn on the socket its parent bound, through that module's
-protocol; uvicorn calls :func:`create_app` once; the wrappers hold no state between requests.
-Standard library only at import (uvicorn and Prefect's app factory are imported when called).
+Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what the keeper
+:mod:`trialflow.server.port_keeper` runs for :mod:`trialflow.server.kept_server`) serves the app under
+uvicorn on the socket the keeper holds, through that module's protocol; uvicorn calls
+:func:`create_app` once; the wrappers hold no state between requests. Standard library only at
+import (uvicorn and Prefect's app factory are imported when called).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -172,27 +175,39 @@ def create_app(port: int | None = None) -> App:
 def main(argv: list[str] | None = None) -> None:
     """Serve :func:`create_app` under uvicorn until a signal stops it: ``--fd``, a TCP socket the parent
     bound and made listen (it chose the port, and no one else can take it before the server serves),
-    ``--log-level`` uvicorn's. The events websocket goes uncompressed: its clients are on loopback,
-    where deflate costs CPU on both ends for every event. Exits at once, naming the cause, where the
-    kernel cannot tell which user makes a connection (:func:`check_lookup`)."""
+    ``--log-level`` uvicorn's, ``--ready-fd`` a pipe to write :data:`~trialflow.server.port_keeper.READY`
+    to once the app has started and serves (its keeper's sign that a later death is a crash). The
+    events websocket goes uncompressed: its clients are on loopback, where deflate costs CPU on both
+    ends for every event. Exits at once, naming the cause, where the kernel cannot tell which user
+    makes a connection (:func:`check_lookup`)."""
     import argparse
     import socket
 
     import uvicorn
 
+    from .port_keeper import READY
+
     parser = argparse.ArgumentParser(prog="python -m trialflow.server.kept_server_app")
     parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket to serve on")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--ready-fd", type=int, help="a pipe to write to once serving")
     args = parser.parse_args(argv)
     check_lookup()
     sock = socket.socket(fileno=args.fd)  # family and protocol read from the socket (TCP_NODELAY applies)
     port = int(sock.getsockname()[1])
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and args.ready_fd is not None:
+                os.write(args.ready_fd, READY)
+                os.close(args.ready_fd)
+
     config = uvicorn.Config(lambda: create_app(port), factory=True, lifespan="on", log_level=args.log_level,
                             ws_per_message_deflate=False, http=own_user_only(AutoHTTPProtocol))
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shut down on SIGINT, then raised it again: stopped as asked
         pass
 

@@ -1,0 +1,137 @@
+"""The kept server's keeper: holds the server's listening socket for as long as the server is meant to
+run, and starts the server again on it when the server dies unasked.
+
+Why: a server that crashes or is killed (the kernel's OOM killer sends SIGKILL) frees its port, while
+running controllers, a work pool and a browser tab on the UI go on calling it. Any local user who
+binds the port meanwhile would answer them: tell a controller its flow run is Cancelling, or serve the
+tab a page of its own under the UI's origin. With the socket held here the port is never free, and
+the calls made meanwhile wait in the socket's backlog until the new server serves them.
+
+Lifecycle: ``python -m trialflow.server.port_keeper --fd N -- COMMAND...`` (what
+:mod:`trialflow.server.kept_server` starts, as the leader of a session of its own: the process it
+records). The keeper keeps its copy of socket N open and runs COMMAND, which inherits N, with
+``--ready-fd R`` appended: a pipe the server writes to once it serves. Then:
+
+- the server ends before it wrote to R (it could not start): the keeper ends with its exit code;
+- it ends with code 0 or by SIGINT or SIGTERM (stopped by someone): the keeper ends, code 0;
+- it dies otherwise after it served (SIGKILL, a crash, an error): one line on stderr (the server's
+  log) and the same command runs again, at most :data:`MAX_RESTARTS` times in :data:`RESTART_WINDOW`
+  seconds (then the keeper ends, code 1, saying so);
+- the keeper gets SIGINT, SIGTERM or SIGHUP (``trialflow server stop`` signals the whole session):
+  the server is sent SIGTERM (a graceful stop, also when it got the signal itself) and the keeper
+  ends once it has, code 0.
+
+The server is sent SIGTERM when the keeper dies (``PR_SET_PDEATHSIG``), so neither outlives the
+other for long. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+MAX_RESTARTS = 5
+RESTART_WINDOW = 600.0  # seconds
+READY = b"ready"  # what the server writes to its --ready-fd once it serves
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOPPED_CODES = (0, -signal.SIGINT, -signal.SIGTERM)  # Popen.returncode of a server stopped as asked
+PR_SET_PDEATHSIG = 1
+
+
+def _follow_keeper(keeper: int) -> None:
+    """In the server's process, before it runs: SIGTERM when the keeper dies; an end at once if it
+    already has."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != keeper:
+        os._exit(1)
+
+
+def _cause(code: int) -> str:
+    return f"by {signal.Signals(-code).name}" if code < 0 else f"with code {code}"
+
+
+def _say(line: str) -> None:
+    print(f"trialflow port keeper (pid {os.getpid()}): {line}", file=sys.stderr, flush=True)
+
+
+class Keeper:
+    """One socket kept and one server command run on it, again after each unasked death."""
+
+    def __init__(self, fd: int, command: list[str]) -> None:
+        self.fd = fd
+        self.command = command
+        self.stopping = False
+        self.server: subprocess.Popen[bytes] | None = None
+        self.restarts: list[float] = []
+
+    def stop(self, signum: int, _frame: object) -> None:
+        """Signal handler: no more starts; the server, if any, is asked to stop."""
+        self.stopping = True
+        if self.server is not None and self.server.returncode is None:
+            os.kill(self.server.pid, signal.SIGTERM)  # not reaped yet: the pid is still the server's
+
+    def run_once(self) -> tuple[int, bool]:
+        """Run the server until it ends: (its Popen return code, whether it said it serves)."""
+        ready_read, ready_write = os.pipe()
+        try:
+            keeper = os.getpid()
+            self.server = subprocess.Popen([*self.command, "--ready-fd", str(ready_write)],
+                                           pass_fds=(self.fd, ready_write), stdin=subprocess.DEVNULL,
+                                           preexec_fn=lambda: _follow_keeper(keeper))
+            os.close(ready_write)
+            ready_write = -1
+            if self.stopping:  # a stop signal came while it was starting
+                os.kill(self.server.pid, signal.SIGTERM)
+            code = self.server.wait()
+            os.set_blocking(ready_read, False)
+            try:
+                served = os.read(ready_read, len(READY)) == READY
+            except BlockingIOError:
+                served = False
+            return code, served
+        finally:
+            os.close(ready_read)
+            if ready_write >= 0:
+                os.close(ready_write)
+
+    def run(self) -> int:
+        """Start the server and keep it running until it is stopped; the keeper's exit code."""
+        while True:
+            started = time.monotonic()
+            code, served = self.run_once()
+            if self.stopping or code in STOPPED_CODES:
+                return 0
+            if not served:
+                _say(f"the server (pid {self.server.pid if self.server else '?'}) ended {_cause(code)} "
+                     "before it served: not started again")
+                return code if code > 0 else 1
+            now = time.monotonic()
+            self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
+            if len(self.restarts) > MAX_RESTARTS:
+                _say(f"the server ended {_cause(code)}, its {MAX_RESTARTS + 1}th end in "
+                     f"{RESTART_WINDOW:.0f} s: not started again; its port is free now")
+                return 1
+            _say(f"the server (pid {self.server.pid if self.server else '?'}) ended {_cause(code)} after "
+                 f"{now - started:.0f} s; starting it again on the same socket")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--fd N -- COMMAND...``: keep socket N and run COMMAND on it (see the module's text)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 4 or args[0] != "--fd" or args[2] != "--" or not args[1].isdigit():
+        print("usage: python -m trialflow.server.port_keeper --fd N -- COMMAND...", file=sys.stderr)
+        return 2
+    os.fstat(int(args[1]))  # OSError (EBADF) at once when the socket was not passed
+    keeper = Keeper(int(args[1]), args[3:])
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, keeper.stop)
+    return keeper.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
