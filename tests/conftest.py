@@ -844,6 +844,26 @@ def as_other_user(*command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", OTHER_USER, "--", *command], capture_output=True, text=True, timeout=60)
 
 
+NO_SOCK_DIAG = """
+import socket
+_real = socket.socket
+class _NoSockDiag(_real):  # as a sandbox whose kernel has no sock_diag
+    def __init__(self, family=-1, *args, **kwargs):
+        if family == socket.AF_NETLINK:
+            raise OSError(93, "Protocol not supported")
+        super().__init__(family, *args, **kwargs)
+socket.socket = _NoSockDiag
+"""
+
+
+def without_sock_diag(folder: Path) -> dict[str, str]:
+    """The environment (PYTHONPATH) under which Python programs find no netlink ``sock_diag``, as in a
+    sandbox whose kernel cannot say which user made a connection: a ``sitecustomize`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(NO_SOCK_DIAG)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+
+
 def raw_request(port: int, method: str, path: str, body: str = "", user: str | None = OTHER_USER,
                 **headers: str) -> str:
     """What an HTTP request to a server on 127.0.0.1 gets, sent by ``user`` (None: this user) through

@@ -21,7 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import as_other_user, base_config, migrates_on_start, raw_request, signed_in, wait_for, write_trial
+from tests.conftest import (
+    as_other_user,
+    base_config,
+    migrates_on_start,
+    raw_request,
+    signed_in,
+    wait_for,
+    without_sock_diag,
+    write_trial,
+)
 from trialflow.experiments import open_store
 from trialflow.server.kept_server import ensure_server, running_server, server_home, stop_server
 from trialflow.server.prefect_db_template import DATABASE_MARK
@@ -448,24 +457,9 @@ def test_a_server_that_dies_unasked_is_back_on_its_port_which_no_one_else_takes_
     assert _bind_as_other_user(server.port) == "bound"
 
 
-NO_SOCK_DIAG = """
-import socket
-_real = socket.socket
-class _NoSockDiag(_real):  # as a sandbox whose kernel has no sock_diag
-    def __init__(self, family=-1, *args, **kwargs):
-        if family == socket.AF_NETLINK:
-            raise OSError(93, "Protocol not supported")
-        super().__init__(family, *args, **kwargs)
-socket.socket = _NoSockDiag
-"""
-
-
 def test_a_kernel_that_cannot_name_a_connections_user_stops_the_server_at_once_with_one_line(tmp_path, home):
     """Else every connection, its own user's too, would be refused, and commands would wait minutes."""
-    sandbox = tmp_path / "sandbox"
-    sandbox.mkdir()
-    (sandbox / "sitecustomize.py").write_text(NO_SOCK_DIAG)
-    in_sandbox = {"PYTHONPATH": os.pathsep.join([str(sandbox), os.environ.get("PYTHONPATH", "")])}
+    in_sandbox = without_sock_diag(tmp_path / "sandbox")
     for command, extra in ((("server", "start"), {}),  # Prefect's temporary server too: it has no auth string
                            (("create", "--config", str(_config(tmp_path, "sandboxed")), "--foreground"),
                             {"TRIALFLOW_PREFECT_SERVER": "temporary"})):

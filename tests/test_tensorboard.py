@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import base_config, machine, raw_request, wait_for, write_trial
+from tests.conftest import base_config, machine, raw_request, wait_for, without_sock_diag, write_trial
 from trialflow import run_experiment
 from trialflow.testing.ports import free_port
 
@@ -108,3 +108,35 @@ def test_tensorboard_without_logs_or_unknown_trials_says_what_is_wrong(tmp_path)
     assert nothing.returncode == 1 and "NNI_OUTPUT_DIR" in nothing.stdout
     unknown = _cli("tensorboard", "start", result.experiment_id, "--root", str(tmp_path / "w"), "--trials", "nope")
     assert unknown.returncode == 1 and "no trial nope" in unknown.stdout
+
+
+def test_where_the_kernel_cannot_name_a_connections_user_tensorboard_on_loopback_stops_with_one_line(
+        tmp_path, monkeypatch):
+    """Else it would refuse every connection, its own user's too; on a --host the user gave it is open
+    by their choice, and serves."""
+    from trialflow.presentation import tensorboard_own_user
+
+    write_trial(tmp_path / "code", TRIAL)
+    result = run_experiment(base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=1))
+    assert result.status == "DONE"
+    env = {**os.environ, **without_sock_diag(tmp_path / "sandbox")}
+    said = subprocess.run([sys.executable, "-m", "trialflow.cli", "tensorboard", "start", result.experiment_id,
+                           "--root", str(tmp_path / "w"), "--port", str(free_port())],
+                          capture_output=True, text=True, env=env, timeout=180)
+    assert said.returncode == 1, said.stdout + said.stderr
+    assert "TensorBoard cannot tell which user makes a connection to it" in said.stdout, said.stdout + said.stderr
+    assert "Traceback" not in said.stdout + said.stderr
+    assert "no TensorBoard" in _cli("tensorboard", "stop", result.experiment_id, "--root", str(tmp_path / "w")).stdout
+
+    class Bound:  # what TensorBoard's server is once bound, without a socket: where it listens
+        def __init__(self, address: str) -> None:
+            self.server_address = (address, 6006)
+
+        def server_close(self) -> None:
+            pass
+
+    refusal = "TensorBoard cannot tell which user makes a connection to it"
+    monkeypatch.setattr(tensorboard_own_user, "lookup_refusal", lambda _name: refusal)
+    with pytest.raises(SystemExit, match=refusal):
+        tensorboard_own_user.own_user_server(Bound)("127.0.0.1")
+    assert not tensorboard_own_user.own_user_server(Bound)("192.0.2.7").loopback  # --host: it starts

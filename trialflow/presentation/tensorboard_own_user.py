@@ -4,8 +4,9 @@ local user made before reading a byte of it (TensorBoard's ``server_class`` hook
 :func:`trialflow.foundation.socket_owner.from_this_user` as its ``verify_request``). On a shared
 machine any user can connect to a loopback port; the trials' logs it serves are this user's.
 
-Lifecycle: :mod:`trialflow.presentation.tensorboard` starts it; it serves until a signal stops it. It
-exits at once, with one line, where the kernel cannot tell which user makes a connection.
+Lifecycle: :mod:`trialflow.presentation.tensorboard` starts it; it serves until a signal stops it. On
+a loopback address it exits with one line, once its socket is bound, where the kernel cannot tell
+which user makes a connection.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ def main() -> None:
     from tensorboard import default, main_lib, program
     from tensorboard.plugins import base_plugin
 
-    if (refusal := lookup_refusal("TensorBoard")) is not None:
-        sys.exit(refusal)
     main_lib.global_init()
     board = program.TensorBoard(plugins=default.get_plugins(), server_class=own_user_server(program.WerkzeugServer))
     try:
@@ -37,11 +36,22 @@ def main() -> None:
 
 def own_user_server(server: type[Any]) -> type[Any]:
     """``server`` (TensorBoard's Werkzeug server, a ``socketserver`` server) refusing, when it listens
-    on a loopback address, every connection another local user made."""
+    on a loopback address, every connection another local user made. Made on a loopback address where
+    the kernel cannot name a connection's user, it closes its socket and exits with one line."""
 
     class OwnUserServer(server):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            if self.loopback and (refusal := lookup_refusal("TensorBoard")) is not None:
+                self.server_close()
+                sys.exit(refusal)
+
+        @property
+        def loopback(self) -> bool:
+            return ipaddress.ip_address(self.server_address[0]).is_loopback  # else --host: the user's choice
+
         def verify_request(self, request: socket.socket, client_address: Any) -> bool:
-            if not ipaddress.ip_address(self.server_address[0]).is_loopback:  # --host: the user's choice
+            if not self.loopback:
                 return bool(super().verify_request(request, client_address))
             return from_this_user(request)
 
