@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import (
+    OTHER_USER,
     as_other_user,
     base_config,
     migrates_on_start,
@@ -217,7 +218,17 @@ def test_a_configured_api_that_does_not_answer_is_one_line_and_resume_runs_the_e
     assert store.experiment().status == "DONE" and [t.status for t in store.trials()] == ["SUCCEEDED"] * 2
 
 
-def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controller_end(tmp_path, home):
+# listens on a loopback port as another user would who took it, and says what each connection sent
+SQUATTER = """use Socket; socket(my $s, PF_INET, SOCK_STREAM, 0) or die; setsockopt($s, SOL_SOCKET, SO_REUSEADDR, 1);
+bind($s, pack_sockaddr_in($ARGV[0], inet_aton("127.0.0.1"))) or die "bind: $!"; listen($s, 50) or die; $| = 1;
+print "listening\\n"; while (accept(my $c, $s)) { my $b = ""; sysread($c, $b, 65536);
+print "heard ", length($b), " bytes", ($b =~ /Authorization/i ? " with the auth string" : ""), "\\n"; close($c) }"""
+
+
+def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_telling_one_who_takes_the_port_nothing(
+        tmp_path, home):
+    """With no server, and no keeper holding its port, a second user of the machine takes it: the
+    controllers that still call it make no connection to that user's program."""
     # Prefect's client retries a refused call three times here, without jitter (2 + 4 + 8 s of back-off;
     # by default five times, 62 s, each wait +-20 %). A stall per cancel check, or minutes of undeliverable
     # events at exit, then far exceed the bounds below, while a busy machine's own slowness stays under them.
@@ -228,7 +239,8 @@ def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controll
     held = (f"import os, time, nni\nnni.get_next_parameter()\nwhile os.path.exists({str(hold)!r}):\n"
             "    time.sleep(0.1)\ntime.sleep(1)\nnni.report_final_result(1)\n")
     path = _config(tmp_path, "orphaned", held, maxTrialNumber=6)
-    assert _cli(home, "server", "start").returncode == 0
+    # a port of its own: another test worker's server, preferring 4200, could take that one once it is free
+    assert _cli(home, "server", "start", "--port", str(free_port())).returncode == 0
     created = _cli(home, "create", "--config", str(path), PREFECT_CLIENT_MAX_RETRIES="3",
                    PREFECT_CLIENT_RETRY_JITTER_FACTOR="0")
     assert created.returncode == 0, created.stdout + created.stderr
@@ -237,7 +249,22 @@ def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controll
     controller = int(re.search(r"in the background \(pid (\d+)\)", created.stdout).group(1))
     store = open_store(tmp_path / "w", exp_id)
     wait_for(lambda: any(t.status == "RUNNING" for t in store.trials()), timeout=60)
+    port = running_server(home).port
     assert _cli(home, "server", "stop", "--force").returncode == 0
+    as_other_user("true")  # the user exists
+    squatter = subprocess.Popen(["runuser", "-u", OTHER_USER, "--", "perl", "-e", SQUATTER, str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert squatter.stdout.readline() == "listening\n"
+        _the_experiment_goes_on(tmp_path, hold, store, exp_id, controller, port)
+    finally:
+        os.killpg(squatter.pid, signal.SIGKILL)  # runuser and the other user's program under it
+    heard = squatter.communicate()[0]
+    assert heard == "", heard[:2000]  # not one connection
+
+
+def _the_experiment_goes_on(tmp_path: Path, hold: Path, store, exp_id: str, controller: int, port: int) -> None:
+    """It runs its trials to the end without the server, and its controller ends, saying why."""
     log_file = tmp_path / "w" / exp_id / "log" / "experiment.log"
     said = "the cancel check: a call to the Prefect API failed"
     wait_for(lambda: said in log_file.read_text(), timeout=60)
@@ -255,7 +282,9 @@ def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_and_its_controll
     wait_for(lambda: not pid_alive(controller), timeout=150, interval=0.5)
     assert time.monotonic() - done < 120
     output = (tmp_path / "w" / exp_id / "log" / "controller.out").read_text()
-    assert "the Prefect API does not answer ([Errno 111] Connection refused)" in output
+    uid = int(as_other_user("id", "-u").stdout)
+    assert f"the Prefect API does not answer ([Errno 111] port {port} of trialflow's local Prefect server is held " \
+           f"by another user (uid {uid}), not by the server: not connecting to it" in output, output[-3000:]
 
 
 def _processes_of(home: Path, *marks: bytes) -> list[int]:
@@ -278,10 +307,20 @@ def _servers_of(home: Path) -> list[int]:
     """Pids of Prefect servers started with this TRIALFLOW_HOME (kept or temporary), each the leader of
     its session (the kept server's keeper, not the process it runs)."""
     return [pid for pid in _processes_of(home, b"server start", b"create_app", b"trialflow.server.kept_server_app")
-            if os.getsid(pid) == pid]
+            if _session_of(pid) == pid]
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:  # ended meanwhile
+        return None
 
 
 def test_a_sigkilled_controller_leaves_the_kept_server_and_no_server_of_its_own(tmp_path, home):
+    # a port of its own: on 4200, which other test workers' servers prefer, one of them could start
+    # between the stop and the revival below, and the revival would move
+    assert _cli(home, "server", "start", "--port", str(free_port())).returncode == 0
     created, exp_id = _create_sleeper(tmp_path, home, "killed", 1)
     controller = int(re.search(r"in the background \(pid (\d+)\)", created).group(1))
     store = open_store(tmp_path / "w", exp_id)

@@ -2,7 +2,9 @@
 lookup through netlink's ``sock_diag`` (what ``ss`` reads), by the socket's two addresses.
 
 A local server asks it of each connection it accepts (:func:`client_uid`): the client's socket is
-the one whose own address is the connection's peer, and whose peer is the server's own address.
+the one whose own address is the connection's peer, and whose peer is the server's own address. A
+client asks it of the port it is about to connect to (:func:`listener_uid`): the listening socket
+there.
 
 Standard library only; Linux only. Any user may ask (no privilege needed); the answer is the uid that
 made the socket, as the kernel records it, which the other end cannot choose.
@@ -60,6 +62,13 @@ def client_uid(accepted: socket.socket) -> int | None:
     """The uid that made the client end of ``accepted`` (a connection a local server accepted), or None
     when the client closed it meanwhile. Raises OSError as :func:`tcp_socket_owner`."""
     return tcp_socket_owner(accepted.getpeername()[:2], accepted.getsockname()[:2], accepted.family)
+
+
+def listener_uid(host: str, port: int) -> int | None:
+    """The uid that made the socket a TCP connection to ``host`` (an IPv4 address) and ``port`` would
+    reach now (the listener bound to that address, or to every address), or None when none listens
+    there. Raises OSError as :func:`tcp_socket_owner`."""
+    return tcp_socket_owner((host, port), ("0.0.0.0", 0))
 
 
 def from_this_user(accepted: socket.socket) -> bool:

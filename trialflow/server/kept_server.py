@@ -96,8 +96,9 @@ class KeptServer:
 
     @property
     def auth(self) -> str | None:
-        """The auth string its API asks of clients (Prefect's ``PREFECT_API_AUTH_STRING``)."""
-        return _recorded_auth(self.home)
+        """The auth string its API asks of clients (Prefect's ``PREFECT_API_AUTH_STRING``). From then on
+        this process connects to its port only while this user listens there (:mod:`.port_guard`)."""
+        return _recorded_auth(self.home, self.port)
 
     def client_settings(self) -> dict[str, str]:
         """The environment a client of this server needs: its address and auth string."""
@@ -286,16 +287,22 @@ def auth_for(api: str | None, home: Path | None = None) -> str | None:
     _, port, _ = _read(folder)
     if not api or port is None or api.rstrip("/") != f"http://{HOST}:{port}/api":
         return None
-    return _recorded_auth(folder)
+    return _recorded_auth(folder, port)
 
 
-def _recorded_auth(folder: Path) -> str | None:
-    """The auth string kept in the server folder ``folder``; None when there is none (a server started
-    by an older trialflow, or none yet)."""
+def _recorded_auth(folder: Path, port: int) -> str | None:
+    """The auth string kept in the server folder ``folder``, whose server listens on ``port``; None when
+    there is none (a server started by an older trialflow, or none yet). A process that reads it sends
+    it to that port only while this user listens there (:func:`.port_guard.guard`)."""
+    from .port_guard import guard
+
     try:
-        return (folder / AUTH_FILE).read_text().strip() or None
+        auth = (folder / AUTH_FILE).read_text().strip() or None
     except OSError:
         return None
+    if auth is not None:
+        guard(HOST, port)
+    return auth
 
 
 def _bound(port: int) -> socket.socket | None:
