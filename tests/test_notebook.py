@@ -193,6 +193,24 @@ def test_an_interrupted_cell_stops_its_experiment_and_the_kernel_runs_the_next(j
     assert after["error"] is None and "after DONE 2" in after["stdout"], after
 
 
+def test_a_block_saved_in_a_notebook_as_the_readme_says_is_where_experiments_look(jupyter_kernel):
+    """A notebook's event loop runs while its cell does, so Prefect's ``save`` there hands back a
+    coroutine, which saves nothing unless awaited: the README says to await it."""
+    from trialflow.blocks import SSHCredentials
+    from trialflow.blocks._load import load_block
+    from trialflow.flows.run_api import experiment_api
+
+    saved = jupyter_kernel.run("""
+        import trialflow
+        from trialflow.blocks import SSHCredentials
+        with trialflow.prefect_api():
+            await SSHCredentials(username="from-a-notebook", password="pw").save("nb-login", overwrite=True)
+        """)
+    assert saved["error"] is None and "never awaited" not in saved["stderr"], saved
+    with experiment_api():  # where an experiment of this environment looks its blocks up
+        assert load_block(SSHCredentials, "nb-login").username == "from-a-notebook"
+
+
 def test_jupyter_kernel_sees_the_tests_homes(jupyter_kernel, tmp_path):
     """The kernel reads and writes only the test's homes (the audit walks them), never the user's."""
     cell = jupyter_kernel.run("import json, os; print(json.dumps({k: os.environ.get(k) for k in "

@@ -211,6 +211,9 @@ def prefect_api() -> Iterator[str | None]:
         with trialflow.prefect_api():
             SSHCredentials(host="gpu2", username="me", password="...").save("gpu2-login")
 
+    (in a notebook's cell ``await SSHCredentials(...).save("gpu2-login")``: where an event loop runs,
+    Prefect's ``save`` hands back a coroutine, which saves nothing until awaited).
+
     Raises :class:`~trialflow.server.kept_server.ServerError` when the kept server cannot start or the
     configured API does not answer."""
     from ..flows.run_api import experiment_api
