@@ -13,7 +13,6 @@ effort: an unreachable API never stops the experiment, it is logged.
 
 from __future__ import annotations
 
-import errno
 import logging
 import signal
 import time
@@ -174,7 +173,6 @@ def end_flow_run(flow_run_id: str, api: str | None, message: str, crashed: bool 
     from prefect.states import Cancelled, Crashed
 
     from ..server.kept_server import auth_for, revive
-    from ..server.port_guard import port_refusal
     from .temporary_server import start_temporary_server
 
     auth = auth_for(api)  # the kept server's, when ``api`` is its address
@@ -184,8 +182,6 @@ def end_flow_run(flow_run_id: str, api: str | None, message: str, crashed: bool 
         with settings:
             if api:
                 revive(api)
-                if auth and (held := port_refusal(api)) is not None:  # else Prefect's retries: a minute
-                    raise ConnectionRefusedError(errno.ECONNREFUSED, held)
             else:
                 start_temporary_server()
             with get_client(sync_client=True) as client:

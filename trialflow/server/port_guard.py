@@ -54,16 +54,6 @@ def refusal(host: str, port: int) -> str | None:
             f"the server: not connecting to it; `trialflow server start` once that user lets it go")
 
 
-def port_refusal(url: str) -> str | None:
-    """:func:`refusal` for the host and port of ``url`` (an API's address)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.hostname is None or parts.port is None:
-        return None
-    return refusal(parts.hostname, parts.port)
-
-
 def _on_audit_event(event: str, args: tuple[Any, ...]) -> None:
     if event != "socket.connect":
         return
