@@ -27,6 +27,8 @@ import nni
 p = nni.get_next_parameter()
 while p["x"] == HOLD and os.path.exists(GATE):  # held while the test needs the experiment running
     time.sleep(0.1)
+while p["x"] in LATER and os.path.exists(OUTAGE):  # held until the test has stopped the tracker
+    time.sleep(0.1)
 for i in range(3):
     nni.report_intermediate_result({"default": p["x"] + i, "loss": 1.0 / (i + 1)})
     time.sleep(SLEEP)
@@ -48,8 +50,10 @@ def login(mlflow_server) -> str:
     return name
 
 
-def _config(tmp_path: Path, server, login: str, values=(1, 2, 9), sleep=0.05, hold=-1, **overrides) -> dict:
+def _config(tmp_path: Path, server, login: str, values=(1, 2, 9), sleep=0.05, hold=-1, later=(),
+            **overrides) -> dict:
     body = TRIAL.replace("SLEEP", str(sleep)).replace("HOLD", str(hold)).replace("GATE", repr(str(tmp_path / "gate")))
+    body = body.replace("LATER", repr(tuple(later))).replace("OUTAGE", repr(str(tmp_path / "outage")))
     write_trial(tmp_path / "code", body)
     name = f"sweep-{uuid.uuid4().hex[:8]}"
     tracking = {"mlflow": {"trackingUri": server.uri, "experimentName": name, "credentials": login}}
@@ -159,17 +163,22 @@ def _experiment_log(tmp_path: Path, experiment_id: str) -> str:
 def test_a_tracker_down_mid_run_is_said_once_and_caught_up_when_it_is_back(tmp_path, mlflow_server, login,
                                                                          monkeypatch):
     (tmp_path / "gate").touch()  # the last trial waits for it to go: the experiment outlives the outage
-    config = _config(tmp_path, mlflow_server, login, values=(1, 2, 3, 4, 5), hold=5, trialConcurrency=1)
+    # the middle trials wait for the outage, so they end while the tracker is down, however fast they run
+    (tmp_path / "outage").touch()
+    config = _config(tmp_path, mlflow_server, login, values=(1, 2, 3, 4, 5), hold=5, later=(2, 3, 4),
+                     trialConcurrency=1)
     client = _client(mlflow_server, monkeypatch)
     thread, outcome = run_in_thread(lambda: run_experiment(config))
     try:
         wait_for(lambda: len(_trial_runs(_runs(client, config))) >= 1, timeout=120, interval=0.2)
         mlflow_server.stop()
+        (tmp_path / "outage").unlink()
         store = wait_for(lambda: (found := list((tmp_path / "w").glob("*/log"))) and
                          open_store(tmp_path / "w", found[0].parent.name))
         wait_for(lambda: len([t for t in store.trials() if t.is_terminal]) >= 3, timeout=120, interval=0.2)
     finally:
         mlflow_server.start()
+        (tmp_path / "outage").unlink(missing_ok=True)
         (tmp_path / "gate").unlink()
     thread.join(timeout=300)
     result = outcome["result"]
