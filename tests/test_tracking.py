@@ -50,10 +50,17 @@ def login(mlflow_server) -> str:
     return name
 
 
+def trial_body(tmp_path: Path, sleep: float = 0.05, hold: int = -1, later: tuple[int, ...] = ()) -> str:
+    """:data:`TRIAL` with its placeholders filled: the trial with value ``hold`` waits while the file
+    ``gate`` is in ``tmp_path``, the ones with a value in ``later`` while ``outage`` is."""
+    return (TRIAL.replace("SLEEP", str(sleep)).replace("HOLD", str(hold))
+            .replace("GATE", repr(str(tmp_path / "gate"))).replace("LATER", repr(tuple(later)))
+            .replace("OUTAGE", repr(str(tmp_path / "outage"))))
+
+
 def _config(tmp_path: Path, server, login: str, values=(1, 2, 9), sleep=0.05, hold=-1, later=(),
             **overrides) -> dict:
-    body = TRIAL.replace("SLEEP", str(sleep)).replace("HOLD", str(hold)).replace("GATE", repr(str(tmp_path / "gate")))
-    body = body.replace("LATER", repr(tuple(later))).replace("OUTAGE", repr(str(tmp_path / "outage")))
+    body = trial_body(tmp_path, sleep, hold, later)
     write_trial(tmp_path / "code", body)
     name = f"sweep-{uuid.uuid4().hex[:8]}"
     tracking = {"mlflow": {"trackingUri": server.uri, "experimentName": name, "credentials": login}}

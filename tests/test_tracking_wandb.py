@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import base_config, write_trial
 from tests.test_cli import cli
-from tests.test_tracking import TRIAL, _workers
+from tests.test_tracking import _workers, trial_body
 from trialflow import run_experiment
 from trialflow.experiments import open_store
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 def _config(tmp_path: Path, values=(1, 2, 9), **overrides) -> dict:
-    body = TRIAL.replace("SLEEP", "0.05").replace("HOLD", "-1").replace("GATE", repr(str(tmp_path / "gate")))
+    body = trial_body(tmp_path)
     write_trial(tmp_path / "code", body)
     space = {"x": {"_type": "choice", "_value": list(values)}}
     settings = {"maxTrialNumber": len(values), "trialConcurrency": 2,
