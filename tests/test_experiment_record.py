@@ -23,6 +23,7 @@ from trialflow.config import load_config, parse_config
 from trialflow.experiments import ConfigMismatch, create_experiment, open_store
 from trialflow.flows.experiment import experiment_flow, final_status
 from trialflow.records.store import ExperimentStore
+from trialflow.trial.verdicts import VERDICT_WAIT_SECONDS
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -96,24 +97,31 @@ def test_a_running_trial_stopped_by_the_assessor_records_the_kill_exit_code(tmp_
 
 
 LINGERS_AFTER_ITS_FINAL = """
-import time, nni
+import os, time, nni
 nni.get_next_parameter()
 for i in range(2):
     nni.report_intermediate_result(i)
 nni.report_final_result(42)
+began = time.monotonic()
 nni.report_intermediate_result(2)  # the one the assessor judges on: a poll that brings it brings the final
+with open(os.path.join(os.environ["NNI_OUTPUT_DIR"], "after_final_report"), "w") as f:
+    f.write(str(time.monotonic() - began))
 time.sleep(2)  # saving a model, cleaning up
 """
 
 
 def test_a_trial_whose_final_result_is_in_is_not_stopped_by_the_assessor(tmp_path):
-    """Its work is done: it ends with its own outcome, however the assessor would judge its results."""
+    """Its work is done: it ends with its own outcome, however the assessor would judge its results; a
+    result it reports after its final one is not held at the report desk (nothing is judged any more)."""
     code = tmp_path / "code"
     write_trial(code, LINGERS_AFTER_ITS_FINAL)
-    _, store, _ = _run(base_config(code, tmp_path / "w", maxTrialNumber=2, assessor=_assessor(tmp_path, after=3)))
+    exp_id, store, _ = _run(base_config(code, tmp_path / "w", maxTrialNumber=2,
+                                        assessor=_assessor(tmp_path, after=3)))
     for trial in store.trials():
         assert (trial.status, trial.exit_code, trial.final) == ("SUCCEEDED", 0, 42), trial.message
         assert [m.value for m in store.metrics(trial.id, "PERIODICAL")] == [0, 1, 2]
+        held = float((tmp_path / "w" / exp_id / "trials" / trial.id / "after_final_report").read_text())
+        assert held < VERDICT_WAIT_SECONDS / 2, f"the report after the final result waited {held:.1f} s for a word"
 
 
 def test_a_trial_past_its_max_duration_after_its_final_result_is_stopped_and_keeps_it(tmp_path):

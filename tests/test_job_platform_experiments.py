@@ -27,6 +27,7 @@ from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import load_config, run_experiment
 from trialflow.experiments import open_store
 from trialflow.foundation.ids import lowercase_id
+from trialflow.trial.verdicts import VERDICT_WAIT_SECONDS
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 CASES = {"openpai": ("openpai", False), "openpai-reuse": ("openpai", True), "dlts": ("dlts", False),
@@ -129,13 +130,17 @@ def test_a_resumed_experiment_without_its_token_says_where_to_keep_it(tmp_path, 
 
 
 STEPPING_TRIAL = """
-import nni
+import time, nni
 p = nni.get_next_parameter()
 for step in range(12):
     with open({log!r}, "a") as f:
         f.write(f"{{nni.get_trial_id()}} {{step}}\\n")
     nni.report_intermediate_result(p["x"])
 nni.report_final_result(p["x"])
+began = time.monotonic()
+nni.report_intermediate_result(p["x"])  # after its final result: judged no more, so not held
+with open({log!r}, "a") as f:
+    f.write(f"{{nni.get_trial_id()}} held {{time.monotonic() - began}}\\n")
 """
 
 
@@ -154,11 +159,16 @@ def test_a_trial_stopped_at_report_time_through_the_metrics_receiver_takes_no_st
                          assessor={"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}})
     result = run_experiment(config)
     began: dict[str, list[str]] = {}
+    held: dict[str, float] = {}
     for line in log.read_text().splitlines():
-        trial_id, step = line.split()
-        began.setdefault(trial_id, []).append(step)
+        trial_id, step, *seconds = line.split()
+        if seconds:
+            held[trial_id] = float(seconds[0])
+        else:
+            began.setdefault(trial_id, []).append(step)
     trials = {t.parameters["x"]: t for t in result.trials}
     assert result.status == "DONE" and trials[10].status == "SUCCEEDED"
+    assert held[trials[10].id] < VERDICT_WAIT_SECONDS / 2, "a result after the final one waited for the assessor"
     for x in (0, 0.5):  # stopped at its first result the median can judge (the third), no step begun after
         assert trials[x].status == "EARLY_STOPPED" and began[trials[x].id] == ["0", "1", "2"], (
             x, began, _what_the_trial_said(emulators[platform].storage_dir, trials[x].id))

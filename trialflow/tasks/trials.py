@@ -240,7 +240,9 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
                     ctx.desk.answer(trial_id, len(history) - 1, stop=True)
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
-        if ctx.desk is not None and not unassessed:
+        # a trial whose final result is in is never judged again: its asks are answered (never ask
+        # again) though results came after it, or it would wait on the desk until its ask times out
+        if ctx.desk is not None and (final_in or not unassessed):
             _answer_asks(ctx, trial_id, history, final_in)
         if ctx.desk is None or not ctx.desk.wait(trial_id, ctx.poll_interval):
             ctx.service.wait(handle, ctx.poll_interval)
