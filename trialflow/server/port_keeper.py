@@ -75,8 +75,8 @@ class Keeper:
         if self.server is not None and self.server.returncode is None:
             os.kill(self.server.pid, signal.SIGTERM)  # not reaped yet: the pid is still the server's
 
-    def run_once(self) -> tuple[int, bool]:
-        """Run the server until it ends: (its Popen return code, whether it said it serves)."""
+    def run_once(self) -> tuple[int, int, bool]:
+        """Run the server until it ends: (its pid, its Popen return code, whether it said it serves)."""
         ready_read, ready_write = os.pipe()
         try:
             keeper = os.getpid()
@@ -93,7 +93,7 @@ class Keeper:
                 served = os.read(ready_read, len(READY)) == READY
             except BlockingIOError:
                 served = False
-            return code, served
+            return self.server.pid, code, served
         finally:
             os.close(ready_read)
             if ready_write >= 0:
@@ -103,11 +103,11 @@ class Keeper:
         """Start the server and keep it running until it is stopped; the keeper's exit code."""
         while True:
             started = time.monotonic()
-            code, served = self.run_once()
+            pid, code, served = self.run_once()
             if self.stopping or code in STOPPED_CODES:
                 return 0
             if not served:
-                _say(f"the server (pid {self.server.pid if self.server else '?'}) ended {_cause(code)} "
+                _say(f"the server (pid {pid}) ended {_cause(code)} "
                      "before it served: not started again")
                 return code if code > 0 else 1
             now = time.monotonic()
@@ -116,7 +116,7 @@ class Keeper:
                 _say(f"the server ended {_cause(code)}, its {MAX_RESTARTS + 1}th end in "
                      f"{RESTART_WINDOW:.0f} s: not started again; its port is free now")
                 return 1
-            _say(f"the server (pid {self.server.pid if self.server else '?'}) ended {_cause(code)} after "
+            _say(f"the server (pid {pid}) ended {_cause(code)} after "
                  f"{now - started:.0f} s; starting it again on the same socket")
 
 
