@@ -1,7 +1,10 @@
-"""Installs ``trialflow-nni.pth`` beside the package: it appends the NNI compatibility package
-(``trialflow/trial/nni_shim``) to ``sys.path`` so that ``import nni`` works in a trial script run by
-hand (NNI's standalone mode: empty parameters, results printed). Appended after site-packages, so an
-installed NNI is found first. Everything else is in pyproject.toml.
+"""Installs ``trialflow-nni.pth`` beside the package. Its first line appends the NNI compatibility
+package (``trialflow/trial/nni_shim``) to ``sys.path`` so that ``import nni`` works in a trial script
+run by hand (NNI's standalone mode: empty parameters, results printed); appended after site-packages,
+so an installed NNI is found first. Its second line, run at every interpreter's start, guards the kept
+Prefect server's port where ``TRIALFLOW_GUARD_PORT`` is set (``trialflow.server.port_guard``; a shell
+that ran ``eval "$(trialflow server env)"``), and costs an environment lookup elsewhere. Everything
+else is in pyproject.toml.
 """
 
 import os
@@ -14,10 +17,14 @@ PTH = "trialflow-nni.pth"
 SHIM = os.path.join("trialflow", "trial", "nni_shim")
 
 
+GUARD_LINE = ('import os; os.environ.get("TRIALFLOW_GUARD_PORT") and '
+              '__import__("trialflow.server.port_guard", fromlist=["_"]).guard_from_environment()')
+
+
 def _write_pth(folder: str, shim: str) -> str:
     path = os.path.join(folder, PTH)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(shim + "\n")
+        f.write(shim + "\n" + GUARD_LINE + "\n")
     return path
 
 

@@ -228,7 +228,8 @@ print "heard ", length($b), " bytes", ($b =~ /Authorization/i ? " with the auth 
 def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_telling_one_who_takes_the_port_nothing(
         tmp_path, home):
     """With no server, and no keeper holding its port, a second user of the machine takes it: the
-    controllers that still call it make no connection to that user's program."""
+    controllers that still call it, and a `prefect` command of a shell pointed at the server with
+    `server env`, make no connection to that user's program."""
     # Prefect's client retries a refused call three times here, without jitter (2 + 4 + 8 s of back-off;
     # by default five times, 62 s, each wait +-20 %). A stall per cancel check, or minutes of undeliverable
     # events at exit, then far exceed the bounds below, while a busy machine's own slowness stays under them.
@@ -250,6 +251,7 @@ def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_telling_one_who_
     store = open_store(tmp_path / "w", exp_id)
     wait_for(lambda: any(t.status == "RUNNING" for t in store.trials()), timeout=60)
     port = running_server(home).port
+    shell_line = _cli(home, "server", "env").stdout.strip()  # what the user's shell evaluated
     assert _cli(home, "server", "stop", "--force").returncode == 0
     as_other_user("true")  # the user exists
     squatter = subprocess.Popen(["runuser", "-u", OTHER_USER, "--", "perl", "-e", SQUATTER, str(port)],
@@ -257,10 +259,46 @@ def test_a_forced_server_stop_mid_run_lets_the_experiment_go_on_telling_one_who_
     try:
         assert squatter.stdout.readline() == "listening\n"
         _the_experiment_goes_on(tmp_path, hold, store, exp_id, controller, port)
+        # Prefect's own command, in that shell, knows nothing of trialflow but the environment
+        prefect = subprocess.run(["bash", "-c", 'eval "$1" && exec prefect work-pool ls', "-", shell_line],
+                                 capture_output=True, text=True, env=_env(home), timeout=120)
+        assert prefect.returncode != 0
+        assert f"port {port} of trialflow's local Prefect server is held by another user" in prefect.stderr, \
+            prefect.stdout[-2000:] + prefect.stderr[-2000:]
     finally:
         os.killpg(squatter.pid, signal.SIGKILL)  # runuser and the other user's program under it
     heard = squatter.communicate()[0]
     assert heard == "", heard[:2000]  # not one connection
+
+
+def test_any_python_of_a_shell_pointed_at_the_server_guards_its_port_from_its_start():
+    """The line `server env` exports (TRIALFLOW_GUARD_PORT) makes every interpreter of trialflow's
+    environment guard that port from its start, before any of the program's own code: a plain urllib
+    call makes no connection to another user's listener there. A malformed value is one line, and
+    the interpreter runs on."""
+    port = free_port()
+    as_other_user("true")  # the user exists
+    squatter = subprocess.Popen(["runuser", "-u", OTHER_USER, "--", "perl", "-e", SQUATTER, str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    call = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/api/health', timeout=10)"
+    try:
+        assert squatter.stdout.readline() == "listening\n"
+        guarded = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "TRIALFLOW_GUARD_PORT": f"127.0.0.1:{port}"})
+    finally:
+        os.killpg(squatter.pid, signal.SIGKILL)
+    heard = squatter.communicate()[0]
+    assert heard == "", heard[:2000]
+    assert guarded.returncode == 1 and "ConnectionRefusedError" in guarded.stderr
+    uid = int(as_other_user("id", "-u").stdout)
+    assert guarded.stderr.startswith(f"trialflow: port {port} of trialflow's local Prefect server is held by another "
+                                     f"user (uid {uid}), not by the server: not connecting to it"), guarded.stderr
+    malformed = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "TRIALFLOW_GUARD_PORT": "localhost"})
+    assert (malformed.returncode, malformed.stdout) == (0, "ran\n")
+    assert malformed.stderr.splitlines() == ["trialflow: TRIALFLOW_GUARD_PORT='localhost' is not HOST:PORT[,HOST:PORT"
+                                             '...]: no port is guarded; unset it, or run eval "$(trialflow server '
+                                             'env)" again']
 
 
 def _the_experiment_goes_on(tmp_path: Path, hold: Path, store, exp_id: str, controller: int, port: int) -> None:

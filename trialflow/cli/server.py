@@ -54,16 +54,20 @@ def server_env() -> None:
     when none runs): eval "$(trialflow server env)"."""
     from prefect.settings import PREFECT_API_URL
 
-    from ..server.kept_server import ensure_server, running_server
+    from ..server.kept_server import HOST, ensure_server, running_server
 
     configured = PREFECT_API_URL.value()
     current = running_server()
     if configured and (current is None or configured != current.url):
         raise CliError(f"PREFECT_API_URL is set to {configured}: this shell reports there; unset it to use "
                        "trialflow's local Prefect server")
+    from ..server.port_guard import GUARD_ENV
+
     server = ensure_server()
     server.wait_until_healthy()
-    typer.echo("export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in server.client_settings().items()))
+    # the shell's Python processes (its prefect commands and workers) guard the port as trialflow's own do
+    settings = {**server.client_settings(), GUARD_ENV: f"{HOST}:{server.port}"}
+    typer.echo("export " + " ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items()))
 
 
 @server_app.command("status")

@@ -11,8 +11,13 @@ installs an audit hook (:func:`sys.addaudithook`, which lasts as long as the pro
 clients, urllib). From then on a connection to a guarded address first asks the kernel which user
 made the socket listening there (:func:`trialflow.foundation.socket_owner.listener_uid`); unless it is
 this process's user, the connection is refused (:class:`ConnectionRefusedError`, naming that user)
-before it is made, as to a server that is down, and one line goes to stderr once per port. Standard
-library only.
+before it is made, as to a server that is down, and one line goes to stderr once per port.
+
+Processes that are not trialflow's (the ``prefect`` commands and workers of a shell that ran
+``eval "$(trialflow server env)"``, and the flow runs such a worker starts) never read the auth file:
+``server env`` exports :data:`GUARD_ENV` beside the auth string, and the ``.pth`` file trialflow
+installs in site-packages calls :func:`guard_from_environment` at every interpreter's start where it
+is set. Standard library only.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import sys
 from typing import Any
 
 from ..foundation.socket_owner import listener_uid
+
+# the addresses (``HOST:PORT``, comma-separated) an interpreter guards from its start
+GUARD_ENV = "TRIALFLOW_GUARD_PORT"
 
 _guarded: set[tuple[str, int]] = set()
 _said: set[int] = set()
@@ -39,6 +47,22 @@ def guard(host: str, port: int) -> None:
     if not _installed:
         sys.addaudithook(_on_audit_event)
         _installed = True
+
+
+def guard_from_environment() -> None:
+    """Guard the addresses :data:`GUARD_ENV` names (called at the interpreter's start, see the module).
+    A value not of that form is said in one line on stderr, and nothing is guarded."""
+    value = os.environ.get(GUARD_ENV, "")
+    addresses: list[tuple[str, int]] = []
+    for item in filter(None, value.split(",")):
+        host, _, number = item.rpartition(":")
+        if not host or not number.isdigit() or not 0 < int(number) < 65536:
+            print(f"trialflow: {GUARD_ENV}={value!r} is not HOST:PORT[,HOST:PORT...]: no port is guarded; "
+                  f'unset it, or run eval "$(trialflow server env)" again', file=sys.stderr, flush=True)
+            return
+        addresses.append((host, int(number)))
+    for address in addresses:
+        guard(*address)
 
 
 def refusal(host: str, port: int) -> str | None:
