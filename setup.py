@@ -17,6 +17,7 @@ PTH = "trialflow-nni.pth"
 SHIM = os.path.join("trialflow", "trial", "nni_shim")
 
 
+# TRIALFLOW_GUARD_PORT is trialflow.server.port_guard.GUARD_ENV (the package is not imported to build it)
 GUARD_LINE = ('import os; os.environ.get("TRIALFLOW_GUARD_PORT") and '
               '__import__("trialflow.server.port_guard", fromlist=["_"]).guard_from_environment()')
 

@@ -51,18 +51,18 @@ def server_start(port: Annotated[int | None, typer.Option(
 @server_app.command("env")
 def server_env() -> None:
     """The shell line that points this shell's `prefect` commands and Python at the kept server (started
-    when none runs): eval "$(trialflow server env)"."""
+    when none runs), which then connect to its port only while your own user listens there:
+    eval "$(trialflow server env)"."""
     from prefect.settings import PREFECT_API_URL
 
     from ..server.kept_server import HOST, ensure_server, running_server
+    from ..server.port_guard import GUARD_ENV
 
     configured = PREFECT_API_URL.value()
     current = running_server()
     if configured and (current is None or configured != current.url):
         raise CliError(f"PREFECT_API_URL is set to {configured}: this shell reports there; unset it to use "
                        "trialflow's local Prefect server")
-    from ..server.port_guard import GUARD_ENV
-
     server = ensure_server()
     server.wait_until_healthy()
     # the shell's Python processes (its prefect commands and workers) guard the port as trialflow's own do
