@@ -176,7 +176,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
     transient = 0
     last_seen = record.start_time or time.time()  # the trial had not ended by then
     final_in = record.final is not None
-    unassessed = False  # intermediate results that arrived and the assessor has not seen yet
+    unassessed = False  # intermediate results that arrived and the assessor is still to see
     if ctx.desk is not None:
         ctx.desk.follow(trial_id)
     while True:
@@ -210,8 +210,11 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             continue
         cursor = update.cursor
         output.pump()
-        unassessed = _absorb(ctx, trial_id, update, history) or unassessed
+        absorbed = _absorb(ctx, trial_id, update, history)
         final_in = final_in or any(r.type == "FINAL" for r in update.metrics)
+        # a trial whose final result is in is judged no more: results after it are owed no look, and
+        # its asks about them are answered at once (else it would wait on the desk until its ask times out)
+        unassessed = (absorbed or unassessed) and not final_in
         if update.interrupted is not None:
             resubmitted = _resubmit(ctx, trial_id, handle, update.interrupted)
             if isinstance(resubmitted, TrialUpdate):
@@ -230,7 +233,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
         last_seen = polled_at
         # results that came while the trial was not yet seen running are assessed once it is: one
         # reported at once and followed by a long step was never assessed before its next report
-        if unassessed and update.status == TrialStatus.RUNNING and ctx.assessor is not None and not final_in:
+        if unassessed and update.status == TrialStatus.RUNNING and ctx.assessor is not None:
             unassessed = False
             values = _assessed(ctx, history)
             judged = ctx.assessor.multi_objective or all(v is not None for v in values)  # it skips unusable ones
@@ -240,9 +243,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
                     ctx.desk.answer(trial_id, len(history) - 1, stop=True)
                 ctx.request_cancel(trial_id, TrialStatus.EARLY_STOPPED)
                 continue
-        # a trial whose final result is in is never judged again: its asks are answered (never ask
-        # again) though results came after it, or it would wait on the desk until its ask times out
-        if ctx.desk is not None and (final_in or not unassessed):
+        if ctx.desk is not None and not unassessed:
             _answer_asks(ctx, trial_id, history, final_in)
         if ctx.desk is None or not ctx.desk.wait(trial_id, ctx.poll_interval):
             ctx.service.wait(handle, ctx.poll_interval)
