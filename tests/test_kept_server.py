@@ -33,7 +33,7 @@ from tests.conftest import (
     write_trial,
 )
 from trialflow.experiments import open_store
-from trialflow.server.kept_server import ensure_server, running_server, server_home, stop_server
+from trialflow.server.kept_server import PLAIN_HTTP_TRUST, ensure_server, running_server, server_home, stop_server
 from trialflow.server.prefect_db_template import DATABASE_MARK
 from trialflow.testing.ports import free_port
 from trialflow.trial.procs import pid_alive, stop_with
@@ -723,16 +723,23 @@ with trialflow.prefect_api():
 SAVE_FROM_SHELL = ("from trialflow.blocks import SSHCredentials; "
                    "SSHCredentials(username='me', password='pw-from-shell').save('from-shell', overwrite=True)")
 LOOKUP = """
-import sys
+import ssl, sys
 from trialflow.blocks import SSHCredentials
 from trialflow.blocks._load import load_block
 from trialflow.flows.run_api import experiment_api
+read = []  # the CA files the clients made from here on read
+load = ssl.SSLContext.load_verify_locations
+def recorded(ctx, cafile=None, *args, **kwargs):
+    read.append(cafile)
+    return load(ctx, cafile, *args, **kwargs)
+ssl.SSLContext.load_verify_locations = recorded
 with experiment_api():  # where an experiment looks its blocks up
     for name in sys.argv[1:]:
         try:
             print(name, load_block(SSHCredentials, name).username)
         except Exception as exc:
             print(name, "missing:", exc)
+print("CA files read:", sorted(set(read)))
 """
 
 
@@ -767,6 +774,8 @@ def test_a_second_shell_and_a_notebook_save_blocks_where_experiments_find_them(t
     assert lines[:2] == ["from-shell me", "from-python me"], found.stdout + found.stderr
     assert lines[2].startswith(f"gpu2-login missing: SSHCredentials block 'gpu2-login' not found in the Prefect "
                                f"API at {server.url}")
+    # its clients of the plain-HTTP kept server each read the one-root CA file, not the whole bundle
+    assert lines[3] == f"CA files read: {[str(PLAIN_HTTP_TRUST)]}", found.stdout
     elsewhere = _cli(home, "server", "env", PREFECT_API_URL="http://127.0.0.1:9/api")
     assert elsewhere.returncode == 1 and "PREFECT_API_URL is set to http://127.0.0.1:9/api" in elsewhere.stdout
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 from ..foundation.startup_gc import collector_paused
 from ..server.api_choice import wants_temporary_server
-from ..server.kept_server import KeptServer, ServerError, ensure_server, revive, running_server
+from ..server.kept_server import PLAIN_HTTP_TRUST, KeptServer, ServerError, ensure_server, revive, running_server
 from .api_outage import unreachable
 from .temporary_server import start_temporary_server
 
@@ -44,7 +45,9 @@ def experiment_api() -> Iterator[str | None]:
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
             _wait_until_healthy(server)
-            with temporary_settings(updates={PREFECT_API_AUTH_STRING: server.auth}):  # also when not set
+            # its auth string also when the environment has none
+            with temporary_settings(updates={PREFECT_API_AUTH_STRING: server.auth,
+                                             **_plain_http_trust()}):
                 yield None
             return
         _check_answers(PREFECT_API_URL.value())
@@ -55,8 +58,18 @@ def experiment_api() -> Iterator[str | None]:
         yield None
         return
     server = ensure_server()
-    with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth}):
+    with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth,
+                                     **_plain_http_trust()}):
         yield server.url
+
+
+def _plain_http_trust() -> dict[Any, str]:
+    """Prefect's CA-file setting as :data:`PLAIN_HTTP_TRUST`, for clients of the kept server only (a
+    plain-HTTP address: no certificate is checked there, so none is trusted that would be elsewhere);
+    empty when the file is missing from the installation."""
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE
+
+    return {PREFECT_API_SSL_CERT_FILE: str(PLAIN_HTTP_TRUST)} if PLAIN_HTTP_TRUST.is_file() else {}
 
 
 def _wait_until_healthy(server: KeptServer) -> None:

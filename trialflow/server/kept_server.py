@@ -57,6 +57,11 @@ FOLDER = "prefect-server"
 AUTH_FILE = "auth"  # the API's auth string, 0600 in the 0700 server folder
 STARTUP_SECONDS = 120.0  # a first start may create the database; a busy machine takes longer
 DEFAULT_WORKING_DIRECTORY = "~/trialflow-experiments"  # as the config's experimentWorkingDirectory default
+# The CA file a client of the kept server gives Prefect (PREFECT_API_SSL_CERT_FILE). The server speaks
+# plain HTTP, so no certificate is ever checked, but Prefect's client builds a TLS context for each
+# client it makes, reading this file: the whole CA bundle takes ~20 ms a client, this one-root file
+# (a public root from certifi's bundle) under 1 ms.
+PLAIN_HTTP_TRUST = Path(__file__).with_name("plain_http_trust.pem")
 # Prefect settings the kept server starts with unless the environment sets them. Task runs reach the
 # server as state events (three task runs per trial, nine events); Prefect's recorder writes them one
 # event per transaction by default, the server's largest cost per trial. Written in batches they show
