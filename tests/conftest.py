@@ -58,9 +58,10 @@ def prefect_server(tmp_path_factory):
     """trialflow's kept local Prefect server, in a throwaway home, for tests that run flows: started once
     per session (it stops with the session, also when pytest is killed); yields its API URL, which is
     PREFECT_API_URL meanwhile (for this process and the CLI processes tests start)."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_SSL_CERT_FILE, PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
-    from trialflow.server.kept_server import PLAIN_HTTP_TRUST, ensure_server, stop_server
+    from trialflow.flows.run_api import kept_server_client
+    from trialflow.server.kept_server import ensure_server, stop_server
 
     home = tmp_path_factory.mktemp("kept-server")
     server = ensure_server(home, stop_with_pid=os.getpid(), port=0)  # 4200 stays free for the user's
@@ -68,9 +69,7 @@ def prefect_server(tmp_path_factory):
     previous = {name: os.environ.get(name) for name in client}
     os.environ.update(client)
     try:
-        # this process's clients of it read the one-root CA file, as a controller's do
-        with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth,
-                                         PREFECT_API_SSL_CERT_FILE: str(PLAIN_HTTP_TRUST)}):
+        with temporary_settings(updates=kept_server_client(server)):  # as a controller's clients of it
             yield server.url
     finally:
         for name, value in previous.items():

@@ -33,7 +33,7 @@ def experiment_api() -> Iterator[str | None]:
     (yields None); else the kept server, started if needed, set as this context's PREFECT_API_URL
     (yields its URL). Raises :class:`ServerError` when the kept server cannot start or a configured API
     does not answer."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with collector_paused():
         for module in FIRST_RUN_IMPORTS:
@@ -45,9 +45,7 @@ def experiment_api() -> Iterator[str | None]:
         server = running_server()
         if server is not None and server.url == PREFECT_API_URL.value():  # maybe still starting
             _wait_until_healthy(server)
-            # its auth string also when the environment has none
-            with temporary_settings(updates={PREFECT_API_AUTH_STRING: server.auth,
-                                             **_plain_http_trust()}):
+            with temporary_settings(updates=kept_server_client(server)):  # its auth string also when not set
                 yield None
             return
         _check_answers(PREFECT_API_URL.value())
@@ -58,18 +56,18 @@ def experiment_api() -> Iterator[str | None]:
         yield None
         return
     server = ensure_server()
-    with temporary_settings(updates={PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth,
-                                     **_plain_http_trust()}):
+    with temporary_settings(updates=kept_server_client(server)):
         yield server.url
 
 
-def _plain_http_trust() -> dict[Any, str]:
-    """Prefect's CA-file setting as :data:`PLAIN_HTTP_TRUST`, for clients of the kept server only (a
-    plain-HTTP address: no certificate is checked there, so none is trusted that would be elsewhere);
-    empty when the file is missing from the installation."""
-    from prefect.settings import PREFECT_API_SSL_CERT_FILE
+def kept_server_client(server: KeptServer) -> dict[Any, str | None]:
+    """The Prefect settings of a client of the kept server ``server``: its address, its auth string and,
+    as the CA file, :data:`PLAIN_HTTP_TRUST` (the address is plain HTTP: no certificate is checked there,
+    so none is trusted that would be elsewhere; left out when the file is missing from the installation)."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_SSL_CERT_FILE, PREFECT_API_URL
 
-    return {PREFECT_API_SSL_CERT_FILE: str(PLAIN_HTTP_TRUST)} if PLAIN_HTTP_TRUST.is_file() else {}
+    trust = {PREFECT_API_SSL_CERT_FILE: str(PLAIN_HTTP_TRUST)} if PLAIN_HTTP_TRUST.is_file() else {}
+    return {PREFECT_API_URL: server.url, PREFECT_API_AUTH_STRING: server.auth, **trust}
 
 
 def _wait_until_healthy(server: KeptServer) -> None:
