@@ -15,6 +15,7 @@ import yaml
 
 from tests.conftest import base_config, write_trial
 from trialflow.experiments import open_store
+from trialflow.testing.ports import free_port
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -444,3 +445,36 @@ def test_a_create_that_checks_its_config_loads_no_numerical_library(tmp_path):
                           text=True, env=env, timeout=60)
     assert "maxTrialNumber" in done.stderr + done.stdout, (done.stdout, done.stderr)
     assert "LOADED []" in done.stdout, (done.stdout, done.stderr)
+
+
+def test_a_foreground_run_keeps_prefect_s_outage_chatter_off_the_terminal(tmp_path):
+    """When the Prefect API goes away mid-run (``trialflow server stop --force`` from another shell),
+    Prefect's events worker logs an error with the whole event for each one it could not send, on
+    ``prefect._internal``, which has a stderr handler of its own and does not pass records to the root;
+    its log shipper writes "--- Error logging to API ---" to stderr for each batch. A foreground run's
+    terminal shows trialflow's warnings and anything critical only, whichever logger holds the handler."""
+    code = ("import datetime, logging, uuid\n"
+            "from prefect.logging.configuration import setup_logging\n"
+            "setup_logging()\n"
+            "from trialflow.presentation.live import keep_prefect_chatter_off_the_terminal\n"
+            "keep_prefect_chatter_off_the_terminal()\n"
+            "logging.getLogger('prefect._internal.concurrency').error(\"Service 'EventsWorker' failed\")\n"
+            "logging.getLogger('prefect.flow_runs').error('a failed trial task')\n"
+            "logging.getLogger('trialflow.flows').warning('the Prefect API does not answer')\n"
+            "logging.getLogger('prefect._internal.concurrency').critical('critical stays')\n"
+            # Prefect's log shipper, sending a run's log line to an API nobody serves
+            "from prefect.logging.handlers import APILogWorker\n"
+            "APILogWorker.instance().send({'name': 'prefect.flow_runs', 'level': 20, 'message': 'a line',\n"
+            "    'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(),\n"
+            "    'flow_run_id': str(uuid.uuid4()), 'task_run_id': None})\n"
+            "APILogWorker.drain_all(timeout=30)\n"
+            "print('drained')\n")
+    env = {**os.environ, "HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore", "PREFECT_CLIENT_MAX_RETRIES": "0",
+           "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout + done.stderr
+    assert "drained" in shown and "the Prefect API does not answer" in shown and "critical stays" in shown, shown
+    assert "EventsWorker" not in shown and "a failed trial task" not in shown, shown
+    assert "Error logging to API" not in shown and "connection attempts failed" not in shown, shown

@@ -93,6 +93,28 @@ def _for_the_terminal(record: logging.LogRecord) -> bool:
                                                   and record.name.startswith("trialflow"))
 
 
+def keep_prefect_chatter_off_the_terminal() -> None:
+    """Filter every terminal handler of the logging tree (the root's, and those of loggers that do not
+    pass records up to it, such as Prefect's ``prefect._internal``) with :func:`_for_the_terminal`,
+    until this process ends; file handlers are left as they are. Handlers' own failures are no longer
+    printed either (``logging.raiseExceptions``), which is what keeps Prefect's log shipper from writing
+    "--- Error logging to API ---" to stderr for each batch an absent API did not take.
+
+    Why: the live table shows each trial's end and the CLI prints one line when the run fails. Prefect's
+    flow/task-run logs (tracebacks, one per failed trial) and its own chatter (the temporary server's
+    start and stop, retries of a stopping API, its events worker's errors when the API is gone, each
+    with a whole event) would only bury them. The experiment's log file still gets the run's records,
+    and trialflow's own warning there says that the API failed."""
+    logging.raiseExceptions = False
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger) and not logger.propagate]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+                    and _for_the_terminal not in handler.filters):
+                handler.addFilter(_for_the_terminal)
+
+
 def _first_interrupt(experiment_id: str) -> Callable[[int, FrameType | None], None]:
     """The SIGINT/SIGTERM handler while the experiment runs: stop it; a second signal quits at once."""
     def second(signum: int, _frame: FrameType | None) -> None:
@@ -115,13 +137,7 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     with collector_paused():
         from ..flows.experiment import final_status, run_experiment_flow
 
-    # The live table shows each trial's end and the CLI prints one line when the run fails: Prefect's
-    # flow/task-run logs (tracebacks, one per failed trial) and its own chatter (the temporary server's
-    # start and stop, retries of a stopping API) would only bury them. They are kept from the terminal's
-    # handlers only (until this process ends): the experiment's log file still gets the run's records.
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.addFilter(_for_the_terminal)
+    keep_prefect_chatter_off_the_terminal()
 
     store = open_store(root, experiment_id)
     maximize = maximizes(store.experiment())
