@@ -110,9 +110,8 @@ def keep_prefect_chatter_off_the_terminal() -> None:
                                        if isinstance(logger, logging.Logger) and not logger.propagate]
     for logger in loggers:
         for handler in logger.handlers:
-            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-                    and _for_the_terminal not in handler.filters):
-                handler.addFilter(_for_the_terminal)
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.addFilter(_for_the_terminal)  # once: addFilter skips a filter the handler has
 
 
 def _first_interrupt(experiment_id: str) -> Callable[[int, FrameType | None], None]:
