@@ -713,10 +713,8 @@ class _WorkPool:
             self.server = server
             subprocess.run(["prefect", "work-pool", "create", "trialflow-pool", "--type", "process"],
                            env=server.env, check=True, capture_output=True, timeout=120)
-            (home / "tmp").mkdir()  # the worker's folder per flow run, left when a run is cut off, stays in here
             server.worker = server.spawn(["prefect", "worker", "start", "--pool", "trialflow-pool", "--limit", "20"],
-                                         home / "worker.log", PREFECT_LOGGING_LEVEL="INFO",  # runs log trial output
-                                         TMPDIR=str(home / "tmp"))
+                                         home / "worker.log", PREFECT_LOGGING_LEVEL="INFO")  # runs log trial output
             server.worker_log = home / "worker.log"
             server.share_dir = home / "share"
             server.share_dir.mkdir()

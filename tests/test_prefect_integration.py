@@ -104,7 +104,8 @@ def test_prefect_deployment_run_starts_an_experiment(tmp_path, prefect_server):
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", maxTrialNumber=2, experimentName="dep")))
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-           "PREFECT_LOGGING_LEVEL": "INFO"}  # its runs' lines in its log, as a worker's
+           "PREFECT_LOGGING_LEVEL": "INFO",  # its runs' lines in its log, as a worker's
+           "TMPDIR": str(tmp_path)}  # the runner's storage folder in here, not in the machine's
     serve_code = ("from trialflow.flows.experiment import experiment_flow\n"
                   f"experiment_flow.serve(name='nightly-test', parameters={{'config_path': {str(config)!r}}})\n")
     serve_log = tmp_path / "serve.log"

@@ -74,9 +74,12 @@ def launch(experiment_id: str, root: Path, config_path: str | None, foreground: 
                 raise CliError(f"experiment {experiment_id} could not run: {exc}") from None
             signum = _run_control.signal_of(exc)  # Prefect turns a SIGTERM inside the run into an exception of its own
             if signum is None:
-                from ..flows.api_outage import exit_now_if_api_gone
+                from ..flows.api_outage import api_failure_line, exit_now_if_api_gone
 
-                exit_now_if_api_gone(1, f"error: experiment {experiment_id}: {type(exc).__name__}: {exc}")
+                line = api_failure_line(exc)
+                exit_now_if_api_gone(1, f"error: experiment {experiment_id}: {line or f'{type(exc).__name__}: {exc}'}")
+                if line is not None:  # an API that answers, with an error (another server's 401, a 503)
+                    raise CliError(f"experiment {experiment_id}: {line}") from None
                 raise
             _stopped_by_signal(experiment_id, signum)
         if (signum := _run_control.interrupted()) is not None:

@@ -4,7 +4,9 @@ fail fast and say so once, and its process does not linger at exit over what Pre
 
 Prefect's client retries a failed call five times with back-off, ~62 s in all; a run making such a
 call every few seconds would stall between trials. :class:`OptionalCalls` makes them once instead;
-:func:`exit_now_if_api_gone` bounds what Prefect's exit hooks would spend on undeliverable events.
+:func:`rest_of_run_tries_once_if_api_gone` does the same for the engine's final state of a run that
+found its API gone; :func:`exit_now_if_api_gone` bounds what Prefect's exit hooks would spend on
+undeliverable events; :func:`api_failure_line` says in one line why a call to the API failed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,46 @@ def unreachable(retries: bool = True) -> BaseException | None:
     with (nullcontext() if retries else _without_retries()()), get_client(sync_client=True) as client:
         problem = client.api_healthcheck()
     return problem if isinstance(problem, httpx.TransportError) else None
+
+
+def settings_scope() -> Any:
+    """A settings context equal to the current one: a settings context entered and not left inside it
+    (:func:`rest_of_run_tries_once_if_api_gone`) ends when it does. Costs microseconds."""
+    from prefect.context import SettingsContext, get_settings_context
+
+    current = get_settings_context()
+    return SettingsContext(profile=current.profile, settings=current.settings)
+
+
+def rest_of_run_tries_once_if_api_gone() -> None:
+    """Called last in a flow run's function: when this process's last optional call to the run's API
+    failed (:class:`OptionalCalls`), Prefect's client tries once from here to the end of the enclosing
+    settings context, so the engine's final state of the run (set after the function returns) fails at
+    once against an API that is gone instead of backing off for about a minute; otherwise nothing
+    changes. The context is entered and not left, for the engine's calls come after the function:
+    callers bound it with :func:`settings_scope` (a flow-run process ends with its run)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if str(PREFECT_API_URL.value() or "") in OptionalCalls._apis_down:
+        _without_retries()().__enter__()
+
+
+def api_failure_line(exc: BaseException) -> str | None:
+    """One line for a failed call to the Prefect API (an HTTP error answer, or no answer), naming the
+    API, the call and what came back; None for any other exception."""
+    import httpx
+
+    if not isinstance(exc, httpx.HTTPStatusError | httpx.TransportError):
+        return None
+    try:
+        request = exc.request
+    except RuntimeError:  # a transport error raised outside a request
+        call = ""
+    else:  # without user information or query, which may hold credentials
+        call = f" {request.method} {request.url.copy_with(username=None, password=None, query=None)}"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"the Prefect API answered{call} with {exc.response.status_code} {exc.response.reason_phrase}"
+    return f"the Prefect API did not answer{call}: {type(exc).__name__}: {exc}"
 
 
 EXIT_DRAIN_SECONDS = 10.0  # how long a run's last events and logs may take to reach an API that is gone

@@ -47,6 +47,7 @@ from ..records.disk_space import NoSpaceLeft, no_space
 from ..records.store import ExperimentStore
 from ..server.kept_server import ServerError
 from ..tracking import tracking
+from .api_outage import rest_of_run_tries_once_if_api_gone, settings_scope
 from .events import ExperimentEvents
 from .run_api import experiment_api
 from .run_control import (
@@ -100,6 +101,15 @@ def experiment_flow(config_path: str | None = None, experiment_id: str | None = 
     The run's state carries the final status (DONE, STOPPED) as its result. It is Completed, or Failed
     when the experiment ran trials and none succeeded (the message counts them); a run that cannot go
     on raises, the experiment recorded ERROR (or STOPPED when the run was cancelled)."""
+    try:
+        return _run_experiment(config_path, experiment_id, working_directory, overrides)
+    finally:
+        rest_of_run_tries_once_if_api_gone()  # for the final state, which the engine sets after this
+
+
+def _run_experiment(config_path: str | None, experiment_id: str | None, working_directory: str | None,
+                    overrides: dict[str, Any] | None) -> State:
+    """The body of :func:`experiment_flow` (which see), inside its flow run."""
     logger = get_run_logger()
     guard_temporary_servers()  # a SIGKILLed controller must not leave its temporary server running
     chosen_id = _chosen_id()  # the run is named after it: a new experiment takes it
@@ -202,6 +212,7 @@ def run_experiment_flow(config_path: str | None, experiment_id: str | None, root
     does not answer; a stored experiment (``experiment_id``) is then recorded ERROR with that message
     (``trialflow resume`` runs it once the API is back), a new one is not created."""
     with ExitStack() as stack:
+        stack.enter_context(settings_scope())  # what the run's end sets (rest_of_run_tries_once_if_api_gone)
         try:
             stack.enter_context(experiment_api())
         except ServerError as exc:

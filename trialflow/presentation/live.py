@@ -132,8 +132,10 @@ def _first_interrupt(experiment_id: str) -> Callable[[int, FrameType | None], No
 def run_with_progress(experiment_id: str, root: Path, config_path: str | None, console: Console
                       ) -> tuple[str, str | None]:
     """Run the experiment here with its live table; (final status, the run's failure message when no
-    trial succeeded, else None)."""
+    trial succeeded, else None). Raises what ended a run that could not go on; when that is a failed
+    call to the Prefect API (its record then says how the experiment ended), after the outcome lines."""
     with collector_paused():
+        from ..flows.api_outage import api_failure_line
         from ..flows.experiment import final_status, run_experiment_flow
 
     keep_prefect_chatter_off_the_terminal()
@@ -157,9 +159,14 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
 
         thread = threading.Thread(target=refresh, daemon=True)
         thread.start()
+        failed_call: Exception | None = None
         try:
             state = run_experiment_flow(config_path, experiment_id, str(root))
             status = final_status(state)
+        except Exception as exc:
+            if api_failure_line(exc) is None:
+                raise
+            failed_call = exc  # Prefect's copy of the run's end, or a call of its engine mid-run
         finally:
             for sig, old_handler in previous.items():
                 signal.signal(sig, old_handler)
@@ -179,4 +186,6 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     elif best is not None:
         console.print(f"best trial {best.id} (#{best.sequence}): value {trial_value(best)}, "
                       f"parameters {best.parameters}")
+    if failed_call is not None:
+        raise failed_call
     return status, state.message if state.is_failed() else None

@@ -34,11 +34,14 @@ class PrefectServer:
                     "PREFECT_RUNNER_POLL_FREQUENCY": "1",
                     # a worker learns of a cancel over the events websocket; when that is down (a busy
                     # machine), by polling -- every 120 s by default
-                    "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2"}
+                    "PREFECT_WORKER_CANCELLATION_POLL_SECONDS": "2",
+                    # what its processes make there (a runner's storage, a worker's folder per flow run,
+                    # left when a run is cut off) stays in this home, not in the machine's
+                    "TMPDIR": str(home / "tmp")}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> PrefectServer:
-        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "tmp").mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
         self.proc = _watched([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                               "--port", str(self.port), "--no-ui"], env, self.home / "server.log")
