@@ -447,6 +447,41 @@ def test_a_create_that_checks_its_config_loads_no_numerical_library(tmp_path):
     assert "LOADED []" in done.stdout, (done.stdout, done.stderr)
 
 
+def test_trialflow_s_warnings_during_a_live_table_print_above_it_and_nothing_goes_straight_to_the_terminal(tmp_path):
+    """A warning logged while the live table is up (the API gone: "the cancel check: a call to the
+    Prefect API failed") is printed by the table's console, above the table; written straight to the
+    terminal by Prefect's console handler, it landed after the table, whose next redraw erased it and
+    left the table's first lines behind. Prefect's chatter stays off, and the handlers are as they were
+    after the table."""
+    code = ("import io, logging, sys\n"
+            "from prefect.logging.configuration import setup_logging\n"
+            "setup_logging()\n"
+            "from rich.console import Console\n"
+            "from rich.live import Live\n"
+            "from trialflow.presentation.live import keep_prefect_chatter_off_the_terminal, logs_above_the_table\n"
+            "keep_prefect_chatter_off_the_terminal()\n"
+            "screen = io.StringIO()\n"
+            "console = Console(file=screen, force_terminal=True, width=200)\n"
+            "with Live('THE TABLE', console=console, auto_refresh=False) as live, logs_above_the_table(console):\n"
+            "    logging.getLogger('trialflow.experiment').warning('the cancel check: a call failed')\n"
+            "    logging.getLogger('prefect._internal.concurrency').error(\"Service 'EventsWorker' failed\")\n"
+            "    logging.getLogger('prefect._internal.concurrency').critical('critical stays')\n"
+            "    live.refresh()\n"
+            "logging.getLogger('trialflow.experiment').warning('after the table')\n"
+            "print(repr(screen.getvalue()))\n")
+    env = {**os.environ, "HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    screen = done.stdout
+    # through the table's console, before the table's last drawing
+    assert "WARNING | trialflow.experiment - the cancel check: a call failed" in screen, (screen, done.stderr)
+    assert screen.index("the cancel check") < screen.rindex("THE TABLE") and "critical stays" in screen, screen
+    assert "EventsWorker" not in screen + done.stderr, (screen, done.stderr)
+    # nothing straight to the terminal while the table was up; the handlers print again after it
+    assert done.stderr.splitlines() == [line for line in done.stderr.splitlines() if "after the table" in line]
+    assert "after the table" in done.stderr and "after the table" not in screen, (screen, done.stderr)
+
+
 def test_a_foreground_run_keeps_prefect_s_outage_chatter_off_the_terminal(tmp_path):
     """When the Prefect API goes away mid-run (``trialflow server stop --force`` from another shell),
     Prefect's events worker logs an error with the whole event for each one it could not send, on

@@ -13,13 +13,16 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from ..experiments import open_store
 from ..experiments.results import (
@@ -106,12 +109,65 @@ def keep_prefect_chatter_off_the_terminal() -> None:
     with a whole event) would only bury them. The experiment's log file still gets the run's records,
     and trialflow's own warning there says that the API failed."""
     logging.raiseExceptions = False
+    for _, handler in _terminal_handlers():
+        handler.addFilter(_for_the_terminal)  # once: addFilter skips a filter the handler has
+
+
+def _terminal_handlers() -> list[tuple[logging.Logger, logging.StreamHandler[Any]]]:
+    """The handlers of the logging tree that write to a stream, not a file, with their loggers: the
+    root's, and those of loggers that do not pass records up to it (a record reaches one of these)."""
     loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
                                        if isinstance(logger, logging.Logger) and not logger.propagate]
+    return [(logger, handler) for logger in loggers for handler in logger.handlers
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)]
+
+
+def _silenced(record: logging.LogRecord) -> bool:
+    return False
+
+
+class _AboveTheTable(logging.Handler):
+    """Prints each record through a Rich console, whose live table it then lands above."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(Text(self.format(record)), soft_wrap=True)
+        except Exception:  # noqa: BLE001 -- as logging's own handlers: reported by handleError
+            self.handleError(record)
+
+
+@contextmanager
+def logs_above_the_table(console: Console) -> Iterator[None]:
+    """While ``console`` shows a live table on a terminal: what the terminal handlers of the logging
+    tree would print (:func:`_for_the_terminal`, once :func:`keep_prefect_chatter_off_the_terminal`
+    ran) is printed through ``console``, above the table, in the root terminal handler's format, and
+    those handlers print nothing; as they were on exit. A line written straight to the terminal would
+    land after the table, where its next redraw erases it and leaves part of the old table above. Not
+    on a terminal (a log file: the table is printed once, at the end), nothing changes."""
+    if not console.is_terminal:
+        yield
+        return
+    found = _terminal_handlers()
+    loggers = list(dict.fromkeys(logger for logger, _ in found))
+    handlers = list(dict.fromkeys(handler for _, handler in found))
+    above = _AboveTheTable(console)
+    above.addFilter(_for_the_terminal)
+    above.setFormatter(next((h.formatter for h in handlers if h.formatter is not None), None))
+    for handler in handlers:
+        handler.addFilter(_silenced)
     for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handler.addFilter(_for_the_terminal)  # once: addFilter skips a filter the handler has
+        logger.addHandler(above)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(above)
+        for handler in handlers:
+            handler.removeFilter(_silenced)
 
 
 def _first_interrupt(experiment_id: str) -> Callable[[int, FrameType | None], None]:
@@ -148,7 +204,7 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     on_signal = _first_interrupt(experiment_id)
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
-              transient=False) as live:
+              transient=False) as live, logs_above_the_table(console):
         def refresh() -> None:
             told = console.is_terminal  # a log (cron, CI) sees the table at the end only: the page goes first
             while not done.wait(1.0):
