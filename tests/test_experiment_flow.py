@@ -26,6 +26,9 @@ def mark(kind):
         fcntl.flock(f, fcntl.LOCK_EX)
         f.write(json.dumps({"trial": nni.get_trial_id(), "kind": kind, "t": time.time()}) + "\\n")
 mark("start")
+deadline = time.time() + 60  # the first trials wait until this many have started, their starts seconds apart under load
+while time.time() < deadline and open(log).read().count('"start"') < int(os.environ.get("TRIAL_TOGETHER", "0")):
+    time.sleep(0.05)
 time.sleep(float(os.environ.get("TRIAL_SLEEP", "0.4")))
 while os.path.exists(os.environ.get("TRIAL_HOLD", "")):  # the test holds the trial until it has acted
     time.sleep(0.05)
@@ -44,9 +47,10 @@ def _max_overlap(log: Path) -> int:
     return peak
 
 
-def test_concurrency_is_never_exceeded_and_max_trial_number_is_exact(tmp_path):
+def test_concurrency_is_never_exceeded_and_max_trial_number_is_exact(tmp_path, monkeypatch):
     code = tmp_path / "code"
     write_trial(code, INTERVAL_TRIAL)
+    monkeypatch.setenv("TRIAL_TOGETHER", "3")  # the window filled however slowly trials start
     result = run_experiment(base_config(code, tmp_path / "w", trialConcurrency=3, maxTrialNumber=9))
     assert result.status == "DONE"
     assert len(result.trials) == 9

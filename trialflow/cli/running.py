@@ -76,9 +76,10 @@ def launch(experiment_id: str, root: Path, config_path: str | None, foreground: 
             if signum is None:
                 from ..flows.api_outage import api_failure_line, exit_now_if_api_gone
 
-                line = api_failure_line(exc)
-                exit_now_if_api_gone(1, f"error: experiment {experiment_id}: {line or f'{type(exc).__name__}: {exc}'}")
-                if line is not None:  # an API that answers, with an error (another server's 401, a 503)
+                line = api_failure_line(exc)  # one line, not a traceback, for a failed call to the API
+                exit_now_if_api_gone(1, f"error: experiment {experiment_id}: {line or f'{type(exc).__name__}: {exc}'}",
+                                     failed_call=exc if line else None)
+                if line is not None:  # Prefect's temporary server: this process's own, no outage to wait out
                     raise CliError(f"experiment {experiment_id}: {line}") from None
                 raise
             _stopped_by_signal(experiment_id, signum)

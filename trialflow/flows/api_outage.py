@@ -99,18 +99,20 @@ def api_failure_line(exc: BaseException) -> str | None:
 EXIT_DRAIN_SECONDS = 10.0  # how long a run's last events and logs may take to reach an API that is gone
 
 
-def exit_now_if_api_gone(code: int, failure: str | None = None) -> None:
+def exit_now_if_api_gone(code: int, failure: str | None = None, failed_call: BaseException | None = None) -> None:
     """After an experiment's run, with its record written (``failure``: what ended the run instead, such
     as Prefect's client failing to set its final state): return when the Prefect API answers (the
     process then exits as usual, Prefect's client delivering what it queued). When it does not, that
     client would try each queued event for seconds at exit -- hours after a long outage -- so it gets
     ``EXIT_DRAIN_SECONDS``, ``failure`` is printed, and the process ends now with ``code``, without
-    the exit handlers."""
+    the exit handlers. So too when ``failed_call`` is given: a call the API answered with an error (a
+    503, another server's 401 at its address), which what Prefect queued would meet as well."""
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():  # Prefect's temporary server: this process's own, up until its exit
         return
-    problem = unreachable(retries=False)
+    gone = unreachable(retries=False)
+    problem = gone or failed_call
     if problem is None:
         return
     if failure:
@@ -118,8 +120,9 @@ def exit_now_if_api_gone(code: int, failure: str | None = None) -> None:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    print(f"the Prefect API does not answer ({problem}): what is left of this run's events and logs is "
-          f"dropped after {EXIT_DRAIN_SECONDS:.0f} s", file=sys.stderr)  # the controller's output file
+    state = f"does not answer ({gone})" if gone else "failed a call"  # which one: in ``failure``
+    print(f"the Prefect API {state}: what is left of this run's events and logs is dropped after "
+          f"{EXIT_DRAIN_SECONDS:.0f} s", file=sys.stderr)  # the controller's output file
     deadline = time.monotonic() + EXIT_DRAIN_SECONDS
     for worker in (APILogWorker, EventsWorker):
         worker.drain_all(timeout=max(0.0, deadline - time.monotonic()), at_exit=False)
