@@ -453,7 +453,7 @@ def test_trialflow_s_warnings_during_a_live_table_print_above_it_and_nothing_goe
     terminal by Prefect's console handler, it landed after the table, whose next redraw erased it and
     left the table's first lines behind. Prefect's chatter stays off, and the handlers are as they were
     after the table."""
-    code = ("import io, logging, sys\n"
+    code = ("import io, logging\n"
             "from prefect.logging.configuration import setup_logging\n"
             "setup_logging()\n"
             "from rich.console import Console\n"

@@ -379,19 +379,22 @@ def test_a_run_whose_port_another_program_took_tries_its_final_state_once_and_sa
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     taken = None
     try:
-        exp_id = next(x for x in proc.stdout if "experiment id: " in x).split("experiment id: ")[1].split()[0]
-        store = open_store(tmp_path / "w", exp_id)
-        wait_for(lambda: [t.status for t in store.trials()] == ["RUNNING"], timeout=120)
-        assert _cli(home, "server", "stop", "--force").returncode == 0
-        taken = ErrorAnswers(port, 503)
-        taken.start()
-        log = tmp_path / "w" / exp_id / "log" / "experiment.log"
-        wait_for(lambda: "the cancel check: a call to the Prefect API failed" in log.read_text(), timeout=60)
-    finally:
-        hold.unlink()
-    try:
+        try:
+            exp_id = next(x for x in proc.stdout if "experiment id: " in x).split("experiment id: ")[1].split()[0]
+            store = open_store(tmp_path / "w", exp_id)
+            wait_for(lambda: [t.status for t in store.trials()] == ["RUNNING"], timeout=120)
+            assert _cli(home, "server", "stop", "--force").returncode == 0
+            taken = ErrorAnswers(port, 503)
+            taken.start()
+            log = tmp_path / "w" / exp_id / "log" / "experiment.log"
+            wait_for(lambda: "the cancel check: a call to the Prefect API failed" in log.read_text(), timeout=60)
+        finally:
+            hold.unlink()
         out = proc.communicate(timeout=120)[0]
     finally:
+        if proc.poll() is None:  # a failed step above: the run is not left behind
+            proc.kill()
+            proc.communicate()
         if taken is not None:
             taken.shutdown()
             taken.server_close()

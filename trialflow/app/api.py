@@ -73,7 +73,7 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     from ..flows.experiment import final_status, run_experiment_flow
 
     state = run_experiment_flow(path, experiment_id, str(exp_dir.parent))
-    return result_of(exp_dir.parent, experiment_id, final_status(state))
+    return result_of(exp_dir.parent, experiment_id, final_status(state, experiment_id, exp_dir.parent))
 
 
 def result_of(root: Path, experiment_id: str, status: str | None = None) -> ExperimentResult:
@@ -108,7 +108,7 @@ def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_nu
     finally:
         store.close()
     state = run_experiment_flow(None, experiment_id, str(base))
-    return result_of(base, experiment_id, final_status(state))
+    return result_of(base, experiment_id, final_status(state, experiment_id, base))
 
 
 def stop_experiment(experiment_id: str, root: RootLike = None, wait: float = 60.0) -> ExperimentResult:

@@ -184,7 +184,7 @@ def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) ->
     from ..flows.experiment import final_status, run_experiment_flow
 
     state = run_experiment_flow(config_path, experiment_id, str(root))
-    final_status(state)
+    final_status(state, experiment_id, root)
     return 1 if state.is_failed() else 0
 
 

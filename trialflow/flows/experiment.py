@@ -251,11 +251,21 @@ def _configured_api() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def final_status(state: State) -> str:
+def final_status(state: State, experiment_id: str, root: str | Path) -> str:
     """The experiment's final status from its run's state (``experiment_flow(..., return_state=True)``),
     also when the run Failed because no trial succeeded (then ``state.is_failed()`` and its message says
     so); raises what ended a run that could not go on. Synchronous also where an event loop runs (a
-    notebook's kernel), where Prefect would otherwise hand back an un-awaited coroutine."""
+    notebook's kernel), where Prefect would otherwise hand back an un-awaited coroutine.
+
+    A state without data is the API's copy, which Prefect's engine hands back when the run's final
+    state was refused as set already (its first answer lost to an API that stalled past the client's
+    timeout, then sent again); the experiment's record (``experiment_id`` under ``root``) says then."""
+    if state.data is None:
+        store = open_store(Path(root), experiment_id)
+        try:
+            return str(store.experiment().status)
+        finally:
+            store.close()
     result = state.result(raise_on_failure=False, _sync=True)  # type: ignore[call-overload]
     if isinstance(result, BaseException):
         raise result

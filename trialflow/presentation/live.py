@@ -218,7 +218,7 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
         failed_call: Exception | None = None
         try:
             state = run_experiment_flow(config_path, experiment_id, str(root))
-            status = final_status(state)
+            status = final_status(state, experiment_id, root)
         except Exception as exc:
             if api_failure_line(exc) is None:
                 raise
