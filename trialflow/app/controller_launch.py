@@ -162,7 +162,7 @@ def run_job(job: dict[str, Any], spool: Path, problem: ServerError | None = None
         print(problem, file=sys.stderr)
         experiment.record_unstarted_run(job["experiment_id"], problem, root)
         return 1
-    from ..flows.api_outage import api_failure_line, exit_now_if_api_gone
+    from ..flows.api_outage import exit_now_if_api_gone
     from ..records.disk_space import NoSpaceLeft
 
     try:
@@ -171,7 +171,7 @@ def run_job(job: dict[str, Any], spool: Path, problem: ServerError | None = None
         print(exc, file=sys.stderr)
         return 1
     except Exception as exc:  # e.g. the run's final state could not reach an API gone meanwhile
-        exit_now_if_api_gone(1, traceback.format_exc(), failed_call=exc if api_failure_line(exc) else None)
+        exit_now_if_api_gone(1, traceback.format_exc(), ended_by=exc)
         raise
     exit_now_if_api_gone(code)
     return code

@@ -78,7 +78,7 @@ def launch(experiment_id: str, root: Path, config_path: str | None, foreground: 
 
                 line = api_failure_line(exc)  # one line, not a traceback, for a failed call to the API
                 exit_now_if_api_gone(1, f"error: experiment {experiment_id}: {line or f'{type(exc).__name__}: {exc}'}",
-                                     failed_call=exc if line else None)
+                                     ended_by=exc)
                 if line is not None:  # Prefect's temporary server: this process's own, no outage to wait out
                     raise CliError(f"experiment {experiment_id}: {line}") from None
                 raise

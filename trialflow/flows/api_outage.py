@@ -99,21 +99,21 @@ def api_failure_line(exc: BaseException) -> str | None:
 EXIT_DRAIN_SECONDS = 10.0  # how long a run's last events and logs may take to reach an API that is gone
 
 
-def exit_now_if_api_gone(code: int, failure: str | None = None, failed_call: BaseException | None = None) -> None:
+def exit_now_if_api_gone(code: int, failure: str | None = None, ended_by: BaseException | None = None) -> None:
     """After an experiment's run, with its record written (``failure``: what ended the run instead, such
     as Prefect's client failing to set its final state): return when the Prefect API answers (the
     process then exits as usual, Prefect's client delivering what it queued). When it does not, that
     client would try each queued event for seconds at exit -- hours after a long outage -- so it gets
     ``EXIT_DRAIN_SECONDS``, ``failure`` is printed, and the process ends now with ``code``, without
-    the exit handlers. So too when ``failed_call`` is given: a call the API answered with an error (a
-    503, another server's 401 at its address), which what Prefect queued would meet as well."""
+    the exit handlers. So too when ``ended_by`` (the exception that ended the run) is a failed call to
+    the API, though it answers (a 503, another server's 401 at its address): what Prefect queued would
+    meet the same."""
     from prefect.settings import PREFECT_API_URL
 
     if not PREFECT_API_URL.value():  # Prefect's temporary server: this process's own, up until its exit
         return
     gone = unreachable(retries=False)
-    problem = gone or failed_call
-    if problem is None:
+    if gone is None and (ended_by is None or api_failure_line(ended_by) is None):
         return
     if failure:
         print(failure, file=sys.stderr)
