@@ -107,7 +107,8 @@ def test_a_seeded_start_skips_only_what_the_copy_holds_and_what_the_user_did_not
     assert not template_for("1.2-unmigrated").exists()
 
 
-@pytest.mark.parametrize("damage", ["group-writable", "symlink", "not-sqlite", "no-revision", "other-user"])
+@pytest.mark.parametrize("damage", ["group-writable", "symlink", "not-sqlite", "not-sqlite-wal", "no-revision",
+                                    "other-user"])
 def test_a_template_anyone_else_could_have_written_or_that_does_not_read_is_not_used(tmp_path, cache, damage):
     template = template_for(VERSION)
     remember(_migrated_file(tmp_path / "first" / "prefect.db"), VERSION)
@@ -119,6 +120,8 @@ def test_a_template_anyone_else_could_have_written_or_that_does_not_read_is_not_
         template.symlink_to(real)
     elif damage == "not-sqlite":
         template.write_bytes(b"SQLite format 3\x00" + os.urandom(4096))
+    elif damage == "not-sqlite-wal":  # a WAL header: reading it makes -wal and -shm files beside it
+        template.write_bytes(b"SQLite format 3\x00" + bytes([16, 0, 2, 2]) + os.urandom(4092))
     elif damage == "no-revision":
         db = sqlite3.connect(template)
         db.execute("DELETE FROM alembic_version")

@@ -30,6 +30,7 @@ Standard library only (the kept server's module imports this before Prefect).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -142,8 +143,10 @@ def seed(database: Path, version: str | None) -> bool:
             if not _migrated(Path(temporary)):
                 return False
             os.link(temporary, database)  # fails when the database appeared meanwhile: that one is kept
-        finally:
-            os.unlink(temporary)
+        finally:  # with what SQLite made beside it when it read it (a WAL header: -wal, -shm)
+            for made in (temporary, f"{temporary}-wal", f"{temporary}-shm", f"{temporary}-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(made)
     except (OSError, sqlite3.Error) as exc:
         log.debug("no template database for %s: %s", database, exc)
         return False
