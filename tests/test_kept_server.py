@@ -411,6 +411,47 @@ def test_a_run_whose_port_another_program_took_tries_its_final_state_once_and_sa
                           "this run's events and logs is dropped after 10 s"], out[-3000:]
 
 
+def test_a_script_whose_api_went_away_gets_its_result_and_ends_without_minutes_of_retries(tmp_path, home):
+    """By hand: a script calling ``run_experiment``, the kept server stopped (``--force``) mid-run. The
+    experiment ended DONE, but the script died with the final state's ConnectError, then spent minutes
+    at exit logging each event Prefect could not send. It now gets the result, one warning naming the
+    failed call, and ends after the 10 s given to what Prefect queued for that API."""
+    hold, path = _held_config(tmp_path, "script", 3)  # two held, the third after the stop: ~25 events
+    assert _cli(home, "server", "start", "--port", str(free_port())).returncode == 0
+    _guard(home)
+    port = running_server(home).port
+    script = tmp_path / "run.py"
+    script.write_text(f"import trialflow\nresult = trialflow.run_experiment({str(path)!r})\n"
+                      "print('returned', result.experiment_id, result.status, result.best_value)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        try:
+            runs = tmp_path / "w"
+            made = lambda: [d.name for d in runs.iterdir() if d.is_dir()] if runs.is_dir() else []  # noqa: E731
+            wait_for(lambda: len(made()) == 1, timeout=120)
+            exp_id = made()[0]
+            store = open_store(runs, exp_id)
+            wait_for(lambda: [t.status for t in store.trials()] == ["RUNNING"] * 2, timeout=120)
+            assert _cli(home, "server", "stop", "--force").returncode == 0
+            log = runs / exp_id / "log" / "experiment.log"
+            wait_for(lambda: "the cancel check: a call to the Prefect API failed" in log.read_text(), timeout=60)
+        finally:
+            hold.unlink()
+        out = proc.communicate(timeout=60)[0]  # Prefect's client alone tries each event for ~7 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:]
+    assert f"returned {exp_id} DONE 1.0" in out.splitlines(), out[-3000:]
+    assert store.experiment().status == "DONE"
+    set_state = f"http://127.0.0.1:{port}/api/flow_runs/{store.experiment().flow_run_id}/set_state"
+    assert (f"experiment {exp_id} ended DONE, but the Prefect API did not answer POST {set_state}: ConnectError: "
+            "[Errno 111] Connection refused: what is left of its run's events and logs there is dropped after "
+            "10 s") in out, out[-3000:]
+
+
 def _processes_of(home: Path, *marks: bytes) -> list[int]:
     """Pids of processes started with this TRIALFLOW_HOME whose command line holds one of ``marks``."""
     found = []

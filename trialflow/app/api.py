@@ -19,7 +19,7 @@ from ..experiments.context import ExperimentContext, open_context
 from ..experiments.results import best_trial, end_experiment, maximizes, multi_objective, pareto_set, trial_value
 from ..experiments.warm_start import create_warm_started
 from ..foundation.ids import new_trial_id
-from ..foundation.status import ExperimentStatus
+from ..foundation.status import EXPERIMENT_ENDED, ExperimentStatus
 from ..records.store import TrialRecord
 
 log = logging.getLogger("trialflow")
@@ -70,10 +70,37 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_warm_started(cfg, path)
+    return _run_to_its_end(path, experiment_id, exp_dir.parent)
+
+
+def _run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> ExperimentResult:
+    """Run the stored experiment here and return its result. A failed call to the Prefect API that ended
+    the run (its final state, say, with the API gone) is one warning when the experiment's record says it
+    ended, and its result is returned; what Prefect queued for that API is dropped after a bound, not
+    tried for minutes in the background and at exit. Raises what ended a run that did not end."""
+    from ..flows.api_outage import EXIT_DRAIN_SECONDS, api_failure_line, drop_what_cannot_reach
     from ..flows.experiment import final_status, run_experiment_flow
 
-    state = run_experiment_flow(path, experiment_id, str(exp_dir.parent))
-    return result_of(exp_dir.parent, experiment_id, final_status(state, experiment_id, exp_dir.parent))
+    try:
+        state = run_experiment_flow(config_path, experiment_id, str(root))
+        status = final_status(state, experiment_id, root)
+    except Exception as exc:
+        line = api_failure_line(exc)
+        if line is None:
+            raise
+        result = result_of(root, experiment_id)
+        ended = result.status in EXPERIMENT_ENDED
+        log.warning("experiment %s %s, but %s: what is left of its run's events and logs there is dropped "
+                    "after %.0f s", experiment_id, f"ended {result.status}" if ended else "did not end", line,
+                    EXIT_DRAIN_SECONDS)
+        try:
+            drop_what_cannot_reach(str(exc.request.url))  # type: ignore[attr-defined]
+        except RuntimeError:  # a failure outside a request: no API to name
+            pass
+        if not ended:
+            raise
+        return result
+    return result_of(root, experiment_id, status)
 
 
 def result_of(root: Path, experiment_id: str, status: str | None = None) -> ExperimentResult:
@@ -98,7 +125,6 @@ def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_nu
     ``max_trial_number`` or ``max_experiment_duration`` (totals, as ``resume --trialnum/--duration``),
     its tuner told every trial it has. Raises ``ExperimentNotFound``, ``UpdateError`` (a budget that
     lets nothing more run) and ``ExperimentRunning`` (a ``RuntimeError``) when its controller still runs."""
-    from ..flows.experiment import final_status, run_experiment_flow
     from .control import prepare_resume
 
     base, store = find_experiment(experiment_id, root)
@@ -107,8 +133,7 @@ def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_nu
             log.info(line)
     finally:
         store.close()
-    state = run_experiment_flow(None, experiment_id, str(base))
-    return result_of(base, experiment_id, final_status(state, experiment_id, base))
+    return _run_to_its_end(None, experiment_id, base)
 
 
 def stop_experiment(experiment_id: str, root: RootLike = None, wait: float = 60.0) -> ExperimentResult:

@@ -6,11 +6,13 @@ Prefect's client retries a failed call five times with back-off, ~62 s in all; a
 call every few seconds would stall between trials. :class:`OptionalCalls` makes them once instead;
 :func:`rest_of_run_tries_once_if_api_gone` does the same for the engine's final state of a run that
 found its API gone; :func:`exit_now_if_api_gone` bounds what Prefect's exit hooks would spend on
-undeliverable events; :func:`api_failure_line` says in one line why a call to the API failed.
+undeliverable events, and :func:`drop_what_cannot_reach` does so for a process that goes on (a
+notebook's kernel, a script); :func:`api_failure_line` says in one line why a call to the API failed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import sys
@@ -130,6 +132,42 @@ def exit_now_if_api_gone(code: int, failure: str | None = None, ended_by: BaseEx
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def drop_what_cannot_reach(api_url: str, seconds: float = EXIT_DRAIN_SECONDS) -> None:
+    """For a process that goes on after a run whose call to the API at ``api_url`` failed (a notebook's
+    kernel, a script): what Prefect's client queued for that API (the run's events and logs) gets
+    ``seconds`` to go, and the rest is dropped. Otherwise Prefect's client tries each queued event for
+    seconds -- minutes for a run's worth -- in the background and again at the process's exit, logging
+    each. Queues for another API are left as they are; the next run starts new ones. Raises nothing of
+    its own."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    origin = _origin(api_url)
+    # each queue's client, made when it started, knows its API (Prefect keeps one queue per client kind)
+    queues: list[Any] = [*tuple(EventsWorker._instances.values()),  # type: ignore[misc]
+                         *tuple(APILogWorker._instances.values())]  # type: ignore[misc]
+    stopping = [worker for worker in queues
+                if _origin(str(getattr(getattr(worker, "_orchestration_client", None)
+                                       or getattr(worker, "_client", None), "api_url", ""))) == origin]
+    tasks = [worker._task for worker in stopping]  # each queue's loop, which stopping lets go of
+    done = [worker._drain(at_exit=False) for worker in stopping]  # stopped: sends make new ones
+    concurrent.futures.wait(done, timeout=seconds)
+    for worker, task, drained in zip(stopping, tasks, done, strict=True):
+        if not drained.done() and task is not None:  # the loop ends, what it held with it
+            worker._loop.call_soon_threadsafe(task.cancel)
+    concurrent.futures.wait(done, timeout=1.0)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return ("", "", None)
+    return (parsed.scheme, parsed.host, parsed.port)
 
 
 # Calls that are asked again anyway take at most 1/API_SHARE of the controller's time: after a slow or

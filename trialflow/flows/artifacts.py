@@ -79,16 +79,18 @@ class ArtifactReporter:
         started = time.monotonic()
         try:
             with self._calls.once(unless_answering=final):
-                self._publish(final or started >= self._next_snapshot, final)
+                asked = self._publish(final or started >= self._next_snapshot, final)
         except Exception as exc:  # the UI must never stop an experiment
             self._calls.failed(exc)
         else:
-            self._calls.answered()
+            if asked:  # nothing to write says nothing of the API
+                self._calls.answered()
         # A snapshot reads every trial: with thousands of them it takes longer, so the progress is
         # looked at less often after one (as after an API that did not answer at once).
         self._next_progress = next_try_after(PROGRESS_INTERVAL, started)
 
-    def _publish(self, snapshot_due: bool, final: bool = False) -> None:
+    def _publish(self, snapshot_due: bool, final: bool = False) -> bool:
+        """Write what changed; True when that asked the API anything."""
         from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 
         counts = self.ctx.store.count_by_status()
@@ -96,33 +98,39 @@ class ArtifactReporter:
         done = sum(n for status, n in counts.items() if status in TERMINAL)
         total = sum(counts.values())
         progress = round(100.0 * done / budget if budget else (100.0 if done and done == total else 0.0), 1)
+        asked = False
         if self._progress_id is None:
+            asked = True
             self._progress_id = create_progress_artifact(progress=progress, key=f"{self.key}-progress",
                                                          description="trials finished / maxTrialNumber")
             self.versions += 1
         elif progress != self._progress:
+            asked = True
             update_progress_artifact(artifact_id=self._progress_id, progress=progress)
         self._progress = progress
         if snapshot_due and done:
-            self._snapshot(self.ctx.store.trials(), final)
+            asked = self._snapshot(self.ctx.store.trials(), final) or asked
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL
         url = self.ctx.store.controls().get(Control.DASHBOARD_URL)
         if url and url != self._dashboard_url:
+            asked = True
             create_link_artifact(key=f"{self.key}-dashboard", link=url, link_text="live optuna-dashboard",
                                  description="charts of this experiment, updated as trials report")
             self._dashboard_url = url
             self.versions += 1
+        return asked
 
-    def _snapshot(self, trials: list[TrialRecord], final: bool = False) -> None:
+    def _snapshot(self, trials: list[TrialRecord], final: bool = False) -> bool:
         """New versions of the trials table and the best-trial summary, each only when it changed; the
-        ``final`` one (the run's end) says that the best trial is the run's, not the best so far."""
+        ``final`` one (the run's end) says that the best trial is the run's, not the best so far. True
+        when either was written."""
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
         hybrid = self.ctx.config.is_hybrid
         rows = [{"trial": t.id, "sequence": t.sequence, "status": t.status,
                  **({"service": service_name(t.handle) or ""} if hybrid else {}), "metric": json_safe(trial_value(t)),
                  **{f"param.{k}": json_safe(v) for k, v in t.parameters.items()}} for t in trials[-MAX_TABLE_ROWS:]]
-        self._write_if_changed("trials", rows, lambda: create_table_artifact(
+        asked = self._write_if_changed("trials", rows, lambda: create_table_artifact(
             key=f"{self.key}-trials", table=rows, description="trials (latest 500)"))
         record = self.ctx.store.experiment()
         maximize = maximizes(record)
@@ -138,15 +146,16 @@ class ArtifactReporter:
         text += f"\n\n{trial_counts(trials, maximize)}"
         if final:
             text += "\n\nThis run of the experiment has ended: no later trial comes into it."
-        self._write_if_changed("best", text, lambda: create_markdown_artifact(
+        return self._write_if_changed("best", text, lambda: create_markdown_artifact(
             key=f"{self.key}-best", markdown=text,
-            description="best trial of the run" if final else "best trial so far"))
+            description="best trial of the run" if final else "best trial so far")) or asked
 
-    def _write_if_changed(self, name: str, content: Any, write: Callable[[], object]) -> None:
-        """A new version of artifact ``name`` when ``content`` differs from its latest; the content
-        counts as written only once ``write`` returned (a failed write is tried again next time)."""
+    def _write_if_changed(self, name: str, content: Any, write: Callable[[], object]) -> bool:
+        """A new version of artifact ``name`` when ``content`` differs from its latest (then True); the
+        content counts as written only once ``write`` returned (a failed write is tried again next time)."""
         if self._written.get(name) == content:
-            return
+            return False
         write()
         self._written[name] = content
         self.versions += 1
+        return True
