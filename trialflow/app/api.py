@@ -90,9 +90,9 @@ def _run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> 
             raise
         result = result_of(root, experiment_id)
         ended = result.status in EXPERIMENT_ENDED
-        log.warning("experiment %s %s, but %s: what is left of its run's events and logs there is dropped "
-                    "after %.0f s", experiment_id, f"ended {result.status}" if ended else "did not end", line,
-                    EXIT_DRAIN_SECONDS)
+        outcome = f"ended {result.status}, but" if ended else "did not end:"
+        log.warning("experiment %s %s %s: what is left of its run's events and logs there is dropped after %.0f s",
+                    experiment_id, outcome, line, EXIT_DRAIN_SECONDS)
         try:
             drop_what_cannot_reach(str(exc.request.url))  # type: ignore[attr-defined]
         except RuntimeError:  # a failure outside a request: no API to name

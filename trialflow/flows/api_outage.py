@@ -139,8 +139,9 @@ def drop_what_cannot_reach(api_url: str, seconds: float = EXIT_DRAIN_SECONDS) ->
     kernel, a script): what Prefect's client queued for that API (the run's events and logs) gets
     ``seconds`` to go, and the rest is dropped. Otherwise Prefect's client tries each queued event for
     seconds -- minutes for a run's worth -- in the background and again at the process's exit, logging
-    each. Queues for another API are left as they are; the next run starts new ones. Raises nothing of
-    its own."""
+    each. Queues for another API are left as they are; the next run starts new ones. Reads Prefect's
+    queue services' own state (``_instances``, each one's client and loop task): no public call drops a
+    queue. Raises nothing of its own."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
