@@ -76,11 +76,14 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
 def _run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> ExperimentResult:
     """Run the stored experiment here and return its result. A failed call to the Prefect API that ended
     the run (its final state, say, with the API gone) is one warning when the experiment's record says it
-    ended, and its result is returned; what Prefect queued for that API is dropped after a bound, not
-    tried for minutes in the background and at exit. Raises what ended a run that did not end."""
+    ended, and its result is returned (Prefect's engine's own record of it, a traceback, is left out);
+    what Prefect queued for that API is dropped after a bound, not tried for minutes in the background and
+    at exit. Raises what ended a run that did not end."""
     from ..flows.api_outage import EXIT_DRAIN_SECONDS, api_failure_line, drop_what_cannot_reach
     from ..flows.experiment import final_status, run_experiment_flow
 
+    engine_log, leave_out = logging.getLogger("prefect.flow_runs"), _NotAFailedApiCall()
+    engine_log.addFilter(leave_out)
     try:
         state = run_experiment_flow(config_path, experiment_id, str(root))
         status = final_status(state, experiment_id, root)
@@ -100,7 +103,19 @@ def _run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> 
         if not ended:
             raise
         return result
+    finally:
+        engine_log.removeFilter(leave_out)
     return result_of(root, experiment_id, status)
+
+
+class _NotAFailedApiCall(logging.Filter):
+    """Leaves out Prefect's engine's error record, with its traceback, of a failed call to the Prefect API
+    that ended a run: :func:`_run_to_its_end` says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from ..flows.api_outage import api_failure_line
+
+        return record.exc_info is None or record.exc_info[1] is None or api_failure_line(record.exc_info[1]) is None
 
 
 def result_of(root: Path, experiment_id: str, status: str | None = None) -> ExperimentResult:
