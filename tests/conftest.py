@@ -293,6 +293,25 @@ def wait_for(predicate, timeout=90.0, interval=0.1):
     raise AssertionError("condition not reached in time")
 
 
+def only_experiment(root: Path) -> tuple[str, list[Any]] | None:
+    """The one experiment under ``root`` whose run has begun (a run started elsewhere, a kernel's or a
+    script's, whose id the test learns this way): its id and trial records, once its store reads; None
+    before that (its folder is made before its store) and while there is none or more than one."""
+    from trialflow.experiments import has_store, open_store
+
+    made = [d for d in root.iterdir() if has_store(d)] if root.is_dir() else []
+    if len(made) != 1:
+        return None
+    try:
+        store = open_store(root, made[0].name)
+        try:
+            return made[0].name, store.trials()
+        finally:
+            store.close()
+    except Exception:  # noqa: BLE001 -- its store still being made: looked at again on the next poll
+        return None
+
+
 def process_state(pid: int) -> str:
     """The process's state letter in ``/proc/<pid>/stat`` (``S`` sleeping, ``Z`` zombie, ...)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -28,13 +28,14 @@ from tests.conftest import (
     as_other_user,
     base_config,
     migrates_on_start,
+    only_experiment,
     raw_request,
     signed_in,
     wait_for,
     without_sock_diag,
     write_trial,
 )
-from trialflow.experiments import has_store, open_store
+from trialflow.experiments import open_store
 from trialflow.server.kept_server import PLAIN_HTTP_TRUST, ensure_server, running_server, server_home, stop_server
 from trialflow.server.prefect_db_template import DATABASE_MARK
 from trialflow.testing.ports import free_port
@@ -428,8 +429,12 @@ def test_a_script_whose_api_went_away_gets_its_result_and_ends_without_minutes_o
     try:
         try:
             runs = tmp_path / "w"
-            wait_for(lambda: _statuses(runs) == ["RUNNING"] * 2, timeout=120)
-            exp_id = next(d.name for d in runs.iterdir() if has_store(d))
+
+            def two_running() -> str | None:
+                found = only_experiment(runs)
+                return found[0] if found and [t.status for t in found[1]] == ["RUNNING"] * 2 else None
+
+            exp_id = wait_for(two_running, timeout=120)
             store = open_store(runs, exp_id)
             assert _cli(home, "server", "stop", "--force").returncode == 0
             log = runs / exp_id / "log" / "experiment.log"
@@ -449,21 +454,6 @@ def test_a_script_whose_api_went_away_gets_its_result_and_ends_without_minutes_o
     assert (f"experiment {exp_id} ended DONE, but the Prefect API did not answer POST {set_state}: ConnectError: "
             "[Errno 111] Connection refused: what is left of its run's events and logs there is dropped after "
             "10 s") in out, out[-3000:]
-
-
-def _statuses(runs: Path) -> list[str] | None:
-    """The trials' statuses of the one experiment under ``runs``, once its store is written; else None."""
-    made = [d for d in runs.iterdir() if has_store(d)] if runs.is_dir() else []
-    if len(made) != 1:
-        return None
-    try:
-        store = open_store(runs, made[0].name)
-        try:
-            return [t.status for t in store.trials()]
-        finally:
-            store.close()
-    except Exception:  # noqa: BLE001 -- its store still being made: asked again
-        return None
 
 
 def _processes_of(home: Path, *marks: bytes) -> list[int]:

@@ -16,8 +16,8 @@ import nbclient
 import nbformat
 import pytest
 
-from tests.conftest import PYTHON, base_config, wait_for, write_trial
-from trialflow.experiments import has_store, open_store
+from tests.conftest import PYTHON, base_config, only_experiment, wait_for, write_trial
+from trialflow.experiments import open_store
 
 TRIAL = """
 import os, sys, time, nni
@@ -161,18 +161,8 @@ def test_an_interrupted_cell_stops_its_experiment_and_the_kernel_runs_the_next(j
     root = tmp_path / "w"
 
     def running_trials():
-        folders = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-        if len(folders) != 1 or not has_store(folders[0]):  # its folder is made before its store
-            return None
-        try:
-            store = open_store(root, folders[0].name)
-            try:
-                trials = store.trials()
-            finally:
-                store.close()
-        except Exception:  # noqa: BLE001 -- still being created: looked at again on the next poll
-            return None
-        return folders[0].name if sum(t.status == "RUNNING" for t in trials) == 2 else None
+        found = only_experiment(root)
+        return found[0] if found and sum(t.status == "RUNNING" for t in found[1]) == 2 else None
 
     experiment_id = wait_for(running_trials, timeout=120)
     jupyter_kernel.interrupt()
