@@ -113,9 +113,11 @@ class _NotAFailedApiCall(logging.Filter):
     that ended a run: :func:`_run_to_its_end` says it in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None or record.exc_info[1] is None:  # most records: nothing to look at
+            return True
         from ..flows.api_outage import api_failure_line
 
-        return record.exc_info is None or record.exc_info[1] is None or api_failure_line(record.exc_info[1]) is None
+        return api_failure_line(record.exc_info[1]) is None
 
 
 def result_of(root: Path, experiment_id: str, status: str | None = None) -> ExperimentResult:

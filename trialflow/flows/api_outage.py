@@ -146,12 +146,9 @@ def drop_what_cannot_reach(api_url: str, seconds: float = EXIT_DRAIN_SECONDS) ->
     from prefect.logging.handlers import APILogWorker
 
     origin = _origin(api_url)
-    # each queue's client, made when it started, knows its API (Prefect keeps one queue per client kind)
     queues: list[Any] = [*tuple(EventsWorker._instances.values()),  # type: ignore[misc]
                          *tuple(APILogWorker._instances.values())]  # type: ignore[misc]
-    stopping = [worker for worker in queues
-                if _origin(str(getattr(getattr(worker, "_orchestration_client", None)
-                                       or getattr(worker, "_client", None), "api_url", ""))) == origin]
+    stopping = [worker for worker in queues if _origin(_api_of(worker)) == origin]
     tasks = [worker._task for worker in stopping]  # each queue's loop, which stopping lets go of
     done = [worker._drain(at_exit=False) for worker in stopping]  # stopped: sends make new ones
     concurrent.futures.wait(done, timeout=seconds)
@@ -159,6 +156,13 @@ def drop_what_cannot_reach(api_url: str, seconds: float = EXIT_DRAIN_SECONDS) ->
         if not drained.done() and task is not None:  # the loop ends, what it held with it
             worker._loop.call_soon_threadsafe(task.cancel)
     concurrent.futures.wait(done, timeout=1.0)
+
+
+def _api_of(queue: Any) -> str:
+    """The API a Prefect queue service sends to: its client's, made when it started (Prefect keeps one
+    queue per client kind); "" for one not started."""
+    client = getattr(queue, "_orchestration_client", None) or getattr(queue, "_client", None)  # events / logs
+    return str(getattr(client, "api_url", ""))
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
