@@ -33,6 +33,22 @@ def _config_file(tmp_path: Path, **overrides) -> Path:
     return path
 
 
+def test_each_command_list_gives_a_command_its_summary_as_one_sentence():
+    """`trialflow --help` and each group's `--help` list every command with the first paragraph of its
+    help as one run of text: on a terminal wide enough, one line each, with no break mid-sentence
+    where the docstring's source line ended."""
+    from trialflow.cli import app
+
+    for group in [[], *([info.name] for info in app.registered_groups)]:
+        out = cli(*group, "--help", env={"COLUMNS": "400"})
+        assert out.returncode == 0, out.stderr
+        panel = out.stdout.split("Commands ")[1].splitlines()[1:-1]
+        assert panel, out.stdout
+        continued = [row.strip("│ ") for row in panel if row.startswith("│  ")]  # its name column empty
+        assert continued == [], f"trialflow {' '.join(group)} --help breaks a summary: {continued}"
+        assert "``" not in out.stdout
+
+
 def test_a_ctrl_c_while_the_command_starts_is_an_empty_line_and_exit_1_not_a_traceback():
     """Ctrl-C right after typing `trialflow create` (the console script still importing) ends it as a
     Ctrl-C inside any command does. The interrupt arrives at a fixed point of the start, not after a

@@ -8,6 +8,7 @@ list one line per bad field). Experiments run in a detached background process b
 
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 from typing import Annotated, Any
@@ -40,6 +41,22 @@ for _name, _group in (("experiment", experiments.experiment_app), ("trial", tria
                       ("platform", platform_clean.platform_app), ("webui", watching.webui_app),
                       ("package", algorithms.package_app)):
     app.add_typer(_group, name=_name)
+
+
+def _summaries_on_one_line(group: typer.Typer) -> None:
+    """Give each command of ``group`` and its sub-groups, where it has none, a short help: its
+    docstring's first paragraph as one line. A command list keeps the docstring's line breaks
+    otherwise (typer's rich mode does), which leaves ragged lines mid-sentence."""
+    for info in group.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback is not None else None)
+        if info.short_help is None and doc:
+            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _summaries_on_one_line(sub.typer_instance)
+
+
+_summaries_on_one_line(app)
 
 _default_show_warning = warnings.showwarning
 _WARNED: set[str] = set()

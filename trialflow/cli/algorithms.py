@@ -40,7 +40,7 @@ def algo_register(meta: Annotated[Path, typer.Option("--meta", "--meta_path", "-
 
 @algo_app.command("list")
 def algo_list() -> None:
-    """The built-in and the registered algorithms, as NNI's ``nnictl algo list``."""
+    """The built-in and the registered algorithms, as NNI's `nnictl algo list`."""
     from rich.table import Table
 
     from ..assessors import ASSESSORS

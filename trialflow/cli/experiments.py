@@ -63,8 +63,8 @@ def experiment_list(root: RootOpt = None,
 
 @experiment_app.command("show")
 def experiment_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
-    """The experiment's status and config as JSON: each value once, as in force (``update`` and
-    ``resume --trialnum/--duration`` included), then the history of those changes and where the tuner's
+    """The experiment's status and config as JSON: each value once, as in force (`update` and
+    `resume --trialnum/--duration` included), then the history of those changes and where the tuner's
     imported results came from."""
     _, store = find_store(experiment_id, root)
     record = store.experiment()
@@ -320,7 +320,7 @@ def config_convert(config: Annotated[Path, typer.Argument(help="an NNI v1 config
 
 @config_app.command("show")
 def config_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
-    """The experiment's config as YAML, with the values in force (``update`` included; the password of
+    """The experiment's config as YAML, with the values in force (`update` included; the password of
     a shared store left out)."""
     import yaml
 
