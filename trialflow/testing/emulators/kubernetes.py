@@ -192,8 +192,10 @@ class KubernetesEmulator(EmulatorServer):
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return 401, ApiError(401, "Unauthorized", "Unauthorized").status()
         try:
-            return self.handle(request.method, request.path, request.query, request.json(),
-                               request.headers.get("Content-Type", ""))
+            code, body = self.handle(request.method, request.path, request.query, request.json(),
+                                     request.headers.get("Content-Type", ""))
+            with self.cluster.lock:  # answered as a copy: the operators change the objects in place meanwhile
+                return code, copy.deepcopy(body)
         except ApiError as exc:
             return exc.code, exc.status()
         except ValueError as exc:
@@ -202,7 +204,10 @@ class KubernetesEmulator(EmulatorServer):
     # ---- object access for tests ----------------------------------------------------------
 
     def objects(self, plural: str, namespace: str = "default") -> list[dict[str, Any]]:
-        return copy.deepcopy(self.cluster.items(plural, namespace))
+        """Copies of the objects of ``plural``, taken under the cluster's lock (the operators change
+        objects in place while they run)."""
+        with self.cluster.lock:
+            return copy.deepcopy(self.cluster.items(plural, namespace))
 
     def disrupt(self, pod: str, namespace: str = "default", reason: str = "TerminationByKubelet",
                 message: str = "The node was low on resource: memory.") -> None:
