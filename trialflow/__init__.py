@@ -30,13 +30,18 @@ _EXPORTS = {
     "parse_config": "trialflow.config",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+# modules of the public API, by name: NNI's Python API (``nni.experiment`` re-exports it)
+_MODULES = {"nni_python_api": "trialflow.app.nni_experiment"}
+
+__all__ = ["__version__", *_EXPORTS, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trialflow' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -70,15 +70,19 @@ def run_experiment(config: ConfigLike) -> ExperimentResult:
     """Run an experiment to its end in this process and return its result."""
     cfg, path = _as_config(config)
     experiment_id, exp_dir = create_warm_started(cfg, path)
-    return _run_to_its_end(path, experiment_id, exp_dir.parent)
+    return run_to_its_end(path, experiment_id, exp_dir.parent)
 
 
-def _run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> ExperimentResult:
+def run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> ExperimentResult:
     """Run the stored experiment here and return its result. A failed call to the Prefect API that ended
     the run (its final state, say, with the API gone) is one warning when the experiment's record says it
     ended, and its result is returned (Prefect's engine's own record of it, a traceback, is left out);
     what Prefect queued for that API is dropped after a bound, not tried for minutes in the background and
     at exit. Raises what ended a run that did not end."""
+    from ..server.api_choice import no_telemetry_notice, uses_kept_server
+
+    if uses_kept_server():  # before Prefect's first import in a script or a notebook
+        no_telemetry_notice()
     from ..flows.api_outage import EXIT_DRAIN_SECONDS, api_failure_line, drop_what_cannot_reach
     from ..flows.experiment import final_status, run_experiment_flow
 
@@ -110,7 +114,7 @@ def _run_to_its_end(config_path: str | None, experiment_id: str, root: Path) -> 
 
 class _NotAFailedApiCall(logging.Filter):
     """Leaves out Prefect's engine's error record, with its traceback, of a failed call to the Prefect API
-    that ended a run: :func:`_run_to_its_end` says it in one line."""
+    that ended a run: :func:`run_to_its_end` says it in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info is None or record.exc_info[1] is None:  # most records: nothing to look at
@@ -150,7 +154,7 @@ def resume_experiment(experiment_id: str, root: RootLike = None, *, max_trial_nu
             log.info(line)
     finally:
         store.close()
-    return _run_to_its_end(None, experiment_id, base)
+    return run_to_its_end(None, experiment_id, base)
 
 
 def stop_experiment(experiment_id: str, root: RootLike = None, wait: float = 60.0) -> ExperimentResult:

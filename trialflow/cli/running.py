@@ -189,8 +189,7 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
                    for e in _experiments.list_experiments(root, unreadable)
                    if e.record.status in EXPERIMENT_LIVE]
     elif port is not None:
-        on_port = [e for e in _experiments.list_experiments(root, unreadable)
-                   if e.record.status in EXPERIMENT_LIVE and _api_port(e.record.prefect_api) == port]
+        on_port = _experiments.running_on_port(port, root, unreadable)
         if len(on_port) > 1:
             raise CliError(f"{len(on_port)} running experiments report to the Prefect server on port {port} "
                            f"({', '.join(e.id for e in on_port)}): give the id of one, or --all")
@@ -206,15 +205,6 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     for base, store in targets:
         print_warnings(_control.stop_experiment(store, base, wait))
         console.print(f"experiment {store.experiment_id} stopped")
-
-
-def _api_port(api: str | None) -> int | None:
-    from urllib.parse import urlsplit
-
-    try:
-        return urlsplit(api).port if api else None
-    except ValueError:
-        return None
 
 
 def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds between refreshes")] = 3,

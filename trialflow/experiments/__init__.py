@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..foundation.ids import looks_like_experiment_id, new_experiment_id
+from ..foundation.status import EXPERIMENT_LIVE
 from ..foundation.user_errors import UserError
 from ..records.store_reader import EmbeddedReader, RecordSource
 from ..records.store_records import (
@@ -368,6 +369,21 @@ def _working_directory_of(experiment_id: str, root: str | os.PathLike[str] | Non
             return base
     raise ExperimentNotFound(f"no experiment {experiment_id!r} found; `trialflow experiment list` shows the "
                              "known ones (use --root for another working directory)")
+
+
+def running_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> list[ExperimentEntry]:
+    """The running experiments (under ``root``, or the known roots) that report to a Prefect API on
+    ``port`` of their host (nnictl's web UI port); ``unreadable`` as :func:`list_experiments`."""
+    from urllib.parse import urlsplit
+
+    def port_of(api: str | None) -> int | None:
+        try:
+            return urlsplit(api).port if api else None
+        except ValueError:
+            return None
+
+    return [e for e in list_experiments(root, unreadable)
+            if e.record.status in EXPERIMENT_LIVE and port_of(e.record.prefect_api) == port]
 
 
 def list_experiments(root: Path | None = None, unreadable: list[str] | None = None) -> list[ExperimentEntry]:

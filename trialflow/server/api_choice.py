@@ -48,12 +48,23 @@ def point_this_process_at_kept_server(home: Path | None = None, port: int | None
     and its children, so every thread reports to it. Returns the server, or None when an API is
     configured or the temporary server is asked for. Raises :class:`ServerError` when the server cannot
     start, or runs with another port or prefix than the ones given."""
-    if os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api():
+    if not uses_kept_server():
         return None
     server = ensure_server(home, wait=False, **server_choice(port, url_prefix))
     os.environ.update(server.client_settings())
-    # The kept server runs with analytics off, and Prefect's client sends nothing when its server says
-    # so; but Prefect's first import in a terminal still prints its telemetry notice, telling a new user
-    # to turn off what is off. Unless the user said otherwise, this process and its children say so.
-    os.environ.setdefault("DO_NOT_TRACK", "1")
+    no_telemetry_notice()
     return server
+
+
+def uses_kept_server() -> bool:
+    """Whether this process's experiments report to the kept server: no API configured (the environment
+    or a Prefect profile) and the temporary server not asked for."""
+    return not (os.environ.get("PREFECT_API_URL") or wants_temporary_server() or _profiles_may_set_api())
+
+
+def no_telemetry_notice() -> None:
+    """For a process about to import Prefect to report to the kept server: the kept server runs with
+    analytics off, and Prefect's client sends nothing when its server says so; but Prefect's first import
+    in a terminal still prints its telemetry notice, telling a new user to turn off what is off. Unless
+    the user said otherwise, this process and its children say so (``DO_NOT_TRACK``)."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -1,0 +1,183 @@
+"""NNI's Python API (``from nni.experiment import Experiment``), as NNI's quickstart and notebooks use it:
+scripts run as a user runs them (``python script.py``, ``nni`` found through the installed shim), on
+real trials."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, write_trial
+from trialflow.config import ConfigError, parse_config
+from trialflow.config.nni_objects import (
+    AlgorithmConfig,
+    CustomAlgorithmConfig,
+    ExperimentConfig,
+    LocalConfig,
+    RemoteConfig,
+    RemoteMachineConfig,
+)
+from trialflow.experiments import open_store
+from trialflow.records.store_records import config_in_force
+
+TRIAL = """\
+import os, time, nni
+p = nni.get_next_parameter()
+while os.path.exists({hold!r}):
+    time.sleep(0.1)
+nni.report_intermediate_result(p["x"])
+nni.report_final_result(p["x"] * 10)
+"""
+
+
+def _quickstart(tmp_path: Path, body: str, max_trials: int = 4, hold: Path | None = None) -> str:
+    """NNI's HPO quickstart (its main.py), with this test's trial and working directory, then ``body``."""
+    write_trial(tmp_path / "code", TRIAL.format(hold=str(hold or tmp_path / "no-hold")), name="model.py")
+    return textwrap.dedent(f"""\
+        import json
+        search_space = {{'x': {{'_type': 'uniform', '_value': [0, 1]}},
+                        'unused': {{'_type': 'choice', '_value': [1, 2]}}}}
+        from nni.experiment import Experiment
+        experiment = Experiment('local')
+        experiment.config.trial_command = '{PYTHON} model.py'
+        experiment.config.trial_code_directory = 'code'
+        experiment.config.search_space = search_space
+        experiment.config.tuner.name = 'TPE'
+        experiment.config.tuner.class_args['optimize_mode'] = 'maximize'
+        experiment.config.max_trial_number = {max_trials}
+        experiment.config.trial_concurrency = 2
+        experiment.config.experiment_working_directory = {str(tmp_path / "w")!r}
+        """) + textwrap.dedent(body)
+
+
+def _python(tmp_path: Path, script: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    path = tmp_path / "main.py"
+    path.write_text(script)
+    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_nni_quickstart_config_objects_give_the_v2_config_nni_reads():
+    """What NNI's quickstart sets on ``Experiment('local').config`` is the config NNI's YAML would be;
+    the tuner, assessor and advisor placeholders NNI makes are left out when no one named them."""
+    config = ExperimentConfig("local")
+    config.trial_command = "python model.py"
+    config.trial_code_directory = "."
+    config.search_space = {"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}
+    config.tuner.name = "TPE"
+    config.tuner.class_args["optimize_mode"] = "maximize"
+    config.max_trial_number = 10
+    config.trial_concurrency = 2
+    config.training_service.use_active_gpu = False
+    assert config.json() == {
+        "trainingService": {"platform": "local", "useActiveGpu": False}, "trialCommand": "python model.py",
+        "trialCodeDirectory": ".", "searchSpace": {"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}},
+        "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}, "maxTrialNumber": 10,
+        "trialConcurrency": 2}
+    parsed = parse_config(config.json())
+    assert parsed.tuner is not None and parsed.tuner.name == "TPE" and parsed.assessor is None
+
+    keyword = ExperimentConfig(search_space={}, trial_concurrency=1, trial_command="t", training_service=[
+        LocalConfig(), RemoteConfig(machines=[RemoteMachineConfig(host="gpu1", user="me", ssh_key_file="~/k")])],
+        tuner=AlgorithmConfig(name="Random"), assessor=CustomAlgorithmConfig(class_name="mine.Stop"))
+    assert keyword.json()["trainingService"] == [{"platform": "local"}, {
+        "platform": "remote", "machines": [{"host": "gpu1", "user": "me", "sshKeyFile": "~/k"}]}]
+    assert keyword.json()["assessor"] == {"className": "mine.Stop", "codeDirectory": ".", "classArgs": {}}
+
+
+def test_a_misspelt_field_set_on_nni_config_is_named_when_the_experiment_starts():
+    config = ExperimentConfig("local", search_space={}, trial_command="t")
+    config.trial_concurency = 2  # as a user mistypes it
+    with pytest.raises(ConfigError) as caught:
+        parse_config(config.json())
+    assert "trialConcurency" in str(caught.value) and "trialConcurrency" in str(caught.value)
+
+
+def test_nni_quickstart_runs_to_its_end_and_its_queries_read_the_record(tmp_path, prefect_server):
+    """NNI's quickstart script: ``run()`` returns True at DONE; ``export_data``, ``get_job_metrics``,
+    ``list_trial_jobs`` and ``get_experiment_profile`` give what the trials reported; ``stop()`` after the
+    end changes nothing; its id cannot name a second new experiment."""
+    out = _python(tmp_path, _quickstart(tmp_path, """\
+        print("RUN", experiment.run(8080))
+        experiment.stop()
+        try:
+            Experiment(experiment.config, id=experiment.id).run()
+        except Exception as exc:
+            print("AGAIN", exc)
+        print("RESULT", json.dumps({
+            "id": experiment.id, "status": experiment.get_status(),
+            "export": [[r.trialJobId, r.parameter, r.value] for r in experiment.export_data()],
+            "metrics": {k: [[m.type, m.data] for m in v] for k, v in experiment.get_job_metrics().items()},
+            "jobs": [[j.trialJobId, j.status, j.hyperParameters[0].parameters, [m.data for m in j.finalMetricData]]
+                     for j in experiment.list_trial_jobs()],
+            "profile": experiment.get_experiment_profile()}))
+        """))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "RUN True" in out.stdout.splitlines()
+    result = json.loads(out.stdout.split("RESULT ", 1)[1])
+    assert (f"AGAIN experiment {result['id']} exists already: Experiment(None, id={result['id']!r}).resume() goes on "
+            "with it; leave id out for a new one") in out.stdout.splitlines()
+    store = open_store(tmp_path / "w", result["id"])
+    trials = store.trials()
+    assert result["status"] == store.experiment().status == "DONE" and len(trials) == 4
+    assert sorted(result["export"]) == sorted([t.id, t.parameters, pytest.approx(t.parameters["x"] * 10)]
+                                              for t in trials)
+    assert result["metrics"] == {t.id: [["PERIODICAL", pytest.approx(t.parameters["x"])],
+                                        ["FINAL", pytest.approx(t.parameters["x"] * 10)]] for t in trials}
+    assert result["jobs"] == [[t.id, "SUCCEEDED", t.parameters, [pytest.approx(t.parameters["x"] * 10)]]
+                              for t in trials]
+    profile = result["profile"]
+    assert profile["params"]["maxTrialNumber"] == 4 and profile["params"]["tuner"]["name"] == "TPE"
+    assert profile["logDir"] == str(tmp_path / "w" / result["id"]) and profile["endTime"] >= profile["startTime"]
+
+
+def test_an_experiment_started_in_the_background_stops_with_its_script_as_nni_does(tmp_path, prefect_server):
+    """``start()`` returns while the trials run (``get_status`` RUNNING, changes reach the running
+    controller); when the script ends without ``stop()``, the experiment is stopped, as NNI stops its
+    manager at exit; ``Experiment(None, id=...)`` then reads it, and ``resume()`` runs it to its end."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    out = _python(tmp_path, _quickstart(tmp_path, """\
+        import time
+        experiment.start(8080)
+        deadline = time.monotonic() + 120
+        while [j.status for j in experiment.list_trial_jobs()] != ["RUNNING"] * 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        print("STATUS", experiment.get_status(), experiment.id)
+        experiment.update_max_trial_number(3)
+        """, hold=hold))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    status, exp_id = out.stdout.split("STATUS ", 1)[1].split()[:2]
+    assert status == "RUNNING"
+    assert f"experiment {exp_id} started in the background" in out.stdout
+    store = open_store(tmp_path / "w", exp_id)
+    assert store.experiment().status == "STOPPED"  # stopped at the script's exit
+    assert {t.status for t in store.trials()} == {"USER_CANCELED"}
+    assert config_in_force(store.experiment())[0]["maxTrialNumber"] == 3
+    hold.unlink()
+    again = _python(tmp_path, textwrap.dedent(f"""\
+        from nni.experiment import Experiment
+        experiment = Experiment(None, id={exp_id!r})
+        print("RESUMED", experiment.resume())
+        print("STATUS", experiment.get_status(), len(experiment.export_data()))
+        """))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    # counts kept: the two stopped trials are two of the three, and one more ran and finished
+    assert "RESUMED True" in again.stdout.splitlines() and "STATUS DONE 1" in again.stdout.splitlines()
+    assert sorted(t.status for t in store.trials()) == ["SUCCEEDED", "USER_CANCELED", "USER_CANCELED"]
+
+
+def test_bad_nni_experiment_input_is_one_line_naming_the_fix(tmp_path):
+    """A missing required field and an id trialflow cannot use: one line each, nothing made."""
+    missing = _python(tmp_path, _quickstart(tmp_path, "experiment.config.trial_concurrency = None\nexperiment.run()\n"))
+    assert missing.returncode == 1 and "trialConcurrency" in missing.stderr.splitlines()[-1], missing.stderr[-2000:]
+    bad_id = _python(tmp_path, _quickstart(tmp_path, "experiment = Experiment(experiment.config, id='../My_Exp')\n"))
+    assert bad_id.stderr.splitlines()[-1].endswith(
+        "experiment id '../My_Exp' is not one trialflow makes: its ids are 8 lowercase letters and digits (leave id "
+        "out to have one made)"), bad_id.stderr[-2000:]
+    assert not (tmp_path / "w").exists() or list((tmp_path / "w").iterdir()) == []

@@ -1,0 +1,357 @@
+"""NNI's Python API, ``from nni.experiment import Experiment``, on trialflow: the scripts and notebooks of
+NNI's quickstart (``Experiment('local')``, ``experiment.config.<field> = ...``, ``experiment.run(8080)``,
+``experiment.stop()``) run unchanged, and its queries (``get_status``, ``export_data``,
+``get_job_metrics``, ``list_trial_jobs``, ...) read the experiment's record.
+
+Lifecycle: ``Experiment(config_or_platform, id=None)`` holds a config (:mod:`trialflow.config.nni_objects`)
+and an id, a new one made at once as NNI makes it, or with ``Experiment(None, id=...)`` one made earlier
+(to resume, view or query). :meth:`Experiment.run` creates the experiment and runs it in this process
+until it ends; :meth:`Experiment.start` creates it and runs it in a background controller, stopped when
+this process exits (as NNI stops its manager then) unless ``run_mode=RunMode.Detach``;
+:meth:`Experiment.stop` stops it while it runs and does nothing after its end. The experiment lives where
+trialflow's experiments live (``experiment_working_directory`` when set): ``trialflow`` commands and the
+Prefect UI see it as any other.
+
+``port``, NNI's web portal port, is taken and not used: the Prefect UI of the server the experiment reports
+to is its web UI (``trialflow server start --port`` chooses the kept server's port), and its address is
+printed. A bad config or id raises :class:`~trialflow.foundation.user_errors.UserError` (a
+``ConfigError`` for the config) with one line naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import atexit
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ..config.nni_objects import (
+    AlgorithmConfig,
+    ConfigObject,
+    CustomAlgorithmConfig,
+    ExperimentConfig,
+    LocalConfig,
+    RemoteConfig,
+    RemoteMachineConfig,
+    SharedStorageConfig,
+    TrainingServiceConfig,
+)
+from ..foundation.user_errors import UserError
+
+# what ``nni.experiment`` gives (the config objects with the experiment)
+__all__ = ["AlgorithmConfig", "CustomAlgorithmConfig", "Experiment", "ExperimentConfig", "LocalConfig", "RemoteConfig",
+           "RemoteMachineConfig", "RunMode", "SharedStorageConfig", "TrainingServiceConfig", "TrialHyperParameters",
+           "TrialJob", "TrialMetricData", "TrialResult"]
+
+
+class RunMode(Enum):
+    """How :meth:`Experiment.start` runs it: ``Background`` and ``Foreground`` stop it when this
+    process exits; ``Detach`` leaves it running."""
+
+    Background = "background"
+    Foreground = "foreground"
+    Detach = "detach"
+
+
+@dataclass
+class TrialResult:
+    """A finished trial: its parameters, its final result (as reported) and its id."""
+
+    parameter: dict[str, Any]
+    value: Any
+    trialJobId: str  # noqa: N815 -- NNI's name
+
+
+@dataclass
+class TrialMetricData:
+    """One reported result: ``type`` is ``PERIODICAL`` (intermediate) or ``FINAL``; ``timestamp`` in ms."""
+
+    timestamp: int
+    trialJobId: str  # noqa: N815
+    parameterId: int  # noqa: N815
+    type: str
+    sequence: int
+    data: Any
+
+
+@dataclass
+class TrialHyperParameters:
+    parameter_id: int
+    parameter_source: str
+    parameters: dict[str, Any]
+    parameter_index: int
+
+
+@dataclass
+class TrialJob:
+    """A trial: status, parameters, times (ms) and its final result."""
+
+    trialJobId: str  # noqa: N815
+    status: str
+    hyperParameters: list[TrialHyperParameters]  # noqa: N815
+    logPath: str | None  # noqa: N815
+    startTime: int | None  # noqa: N815
+    endTime: int | None  # noqa: N815
+    finalMetricData: list[TrialMetricData]  # noqa: N815
+    stderrPath: str | None  # noqa: N815
+    sequenceId: int  # noqa: N815
+    message: str | None
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)
+
+
+def _metrics_by_trial(records: Any, metrics: list[Any]) -> dict[str, list[TrialMetricData]]:
+    parameter_ids = {t.id: t.parameter_id for t in records.trials()}
+    out: dict[str, list[TrialMetricData]] = {}
+    for m in sorted(metrics, key=lambda m: (m.time, m.type == "FINAL", m.sequence)):  # in report order
+        out.setdefault(m.trial_id, []).append(TrialMetricData(
+            _ms(m.time) or 0, m.trial_id, parameter_ids[m.trial_id], m.type, m.sequence, m.value))
+    return out
+
+
+class Experiment:
+    """An NNI experiment run by trialflow (see the module doc)."""
+
+    def __init__(self, config_or_platform: ExperimentConfig | ConfigObject | dict[str, Any] | str | list[str] | None,
+                 id: str | None = None) -> None:  # noqa: A002 -- NNI's name
+        from ..foundation.ids import looks_like_experiment_id, new_experiment_id
+
+        if id is not None and not looks_like_experiment_id(id):  # never a path, nor a name trialflow cannot find
+            raise UserError(f"experiment id {id!r} is not one trialflow makes: its ids are 8 lowercase letters and "
+                            "digits (leave id out to have one made)")
+        if isinstance(config_or_platform, str | list):
+            self.config: Any = ExperimentConfig(config_or_platform)
+        else:
+            self.config = config_or_platform
+        self.id = id if id is not None else new_experiment_id()
+        self.port: int | None = None
+
+    # -- running --------------------------------------------------------------------------------------
+
+    def run(self, port: int = 8080, wait_completion: bool = True, debug: bool = False) -> bool | None:
+        """Create the experiment and run it: in this process until it ends (True when it ends DONE or
+        STOPPED, False when ERROR), or with ``wait_completion=False`` as :meth:`start` does (None). A
+        Ctrl-C or a notebook's interrupt stops it (its running trials end USER_CANCELED) and returns None.
+        Raises ``UserError`` for a bad config or id."""
+        if not wait_completion:
+            self.start(port, debug)
+            return None
+        from .api import run_to_its_end
+
+        root = self._create(debug)
+        self.port = port
+        return self._outcome(lambda: run_to_its_end(None, self.id, root))
+
+    def start(self, port: int = 8080, debug: bool = False, run_mode: RunMode = RunMode.Background) -> None:
+        """Create the experiment and run it in a background controller; returns once its flow run has
+        begun, printing its Prefect UI page. Raises ``UserError`` for a bad config or id, or when the
+        controller ends before the run begins (naming what it recorded)."""
+        root = self._create(debug)
+        self._in_background(root, None, run_mode)
+        self.port = port
+
+    def resume(self, port: int = 8080, wait_completion: bool = True, debug: bool = False) -> bool | None:
+        """Resume the experiment ``id`` names (stopped or crashed: its counts kept, running trials
+        re-attached), in this process or (``wait_completion=False``) in the background; returns as
+        :meth:`run`. Raises ``ExperimentNotFound`` and ``ExperimentRunning``."""
+        from ..experiments import find_experiment
+        from .control import prepare_resume
+
+        base, store = find_experiment(self.id)
+        try:
+            earlier_run = store.experiment().flow_run_id
+            for line in prepare_resume(store):
+                print(line)
+        finally:
+            store.close()
+        self.port = port
+        if not wait_completion:
+            self._in_background(base, earlier_run, RunMode.Background)
+            return None
+        from .api import run_to_its_end
+
+        return self._outcome(lambda: run_to_its_end(None, self.id, base))
+
+    def stop(self) -> None:
+        """Stop the experiment while it runs (its running trials end USER_CANCELED, it ends STOPPED);
+        nothing after it has ended or before it was created."""
+        from ..experiments import ExperimentNotFound
+        from ..foundation.status import EXPERIMENT_LIVE
+        from .api import stop_experiment
+
+        atexit.unregister(self.stop)
+        try:
+            status = self.get_status()
+        except ExperimentNotFound:
+            return
+        if status in EXPERIMENT_LIVE:
+            stop_experiment(self.id)
+            print(f"experiment {self.id} stopped")
+        self.port = None
+
+    def view(self, port: int = 8080, non_blocking: bool = False) -> Experiment:
+        """Print where the experiment's runs are in the Prefect UI (any experiment, running or ended, is
+        viewable there) and its status; returns this object. Raises ``ExperimentNotFound``."""
+        from ..server.prefect_ui_pages import flow_run_page
+
+        record = self._record()
+        page = flow_run_page(record.prefect_api, record.flow_run_id) if record.flow_run_id else None
+        print(f"experiment {self.id} {record.status}; Prefect UI: {page or 'no run recorded'}")
+        return self
+
+    @classmethod
+    def connect(cls, port: int) -> Experiment:
+        """The running experiment that reports to the Prefect server on ``port``. Raises ``UserError``
+        when none does, or several do (naming them)."""
+        from ..experiments import running_on_port
+
+        on_port = running_on_port(port)
+        if len(on_port) != 1:
+            raise UserError(f"{len(on_port)} running experiments report to the Prefect server on port {port}"
+                            f"{' (' + ', '.join(e.id for e in on_port) + ')' if on_port else ''}: "
+                            "give its id, Experiment(None, id=...)")
+        experiment = cls(None, id=on_port[0].id)
+        experiment.port = port
+        return experiment
+
+    def _create(self, debug: bool) -> Path:
+        """The experiment made from ``config`` under ``id``; returns its working directory."""
+        from ..config import parse_config
+        from ..experiments.warm_start import create_warm_started
+
+        if self.config is None:
+            raise UserError(f"experiment {self.id} has no config here (Experiment(None, id=...) names one made "
+                            "earlier): resume() or view() it, or give a config")
+        data = self.config.json() if isinstance(self.config, ConfigObject) else self.config
+        overrides = {"logLevel": "debug"} if debug else None
+        cfg = data if not isinstance(data, dict) else parse_config(data, overrides=overrides)
+        if (Path(cfg.experiment_working_directory).resolve() / self.id).exists():
+            raise UserError(f"experiment {self.id} exists already: Experiment(None, id={self.id!r}).resume() "
+                            "goes on with it; leave id out for a new one")
+        experiment_id, exp_dir = create_warm_started(cfg, None, list(overrides or ()), experiment_id=self.id)
+        print(f"experiment id: {experiment_id}  directory: {exp_dir}")
+        return exp_dir.parent
+
+    def _in_background(self, root: Path, earlier_run: str | None, run_mode: RunMode) -> None:
+        from .controller_launch import wait_for_run_page
+        from .spare_controller import take_controller
+
+        controller = take_controller()
+        controller.run(self.id, root, None)
+        if run_mode is not RunMode.Detach:
+            atexit.register(self.stop)
+        page, _ = wait_for_run_page(controller, self.id, root, earlier_run)
+        print(f"experiment {self.id} started in the background (pid {controller.pid})\n  Prefect UI: {page}")
+
+    def _outcome(self, run: Any) -> bool | None:
+        from ..foundation.status import ExperimentStatus
+
+        try:
+            status = run().status
+        except KeyboardInterrupt:  # recorded STOPPED, its trials stopped
+            print(f"experiment {self.id} stopped by the interrupt")
+            return None
+        return status in (ExperimentStatus.DONE, ExperimentStatus.STOPPED)
+
+    # -- queries --------------------------------------------------------------------------------------
+
+    def _read(self) -> tuple[Path, Any]:
+        """The working directory and the records of the experiment ``id`` names (open: close them).
+        Raises ``ExperimentNotFound``."""
+        from ..experiments import find_records
+
+        return find_records(self.id)
+
+    def _record(self) -> Any:
+        records = self._read()[1]
+        try:
+            return records.experiment()
+        finally:
+            records.close()
+
+    def get_status(self) -> str:
+        """INITIALIZED, RUNNING, DONE, STOPPED or ERROR. Raises ``ExperimentNotFound``."""
+        return str(self._record().status)
+
+    def get_experiment_profile(self) -> dict[str, Any]:
+        """Its id, status, config (``params``: NNI's v2 fields, as in force), start and end (ms), run
+        time so far (s), folder and the next trial's sequence number."""
+        import time
+
+        base, records = self._read()
+        try:
+            record = records.experiment()
+        finally:
+            records.close()
+        from ..records.store_records import config_in_force
+
+        began = record.start_time
+        return {"id": record.id, "status": record.status, "params": config_in_force(record)[0], "startTime": _ms(began),
+                "endTime": _ms(record.end_time), "logDir": str(base / record.id),
+                "nextSequenceId": record.next_sequence,
+                "execDuration": 0 if began is None else int((record.end_time or time.time()) - began)}
+
+    def export_data(self) -> list[TrialResult]:
+        """Each trial with a final result: its parameters, that result and its id."""
+        records = self._read()[1]
+        try:
+            return [TrialResult(t.parameters, t.final, t.id) for t in records.trials() if t.final is not None]
+        finally:
+            records.close()
+
+    def get_job_metrics(self, trial_job_id: str | None = None) -> dict[str, list[TrialMetricData]]:
+        """Every reported result by trial id (of one trial with ``trial_job_id``), in report order."""
+        records = self._read()[1]
+        try:
+            return _metrics_by_trial(records, records.metrics(trial_job_id))
+        finally:
+            records.close()
+
+    def list_trial_jobs(self) -> list[TrialJob]:
+        """Every trial, in submission order."""
+        records = self._read()[1]
+        try:
+            finals = _metrics_by_trial(records, records.metrics(type="FINAL"))
+            return [TrialJob(t.id, t.status, [TrialHyperParameters(t.parameter_id, "algorithm", t.parameters, 0)],
+                             t.log_dir, _ms(t.start_time), _ms(t.end_time), finals.get(t.id, []),
+                             f"{t.log_dir}/trial.stderr" if t.log_dir else None, t.sequence, t.message)
+                    for t in records.trials()]
+        finally:
+            records.close()
+
+    def get_trial_job(self, trial_job_id: str) -> TrialJob:
+        """One trial (as :meth:`list_trial_jobs` gives it). Raises ``KeyError`` for an id it does not have."""
+        for job in self.list_trial_jobs():
+            if job.trialJobId == trial_job_id:
+                return job
+        raise KeyError(f"experiment {self.id} has no trial {trial_job_id}")
+
+    # -- changes (as ``trialflow update`` and ``trialflow trial kill``) -----------------------------------
+
+    def update_trial_concurrency(self, value: int) -> None:
+        from .api import update_experiment
+
+        update_experiment(self.id, "concurrency", value)
+
+    def update_max_trial_number(self, value: int) -> None:
+        from .api import update_experiment
+
+        update_experiment(self.id, "trialnum", value)
+
+    def update_max_experiment_duration(self, value: str | int) -> None:
+        from .api import update_experiment
+
+        update_experiment(self.id, "duration", value)
+
+    def update_search_space(self, value: dict[str, Any]) -> None:
+        from .api import update_search_space
+
+        update_search_space(self.id, value)
+
+    def kill_trial_job(self, trial_job_id: str) -> None:
+        from .api import kill_trial
+
+        kill_trial(self.id, trial_job_id)

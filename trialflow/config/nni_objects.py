@@ -1,0 +1,141 @@
+"""NNI's Python config objects (``nni.experiment.ExperimentConfig``, ``AlgorithmConfig``, ``LocalConfig``,
+``RemoteConfig``, ...): fields set by their snake_case names, as NNI's Python API and its notebooks set
+them, turned into the v2 config mapping (camelCase keys) that :func:`trialflow.config.parse_config`
+checks.
+
+An object holds what was set on it and nothing else; :meth:`ConfigObject.json` gives the mapping, with
+nested objects turned too and the values of mappings (``search_space``, ``class_args``) as written. A
+field NNI has no name for is not refused here: ``parse_config`` names it, with every other problem, when
+the experiment starts. ``ExperimentConfig('local')`` makes the empty training service and algorithm
+placeholders NNI makes, so that ``config.tuner.name = 'TPE'`` and
+``config.tuner.class_args['optimize_mode'] = 'maximize'`` work on a new config; an algorithm left without
+a name is left out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["AlgorithmConfig", "ConfigObject", "CustomAlgorithmConfig", "ExperimentConfig", "LocalConfig",
+           "RemoteConfig", "RemoteMachineConfig", "SharedStorageConfig", "TrainingServiceConfig",
+           "camel_case"]
+
+
+def camel_case(name: str) -> str:
+    """NNI's field name for a Python attribute: ``trial_gpu_number`` -> ``trialGpuNumber``."""
+    first, *rest = name.strip("_").split("_")
+    return first + "".join(word.title() for word in rest)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, ConfigObject):
+        return value.json()
+    if isinstance(value, list | tuple):
+        return [_json_value(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value  # a mapping (search space, class args) stays as written
+
+
+class ConfigObject:
+    """Fields set as attributes (at construction as keyword arguments, or later one by one)."""
+
+    def __init__(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def json(self) -> dict[str, Any]:
+        """The v2 mapping: each field set and not None, under NNI's camelCase name."""
+        out = {}
+        for name, value in vars(self).items():
+            if value is None or (isinstance(value, _Algorithm) and value.unnamed):
+                continue
+            out[camel_case(name)] = _json_value(value)
+        return out
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and vars(other) == vars(self)
+
+
+class _Algorithm(ConfigObject):
+    """A tuner, assessor or advisor section; one no one named (a placeholder) is left out."""
+
+    @property
+    def unnamed(self) -> bool:
+        return getattr(self, "name", None) is None and getattr(self, "class_name", None) is None
+
+
+class AlgorithmConfig(_Algorithm):
+    """A built-in tuner, assessor or advisor: ``name`` and ``class_args``."""
+
+    def __init__(self, name: str | None = None, class_args: dict[str, Any] | None = None, **fields: Any) -> None:
+        super().__init__(name=name, class_args={} if class_args is None else class_args, **fields)
+
+
+class CustomAlgorithmConfig(_Algorithm):
+    """A customized tuner or assessor: ``class_name`` (``module.Class``), ``code_directory`` and
+    ``class_args``."""
+
+    def __init__(self, class_name: str | None = None, code_directory: str | os.PathLike[str] | None = ".",
+                 class_args: dict[str, Any] | None = None, **fields: Any) -> None:
+        super().__init__(class_name=class_name, code_directory=code_directory,
+                         class_args={} if class_args is None else class_args, **fields)
+
+
+class TrainingServiceConfig(ConfigObject):
+    """A training service's section: ``platform`` and its fields."""
+
+    def __init__(self, platform: str | None = None, **fields: Any) -> None:
+        super().__init__(platform=platform, **fields)
+
+
+class LocalConfig(TrainingServiceConfig):
+    def __init__(self, **fields: Any) -> None:
+        super().__init__("local", **fields)
+
+
+class RemoteMachineConfig(ConfigObject):
+    """One machine of a remote service: ``host``, ``user``, ``port``, ``ssh_key_file``, ..."""
+
+
+class RemoteConfig(TrainingServiceConfig):
+    """The remote service; ``machines`` starts empty for ``machines.append(RemoteMachineConfig(...))``."""
+
+    def __init__(self, machines: list[RemoteMachineConfig] | None = None, **fields: Any) -> None:
+        super().__init__("remote", machines=[] if machines is None else machines, **fields)
+
+
+class SharedStorageConfig(ConfigObject):
+    """The top-level ``shared_storage`` section (``storage_type``, ``local_mount_point``, ...)."""
+
+
+_SERVICES = {"local": LocalConfig, "remote": RemoteConfig}
+
+
+def training_service_config(platform: str) -> TrainingServiceConfig:
+    """An empty section for ``platform`` (NNI's ``training_service_config_factory``)."""
+    made = _SERVICES.get(platform)
+    return made() if made is not None else TrainingServiceConfig(platform)
+
+
+class ExperimentConfig(ConfigObject):
+    """An experiment's config. ``ExperimentConfig('local')`` (or a list of platforms, for a hybrid
+    experiment) starts with an empty training service section and tuner, assessor and advisor
+    placeholders; keyword arguments set fields as NNI's constructor does."""
+
+    def __init__(self, training_service_platform: str | list[str] | None = None, **fields: Any) -> None:
+        super().__init__(**fields)
+        if training_service_platform is None:
+            return
+        if isinstance(training_service_platform, list):
+            self.training_service: Any = [training_service_config(p) for p in training_service_platform]
+        else:
+            self.training_service = training_service_config(training_service_platform)
+        for role in ("tuner", "assessor", "advisor"):
+            if getattr(self, role, None) is None:
+                setattr(self, role, AlgorithmConfig())
