@@ -138,8 +138,9 @@ def test_nni_quickstart_runs_to_its_end_and_its_queries_read_the_record(tmp_path
 
 def test_an_experiment_started_in_the_background_stops_with_its_script_as_nni_does(tmp_path, prefect_server):
     """``start()`` returns while the trials run (``get_status`` RUNNING, changes reach the running
-    controller); when the script ends without ``stop()``, the experiment is stopped, as NNI stops its
-    manager at exit; ``Experiment(None, id=...)`` then reads it, and ``resume()`` runs it to its end."""
+    controller, ``connect(port)`` finds it, ``view()`` names its run's page); when the script ends without
+    ``stop()``, the experiment is stopped, as NNI stops its manager at exit; ``Experiment(None, id=...)``
+    then reads it, and ``resume()`` runs it to its end."""
     hold = tmp_path / "hold"
     hold.touch()
     out = _python(tmp_path, _quickstart(tmp_path, """\
@@ -150,11 +151,19 @@ def test_an_experiment_started_in_the_background_stops_with_its_script_as_nni_do
             time.sleep(0.1)
         print("STATUS", experiment.get_status(), experiment.id)
         experiment.update_max_trial_number(3)
+        import os, urllib.parse
+        port = urllib.parse.urlsplit(os.environ["PREFECT_API_URL"]).port
+        print("CONNECTED", Experiment.connect(port).id)
+        experiment.view()
         """, hold=hold))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     status, exp_id = out.stdout.split("STATUS ", 1)[1].split()[:2]
     assert status == "RUNNING"
     assert f"experiment {exp_id} started in the background" in out.stdout
+    assert f"CONNECTED {exp_id}" in out.stdout.splitlines()  # the one running experiment on the server's port
+    page = out.stdout.split("  Prefect UI: ", 1)[1].split()[0]  # as start() printed it
+    assert page.startswith(prefect_server.removesuffix("/api")) and "/runs/flow-run/" in page
+    assert f"experiment {exp_id} RUNNING; Prefect UI: {page}" in out.stdout.splitlines()
     store = open_store(tmp_path / "w", exp_id)
     assert store.experiment().status == "STOPPED"  # stopped at the script's exit
     assert {t.status for t in store.trials()} == {"USER_CANCELED"}
