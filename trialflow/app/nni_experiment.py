@@ -204,16 +204,12 @@ class Experiment:
 
     @classmethod
     def connect(cls, port: int) -> Experiment:
-        """The running experiment that reports to the Prefect server on ``port``. Raises ``UserError``
-        when none does, or several do (naming them)."""
-        from ..experiments import running_on_port
+        """The running experiment that reports to the Prefect server on ``port``. Raises
+        ``ExperimentNotFound`` when none does, or several do (naming them: ``Experiment(None, id=...)``
+        takes one)."""
+        from ..experiments import the_one_on_port
 
-        on_port = running_on_port(port)
-        if len(on_port) != 1:
-            raise UserError(f"{len(on_port)} running experiments report to the Prefect server on port {port}"
-                            f"{' (' + ', '.join(e.id for e in on_port) + ')' if on_port else ''}: "
-                            "give its id, Experiment(None, id=...)")
-        experiment = cls(None, id=on_port[0].id)
+        experiment = cls(None, id=the_one_on_port(port).id)
         experiment.port = port
         return experiment
 

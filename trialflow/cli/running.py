@@ -189,14 +189,8 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
                    for e in _experiments.list_experiments(root, unreadable)
                    if e.record.status in EXPERIMENT_LIVE]
     elif port is not None:
-        on_port = _experiments.running_on_port(port, root, unreadable)
-        if len(on_port) > 1:
-            raise CliError(f"{len(on_port)} running experiments report to the Prefect server on port {port} "
-                           f"({', '.join(e.id for e in on_port)}): give the id of one, or --all")
-        if not on_port:
-            raise CliError(f"no running experiment reports to a Prefect server on port {port}: `trialflow "
-                           "experiment list` shows the running ones")
-        targets = [(on_port[0].root, _experiments.open_store(on_port[0].root, on_port[0].id))]
+        found = _experiments.the_one_on_port(port, root, unreadable)
+        targets = [(found.root, _experiments.open_store(found.root, found.id))]
     else:
         targets = [find_store(experiment_id, root)]
     report_unreadable(unreadable)

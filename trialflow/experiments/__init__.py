@@ -386,6 +386,19 @@ def running_on_port(port: int, root: Path | None = None, unreadable: list[str] |
             if e.record.status in EXPERIMENT_LIVE and port_of(e.record.prefect_api) == port]
 
 
+def the_one_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> ExperimentEntry:
+    """The one running experiment that reports to the Prefect server on ``port`` (:func:`running_on_port`).
+    Raises :class:`ExperimentNotFound` when none does, or several do (naming them)."""
+    on_port = running_on_port(port, root, unreadable)
+    if len(on_port) > 1:
+        raise ExperimentNotFound(f"{len(on_port)} running experiments report to the Prefect server on port {port} "
+                                 f"({', '.join(e.id for e in on_port)}): give the id of one")
+    if not on_port:
+        raise ExperimentNotFound(f"no running experiment reports to a Prefect server on port {port}: `trialflow "
+                                 "experiment list` shows the running ones")
+    return on_port[0]
+
+
 def list_experiments(root: Path | None = None, unreadable: list[str] | None = None) -> list[ExperimentEntry]:
     """The experiments under ``root`` (or the known roots), by id; one whose store cannot be read is
     skipped, and its one-line reason added to ``unreadable`` when given."""
