@@ -371,31 +371,30 @@ def _working_directory_of(experiment_id: str, root: str | os.PathLike[str] | Non
                              "known ones (use --root for another working directory)")
 
 
-def running_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> list[ExperimentEntry]:
-    """The running experiments (under ``root``, or the known roots) that report to a Prefect API on
-    ``port`` of their host (nnictl's web UI port); ``unreadable`` as :func:`list_experiments`."""
+def _api_port(api: str | None) -> int | None:
     from urllib.parse import urlsplit
 
-    def port_of(api: str | None) -> int | None:
-        try:
-            return urlsplit(api).port if api else None
-        except ValueError:
-            return None
-
-    return [e for e in list_experiments(root, unreadable)
-            if e.record.status in EXPERIMENT_LIVE and port_of(e.record.prefect_api) == port]
+    try:
+        return urlsplit(api).port if api else None
+    except ValueError:
+        return None
 
 
 def the_one_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> ExperimentEntry:
-    """The one running experiment that reports to the Prefect server on ``port`` (:func:`running_on_port`).
-    Raises :class:`ExperimentNotFound` when none does, or several do (naming them)."""
-    on_port = running_on_port(port, root, unreadable)
+    """The one running experiment (under ``root``, or the known roots) that reports to a Prefect API on
+    ``port`` of its host (nnictl's web UI port); ``unreadable`` as :func:`list_experiments`. Raises
+    :class:`ExperimentNotFound` when none does (naming the ports running ones report to), or several do
+    (naming them)."""
+    running = [e for e in list_experiments(root, unreadable) if e.record.status in EXPERIMENT_LIVE]
+    on_port = [e for e in running if _api_port(e.record.prefect_api) == port]
     if len(on_port) > 1:
         raise ExperimentNotFound(f"{len(on_port)} running experiments report to the Prefect server on port {port} "
                                  f"({', '.join(e.id for e in on_port)}): give the id of one")
     if not on_port:
-        raise ExperimentNotFound(f"no running experiment reports to a Prefect server on port {port}: `trialflow "
-                                 "experiment list` shows the running ones")
+        others = sorted({str(p) for e in running if (p := _api_port(e.record.prefect_api)) is not None})
+        where = f" (running ones report to port {', '.join(others)})" if others else ""
+        raise ExperimentNotFound(f"no running experiment reports to a Prefect server on port {port}{where}: "
+                                 "`trialflow experiment list` shows the running ones")
     return on_port[0]
 
 
