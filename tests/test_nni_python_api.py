@@ -83,11 +83,17 @@ def test_nni_quickstart_config_objects_give_the_v2_config_nni_reads():
     assert parsed.tuner is not None and parsed.tuner.name == "TPE" and parsed.assessor is None
 
     keyword = ExperimentConfig(search_space={}, trial_concurrency=1, trial_command="t", training_service=[
-        LocalConfig(), RemoteConfig(machines=[RemoteMachineConfig(host="gpu1", user="me", ssh_key_file="~/k")])],
+        LocalConfig(), RemoteConfig(machine_list=[RemoteMachineConfig(host="gpu1", user="me", ssh_key_file="~/k")])],
         tuner=AlgorithmConfig(name="Random"), assessor=CustomAlgorithmConfig(class_name="mine.Stop"))
     assert keyword.json()["trainingService"] == [{"platform": "local"}, {
-        "platform": "remote", "machines": [{"host": "gpu1", "user": "me", "sshKeyFile": "~/k"}]}]
+        "platform": "remote", "machineList": [{"host": "gpu1", "user": "me", "sshKeyFile": "~/k"}]}]
     assert keyword.json()["assessor"] == {"className": "mine.Stop", "codeDirectory": ".", "classArgs": {}}
+
+    remote = ExperimentConfig("remote", search_space={"x": {"_type": "uniform", "_value": [0, 1]}}, trial_command="t",
+                              trial_concurrency=2, tuner=AlgorithmConfig(name="Random"))
+    remote.training_service.machine_list.append(RemoteMachineConfig(host="gpu2", user="me", password="hunter2"))
+    assert parse_config(remote.json()).training_service.machine_list[0].host == "gpu2"  # NNI's remote example
+    assert "hunter2" not in repr(remote) and "password=**********" in repr(remote)  # a notebook's echo of it
 
 
 def test_a_misspelt_field_set_on_nni_config_is_named_when_the_experiment_starts():

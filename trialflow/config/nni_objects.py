@@ -15,11 +15,15 @@ a name is left out.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 __all__ = ["AlgorithmConfig", "ConfigObject", "CustomAlgorithmConfig", "ExperimentConfig", "LocalConfig",
            "RemoteConfig", "RemoteMachineConfig", "SharedStorageConfig", "TrainingServiceConfig",
            "camel_case"]
+
+
+_SECRET = re.compile(r"password|passphrase|secret|token|key$")  # a field whose value is a secret
 
 
 def camel_case(name: str) -> str:
@@ -55,7 +59,9 @@ class ConfigObject:
         return out
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={value!r}" for name, value in vars(self).items())
+        """The fields as set, a secret's value (a password, passphrase, token or key) left out."""
+        fields = ", ".join(f"{name}={'**********' if _SECRET.search(name) and value else repr(value)}"
+                           for name, value in vars(self).items())
         return f"{type(self).__name__}({fields})"
 
     def __eq__(self, other: object) -> bool:
@@ -104,10 +110,10 @@ class RemoteMachineConfig(ConfigObject):
 
 
 class RemoteConfig(TrainingServiceConfig):
-    """The remote service; ``machines`` starts empty for ``machines.append(RemoteMachineConfig(...))``."""
+    """The remote service; ``machine_list`` starts empty for ``machine_list.append(RemoteMachineConfig(...))``."""
 
-    def __init__(self, machines: list[RemoteMachineConfig] | None = None, **fields: Any) -> None:
-        super().__init__("remote", machines=[] if machines is None else machines, **fields)
+    def __init__(self, machine_list: list[RemoteMachineConfig] | None = None, **fields: Any) -> None:
+        super().__init__("remote", machine_list=[] if machine_list is None else machine_list, **fields)
 
 
 class SharedStorageConfig(ConfigObject):
