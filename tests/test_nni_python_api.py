@@ -74,6 +74,7 @@ def test_nni_quickstart_config_objects_give_the_v2_config_nni_reads():
     config.max_trial_number = 10
     config.trial_concurrency = 2
     config.training_service.use_active_gpu = False
+    assert (config.max_experiment_duration, config.use_annotation, config.assessor.name) == (None, False, None)
     assert config.json() == {
         "trainingService": {"platform": "local", "useActiveGpu": False}, "trialCommand": "python model.py",
         "trialCodeDirectory": ".", "searchSpace": {"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}},

@@ -132,14 +132,39 @@ def training_service_config(platform: str) -> TrainingServiceConfig:
 class ExperimentConfig(ConfigObject):
     """An experiment's config. ``ExperimentConfig('local')`` (or a list of platforms, for a hybrid
     experiment) starts with an empty training service section and tuner, assessor and advisor
-    placeholders; keyword arguments set fields as NNI's constructor does."""
+    placeholders; keyword arguments set fields as NNI's constructor does. A field of NNI's not set reads
+    as NNI's default where trialflow's is the same, else None (the class attributes below), and is left
+    out of :meth:`json`."""
+
+    experiment_name: str | None = None
+    experiment_type = "hpo"
+    search_space_file: str | None = None
+    search_space: Any = None
+    trial_command: str | None = None
+    trial_code_directory = "."
+    trial_concurrency: int | None = None
+    trial_gpu_number: int | None = None
+    max_experiment_duration: str | int | None = None
+    max_trial_number: int | None = None
+    max_trial_duration: str | int | None = None
+    nni_manager_ip: str | None = None
+    use_annotation = False
+    debug = False
+    log_level: str | None = None
+    experiment_working_directory: str | None = None  # trialflow's experiments home, not NNI's
+    tuner_gpu_indices: Any = None
+    tuner: Any = None
+    assessor: Any = None
+    advisor: Any = None
+    training_service: Any = None
+    shared_storage: Any = None
 
     def __init__(self, training_service_platform: str | list[str] | None = None, **fields: Any) -> None:
         super().__init__(**fields)
         if training_service_platform is None:
             return
         if isinstance(training_service_platform, list):
-            self.training_service: Any = [training_service_config(p) for p in training_service_platform]
+            self.training_service = [training_service_config(p) for p in training_service_platform]
         else:
             self.training_service = training_service_config(training_service_platform)
         for role in ("tuner", "assessor", "advisor"):
