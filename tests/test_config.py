@@ -330,6 +330,22 @@ def test_v1_remote_config_converts_machine_list(tmp_path):
     assert (machine.host, machine.port, machine.user) == ("10.0.0.5", 2200, "bob")
 
 
+def test_v1_hybrid_config_converts_to_the_list_of_its_platforms(tmp_path):
+    """NNI 2's v1 hybrid file (its mnist-tfv1/config_hybrid.yml): ``hybridConfig`` names the platforms,
+    each built from its own v1 section, in v2's list (NNI's own converter left these files out)."""
+    (tmp_path / "search_space.json").write_text('{"lr": {"_type": "uniform", "_value": [0.1, 1]}}')
+    text = V1.format(platform="hybrid") + ("hybridConfig:\n  trainingServicePlatforms:\n    - local\n    - remote\n"
+                                            "remoteConfig:\n  reuse: true\nmachineList:\n  - ip: 10.1.1.1\n"
+                                            "    username: xxx\n    passwd: xxx\n    port: 22\n")
+    (tmp_path / "config.yml").write_text(text)
+    with pytest.warns(UserWarning, match="legacy v1"):
+        cfg = load_config(tmp_path / "config.yml")
+    assert cfg.is_hybrid and [s.platform for s in cfg.services] == ["local", "remote"]
+    remote = cfg.services[1]
+    assert remote.reuse_mode and (remote.machine_list[0].host, remote.machine_list[0].user) == ("10.1.1.1", "xxx")
+    assert [s.trial_command for s in cfg.services] == ["python3 mnist.py"] * 2
+
+
 def test_trialflow_home_is_where_new_experiments_go(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIALFLOW_HOME", str(tmp_path / "home"))
     raw = {"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true", "trialConcurrency": 1,

@@ -102,6 +102,17 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
     _put(out, "trialGpuNumber", trial.get("gpunum"))
 
     platform = str(v1.get("trainingserviceplatform", "local")).lower()
+    if platform == "hybrid":  # NNI 2's hybridConfig: its platforms as v2's list, each from its own section
+        listed = _ci(v1.get("hybridconfig")).get("trainingserviceplatforms") or []
+        out["trainingService"] = [_service(str(name).lower(), v1, trial) for name in listed]
+    else:
+        out["trainingService"] = _service(platform, v1, trial)
+    _warn_dropped(v1, platform)
+    return out
+
+
+def _service(platform: str, v1: dict[str, Any], trial: dict[str, Any]) -> dict[str, Any]:
+    """The v2 section of one ``platform`` from a v1 config's sections (``v1``, ``trial``: canonical keys)."""
     ts: dict[str, Any] = {"platform": "openpai" if platform == "pai" else platform}
     if platform == "local":
         local = _ci(v1.get("localconfig"))
@@ -155,9 +166,7 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
         for key in ("dashboard", "cluster", "team", "email", "password"):
             _put(ts, key, dlts.get(key))
         _put(ts, "image", trial.get("image"))
-    out["trainingService"] = ts
-    _warn_dropped(v1, platform)
-    return out
+    return ts
 
 
 # v1 fields NNI acted on that have no v2 counterpart here, and what happens instead
