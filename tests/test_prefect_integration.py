@@ -180,9 +180,12 @@ def test_a_runs_first_state_events_carry_its_tags_so_tag_automations_match(tmp_p
     events = wait_for(state_events, timeout=60, interval=0.5)
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with get_client(sync_client=True) as client:  # its task runs take no tag concurrency lease: untagged
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
-    assert task_runs and all(not t.tags for t in task_runs), [(t.name, t.tags) for t in task_runs]
+    def task_runs():  # written by the server's task-run recorder from events, a flush after they arrive
+        with get_client(sync_client=True) as client:
+            return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+
+    recorded = wait_for(task_runs, timeout=60, interval=0.5)  # its task runs take no tag concurrency lease: untagged
+    assert all(not t.tags for t in recorded), [(t.name, t.tags) for t in recorded]
     for name in wanted:
         tags = {r.id for r in events[name].related if r.role == "tag"}
         assert {"prefect.tag.trialflow", f"prefect.tag.{result.experiment_id}", "prefect.tag.local",

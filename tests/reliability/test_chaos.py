@@ -168,10 +168,14 @@ def test_orphan_detection_sees_a_leftover_process(tmp_path, how):
         env[RUN_MARKER] = "chaosexp"
     else:
         args = [str(tmp_path / "remote0" / "trial")]
-    proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)", *args], env=env)
+    proc = subprocess.Popen([PYTHON, "-c", "import time; print('ready', flush=True); time.sleep(30)", *args], env=env,
+                            stdout=subprocess.PIPE, text=True)
     try:
+        # once it prints, it runs the command and environment it was given (before its exec, a child
+        # still shows its parent's: under load the scan could come that early)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         assert [p for p in leftover_processes("chaosexp", tmp_path) if p.startswith(f"{proc.pid}:")]
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()
     assert not leftover_processes("chaosexp", tmp_path)
