@@ -420,12 +420,16 @@ def test_numbers_in_string_fields_as_in_nnis_examples(tmp_path):
 
 
 @pytest.mark.parametrize(("section", "given", "closest"), [
-    ("tuner", "TPEE", "tpe"), ("tuner", "NoSuchTuner", None), ("assessor", "MedianStopp", "medianstop")])
+    ("tuner", "TPEE", "tpe"), ("tuner", "MetisTunr", "metis"), ("tuner", "NoSuchTuner", None),
+    ("tuner", "MyTuner", None), ("assessor", "MedianStopp", "medianstop")])
 def test_unknown_tuner_or_assessor_is_refused_at_load(tmp_path, section, given, closest):
+    """A near spelling is suggested; a name near none of them (but for the kind's suffix) gets no guess."""
     [problem] = problems(minimal(tmp_path, **{section: {"name": given}}))
     assert f"{section}.name: unknown {section} {given!r}" in problem
     if closest:
         assert f"did you mean {closest!r}" in problem
+    else:
+        assert "did you mean" not in problem, problem
 
 
 def test_a_bad_platform_is_named_in_the_message(tmp_path):

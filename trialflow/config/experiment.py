@@ -352,8 +352,13 @@ def _check_registered_name(kind: str, name: str, builtin: dict[str, Any]) -> Non
         raise ValueError(f"{kind}.name: {name!r} is one of NNI's neural architecture search tuners; NAS is out "
                          "of trialflow's scope (it tunes hyperparameters: use TPE, BOHB, SMAC, ...)")
     names = list(builtin) + [a.builtin_name.lower() for a in registered_algorithms() if a.algo_type == kind]
-    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.4)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    # compared without the kind's suffix ('MetisTuner' is 'metis'), and only a near spelling: a far one
+    # (NoSuchTuner -> 'dngotuner') misleads more than none
+    stems: dict[str, str] = {}
+    for known in names:
+        stems.setdefault(known.removesuffix(kind) or known, known)
+    close = difflib.get_close_matches(name.lower().removesuffix(kind) or name.lower(), list(stems), n=1, cutoff=0.6)
+    hint = f"; did you mean {stems[close[0]]!r}?" if close else ""
     raise ValueError(f"{kind}.name: unknown {kind} {name!r}{hint} (built-in: {', '.join(builtin)}; or give "
                      "className for your own, or register it with `trialflow algo register --meta`)")
 
