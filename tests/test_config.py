@@ -344,6 +344,10 @@ def test_v1_hybrid_config_converts_to_the_list_of_its_platforms(tmp_path):
     remote = cfg.services[1]
     assert remote.reuse_mode and (remote.machine_list[0].host, remote.machine_list[0].user) == ("10.1.1.1", "xxx")
     assert [s.trial_command for s in cfg.services] == ["python3 mnist.py"] * 2
+    (tmp_path / "config.yml").write_text(text.replace(":\n    - local\n    - remote\n", ": remote\n"))
+    with pytest.warns(UserWarning, match="legacy v1"):
+        one = load_config(tmp_path / "config.yml")  # one platform named without a list
+    assert [s.platform for s in one.services] == ["remote"]
 
 
 def test_trialflow_home_is_where_new_experiments_go(tmp_path, monkeypatch):

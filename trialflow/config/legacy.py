@@ -104,7 +104,8 @@ def convert_v1(data: dict[str, Any]) -> dict[str, Any]:
     platform = str(v1.get("trainingserviceplatform", "local")).lower()
     if platform == "hybrid":  # NNI 2's hybridConfig: its platforms as v2's list, each from its own section
         listed = _ci(v1.get("hybridconfig")).get("trainingserviceplatforms") or []
-        out["trainingService"] = [_service(str(name).lower(), v1, trial) for name in listed]
+        names = [listed] if isinstance(listed, str) else list(listed)  # one name written without a list
+        out["trainingService"] = [_service(str(name).lower(), v1, trial) for name in names]
     else:
         out["trainingService"] = _service(platform, v1, trial)
     _warn_dropped(v1, platform)
