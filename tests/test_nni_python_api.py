@@ -122,7 +122,9 @@ def test_nni_quickstart_runs_to_its_end_and_its_queries_read_the_record(tmp_path
             "metrics": {k: [[m.type, m.data] for m in v] for k, v in experiment.get_job_metrics().items()},
             "jobs": [[j.trialJobId, j.status, j.hyperParameters[0].parameters, [m.data for m in j.finalMetricData]]
                      for j in experiment.list_trial_jobs()],
-            "profile": experiment.get_experiment_profile()}))
+            "profile": experiment.get_experiment_profile(), "statistics": experiment.get_job_statistics(),
+            "metadata": experiment.get_experiment_metadata(experiment.id),
+            "all": [m["id"] for m in experiment.get_all_experiments_metadata()]}))
         """))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "RUN True" in out.stdout.splitlines()
@@ -141,6 +143,11 @@ def test_nni_quickstart_runs_to_its_end_and_its_queries_read_the_record(tmp_path
     profile = result["profile"]
     assert profile["params"]["maxTrialNumber"] == 4 and profile["params"]["tuner"]["name"] == "TPE"
     assert profile["logDir"] == str(tmp_path / "w" / result["id"]) and profile["endTime"] >= profile["startTime"]
+    assert result["statistics"] == [{"trialJobStatus": "SUCCEEDED", "trialJobNumber": 4}]
+    metadata = result["metadata"]
+    assert (metadata["status"], metadata["platform"], metadata["logDir"], metadata["pid"]) == (
+        "DONE", "local", profile["logDir"], None)
+    assert result["id"] in result["all"]
 
 
 def test_an_experiment_started_in_the_background_stops_with_its_script_as_nni_does(tmp_path, prefect_server):

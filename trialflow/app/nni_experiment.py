@@ -103,6 +103,16 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1000)
 
 
+def _metadata(root: Path, record: Any) -> dict[str, Any]:
+    from ..foundation.status import EXPERIMENT_LIVE
+
+    services = record.config.get("trainingService")
+    platform = "hybrid" if isinstance(services, list) else (services or {}).get("platform")
+    return {"id": record.id, "experimentName": record.name, "status": record.status, "platform": platform,
+            "logDir": str(root / record.id), "startTime": _ms(record.start_time), "endTime": _ms(record.end_time),
+            "pid": record.controller_pid if record.status in EXPERIMENT_LIVE else None}
+
+
 def _metrics_by_trial(records: Any, metrics: list[Any]) -> dict[str, list[TrialMetricData]]:
     parameter_ids = {t.id: t.parameter_id for t in records.trials()}
     out: dict[str, list[TrialMetricData]] = {}
@@ -317,6 +327,24 @@ class Experiment:
                     for t in records.trials()]
         finally:
             records.close()
+
+    def get_job_statistics(self) -> list[dict[str, Any]]:
+        """How many trials are in each status: ``[{"trialJobStatus": ..., "trialJobNumber": ...}]``."""
+        from collections import Counter
+
+        counts = Counter(job.status for job in self.list_trial_jobs())
+        return [{"trialJobStatus": status, "trialJobNumber": number} for status, number in sorted(counts.items())]
+
+    def get_all_experiments_metadata(self) -> list[dict[str, Any]]:
+        """Every experiment trialflow knows here (as ``trialflow experiment list --all``): id, name,
+        status, platform, folder, start and end (ms) and the controller's pid while it runs."""
+        from ..experiments import list_experiments
+
+        return [_metadata(entry.root, entry.record) for entry in list_experiments()]
+
+    def get_experiment_metadata(self, exp_id: str) -> dict[str, Any]:
+        """:meth:`get_all_experiments_metadata`'s entry for ``exp_id``; empty when there is none."""
+        return next((m for m in self.get_all_experiments_metadata() if m["id"] == exp_id), {})
 
     def get_trial_job(self, trial_job_id: str) -> TrialJob:
         """One trial (as :meth:`list_trial_jobs` gives it). Raises ``KeyError`` for an id it does not have."""
