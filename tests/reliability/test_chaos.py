@@ -171,8 +171,8 @@ def test_orphan_detection_sees_a_leftover_process(tmp_path, how):
     proc = subprocess.Popen([PYTHON, "-c", "import time; print('ready', flush=True); time.sleep(30)", *args], env=env,
                             stdout=subprocess.PIPE, text=True)
     try:
-        # once it prints, it runs the command and environment it was given (before its exec, a child
-        # still shows its parent's: under load the scan could come that early)
+        # scanned once it runs its own code (a clean-clone run's scan right after Popen missed it once,
+        # cause not pinned): its command line and environment are then its own for certain
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         assert [p for p in leftover_processes("chaosexp", tmp_path) if p.startswith(f"{proc.pid}:")]
     finally:

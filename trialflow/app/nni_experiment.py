@@ -21,6 +21,8 @@ printed. A bad config or id raises :class:`~trialflow.foundation.user_errors.Use
 from __future__ import annotations
 
 import atexit
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -37,6 +39,7 @@ from ..config.nni_objects import (
     SharedStorageConfig,
     TrainingServiceConfig,
 )
+from ..foundation.status import EXPERIMENT_LIVE, ExperimentStatus
 from ..foundation.user_errors import UserError
 
 # what ``nni.experiment`` gives (the config objects with the experiment)
@@ -104,8 +107,6 @@ def _ms(seconds: float | None) -> int | None:
 
 
 def _metadata(root: Path, record: Any) -> dict[str, Any]:
-    from ..foundation.status import EXPERIMENT_LIVE
-
     services = record.config.get("trainingService")
     platform = "hybrid" if isinstance(services, list) else (services or {}).get("platform")
     return {"id": record.id, "experimentName": record.name, "status": record.status, "platform": platform,
@@ -113,8 +114,8 @@ def _metadata(root: Path, record: Any) -> dict[str, Any]:
             "pid": record.controller_pid if record.status in EXPERIMENT_LIVE else None}
 
 
-def _metrics_by_trial(records: Any, metrics: list[Any]) -> dict[str, list[TrialMetricData]]:
-    parameter_ids = {t.id: t.parameter_id for t in records.trials()}
+def _metrics_by_trial(trials: list[Any], metrics: list[Any]) -> dict[str, list[TrialMetricData]]:
+    parameter_ids = {t.id: t.parameter_id for t in trials}
     out: dict[str, list[TrialMetricData]] = {}
     for m in sorted(metrics, key=lambda m: (m.time, m.type == "FINAL", m.sequence)):  # in report order
         out.setdefault(m.trial_id, []).append(TrialMetricData(
@@ -189,7 +190,6 @@ class Experiment:
         """Stop the experiment while it runs (its running trials end USER_CANCELED, it ends STOPPED);
         nothing after it has ended or before it was created."""
         from ..experiments import ExperimentNotFound
-        from ..foundation.status import EXPERIMENT_LIVE
         from .api import stop_experiment
 
         atexit.unregister(self.stop)
@@ -207,7 +207,8 @@ class Experiment:
         viewable there) and its status; returns this object. Raises ``ExperimentNotFound``."""
         from ..server.prefect_ui_pages import flow_run_page
 
-        record = self._record()
+        with self._records() as (_, records):
+            record = records.experiment()
         page = flow_run_page(record.prefect_api, record.flow_run_id) if record.flow_run_id else None
         print(f"experiment {self.id} {record.status}; Prefect UI: {page or 'no run recorded'}")
         return self
@@ -253,8 +254,6 @@ class Experiment:
         print(f"experiment {self.id} started in the background (pid {controller.pid})\n  Prefect UI: {page}")
 
     def _outcome(self, run: Any) -> bool | None:
-        from ..foundation.status import ExperimentStatus
-
         try:
             status = run().status
         except KeyboardInterrupt:  # recorded STOPPED, its trials stopped
@@ -264,36 +263,32 @@ class Experiment:
 
     # -- queries --------------------------------------------------------------------------------------
 
-    def _read(self) -> tuple[Path, Any]:
-        """The working directory and the records of the experiment ``id`` names (open: close them).
+    @contextmanager
+    def _records(self) -> Iterator[tuple[Path, Any]]:
+        """The working directory and the records of the experiment ``id`` names, closed on leaving.
         Raises ``ExperimentNotFound``."""
         from ..experiments import find_records
 
-        return find_records(self.id)
-
-    def _record(self) -> Any:
-        records = self._read()[1]
+        base, records = find_records(self.id)
         try:
-            return records.experiment()
+            yield base, records
         finally:
             records.close()
 
     def get_status(self) -> str:
         """INITIALIZED, RUNNING, DONE, STOPPED or ERROR. Raises ``ExperimentNotFound``."""
-        return str(self._record().status)
+        with self._records() as (_, records):
+            return str(records.experiment().status)
 
     def get_experiment_profile(self) -> dict[str, Any]:
         """Its id, status, config (``params``: NNI's v2 fields, as in force), start and end (ms), run
         time so far (s), folder and the next trial's sequence number."""
         import time
 
-        base, records = self._read()
-        try:
-            record = records.experiment()
-        finally:
-            records.close()
         from ..records.store_records import config_in_force
 
+        with self._records() as (base, records):
+            record = records.experiment()
         began = record.start_time
         return {"id": record.id, "status": record.status, "params": config_in_force(record)[0], "startTime": _ms(began),
                 "endTime": _ms(record.end_time), "logDir": str(base / record.id),
@@ -302,37 +297,30 @@ class Experiment:
 
     def export_data(self) -> list[TrialResult]:
         """Each trial with a final result: its parameters, that result and its id."""
-        records = self._read()[1]
-        try:
+        with self._records() as (_, records):
             return [TrialResult(t.parameters, t.final, t.id) for t in records.trials() if t.final is not None]
-        finally:
-            records.close()
 
     def get_job_metrics(self, trial_job_id: str | None = None) -> dict[str, list[TrialMetricData]]:
         """Every reported result by trial id (of one trial with ``trial_job_id``), in report order."""
-        records = self._read()[1]
-        try:
-            return _metrics_by_trial(records, records.metrics(trial_job_id))
-        finally:
-            records.close()
+        with self._records() as (_, records):
+            return _metrics_by_trial(records.trials(), records.metrics(trial_job_id))
 
     def list_trial_jobs(self) -> list[TrialJob]:
         """Every trial, in submission order."""
-        records = self._read()[1]
-        try:
-            finals = _metrics_by_trial(records, records.metrics(type="FINAL"))
-            return [TrialJob(t.id, t.status, [TrialHyperParameters(t.parameter_id, "algorithm", t.parameters, 0)],
-                             t.log_dir, _ms(t.start_time), _ms(t.end_time), finals.get(t.id, []),
-                             f"{t.log_dir}/trial.stderr" if t.log_dir else None, t.sequence, t.message)
-                    for t in records.trials()]
-        finally:
-            records.close()
+        with self._records() as (_, records):
+            trials = records.trials()
+            finals = _metrics_by_trial(trials, records.metrics(type="FINAL"))
+        return [TrialJob(t.id, t.status, [TrialHyperParameters(t.parameter_id, "algorithm", t.parameters, 0)],
+                         t.log_dir, _ms(t.start_time), _ms(t.end_time), finals.get(t.id, []),
+                         f"{t.log_dir}/trial.stderr" if t.log_dir else None, t.sequence, t.message)
+                for t in trials]
 
     def get_job_statistics(self) -> list[dict[str, Any]]:
         """How many trials are in each status: ``[{"trialJobStatus": ..., "trialJobNumber": ...}]``."""
         from collections import Counter
 
-        counts = Counter(job.status for job in self.list_trial_jobs())
+        with self._records() as (_, records):
+            counts = Counter(t.status for t in records.trials())
         return [{"trialJobStatus": status, "trialJobNumber": number} for status, number in sorted(counts.items())]
 
     def get_all_experiments_metadata(self) -> list[dict[str, Any]]:
