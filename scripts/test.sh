@@ -40,10 +40,11 @@ python3 -m compileall -q trialflow >/dev/null || exit 1
 typecheck=$(mktemp)
 python3 -m mypy trialflow > "$typecheck" 2>&1 &
 mypy_pid=$!
-# Three pytest-xdist workers (TRIALFLOW_TEST_WORKERS=N for another number, 0 for one process): ~16 min
-# instead of ~31 on two cores; the work pool's, the Slurm cluster's and the kept-server tests each stay
-# on one worker (docs/testing.md#parallel-workers). The 30 slowest tests go to the log.
-python3 -m pytest -q -n "${TRIALFLOW_TEST_WORKERS:-3}" --dist loadgroup --durations=30 "$@"
+# Four pytest-xdist workers (TRIALFLOW_TEST_WORKERS=N for another number, 0 for one process): ~15 min
+# on two cores, where half of a test's time is waiting (three: ~16.5; one process: ~31); the work pool's,
+# the Slurm cluster's and the kept-server tests each stay on one worker (docs/testing.md#parallel-workers).
+# The 30 slowest tests go to the log.
+python3 -m pytest -q -n "${TRIALFLOW_TEST_WORKERS:-4}" --dist loadgroup --durations=30 "$@"
 rc=$?
 wait "$mypy_pid"
 mypy_rc=$?
