@@ -4,6 +4,7 @@ process that started them, and the sshd's sessions kept out of the real home."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from trialflow.testing import ports
+from trialflow.testing.sshd import LoopbackSshd
 from trialflow.trial.procs import group_alive
 
 
@@ -31,6 +33,59 @@ def test_a_port_in_use_is_never_chosen(monkeypatch):
         monkeypatch.setattr(ports, "LOWEST", taken)
         monkeypatch.setattr(ports, "_ephemeral_start", lambda: taken + 1000)
         assert all(ports.free_port() != taken for _ in range(50))
+
+
+def test_each_xdist_worker_picks_ports_from_a_slice_of_its_own(monkeypatch):
+    """Two workers of one test run never choose the same port for servers they start at once."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    chosen = []
+    for worker in ("gw0", "gw1", "gw2", "gw3"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        chosen.append({ports.free_port() for _ in range(30)})
+    assert all(ports.LOWEST <= port < ports._ephemeral_start() for picks in chosen for port in picks)
+    assert all(not (a & b) for i, a in enumerate(chosen) for b in chosen[i + 1:])
+    assert max(chosen[0]) < min(chosen[1]) and max(chosen[2]) < min(chosen[3])
+
+
+def _taken_first(monkeypatch, taken: int) -> None:
+    """``free_port`` hands out ``taken`` once, as when another program chose the same port, then free ones."""
+    picks, real = iter([taken]), ports.free_port
+    monkeypatch.setattr(ports, "free_port", lambda: next(picks, 0) or real())
+
+
+def test_a_server_whose_port_is_taken_before_it_binds_starts_on_another(tmp_path, monkeypatch):
+    """A port another program binds between the pick and the server's own bind costs a second start,
+    not the test: the sshd comes up on another port, and its known_hosts names that one."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        _taken_first(monkeypatch, taken)
+        server = LoopbackSshd(tmp_path / "sshd").start()
+        try:
+            assert server.port != taken
+            assert server.known_hosts.read_text().startswith(f"[127.0.0.1]:{server.port} ")
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                assert s.recv(4) == b"SSH-"
+        finally:
+            server.stop()
+
+
+def test_a_prefect_server_whose_port_is_taken_reads_as_taken(tmp_path):
+    """Prefect's own words for a port in use are what the harness starts again on: ``prefect server
+    start`` on a bound port exits, and waiting for it raises PortTaken, not another error."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        log = tmp_path / "server.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(held.getsockname()[1]), "--no-ui"], stdout=out,
+                                    stderr=subprocess.STDOUT, env={**os.environ, "PREFECT_HOME": str(tmp_path)})
+        try:
+            with pytest.raises(ports.PortTaken, match="already in use"):
+                ports.wait_serving(lambda: False, proc, log, "prefect server", timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def _started_then_killed(starts: str, prints: str, folder: Path, timeout: float) -> tuple[list[int], str]:

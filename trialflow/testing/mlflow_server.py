@@ -14,10 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import requests
-
 from ..trial.procs import stop_with
-from .ports import free_port, wait_serving
+from .ports import answers_health, on_a_free_port, wait_serving
 from .prefect_server import stop_group
 
 ADMIN = "admin"
@@ -29,7 +27,7 @@ AUTH_CACHE_SECONDS = 600
 class LocalMlflow:
     def __init__(self, auth: bool = True) -> None:
         self.auth = auth
-        self.port = free_port()
+        self.port = 0  # chosen by the first start()
         self.directory = Path(tempfile.mkdtemp(prefix="trialflow-mlflow-"))
         self.password = "tf-" + os.urandom(9).hex()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -48,7 +46,15 @@ class LocalMlflow:
         return {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": self.password}
 
     def start(self, timeout: float = 180.0) -> LocalMlflow:
-        """Start it (again) and wait until it answers; raises RuntimeError when it does not."""
+        """Start it (again, on the same port) and wait until it answers; the first start takes a free
+        loopback port (another one when that is taken meanwhile). Raises RuntimeError when it does not
+        answer."""
+        if self.port:
+            return self._start_on(self.port, timeout)
+        return on_a_free_port(lambda port: self._start_on(port, timeout))
+
+    def _start_on(self, port: int, timeout: float) -> LocalMlflow:
+        self.port = port
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(self.directory / "auth.ini"),
                "MLFLOW_AUTH_ADMIN_PASSWORD": self.password, "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
                # its job runner (GenAI scoring, trace archival) starts ~8 interpreters that import MLflow
@@ -56,7 +62,7 @@ class LocalMlflow:
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(self.directory / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                  "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}", "--artifacts-destination",
                  str(self.directory / "artifacts"), "--workers", "1",
                  *(["--app-name", "basic-auth"] if self.auth else [])],
@@ -64,17 +70,12 @@ class LocalMlflow:
                 start_new_session=True)
         stop_with(os.getpid(), self.proc.pid)
         try:
-            wait_serving(self._answers, self.proc, self.directory / "server.log", "mlflow server", timeout)
+            wait_serving(lambda: answers_health(f"{self.uri}/health"), self.proc, self.directory / "server.log",
+                         "mlflow server", timeout)
         except RuntimeError:
             self.stop()
             raise
         return self
-
-    def _answers(self) -> bool:
-        try:
-            return requests.get(f"{self.uri}/health", timeout=2).ok
-        except requests.RequestException:
-            return False
 
     def stop(self) -> None:
         """Stop it; its data stays for :meth:`start`."""

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .owned import popen_owned
-from .ports import free_port, wait_serving
+from .ports import on_a_free_port, wait_serving
 
 USER = "trialflow"
 
@@ -36,7 +36,7 @@ class LocalPostgres:
 
     def __init__(self) -> None:
         self.bin = _bin_dir()
-        self.port = free_port()
+        self.port = 0  # chosen by start()
         self.directory = Path(tempfile.mkdtemp(prefix="trialflow-pg-"))
         self.proc: subprocess.Popen[bytes] | None = None
         self._as: list[str] = []
@@ -50,21 +50,26 @@ class LocalPostgres:
         return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/postgres"
 
     def start(self, timeout: float = 60.0) -> LocalPostgres:
-        data = self.directory / "data"
-        subprocess.run([*self._as, str(self.bin / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8",
-                        "--no-sync"], check=True, capture_output=True, timeout=120)
-        with open(self.directory / "server.log", "ab") as log:
-            self.proc = popen_owned(
-                [*self._as, str(self.bin / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
-                 "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200"],
-                stdout=subprocess.DEVNULL, stderr=log)
+        """Make the database and serve it on a free loopback port (another one when that port is taken
+        meanwhile); raises RuntimeError, having removed it all, when the server exits or does not answer."""
+        subprocess.run([*self._as, str(self.bin / "initdb"), "-D", str(self.directory / "data"), "-U", USER, "-A",
+                        "trust", "-E", "UTF8", "--no-sync"], check=True, capture_output=True, timeout=120)
         try:
-            wait_serving(lambda: subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
-                                                capture_output=True).returncode == 0,
-                         self.proc, self.directory / "server.log", "postgres", timeout)
+            return on_a_free_port(lambda port: self._serve_on(port, timeout))
         except RuntimeError:
             self.stop()
             raise
+
+    def _serve_on(self, port: int, timeout: float) -> LocalPostgres:
+        self.port = port
+        with open(self.directory / "server.log", "wb") as log:
+            self.proc = popen_owned(
+                [*self._as, str(self.bin / "postgres"), "-D", str(self.directory / "data"), "-h", "127.0.0.1",
+                 "-p", str(port), "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200"],
+                stdout=subprocess.DEVNULL, stderr=log)
+        wait_serving(lambda: subprocess.run([str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                                            capture_output=True).returncode == 0,
+                     self.proc, self.directory / "server.log", "postgres", timeout)
         return self
 
     def stop(self) -> None:

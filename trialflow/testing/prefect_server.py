@@ -9,26 +9,24 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from ..server.kept_server import SERVER_DEFAULTS
 from .owned import popen_owned
-from .ports import free_port
+from .ports import answers_health, on_a_free_port, wait_serving
 
 STARTUP_SECONDS = 120.0
 
 
 class PrefectServer:
-    """``prefect server start`` bound to loopback; :attr:`env` points clients (CLI, workers) at it."""
+    """``prefect server start`` bound to loopback; after :meth:`start`, :attr:`port` and :attr:`url` say
+    where, and :attr:`env` points clients (CLI, workers) at it."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.port = 0
         # the kept server's settings (task runs written in batches, ...): what experiments meet by default
-        self.env = {**SERVER_DEFAULTS, **os.environ, "PREFECT_API_URL": self.url, "PREFECT_HOME": str(home),
+        self.env = {**SERVER_DEFAULTS, **os.environ, "PREFECT_HOME": str(home),
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",
                     "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "PREFECT_WORKER_QUERY_SECONDS": "1",
                     "PREFECT_RUNNER_POLL_FREQUENCY": "1",
@@ -40,23 +38,29 @@ class PrefectServer:
                     "TMPDIR": str(home / "tmp")}
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
     def start(self) -> PrefectServer:
+        """Start it on a free loopback port (another one when that port is taken meanwhile) and wait
+        until it answers; raises RuntimeError when it exits or does not answer in time."""
         (self.home / "tmp").mkdir(parents=True, exist_ok=True)
+        return on_a_free_port(self._start_on)
+
+    def _start_on(self, port: int) -> PrefectServer:
+        self.port = port
+        self.env["PREFECT_API_URL"] = self.url
         env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
         self.proc = _watched([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                              "--port", str(self.port), "--no-ui"], env, self.home / "server.log")
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prefect server exited: {(self.home / 'server.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"prefect server did not answer within {STARTUP_SECONDS} s")
+                              "--port", str(port), "--no-ui"], env, self.home / "server.log")
+        try:
+            wait_serving(lambda: answers_health(f"{self.url}/health"), self.proc, self.home / "server.log",
+                         "prefect server", STARTUP_SECONDS)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def spawn(self, args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
         """A process (a worker, a CLI call) talking to this server, in its own session."""

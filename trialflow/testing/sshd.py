@@ -16,11 +16,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from .owned import popen_watched
-from .ports import free_port
+from .ports import on_a_free_port, wait_serving
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
@@ -70,40 +69,49 @@ class LoopbackSshd:
         return " ".join((self.directory / "host_key.pub").read_text().split()[:2])
 
     def start(self, port: int | None = None, timeout: float = 20.0) -> LoopbackSshd:
+        """Listen on ``port``, else on the port of the last start, else on a free one (another one when
+        that is taken meanwhile); raises RuntimeError when sshd exits or does not answer in time."""
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
         if not (d / "host_key").exists():
             _keygen(d / "host_key")
             _keygen(self.key_file)
             shutil.copy(d / "user_key.pub", d / "authorized_keys")
-        self.port = port or self.port or free_port()
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public_key}\n")
         self.home.mkdir(mode=0o700, exist_ok=True)
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
+        if port or self.port:
+            return self._start_on(port or self.port, timeout)
+        return on_a_free_port(lambda free: self._start_on(free, timeout))
+
+    def _start_on(self, port: int, timeout: float) -> LoopbackSshd:
+        d = self.directory
+        self.port = port
+        self.known_hosts.write_text(f"[127.0.0.1]:{port} {self.host_public_key}\n")
         (d / "sshd_config").write_text("\n".join([
-            "ListenAddress 127.0.0.1", f"Port {self.port}", f"HostKey {d / 'host_key'}",
+            "ListenAddress 127.0.0.1", f"Port {port}", f"HostKey {d / 'host_key'}",
             f"PidFile {d / 'sshd.pid'}", f"AuthorizedKeysFile {d / 'authorized_keys'}",
             f"AllowUsers {self.user}", "PermitRootLogin yes", "StrictModes no", "UsePAM no",
             "PubkeyAuthentication yes", f"PasswordAuthentication {'yes' if self.password_auth else 'no'}",
             "KbdInteractiveAuthentication no", "Subsystem sftp internal-sftp" if self.sftp else "", "MaxSessions 100",
             "MaxStartups 100:30:200", "ClientAliveInterval 0", "LogLevel ERROR", f'SetEnv "HOME={self.home}"', "",
         ]))
-        if os.geteuid() == 0:
-            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
-        with open(d / "sshd.log", "ab") as log:  # a killed test run leaves no listener behind
+        with open(d / "sshd.log", "wb") as log:  # a killed test run leaves no listener behind
             self.proc = popen_watched([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
                                       stderr=log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited with {self.proc.returncode}: {(d / 'sshd.log').read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    if s.recv(4).startswith(b"SSH-"):
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"sshd did not listen on 127.0.0.1:{self.port} within {timeout} s")
+        try:
+            wait_serving(self._answers, self.proc, d / "sshd.log", "sshd", timeout, poll=0.05)
+        except RuntimeError:
+            self.stop(remove=False)
+            raise
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                return s.recv(4).startswith(b"SSH-")
+        except OSError:
+            return False
 
     def stop(self, remove: bool = True) -> None:
         """Stop the listener (sessions already open end with their clients); optionally remove files."""
