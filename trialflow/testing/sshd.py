@@ -70,7 +70,8 @@ class LoopbackSshd:
 
     def start(self, port: int | None = None, timeout: float = 20.0) -> LoopbackSshd:
         """Listen on ``port``, else on the port of the last start, else on a free one (another one when
-        that is taken meanwhile); raises RuntimeError when sshd exits or does not answer in time."""
+        that is taken meanwhile); raises RuntimeError when sshd exits or does not answer in time, having
+        stopped it and removed the directory it made (a directory it was given stays)."""
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
         if not (d / "host_key").exists():
@@ -80,9 +81,13 @@ class LoopbackSshd:
         self.home.mkdir(mode=0o700, exist_ok=True)
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
-        if port or self.port:
-            return self._start_on(port or self.port, timeout)
-        return on_a_free_port(lambda free: self._start_on(free, timeout))
+        try:
+            if port or self.port:
+                return self._start_on(port or self.port, timeout)
+            return on_a_free_port(lambda free: self._start_on(free, timeout))
+        except RuntimeError:
+            self.stop()
+            raise
 
     def _start_on(self, port: int, timeout: float) -> LoopbackSshd:
         d = self.directory
