@@ -70,6 +70,27 @@ def test_a_server_whose_port_is_taken_before_it_binds_starts_on_another(tmp_path
             server.stop()
 
 
+@pytest.mark.e2e
+@pytest.mark.slurm
+def test_a_slurm_cluster_whose_controller_port_is_taken_starts_on_another(tmp_path, monkeypatch):
+    """slurmctld's port bound by another program before slurmctld binds it costs a second launch: the
+    cluster comes up with its controller on another port, and answers there."""
+    from trialflow.testing.slurm import LoopbackSlurm
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        _taken_first(monkeypatch, taken)
+        cluster = LoopbackSlurm(tmp_path / "slurm").start()
+        try:
+            conf = cluster.conf.read_text()
+            assert f"SlurmctldPort={taken}\n" not in conf and "SlurmctldPort=" in conf
+            assert cluster.run("sinfo", "-h", "-N", "-o", "%T").strip() == "idle"
+        finally:
+            cluster.stop()
+
+
 def test_a_prefect_server_whose_port_is_taken_reads_as_taken(tmp_path):
     """Prefect's own words for a port in use are what the harness starts again on: ``prefect server
     start`` on a bound port exits, and waiting for it raises PortTaken, not another error."""
@@ -86,6 +107,23 @@ def test_a_prefect_server_whose_port_is_taken_reads_as_taken(tmp_path):
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_an_earlier_launch_s_taken_port_does_not_name_a_later_launch_s_exit(tmp_path):
+    """A log appended to across launches (MLflow's keeps a restart's earlier lines): a launch that exits
+    for another reason after one whose port was taken is reported as that other exit, not as a taken
+    port to start again on."""
+    log = tmp_path / "server.log"
+    log.write_text("[Errno 98] error while attempting to bind on address: address already in use\n")
+    begins = ports.log_size(log)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('database is locked')"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    proc.wait()
+    with pytest.raises(RuntimeError, match="database is locked") as raised:
+        ports.wait_serving(lambda: False, proc, log, "server", timeout=30, log_from=begins)
+    assert not isinstance(raised.value, ports.PortTaken)
+    assert "already in use" not in str(raised.value)
 
 
 def _started_then_killed(starts: str, prints: str, folder: Path, timeout: float) -> tuple[list[int], str]:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from ..trial.procs import stop_with
-from .ports import answers_health, on_a_free_port, wait_serving
+from .ports import answers_health, log_size, on_a_free_port, wait_serving
 from .prefect_server import stop_group
 
 ADMIN = "admin"
@@ -60,7 +60,9 @@ class LocalMlflow:
                # its job runner (GenAI scoring, trace archival) starts ~8 interpreters that import MLflow
                # for a minute after each start; tracking does not use it
                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        with open(self.directory / "server.log", "ab") as log:
+        log_path = self.directory / "server.log"  # appended to: a restart keeps the earlier launches' lines
+        launch_begins = log_size(log_path)
+        with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                  "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}", "--artifacts-destination",
@@ -70,8 +72,8 @@ class LocalMlflow:
                 start_new_session=True)
         stop_with(os.getpid(), self.proc.pid)
         try:
-            wait_serving(lambda: answers_health(f"{self.uri}/health"), self.proc, self.directory / "server.log",
-                         "mlflow server", timeout)
+            wait_serving(lambda: answers_health(f"{self.uri}/health"), self.proc, log_path, "mlflow server",
+                         timeout, log_from=launch_begins)
         except RuntimeError:
             self.stop()
             raise

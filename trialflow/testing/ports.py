@@ -81,17 +81,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def log_size(log: Path) -> int:
+    """The size of ``log`` in bytes (0 when it does not exist yet): where a launch appending to it begins."""
+    try:
+        return log.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def wait_serving(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, what: str,
-                 timeout: float, poll: float = 0.2) -> None:
+                 timeout: float, poll: float = 0.2, log_from: int = 0) -> None:
     """Return once ``ready()`` (the server ``proc`` started answers); raises RuntimeError with the end of
     its ``log`` when it exits first (:class:`PortTaken` when the log says its port was in use), or when
-    ``timeout`` seconds pass (the caller stops it). Asks every ``poll`` seconds."""
+    ``timeout`` seconds pass (the caller stops it). Asks every ``poll`` seconds. Only what the log holds
+    from byte ``log_from`` on is this launch's (a log appended to across launches: its
+    :func:`log_size` before the launch)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ready():
             return
         if proc.poll() is not None:
-            said = log.read_text(errors="replace")[-2000:]
+            with open(log, "rb") as f:
+                f.seek(log_from)
+                said = f.read().decode(errors="replace")[-2000:]
             raise (PortTaken if TAKEN in said.lower() else RuntimeError)(f"{what} exited: {said}")
         time.sleep(poll)
     raise RuntimeError(f"{what} did not answer within {timeout} s")

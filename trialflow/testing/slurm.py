@@ -5,7 +5,8 @@
 children of the calling process -- each gets SIGKILL if that process dies, so the cluster stops by
 itself -- and waits until its node is idle. Commands reach it through ``SLURM_CONF`` (see
 :attr:`env`). :meth:`stop` (or the context manager) cancels every job, stops the daemons and removes
-the directory.
+the directory. The two daemons' ports come from :func:`~trialflow.testing.ports.free_port`; when
+another program binds one first, the cluster starts again on others (:func:`~trialflow.testing.ports.on_a_free_port`).
 
 The configuration suits a container or VM without cgroups: ``proctrack/linuxproc``, ``task/none``,
 no accounting. The node claims ``cpus`` CPUs whatever the machine has (``config_overrides``), so
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .ports import free_port
+from . import ports
 
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld", "slurmd": "/usr/sbin/slurmd"}
 
@@ -52,6 +53,7 @@ class LoopbackSlurm:
         self.cpus = cpus
         self.node = socket.gethostname().split(".")[0]
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.controller: subprocess.Popen[bytes] | None = None  # slurmctld, among procs
 
     @property
     def conf(self) -> Path:
@@ -69,18 +71,22 @@ class LoopbackSlurm:
             raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
 
-    def _write_files(self) -> None:
+    def _write_files(self, ctld_port: int, slurmd_port: int) -> None:
+        """The key, ``slurm.conf`` and folders of one launch; an earlier launch's logs and munge socket go."""
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
+        for stale in (*d.glob("*.log"), *d.glob("*.out"), d / "munge.socket"):
+            stale.unlink(missing_ok=True)
         d.chmod(0o700)
         key = d / "munge.key"
+        key.unlink(missing_ok=True)  # read-only once written
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
         user = "root" if os.geteuid() == 0 else os.environ.get("USER", "root")
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2
         self.conf.write_text("\n".join([
             "ClusterName=trialflow-test", f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}", f"SlurmUser={user}",
+            f"SlurmctldPort={ctld_port}", f"SlurmdPort={slurmd_port}", f"SlurmUser={user}",
             "AuthType=auth/munge", f"AuthInfo=socket={d / 'munge.socket'}", "CredType=cred/munge",
             f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd.pid'}",
@@ -95,16 +101,25 @@ class LoopbackSlurm:
         for sub in ("state", "spool"):
             (d / sub).mkdir(exist_ok=True)
 
-    def _daemon(self, name: str, *args: str) -> None:
+    def _daemon(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.directory / f"{name}.out", "ab")  # noqa: SIM115 -- handed to the daemon
         try:
-            self.procs.append(subprocess.Popen([DAEMONS[name], *args], env={**os.environ, **self.env},
-                                               stdout=log, stderr=log, preexec_fn=_die_with_parent))
+            proc = subprocess.Popen([DAEMONS[name], *args], env={**os.environ, **self.env}, stdout=log, stderr=log,
+                                    preexec_fn=_die_with_parent)
         finally:
             log.close()
+        self.procs.append(proc)
+        return proc
 
     def start(self, timeout: float = 30.0) -> LoopbackSlurm:
-        self._write_files()
+        """Start munged, slurmctld and slurmd and wait until the node is idle, each launch within
+        ``timeout`` seconds. Raises RuntimeError with the daemons' logs when one exits or the node does
+        not come up (the daemons stopped, the directory kept), :class:`~trialflow.testing.ports.PortTaken`
+        when a port stayed taken for every launch."""
+        return ports.on_a_free_port(lambda ctld_port: self._start_on(ctld_port, timeout))
+
+    def _start_on(self, ctld_port: int, timeout: float) -> LoopbackSlurm:
+        self._write_files(ctld_port, ports.free_port())
         d = self.directory
         self._daemon("munged", "-F", "--force", f"--key-file={d / 'munge.key'}", f"--socket={d / 'munge.socket'}",
                      f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
@@ -112,20 +127,21 @@ class LoopbackSlurm:
         deadline = time.monotonic() + timeout
         while not (d / "munge.socket").exists():
             self._check_alive(deadline, "munged")
-        self._daemon("slurmctld", "-D", "-c", "-f", str(self.conf))
+        self.controller = self._daemon("slurmctld", "-D", "-c", "-f", str(self.conf))
         self._daemon("slurmd", "-D", "-f", str(self.conf))
         while True:
             self._check_alive(deadline, "the node")
-            state = self.run("sinfo", "-h", "-N", "-o", "%T", check=False).strip()
-            if state == "idle":
+            if self.run("sinfo", "-h", "-N", "-o", "%T", check=False).strip() == "idle":
                 return self
 
     def _check_alive(self, deadline: float, what: str) -> None:
         for proc in self.procs:
             if proc.poll() is not None:
-                logs = "".join(p.read_text(errors="replace")[-800:] for p in sorted(self.directory.glob("*.log")))
+                logs = [p.read_text(errors="replace") for p in sorted(self.directory.glob("*.log"))]
                 self.stop(remove=False)
-                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}: {logs}")
+                taken = any(ports.TAKEN in log.lower() for log in logs)
+                raise (ports.PortTaken if taken else RuntimeError)(
+                    f"{proc.args!r} exited with {proc.returncode}: {''.join(log[-800:] for log in logs)}")
         if time.monotonic() > deadline:
             self.stop(remove=False)
             raise RuntimeError(f"{what} did not come up within the timeout; logs in {self.directory}")
@@ -137,7 +153,7 @@ class LoopbackSlurm:
 
     def stop(self, remove: bool = True) -> None:
         """Cancel every job, stop the daemons (slurmd first) and optionally remove the directory."""
-        if self.procs and self.procs[-1].poll() is None:
+        if self.controller is not None and self.controller.poll() is None:  # scancel waits long for one gone
             self.run("scancel", "--full", "--user", "root" if os.geteuid() == 0 else os.environ.get("USER", ""),
                      check=False)
         for proc in reversed(self.procs):
@@ -148,7 +164,7 @@ class LoopbackSlurm:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        self.procs = []
+        self.procs, self.controller = [], None
         if remove:
             shutil.rmtree(self.directory, ignore_errors=True)
 
