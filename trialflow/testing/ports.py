@@ -28,7 +28,7 @@ LOWEST = 10000  # below: well-known and registered services a machine may run
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 TRIES = 100
 STARTS = 3  # launches of one server on as many ports before a taken port is the caller's error
-TAKEN = "already in use"  # what Prefect, sshd, PostgreSQL and uvicorn log when their bind fails that way
+TAKEN = "already in use"  # what Prefect, sshd, PostgreSQL, uvicorn and Slurm log when their bind fails that way
 
 T = TypeVar("T")
 
@@ -89,6 +89,12 @@ def log_size(log: Path) -> int:
         return 0
 
 
+def exit_error(message: str, logged: str) -> RuntimeError:
+    """The error to raise, saying ``message``, for a server that exited having logged ``logged``:
+    :class:`PortTaken` when that says its port was in use, else RuntimeError."""
+    return (PortTaken if TAKEN in logged.lower() else RuntimeError)(message)
+
+
 def wait_serving(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path, what: str,
                  timeout: float, poll: float = 0.2, log_from: int = 0) -> None:
     """Return once ``ready()`` (the server ``proc`` started answers); raises RuntimeError with the end of
@@ -104,7 +110,7 @@ def wait_serving(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: 
             with open(log, "rb") as f:
                 f.seek(log_from)
                 said = f.read().decode(errors="replace")[-2000:]
-            raise (PortTaken if TAKEN in said.lower() else RuntimeError)(f"{what} exited: {said}")
+            raise exit_error(f"{what} exited: {said}", said)
         time.sleep(poll)
     raise RuntimeError(f"{what} did not answer within {timeout} s")
 

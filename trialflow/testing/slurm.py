@@ -139,9 +139,8 @@ class LoopbackSlurm:
             if proc.poll() is not None:
                 logs = [p.read_text(errors="replace") for p in sorted(self.directory.glob("*.log"))]
                 self.stop(remove=False)
-                taken = any(ports.TAKEN in log.lower() for log in logs)
-                raise (ports.PortTaken if taken else RuntimeError)(
-                    f"{proc.args!r} exited with {proc.returncode}: {''.join(log[-800:] for log in logs)}")
+                tails = "".join(log[-800:] for log in logs)
+                raise ports.exit_error(f"{proc.args!r} exited with {proc.returncode}: {tails}", "".join(logs))
         if time.monotonic() > deadline:
             self.stop(remove=False)
             raise RuntimeError(f"{what} did not come up within the timeout; logs in {self.directory}")
