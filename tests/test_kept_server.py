@@ -4,6 +4,7 @@ and a refused config that must leave no waiting controller behind."""
 
 from __future__ import annotations
 
+import datetime
 import http.server
 import json
 import os
@@ -37,6 +38,7 @@ from tests.conftest import (
 )
 from trialflow.experiments import open_store
 from trialflow.server.kept_server import PLAIN_HTTP_TRUST, ensure_server, running_server, server_home, stop_server
+from trialflow.server.kept_server_app import LOOP_SERVICES_DELAY
 from trialflow.server.prefect_db_template import DATABASE_MARK
 from trialflow.testing.ports import free_port
 from trialflow.trial.procs import pid_alive, stop_with
@@ -548,6 +550,51 @@ def test_a_restart_with_the_same_prefect_skips_the_migration_check_and_another_v
     _guard(home)
     assert migrates_on_start(upgraded)
     assert json.loads((server_home(home) / DATABASE_MARK).read_text())["prefect"] == upgraded.prefect
+
+
+def _log_times(log: str, mark: str) -> list[datetime.datetime]:
+    """When the server's log (Prefect's format, "HH:MM:SS.fff | LEVEL | logger - message") says ``mark``."""
+    return [datetime.datetime.strptime(line[:12], "%H:%M:%S.%f") for line in log.splitlines() if mark in line]
+
+
+def test_prefects_loop_services_run_seconds_after_the_server_starts_and_a_stop_before_then_is_clean(
+        home, monkeypatch):
+    """A run overdue at its scheduled time is still marked Late by Prefect's loop services, which are
+    scheduled LOOP_SERVICES_DELAY after the server's start-up (so the first experiment's requests have
+    the cores); a server stopped before then stops cleanly, with no loop service scheduled."""
+    monkeypatch.setenv("PREFECT_LOGGING_SERVER_LEVEL", "INFO")  # Prefect's "Scheduling perpetual service"
+    monkeypatch.setenv("PREFECT_SERVER_LOGGING_LEVEL", "info")  # uvicorn's "Application startup complete"
+    log = server_home(home) / "server.log"
+    server = ensure_server(home, port=0)
+    _guard(home)
+    headers = signed_in(server)
+    _, flow = _post(f"{server.url}/flows/", {"name": "overdue"}, headers)
+    an_hour_ago = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)).isoformat()
+    status, run = _post(f"{server.url}/flow_runs/", {"flow_id": flow["id"], "state": {
+        "type": "SCHEDULED", "name": "Scheduled", "state_details": {"scheduled_time": an_hour_ago}}}, headers)
+    assert status == 201, run
+
+    def state() -> str:
+        request = urllib.request.Request(f"{server.url}/flow_runs/{run['id']}", headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["state_name"]
+
+    wait_for(lambda: state() == "Late", timeout=60)
+    started = _log_times(log.read_text(), "Application startup complete")
+    scheduled = _log_times(log.read_text(), "Scheduling perpetual service")
+    assert len(started) == 1 and scheduled
+    gap = (min(scheduled) - started[0]).total_seconds()
+    assert gap + (86400 if gap < -43200 else 0) >= LOOP_SERVICES_DELAY - 0.01  # (the log's times pass midnight)
+    stop_server(home)
+
+    ensure_server(home, port=0)  # and at once stopped again
+    _guard(home)
+    stop_server(home)
+    text = log.read_text()
+    second_start = text.rindex("Application startup complete")
+    assert "Application shutdown complete" in text[second_start:]
+    assert "Scheduling perpetual service" not in text[second_start:]
+    assert "Traceback" not in text and "| ERROR" not in text
 
 
 def test_the_port_is_the_servers_from_its_choice_on_and_a_taken_one_moves_it(home):

@@ -1,13 +1,16 @@
 """The kept server's app runs a request that met a busy SQLite again inside the server, so the client
 never waits out its 2 s back-off for it. Checked on a Starlette app that fails as Prefect's server does
 (an exception handler answers 503, then Starlette raises the error again for the server's log). And the
-garbage collector, paused for the server's start, runs again once the start has settled."""
+garbage collector, paused for the server's start, runs again once the start has settled; Prefect's loop
+services are scheduled only seconds after the start, and never for a server stopped before then."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import sqlite3
+import time
 
 import httpx
 import pytest
@@ -16,7 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 
-from trialflow.server.kept_server_app import REPLAYS, CollectorResumedAfterStart, ReplayBusyWrites
+from trialflow.server.kept_server_app import (
+    REPLAYS,
+    CollectorResumedAfterStart,
+    LoopServicesAfterStart,
+    ReplayBusyWrites,
+)
 
 
 def _app(busy_times: int, seen: list[bytes], status_when_failing: int = 503) -> Starlette:
@@ -101,3 +109,87 @@ def test_the_collector_paused_for_a_server_start_runs_again_once_it_settled():
 
 def test_the_collector_runs_again_at_once_when_the_start_failed():
     assert _start("failed", settle=5.0) == (True, True)
+
+
+def _serve(outcome: str, delay: float, shutdown_after: float, step=None,
+           linger: float = 0.0) -> tuple[list[str], list[float]]:
+    """Run a lifespan through LoopServicesAfterStart around an app that, as Prefect's does, schedules its
+    loop services (``step``, held) during its start-up and reports ``outcome``; shutdown is asked
+    ``shutdown_after`` seconds after the start-up; the loop runs on ``delay`` or ``linger`` seconds more,
+    whichever is longer. (What the app saw, in order; when the held step ran, in seconds after the
+    start-up.)"""
+    seen: list[str] = []
+    ran: list[float] = []
+    held: list = []
+    started = 0.0
+
+    async def schedule_loop_services():
+        ran.append(time.monotonic() - started)
+        if step is not None:
+            await step()
+
+    async def app(scope, receive, send):
+        nonlocal started
+        await receive()  # lifespan.startup
+        held.append(schedule_loop_services)  # what hold_loop_services keeps of Prefect's call
+        started = time.monotonic()
+        await send({"type": f"lifespan.startup.{outcome}"})
+        if outcome == "failed":
+            return
+        seen.append((await receive())["type"])
+        seen.append(f"shutdown began with the step {'done' if ran else 'not run'}")
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def go() -> None:
+        messages = asyncio.Queue()
+        await messages.put({"type": "lifespan.startup"})
+
+        async def send(message):
+            if message["type"] == "lifespan.startup.complete":
+                asyncio.get_running_loop().call_later(shutdown_after, messages.put_nowait,
+                                                      {"type": "lifespan.shutdown"})
+
+        await LoopServicesAfterStart(app, held, delay=delay)({"type": "lifespan"}, messages.get, send)
+        await asyncio.sleep(max(delay, linger))  # where a step left scheduled, or left running, would run
+
+    asyncio.run(go())
+    return seen, ran
+
+
+def test_prefects_loop_services_are_scheduled_seconds_after_the_server_started_and_it_stops_as_usual():
+    seen, ran = _serve("complete", delay=0.3, shutdown_after=0.8)
+    assert len(ran) == 1 and 0.3 <= ran[0] < 0.8  # once, after the delay
+    assert seen == ["lifespan.shutdown", "shutdown began with the step done"]
+
+
+def test_a_server_stopped_before_its_loop_services_were_scheduled_never_schedules_them():
+    seen, ran = _serve("complete", delay=0.5, shutdown_after=0.1)
+    assert ran == []
+    assert seen == ["lifespan.shutdown", "shutdown began with the step not run"]
+
+
+def test_a_shutdown_while_the_loop_services_are_being_scheduled_cancels_that_before_the_apps_shutdown():
+    finished: list[bool] = []
+
+    async def slow_step():
+        await asyncio.sleep(1.0)
+        finished.append(True)
+
+    seen, ran = _serve("complete", delay=0.1, shutdown_after=0.3, step=slow_step, linger=1.2)
+    assert len(ran) == 1 and finished == []  # begun, then cancelled
+    assert seen == ["lifespan.shutdown", "shutdown began with the step done"]
+
+
+def test_a_failed_start_schedules_no_loop_services():
+    assert _serve("failed", delay=0.1, shutdown_after=0.1) == ([], [])
+
+
+def test_loop_services_that_cannot_be_scheduled_are_logged_and_the_server_serves_on(caplog):
+    async def failing_step():
+        raise RuntimeError("docket is gone")
+
+    with caplog.at_level(logging.ERROR, logger="trialflow.server.kept_server_app"):
+        seen, ran = _serve("complete", delay=0.1, shutdown_after=0.4, step=failing_step)
+    assert len(ran) == 1
+    assert seen == ["lifespan.shutdown", "shutdown began with the step done"]
+    assert "loop services could not be scheduled" in caplog.text and "docket is gone" in caplog.text

@@ -14,6 +14,14 @@ creation, its lifespan start-up and :data:`SETTLE_SECONDS` after it (its service
 routes FastAPI builds on the first requests): the server answers its first request sooner so
 (benchmarks/README.md has the figures).
 
+Prefect's loop services (the scheduler, the late-run and cancellation monitors, the work pools'
+health check, ...: its "perpetual" services, each a step repeated every few seconds) are scheduled
+:data:`LOOP_SERVICES_DELAY` seconds after the app's start-up instead of within it, so that their first
+steps do not compete for the CPU with the first experiment's requests. Each loop only acts on what is
+due, so starting a few seconds late only delays what they would do by as much. The services that
+consume events (task-run states, the event store, automations) start with the app as before: an
+event published before its consumer subscribes would be lost.
+
 Only this server's own user connects (:mod:`trialflow.server.own_user_only`): another user's
 connection is closed before its request is read, so the auth string alone, which a controller sends
 to whoever holds the port where the server is down and no keeper holds it, opens nothing to another
@@ -22,14 +30,16 @@ user.
 Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what the keeper
 :mod:`trialflow.server.port_keeper` runs for :mod:`trialflow.server.kept_server`) serves the app under
 uvicorn on the socket the keeper holds, through that module's protocol; uvicorn calls
-:func:`create_app` once; the wrappers hold no state between requests. Standard library only at
-import (uvicorn and Prefect's app factory are imported when called).
+:func:`create_app` once (it changes Prefect's server module for the process: :func:`hold_loop_services`);
+the wrappers hold no state between requests. Standard library only at import (uvicorn and Prefect's
+app factory are imported when called).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -46,6 +56,9 @@ PAUSES = (0.01, 0.05, 0.1)  # seconds before the 2nd, 3rd and 4th try (a lock is
 REPLAYS = len(PAUSES) + 1  # tries inside the server before the 503 goes to the client
 RETRYABLE = 503  # Prefect's answer to a SQLite busy error (and other errors a client may retry)
 SETTLE_SECONDS = 2.0  # after the app's start-up, before the collector runs again
+LOOP_SERVICES_DELAY = 5.0  # after the app's start-up, before Prefect's loop services are scheduled
+
+HeldCall = Callable[[], Awaitable[None]]
 
 
 class ReplayBusyWrites:
@@ -157,15 +170,86 @@ class CollectorResumedAfterStart:
         await self.app(scope, receive, started)
 
 
+def hold_loop_services() -> list[HeldCall] | None:
+    """Make Prefect's server app, in this process, hold the step of its lifespan start-up that schedules
+    its loop services: the step's calls are kept, in order, in the returned list, each to be awaited
+    later (:class:`LoopServicesAfterStart`). None, and nothing changed, where this Prefect has no such
+    step: its services then start with the app, as Prefect starts them."""
+    try:
+        from prefect.server.api import background_workers
+
+        schedule = background_workers.register_and_schedule_perpetual_services
+    except (ImportError, AttributeError):
+        return None
+    held: list[HeldCall] = []
+
+    async def hold(*args: Any, **kwargs: Any) -> None:
+        held.append(lambda: schedule(*args, **kwargs))
+
+    background_workers.register_and_schedule_perpetual_services = hold
+    return held
+
+
+class LoopServicesAfterStart:
+    """ASGI middleware around an app whose loop services :func:`hold_loop_services` held: the held calls
+    run ``delay`` seconds after the app reports its lifespan start-up complete, none when it reports a
+    failed one. A shutdown asked for before they ran, or while they run, cancels them before the app's
+    own shutdown begins. A held call that raises is logged (the server's log) and the app serves on,
+    without the loop services. Requests pass through untouched."""
+
+    def __init__(self, app: App, held: list[HeldCall], delay: float = LOOP_SERVICES_DELAY) -> None:
+        self.app = app
+        self.held = held
+        self.delay = delay
+
+    async def _run_held(self) -> None:
+        await asyncio.sleep(self.delay)
+        while self.held:
+            await self.held.pop(0)()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        later: asyncio.Task[None] | None = None
+
+        async def started(message: Message) -> None:
+            nonlocal later
+            if message["type"] == "lifespan.startup.complete":
+                later = asyncio.create_task(self._run_held())
+                later.add_done_callback(_log_failure)
+            await send(message)
+
+        async def asked() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and later is not None and not later.done():
+                later.cancel()
+                await asyncio.wait([later])  # (awaiting the task itself would raise its cancellation here)
+            return message
+
+        await self.app(scope, asked, started)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger(__name__).error("Prefect's loop services could not be scheduled; the server serves "
+                                          "without them", exc_info=task.exception())
+
+
 def create_app(port: int | None = None) -> App:
-    """Prefect's server app (API, services and UI), wrapped in :class:`ReplayBusyWrites` and
-    :class:`CollectorResumedAfterStart`, and with ``port`` in :class:`LoopbackHostOnly`; imported,
-    created and started with the collector paused."""
+    """Prefect's server app (API, services and UI), with its loop services held until
+    :data:`LOOP_SERVICES_DELAY` after its start-up (:class:`LoopServicesAfterStart`), wrapped in
+    :class:`ReplayBusyWrites` and :class:`CollectorResumedAfterStart`, and with ``port`` in
+    :class:`LoopbackHostOnly`; imported, created and started with the collector paused."""
     gc.disable()
     try:
         from prefect.server.api.server import create_app as prefect_app
 
-        app: App = ReplayBusyWrites(CollectorResumedAfterStart(prefect_app()))
+        app: App = prefect_app()
+        held = hold_loop_services()
+        if held is not None:
+            app = LoopServicesAfterStart(app, held)
+        app = ReplayBusyWrites(CollectorResumedAfterStart(app))
         return LoopbackHostOnly(app, port) if port is not None else app
     except BaseException:
         gc.enable()
