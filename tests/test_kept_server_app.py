@@ -158,8 +158,8 @@ def _serve(outcome: str, delay: float, shutdown_after: float, step=None,
 
 def test_prefects_loop_services_are_scheduled_seconds_after_the_server_started_and_it_stops_as_usual():
     seen, ran = _serve("complete", delay=0.3, shutdown_after=0.8)
-    assert len(ran) == 1 and 0.3 <= ran[0] < 0.8  # once, after the delay
-    assert seen == ["lifespan.shutdown", "shutdown began with the step done"]
+    assert len(ran) == 1 and ran[0] >= 0.3  # once, after the delay
+    assert seen == ["lifespan.shutdown", "shutdown began with the step done"]  # and before the shutdown
 
 
 def test_a_server_stopped_before_its_loop_services_were_scheduled_never_schedules_them():
