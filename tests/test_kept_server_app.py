@@ -11,6 +11,7 @@ import gc
 import logging
 import sqlite3
 import time
+import weakref
 
 import httpx
 import pytest
@@ -74,12 +75,25 @@ def test_other_failures_are_answered_once(status):
     assert len(seen) == 1
 
 
-def _start(outcome: str, settle: float) -> tuple[bool, bool]:
+class _Cycle:
+    """Garbage only the cyclic collector frees: an object that refers to itself."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _start(outcome: str, settle: float) -> tuple[bool, bool, bool, bool]:
     """Run a lifespan start-up reporting ``outcome`` through CollectorResumedAfterStart with the collector
-    paused; (collector running right after the report, running ``settle`` + 0.1 s later)."""
+    paused, an object kept and a cycle dropped during it; (collector running right after the report,
+    running ``settle`` + 0.1 s later, the kept object set aside from later collections, the dropped
+    cycle freed)."""
+    kept: list[_Cycle] = []
+    dropped: list[weakref.ref] = []
 
     async def app(scope, receive, send):
         await receive()  # lifespan.startup
+        kept.append(_Cycle())  # lives on, as the app's objects do
+        dropped.append(weakref.ref(_Cycle()))  # the start's garbage
         await send({"type": f"lifespan.startup.{outcome}"})
 
     async def go() -> tuple[bool, bool]:
@@ -96,19 +110,28 @@ def _start(outcome: str, settle: float) -> tuple[bool, bool]:
         await asyncio.sleep(settle + 0.1)
         return right_after, gc.isenabled()
 
+    gc.unfreeze()  # none set aside before
+    gc.collect()
     gc.disable()
     try:
-        return asyncio.run(go())
+        running = asyncio.run(go())
+        # a set-aside object is in the permanent generation, which the collector's lists leave out
+        set_aside = gc.get_freeze_count() > 0 and not any(o is kept[0] for o in gc.get_objects())
+        return running + (set_aside, dropped[0]() is None)
     finally:
+        gc.unfreeze()  # this process's objects back to the collector
         gc.enable()
 
 
-def test_the_collector_paused_for_a_server_start_runs_again_once_it_settled():
-    assert _start("complete", settle=0.3) == (False, True)
+def test_the_collector_paused_for_a_server_start_runs_again_once_it_settled_past_the_starts_objects():
+    """The collector runs again after the settle time; what the start left alive is set aside from later
+    collections, and what it dropped is freed, not set aside."""
+    assert _start("complete", settle=0.3) == (False, True, True, True)
 
 
 def test_the_collector_runs_again_at_once_when_the_start_failed():
-    assert _start("failed", settle=5.0) == (True, True)
+    running_right_after, running_later, set_aside, _ = _start("failed", settle=5.0)
+    assert (running_right_after, running_later, set_aside) == (True, True, False)
 
 
 def _serve(outcome: str, delay: float, shutdown_after: float, step=None,

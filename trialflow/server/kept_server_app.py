@@ -12,7 +12,9 @@ after :data:`REPLAYS` tries the 503 goes to the client, whose own back-off then 
 The collector (see :mod:`trialflow.foundation.startup_gc`) stays paused through Prefect's import, the app's
 creation, its lifespan start-up and :data:`SETTLE_SECONDS` after it (its services' first steps, the
 routes FastAPI builds on the first requests): the server answers its first request sooner so
-(benchmarks/README.md has the figures).
+(benchmarks/README.md has the figures). When it runs again, the start's garbage is freed once and the
+objects alive then, which live as long as the server, are set aside from every later collection, so the
+full collections of a server that stores an experiment's events walk only what it made since.
 
 Prefect's loop services (the scheduler, the late-run and cancellation monitors, the work pools'
 health check, ...: its "perpetual" services, each a step repeated every few seconds) are scheduled
@@ -22,6 +24,9 @@ due, so starting a few seconds late only delays what they would do by as much. T
 consume events (task-run states, the event store, automations) start with the app as before: an
 event published before its consumer subscribes would be lost.
 
+Prefect's writes of event batches and task-run states reach SQLite as parameter sets of one statement
+(:mod:`trialflow.server.sqlite_batch_writes`), not as a multi-row statement compiled for every batch.
+
 Only this server's own user connects (:mod:`trialflow.server.own_user_only`): another user's
 connection is closed before its request is read, so the auth string alone, which a controller sends
 to whoever holds the port where the server is down and no keeper holds it, opens nothing to another
@@ -30,7 +35,8 @@ user.
 Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, what the keeper
 :mod:`trialflow.server.port_keeper` runs for :mod:`trialflow.server.kept_server`) serves the app under
 uvicorn on the socket the keeper holds, through that module's protocol; uvicorn calls
-:func:`create_app` once (it changes Prefect's server module for the process: :func:`hold_loop_services`);
+:func:`create_app` once (it changes Prefect's server modules for the process: :func:`hold_loop_services`,
+:func:`~trialflow.server.sqlite_batch_writes.write_batches_as_parameter_sets`);
 the wrappers hold no state between requests. Standard library only at import (uvicorn and Prefect's
 app factory are imported when called).
 """
@@ -44,7 +50,9 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ..foundation.startup_gc import set_aside
 from .own_user_only import check_lookup, own_user_only
+from .sqlite_batch_writes import write_batches_as_parameter_sets
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -146,10 +154,19 @@ class LoopbackHostOnly:
         await self.app(scope, receive, send)
 
 
+def _resume_collector_past_the_start() -> None:
+    """Free the start's garbage, set aside every object alive now (Prefect's modules, the app, its
+    routes) from all later collections, and run the collector again: a full collection then walks what
+    the server made since, not the ~400,000 objects of its start again each time."""
+    set_aside(collect_first=True)
+    gc.enable()
+
+
 class CollectorResumedAfterStart:
     """ASGI middleware around an app imported and created with the collector paused (``gc.disable()``):
-    the collector runs again ``settle`` seconds after the app reports its lifespan start-up complete, at
-    once when it reports a failed one. Requests pass through untouched."""
+    ``settle`` seconds after the app reports its lifespan start-up complete, the objects alive then are
+    set aside from later collections and the collector runs again (:func:`_resume_collector_past_the_start`);
+    at once, with nothing set aside, when it reports a failed one. Requests pass through untouched."""
 
     def __init__(self, app: App, settle: float = SETTLE_SECONDS) -> None:
         self.app = app
@@ -162,7 +179,7 @@ class CollectorResumedAfterStart:
 
         async def started(message: Message) -> None:
             if message["type"] == "lifespan.startup.complete":
-                asyncio.get_running_loop().call_later(self.settle, gc.enable)
+                asyncio.get_running_loop().call_later(self.settle, _resume_collector_past_the_start)
             elif message["type"] == "lifespan.startup.failed":
                 gc.enable()
             await send(message)
@@ -237,7 +254,8 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 
 def create_app(port: int | None = None) -> App:
-    """Prefect's server app (API, services and UI), with its loop services held until
+    """Prefect's server app (API, services and UI), writing event batches and task-run states as
+    parameter sets (:mod:`~trialflow.server.sqlite_batch_writes`), with its loop services held until
     :data:`LOOP_SERVICES_DELAY` after its start-up (:class:`LoopServicesAfterStart`), wrapped in
     :class:`ReplayBusyWrites` and :class:`CollectorResumedAfterStart`, and with ``port`` in
     :class:`LoopbackHostOnly`; imported, created and started with the collector paused."""
@@ -246,6 +264,7 @@ def create_app(port: int | None = None) -> App:
         from prefect.server.api.server import create_app as prefect_app
 
         app: App = prefect_app()
+        write_batches_as_parameter_sets()
         held = hold_loop_services()
         if held is not None:
             app = LoopServicesAfterStart(app, held)
