@@ -103,9 +103,13 @@ time.sleep(120)
     assert not pid_alive(child), "a grandchild of the trial survived the cancel"
 
 
-def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill(service, make_spec, monkeypatch):
+@pytest.mark.parametrize("removed", ["", ".nni"], ids=["all-of-it", "its-meta-folder-first"])
+def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill(service, make_spec, monkeypatch,
+                                                                                 removed):
     """The trial removes its own directory between two reads of one poll (its keeper's pid file goes
-    with it): the trial is lost (recorded FAILED), not "killed" or "never started" (SYS_CANCELED)."""
+    with it): the trial is lost (recorded FAILED), not "killed" or "never started" (SYS_CANCELED).
+    ``rmtree`` empties a folder before removing it, so a poll may also find the metadata folder gone
+    while the trial's directory still stands."""
     import shutil
 
     import trialflow.platforms.local as local
@@ -121,12 +125,12 @@ def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill
 
     def read_then_remove(*args, **kwargs):
         found = read(*args, **kwargs)
-        shutil.rmtree(handle.data["trial_dir"])
+        shutil.rmtree(os.path.join(handle.data["trial_dir"], removed))
         return found
 
     monkeypatch.setattr(local, "read_trial", read_then_remove)
     try:
-        with pytest.raises(LostHandleError, match="no longer exists"):
+        with pytest.raises(LostHandleError, match="no longer exists|was removed"):
             service.poll(handle, {})
     finally:
         kill_group(keeper, 0.5)

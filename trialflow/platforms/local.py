@@ -188,8 +188,10 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             return found.update(new_cursor)
         meta = os.path.join(trial_dir, META_DIR)
         keeper = self._keeper(handle)
-        self._existing_dir(handle)
-        if keeper is not None and not pid_alive(*keeper) and read_json(os.path.join(meta, STATE)) is None:
+        state = read_json(os.path.join(meta, STATE))
+        if not os.path.isdir(meta):  # removed while read (rmtree empties it first): absent files prove no kill
+            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} was removed")
+        if keeper is not None and not pid_alive(*keeper) and state is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's process group ended without recording an exit code (killed)", errors)
