@@ -52,6 +52,7 @@ from typing import Any
 
 from ..foundation.startup_gc import set_aside
 from .own_user_only import check_lookup, own_user_only
+from .prefect_replacement import replace_in_prefect
 from .sqlite_batch_writes import write_batches_as_parameter_sets
 
 Scope = MutableMapping[str, Any]
@@ -192,18 +193,17 @@ def hold_loop_services() -> list[HeldCall] | None:
     its loop services: the step's calls are kept, in order, in the returned list, each to be awaited
     later (:class:`LoopServicesAfterStart`). None, and nothing changed, where this Prefect has no such
     step: its services then start with the app, as Prefect starts them."""
-    try:
-        from prefect.server.api import background_workers
-
-        schedule = background_workers.register_and_schedule_perpetual_services
-    except (ImportError, AttributeError):
-        return None
     held: list[HeldCall] = []
 
-    async def hold(*args: Any, **kwargs: Any) -> None:
-        held.append(lambda: schedule(*args, **kwargs))
+    def make(schedule: Any, _: Any) -> Callable[..., Awaitable[None]]:
+        async def hold(*args: Any, **kwargs: Any) -> None:
+            held.append(lambda: schedule(*args, **kwargs))
 
-    background_workers.register_and_schedule_perpetual_services = hold
+        return hold
+
+    if not replace_in_prefect("prefect.server.api.background_workers", "register_and_schedule_perpetual_services",
+                              make):
+        return None
     return held
 
 

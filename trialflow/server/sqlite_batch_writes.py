@@ -17,31 +17,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from .prefect_replacement import replace_in_prefect
+
+EVENT_STORAGE = "prefect.server.events.storage.database"
+TASK_RUN_RECORDER = "prefect.server.services.task_run_recorder"
+
 
 def write_batches_as_parameter_sets() -> list[str]:
     """Replace Prefect's SQLite writers of events and task-run states in this process; the names of
     those replaced (none where this Prefect has neither)."""
-    replaced = []
-    try:
-        from prefect.server.events.storage import database as event_storage
-
-        prefect_events = event_storage._write_sqlite_events
-        batches = event_storage._in_safe_batches
-    except (ImportError, AttributeError):
-        pass
-    else:
-        event_storage._write_sqlite_events = _events_writer(batches)
-        replaced.append(f"{event_storage.__name__}.{prefect_events.__name__}")
-    try:
-        from prefect.server.services import task_run_recorder
-
-        prefect_states = task_run_recorder._insert_task_run_states
-    except (ImportError, AttributeError):
-        pass
-    else:
-        task_run_recorder._insert_task_run_states = _task_run_states_writer()
-        replaced.append(f"{task_run_recorder.__name__}.{prefect_states.__name__}")
-    return replaced
+    writers = ((EVENT_STORAGE, "_write_sqlite_events", lambda _, module: _events_writer(module._in_safe_batches)),
+               (TASK_RUN_RECORDER, "_insert_task_run_states", lambda _, module: _task_run_states_writer()))
+    return [f"{module}.{name}" for module, name, make in writers if replace_in_prefect(module, name, make)]
 
 
 def _events_writer(batches: Any) -> Any:
