@@ -179,3 +179,19 @@ def test_orphan_detection_sees_a_leftover_process(tmp_path, how):
         proc.kill()
         proc.communicate()
     assert not leftover_processes("chaosexp", tmp_path)
+
+
+def test_an_entry_cut_by_a_killed_trial_is_dropped_and_the_next_one_kept(tmp_path):
+    """A trial killed while it appends leaves a prefix of its entry (the kernel ends the write at the
+    file's page boundary); the next trial's entry follows it on the same line. Seen in a clean-clone run."""
+    import json
+
+    from trialflow.testing.chaos import read_ledger
+
+    first = {"kind": "start", "trial": "a", "pid": 1, "t": 1.0}
+    killed = json.dumps({"kind": "start", "trial": "k", "pid": 2, "t": 2.0})
+    after = {"kind": "intent", "type": "PERIODICAL", "seq": 0, "value": 0.5, "trial": "a", "pid": 1, "t": 3.0}
+    ledger = tmp_path / "runs.jsonl"
+    ledger.write_text(f"{json.dumps(first)}\n{killed[:26]}{json.dumps(after)}\n{killed[:3]}{json.dumps(first)}\n"
+                      f"{killed[:30]}")
+    assert read_ledger(ledger) == [first, after, first]

@@ -36,6 +36,7 @@ from ..flows.trial_loop import RESUBMITTED
 from ..foundation.status import STOPPED_BY_US, TERMINAL, TrialStatus
 from ..records.store import ExperimentStore
 
+ENTRY_START = '{"kind": '  # how the trial script's ledger entries begin (``kind`` first)
 CHAOS_TRIAL = """\
 import fcntl, json, os, time, nni
 
@@ -82,9 +83,20 @@ def write_chaos_trial(code_dir: Path, ledger: Path, reports: int = 3, sleep: flo
 
 
 def read_ledger(ledger: Path) -> list[dict[str, Any]]:
+    """The ledger's complete entries, in order. A trial killed while it appends an entry can leave a
+    prefix of it: the kernel ends a write at a page boundary of the file when the writer has a SIGKILL
+    pending. The next writer's entry then follows that prefix on the same line. Such a prefix is dropped
+    (its trial was killed during that write, so it reported nothing after it); the entry after it is kept."""
     if not ledger.exists():
         return []
-    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    entries = []
+    for line in ledger.read_text().splitlines():
+        start = line.rfind(ENTRY_START)  # every entry begins so, and a prefix of one holds no other start
+        try:
+            entries.append(json.loads(line[max(start, 0):]))
+        except json.JSONDecodeError:
+            pass  # the prefix alone, at the ledger's end or on a line of its own
+    return entries
 
 
 # ---- the driver ---------------------------------------------------------------------------------
