@@ -189,8 +189,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         meta = os.path.join(trial_dir, META_DIR)
         keeper = self._keeper(handle)
         state = read_json(os.path.join(meta, STATE))
-        if not os.path.isdir(meta):  # removed while read (rmtree empties it first): absent files prove no kill
-            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} was removed")
+        self._existing_dir(handle)  # removed while read: absent files prove no kill
         if keeper is not None and not pid_alive(*keeper) and state is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
@@ -207,7 +206,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
     def _existing_dir(handle: TrialHandle) -> str:
         """The trial's directory; raises LostHandleError when it no longer exists."""
         trial_dir = handle.data.get("trial_dir")
-        if not trial_dir or not os.path.isdir(trial_dir):
+        if not trial_dir or not os.path.isdir(os.path.join(trial_dir, META_DIR)):
             raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists")
         return str(trial_dir)
 
