@@ -107,14 +107,14 @@ time.sleep(120)
 def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill(service, make_spec, monkeypatch,
                                                                                  removed):
     """The trial removes its own directory between two reads of one poll (its keeper's pid file goes
-    with it): the trial is lost (recorded FAILED), not "killed" or "never started" (SYS_CANCELED).
-    ``rmtree`` empties a folder before removing it, so a poll may also find the metadata folder gone
-    while the trial's directory still stands."""
+    with it): the trial is lost (recorded FAILED), not "killed" or "never started" (SYS_CANCELED), and
+    what still ran of it is stopped. ``rmtree`` empties a folder before removing it, so a poll may also
+    find the metadata folder gone while the trial's directory still stands."""
     import shutil
 
     import trialflow.platforms.local as local
     from trialflow.platforms.base import LostHandleError
-    from trialflow.trial.procs import kill_group, read_json
+    from trialflow.trial.procs import group_alive, kill_group, read_json
 
     handle = service.submit(make_spec("Gone1", "import time\ntime.sleep(60)\n", {}), service.code)
     deadline = time.monotonic() + 20
@@ -130,8 +130,9 @@ def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill
 
     monkeypatch.setattr(local, "read_trial", read_then_remove)
     try:
-        with pytest.raises(LostHandleError, match="no longer exists"):
+        with pytest.raises(LostHandleError, match="no longer exists; its processes were stopped"):
             service.poll(handle, {})
+        assert not group_alive(keeper), "the lost trial's processes run on, followed by no one"
     finally:
         kill_group(keeper, 0.5)
 
@@ -249,6 +250,36 @@ def test_busy_gpu_is_skipped_without_use_active_gpu(tmp_path, make_spec, gpus_on
     gpus_on_path(2, busy_uuid="GPU-0")
     _, results = _run_gpu_trials(tmp_path, make_spec, 2)
     assert [r[1][0].value["gpus"] for r in results] == ["1", "1"]
+
+
+def test_a_lost_trial_is_stopped_and_its_gpu_goes_to_the_trial_waiting_for_it(tmp_path, make_spec, gpus_on_path):
+    """A trial whose directory is removed while it holds the machine's one GPU: the poll that finds it
+    lost stops it and releases the GPU, so the trial waiting for a GPU starts on it."""
+    import json
+    import shutil
+
+    from trialflow.platforms.base import LostHandleError
+    from trialflow.trial.procs import group_alive
+
+    gpus_on_path(1)
+    svc = _local(tmp_path, trial_gpu_number=1, use_active_gpu=False)
+    svc.prepare()
+    code = svc.upload_code(tmp_path / "code")
+    try:
+        lost = svc.submit(make_spec("Lost1x", "import time, nni\nnni.get_next_parameter()\ntime.sleep(60)\n", {},
+                                    gpu_number=1), code)
+        wait_for(lambda: svc.poll(lost, {}).status == TrialStatus.RUNNING, timeout=30)
+        waiting = svc.submit(make_spec("Next1x", GPU_TRIAL, {}, gpu_number=1), code)
+        assert svc.poll(waiting, {}).status == TrialStatus.WAITING
+        keeper = json.loads((Path(lost.data["trial_dir"]) / ".nni" / "keeper.pid").read_text())["pid"]
+        shutil.rmtree(lost.data["trial_dir"])
+        with pytest.raises(LostHandleError, match="its processes were stopped"):
+            svc.poll(lost, {})
+        assert not group_alive(keeper)
+        statuses, metrics, _ = poll_until_terminal(svc, waiting)
+    finally:
+        svc.close()
+    assert statuses[-1] == TrialStatus.SUCCEEDED and metrics[0].value["gpus"] == "0"
 
 
 def test_no_gpu_and_gpus_requested_is_a_clear_error_at_start(tmp_path, monkeypatch):

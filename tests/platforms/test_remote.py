@@ -7,15 +7,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import fake_nvidia_smi, machine, write_trial
+from tests.conftest import fake_nvidia_smi, machine, wait_for, write_trial
 from trialflow.config import ConfigError, RemoteConfig, parse_config
-from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
+from trialflow.platforms import LostHandleError, PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.remote import RemoteTrainingService
 from trialflow.platforms.runtime_files import VersionMismatchError, check_version
 from trialflow.testing.contract import (
@@ -24,6 +25,7 @@ from trialflow.testing.contract import (
     TrainingServiceContract,
     poll_until_terminal,
 )
+from trialflow.trial.procs import kill_group
 
 
 def remote_service(tmp_path: Path, servers, known_hosts: Path, exp_id: str = "exp00001", **fields
@@ -382,4 +384,33 @@ def test_gpu_trials_go_where_gpu_slots_are_free(tmp_path, sshd_servers, known_ho
     finally:
         for h in handles:
             svc.cancel(h, TrialStatus.USER_CANCELED)
+        svc.close()
+
+
+def test_a_lost_trial_gives_its_gpu_to_the_trial_waiting_for_it(tmp_path, sshd_servers, known_hosts):
+    """A trial whose directory on the machine is removed while it holds the machine's one GPU: the
+    poll that finds it lost releases the GPU, so the trial waiting for one starts."""
+    bin_dir = fake_nvidia_smi(tmp_path / "remote-bin", 1)
+    os.symlink(sys.executable, bin_dir / "python3")
+    machines = [machine(sshd_servers[0], tmp_path / "r0", pythonPath=str(bin_dir))]
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=machines, trial_gpu_number=1)
+    svc.prepare()
+    write_trial(tmp_path / "code", SLEEPING_TRIAL, "s.py")
+    write_trial(tmp_path / "code", "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n", "q.py")
+    code = svc.upload_code(tmp_path / "code")
+    lost = svc.submit(TrialSpec("exp00001", "Lost1", 0, 0, {}, "python3 s.py", tmp_path / "code", 1), code)
+    waiting = svc.submit(TrialSpec("exp00001", "Next1", 1, 1, {}, "python3 q.py", tmp_path / "code", 1), code)
+    meta = Path(lost.data["trial_dir"]) / ".nni"
+    keeper = None
+    try:
+        wait_for(lambda: svc.poll(lost, {}).status == TrialStatus.RUNNING, timeout=30)
+        assert svc.poll(waiting, {}).status == TrialStatus.WAITING
+        keeper = json.loads((meta / "keeper.pid").read_text())["pid"]
+        shutil.rmtree(lost.data["trial_dir"])
+        with pytest.raises(LostHandleError, match="no longer exists"):
+            svc.poll(lost, {})
+        assert poll_until_terminal(svc, waiting)[0][-1] == TrialStatus.SUCCEEDED
+    finally:
+        if keeper is not None:
+            kill_group(keeper, 0.5)
         svc.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from tests.conftest import base_config, slurm_section, wait_for
 from trialflow.config import ConfigError, parse_config
 from trialflow.config.sections.slurm import SlurmConfig
-from trialflow.platforms import PlatformError, TrialHandle, TrialStatus
+from trialflow.platforms import LostHandleError, PlatformError, TrialHandle, TrialStatus
 from trialflow.platforms.slurm import SlurmTrainingService
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
@@ -165,6 +166,24 @@ def test_close_leaves_no_allocation_for_idle_environments_or_cancelled_trials(tm
     wait_for(lambda: state(cancelled) in ("CANCELLED", "COMPLETED"), timeout=30)
     assert state(running) == "RUNNING"
     slurm_cluster.run("scancel", running.data["job_id"])
+
+
+def test_a_lost_trials_job_is_cancelled_so_its_allocation_goes_to_the_next_trials(tmp_path, slurm_cluster,
+                                                                                  monkeypatch):
+    """A trial whose directory is removed while its job runs: the poll that finds it lost cancels the
+    job, which no one follows any more, instead of leaving it holding its allocation."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    svc = prepared(slurm_service(tmp_path, slurm_cluster), tmp_path / "code")
+    lost = _running(svc, "Lost1")
+    try:
+        shutil.rmtree(lost.data["trial_dir"])
+        with pytest.raises(LostHandleError, match="no longer exists"):
+            svc.poll(lost, {})
+        wait_for(lambda: slurm_cluster.run("squeue", "-h", "-t", "all", "-o", "%T", "-j", lost.data["job_id"]
+                                           ).strip() in ("CANCELLED", "COMPLETED"), timeout=30)
+    finally:
+        slurm_cluster.run("scancel", lost.data["job_id"])
+        svc.close()
 
 
 @pytest.mark.parametrize(("fields", "message"), [

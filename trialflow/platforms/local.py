@@ -26,7 +26,7 @@ from ..config.sections.local import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.keeper import stop_group
-from ..trial.procs import pid_alive, read_json, write_atomic
+from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
 from ..trial.protocol import (
     CHECKPOINT_DIR,
     CHECKPOINT_ENV,
@@ -91,6 +91,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         self.kill_grace = kill_grace_seconds
         self._started: set[str] = set()  # keepers started by this controller
         self._pidfds: dict[str, int] = {}
+        self._keepers: dict[str, tuple[int, int | None]] = {}  # (pid, start time) of each followed trial's keeper
         self._lock = threading.Lock()
         paths = [NNI_SHIM_DIR, RUNTIME_ROOT, os.environ.get("PYTHONPATH", "")]
         self._pythonpath = os.pathsep.join(p for p in paths if p)
@@ -159,11 +160,13 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                     self.gpu.release(handle.trial_id)  # the retried submission allocates again
                 raise TransientPlatformError(f"cannot start the trial's keeper: {exc}") from None
             self._started.add(handle.trial_id)
+            self._keeper(handle)  # known from now on, so a trial whose directory goes can still be stopped
             return True
 
     def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
-        """(pid, start time) of the trial's keeper once it was started. A keeper started by a
-        request whose reply was lost writes its own ``keeper.pid`` at once, so it is waited for."""
+        """(pid, start time) of the trial's keeper once it was started, remembered once read (its
+        ``keeper.pid`` goes with the trial's directory). A keeper started by a request whose reply was
+        lost writes its own ``keeper.pid`` at once, so it is waited for."""
         meta = os.path.join(handle.data["trial_dir"], META_DIR)
         path = os.path.join(meta, KEEPER_PID)
         info = read_json(path)
@@ -172,7 +175,10 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                and os.path.isdir(meta)):  # a removed trial directory never gets one
             time.sleep(0.02)
             info = read_json(path)
-        return (int(info["pid"]), info.get("start_time")) if info else None
+        if info is None:
+            return self._keepers.get(handle.trial_id)
+        keeper = self._keepers[handle.trial_id] = (int(info["pid"]), info.get("start_time"))
+        return keeper
 
     def poll(self, handle: TrialHandle, cursor: dict[str, Any]) -> TrialUpdate:
         """The trial's status and new metrics. Raises LostHandleError when its directory is gone
@@ -202,16 +208,25 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         return TrialUpdate(TrialStatus.RUNNING if started else TrialStatus.WAITING, records, new_cursor, None, None,
                            errors)
 
-    @staticmethod
-    def _existing_dir(handle: TrialHandle) -> str:
-        """The trial's directory; raises LostHandleError when it no longer exists."""
+    def _existing_dir(self, handle: TrialHandle) -> str:
+        """The trial's directory. Raises LostHandleError when its metadata folder (which ``rmtree``
+        takes first) no longer exists, once the trial's process group is stopped (where its keeper was
+        seen and still runs) and its GPUs released: nothing of a trial no one can follow goes on
+        running, or keeps GPUs the next trials wait for."""
         trial_dir = handle.data.get("trial_dir")
-        if not trial_dir or not os.path.isdir(os.path.join(trial_dir, META_DIR)):
-            raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists")
-        return str(trial_dir)
+        if trial_dir and os.path.isdir(os.path.join(trial_dir, META_DIR)):
+            return str(trial_dir)
+        keeper = self._keepers.get(handle.trial_id)
+        running = keeper is not None and pid_alive(*keeper)
+        if keeper is not None and running:
+            kill_group(keeper[0], self.kill_grace)
+        self._finish(handle)
+        raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists"
+                              + ("; its processes were stopped" if running else ""))
 
     def _finish(self, handle: TrialHandle) -> None:
         self._started.discard(handle.trial_id)
+        self._keepers.pop(handle.trial_id, None)
         fd = self._pidfds.pop(handle.trial_id, None)
         if fd is not None:
             os.close(fd)

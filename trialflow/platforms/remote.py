@@ -276,6 +276,7 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         if not names:
             if self._queued(machine, handle):
                 return TrialUpdate(TrialStatus.WAITING, cursor=new_cursor)
+            self._finish(machine, handle)  # its slot and GPUs go to the next trials
             raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists on "
                                   f"{machine.key}")
         if found.state is not None:

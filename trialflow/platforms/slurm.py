@@ -254,6 +254,8 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             return TrialUpdate(status, found.records, cursor, None, message, found.errors)
 
         if names is None and not reuse:
+            if job is not None and job.state in WAITING_STATES | RUNNING_STATES:
+                self.scheduler.scancel(job.id)  # its allocation goes to the next trials
             raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir or '?'} no longer exists on "
                                   f"{login.key}")
         if state is not None and (state.get("exit_code") == 0 or cancelled is not None):
