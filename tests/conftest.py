@@ -317,6 +317,16 @@ def process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def stop_process(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once it is stopped. The signal takes effect only when the process next
+    runs, and on a busy machine that may be after it has done what the test stops it to keep it from
+    (a keeper blocked in ``wait`` reaps its exited trial before it stops)."""
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: process_state(pid) in ("T", "t"), timeout=30, interval=0.01)
+
+
 def run_in_thread(function) -> tuple[threading.Thread, dict]:
     """Start ``function()`` in a thread that sees this context's Prefect settings (a new thread gets
     the settings Prefect read at import, so an experiment run in it would miss the session's server

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, process_state, write_trial
+from tests.conftest import base_config, process_state, stop_process, write_trial
 from trialflow.trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from trialflow.trial.records import (
     MAX_RECORD_BYTES,
@@ -250,7 +250,7 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
             time.sleep(0.02)
         trial_pid = json.loads(started.read_text())["pid"]
         if signalled == "by-trialflow-keeper-late":
-            os.kill(keeper.pid, signal.SIGSTOP)
+            stop_process(keeper.pid)
             killer = threading.Thread(target=kill_trial, args=(str(trial_dir), 20.0), daemon=True)
             killer.start()
             while process_state(trial_pid) != "Z" and time.monotonic() < deadline:  # it answered the SIGINT
@@ -262,16 +262,16 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
             marked = subprocess.run([sys.executable, "-S", "-m", "trialflow.trial.keeper", "--mark-stop",
                                      str(trial_dir)], env={**os.environ, "PYTHONPATH": RUNTIME_ROOT}, timeout=30)
             assert marked.returncode == 0 and (trial_dir / ".nni" / "stop_sent").exists()
-            os.kill(keeper.pid, signal.SIGSTOP)  # the platform's signal reaches the trial first
+            stop_process(keeper.pid)  # the platform's signal reaches the trial first
             os.kill(trial_pid, signal.SIGINT)
             while process_state(trial_pid) != "Z" and time.monotonic() < deadline:  # it answered
                 time.sleep(0.02)
         elif signalled == "after-it-exited":
-            os.kill(keeper.pid, signal.SIGSTOP)  # the keeper, descheduled, has not seen the exit yet
+            stop_process(keeper.pid)  # the keeper, descheduled, has not seen the exit yet
             while process_state(trial_pid) != "Z" and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:
-            os.kill(trial_pid, signal.SIGSTOP)  # the trial answers only once the keeper has seen the signal
+            stop_process(trial_pid)  # the trial answers only once the keeper has seen the signal
         if signalled != "by-trialflow-keeper-late":
             os.killpg(keeper.pid, signal.SIGINT)
             os.kill(keeper.pid, signal.SIGCONT)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fake_nvidia_smi, process_state, wait_for, write_trial
+from tests.conftest import fake_nvidia_smi, process_state, stop_process, wait_for, write_trial
 from trialflow.config import LocalConfig
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.gpu import GpuProbe
@@ -175,7 +175,7 @@ def test_a_trial_that_answers_the_cancel_before_its_keeper_runs_again_is_cancell
         meta = Path(handle.data["trial_dir"]) / ".nni"
         keeper = json.loads((meta / "keeper.pid").read_text())["pid"]
         trial = json.loads((meta / "started").read_text())["pid"]
-        os.kill(keeper, signal.SIGSTOP)
+        stop_process(keeper)
         try:
             cancel = threading.Thread(target=service.cancel, args=(handle, TrialStatus.USER_CANCELED), daemon=True)
             cancel.start()
