@@ -59,8 +59,7 @@ CHILD = textwrap.dedent("""
 
     async def task_run_states(db, writer, task_run_id):
         def run(state):
-            return core.TaskRun(id=task_run_id, flow_run_id=None, task_key="k", dynamic_key="0",
-                                             state=state)
+            return core.TaskRun(id=task_run_id, flow_run_id=None, task_key="k", dynamic_key="0", state=state)
         running = states.State(id=uuid.UUID(int=7), type="RUNNING", name="Running",
                                timestamp="2026-12-05T10:00:01+00:00", message="started")
         done = states.State(id=uuid.UUID(int=8), type="COMPLETED", timestamp="2026-12-05T10:00:02+00:00")
