@@ -137,6 +137,36 @@ def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill
         kill_group(keeper, 0.5)
 
 
+def test_a_trial_that_ends_while_it_is_polled_keeps_its_success(service, make_spec, monkeypatch):
+    """The keeper writes the trial's exit code, then exits. A poll that reads no exit code and then finds
+    the keeper gone must not take the trial for killed: the code may have come just after the read
+    (a busy machine descheduling the poll between the two). Here the trial ends, and its keeper with
+    it, inside the poll's read of the exit code, which returns what it saw before."""
+    import trialflow.platforms.local as local
+    from trialflow.trial.procs import pid_alive, read_json
+
+    body = ("import os, time, nni\nnni.get_next_parameter()\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+            "nni.report_final_result(0.5)\n")
+    handle = service.submit(make_spec("Ends1", body, {}), service.code)
+    wait_for(lambda: service.poll(handle, {}).status == TrialStatus.RUNNING, timeout=30)
+    keeper = read_json(os.path.join(handle.data["trial_dir"], ".nni", "keeper.pid"))
+    seen = []
+
+    def read_then_end(path, *args, **kwargs):
+        if path.endswith(os.path.join(".nni", "state")) and not seen:
+            seen.append(read_json(path, *args, **kwargs))  # none yet: the trial runs
+            (Path(service.code.location) / "go").touch()
+            wait_for(lambda: not pid_alive(keeper["pid"], keeper.get("start_time")), timeout=30, interval=0.02)
+            return seen[0]
+        return read_json(path, *args, **kwargs)
+
+    monkeypatch.setattr(local, "read_json", read_then_end)
+    statuses, metrics, last = poll_until_terminal(service, handle, timeout=30)
+    assert seen == [None]
+    assert statuses[-1] == TrialStatus.SUCCEEDED, last.message
+    assert [m.value for m in metrics] == [0.5]
+
+
 def test_sigint_trapping_trial_is_escalated_to_sigkill(service, make_spec):
     body = """
 import signal, time, nni

@@ -194,9 +194,12 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             return found.update(new_cursor)
         meta = os.path.join(trial_dir, META_DIR)
         keeper = self._keeper(handle)
+        # the keeper's end is looked at before its exit code: it writes the code, then exits, so a code
+        # still absent after its end was never written (read first, it may have come just after the read)
+        ended = keeper is not None and not pid_alive(*keeper)
         state = read_json(os.path.join(meta, STATE))
         self._existing_dir(handle)  # removed while read: absent files prove no kill
-        if keeper is not None and not pid_alive(*keeper) and state is None:
+        if ended and state is None:
             self._finish(handle)
             return TrialUpdate(TrialStatus.SYS_CANCELED, records, new_cursor, None,
                                "the trial's process group ended without recording an exit code (killed)", errors)
