@@ -25,7 +25,7 @@ from trialflow.testing.contract import (
     TrainingServiceContract,
     poll_until_terminal,
 )
-from trialflow.trial.procs import kill_group
+from trialflow.trial.procs import group_alive, kill_group
 
 
 def remote_service(tmp_path: Path, servers, known_hosts: Path, exp_id: str = "exp00001", **fields
@@ -387,9 +387,10 @@ def test_gpu_trials_go_where_gpu_slots_are_free(tmp_path, sshd_servers, known_ho
         svc.close()
 
 
-def test_a_lost_trial_gives_its_gpu_to_the_trial_waiting_for_it(tmp_path, sshd_servers, known_hosts):
+def test_a_lost_trial_is_stopped_and_gives_its_gpu_to_the_trial_waiting_for_it(tmp_path, sshd_servers, known_hosts):
     """A trial whose directory on the machine is removed while it holds the machine's one GPU: the
-    poll that finds it lost releases the GPU, so the trial waiting for one starts."""
+    poll that finds it lost stops its processes there and releases the GPU, so the trial waiting for
+    one starts."""
     bin_dir = fake_nvidia_smi(tmp_path / "remote-bin", 1)
     os.symlink(sys.executable, bin_dir / "python3")
     machines = [machine(sshd_servers[0], tmp_path / "r0", pythonPath=str(bin_dir))]
@@ -407,8 +408,9 @@ def test_a_lost_trial_gives_its_gpu_to_the_trial_waiting_for_it(tmp_path, sshd_s
         assert svc.poll(waiting, {}).status == TrialStatus.WAITING
         keeper = json.loads((meta / "keeper.pid").read_text())["pid"]
         shutil.rmtree(lost.data["trial_dir"])
-        with pytest.raises(LostHandleError, match="no longer exists"):
+        with pytest.raises(LostHandleError, match="no longer exists on .*; its processes were stopped"):
             svc.poll(lost, {})
+        assert not group_alive(keeper)
         assert poll_until_terminal(svc, waiting)[0][-1] == TrialStatus.SUCCEEDED
     finally:
         if keeper is not None:

@@ -25,8 +25,8 @@ from typing import Any
 from ..config.sections.local import LocalConfig
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
-from ..trial.keeper import stop_group
-from ..trial.procs import kill_group, pid_alive, read_json, write_atomic
+from ..trial.keeper import stop_group, stop_lost_group
+from ..trial.procs import pid_alive, read_json, write_atomic
 from ..trial.protocol import (
     CHECKPOINT_DIR,
     CHECKPOINT_ENV,
@@ -160,8 +160,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                     self.gpu.release(handle.trial_id)  # the retried submission allocates again
                 raise TransientPlatformError(f"cannot start the trial's keeper: {exc}") from None
             self._started.add(handle.trial_id)
-            self._keeper(handle)  # known from now on, so a trial whose directory goes can still be stopped
-            return True
+        self._keeper(handle)  # known from now on, so a trial whose directory goes can still be stopped
+        return True
 
     def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
         """(pid, start time) of the trial's keeper once it was started, remembered once read (its
@@ -220,9 +220,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         if trial_dir and os.path.isdir(os.path.join(trial_dir, META_DIR)):
             return str(trial_dir)
         keeper = self._keepers.get(handle.trial_id)
-        running = keeper is not None and pid_alive(*keeper)
-        if keeper is not None and running:
-            kill_group(keeper[0], self.kill_grace)
+        running = keeper is not None and stop_lost_group(*keeper, self.kill_grace)
         self._finish(handle)
         raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists"
                               + ("; its processes were stopped" if running else ""))

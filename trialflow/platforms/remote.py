@@ -100,6 +100,7 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         self.machines: list[RemoteMachine] = []
         self._lock = threading.Lock()
         self._liveness: dict[str, float] = {}
+        self._keepers: dict[str, tuple[int, int | None]] = {}  # (pid, start time) of each keeper seen running
         self._waits: dict[str, int] = {}
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
         self.share = Share(config.shared_storage, self.experiment_id) if config.shared_storage else None
@@ -276,9 +277,10 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         if not names:
             if self._queued(machine, handle):
                 return TrialUpdate(TrialStatus.WAITING, cursor=new_cursor)
+            stopped = self._stop_lost(machine, handle)
             self._finish(machine, handle)  # its slot and GPUs go to the next trials
             raise LostHandleError(f"trial {handle.trial_id}: its directory {trial_dir} no longer exists on "
-                                  f"{machine.key}")
+                                  f"{machine.key}" + ("; its processes were stopped" if stopped else ""))
         if found.state is not None:
             self._finish(machine, handle)
             return found.update(new_cursor)
@@ -309,10 +311,30 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         info = read_json(machine.fs, posixpath.join(meta, KEEPER_PID))
         if not info:
             return True
+        self._keepers[handle.trial_id] = (int(info["pid"]), info.get("start_time"))
         line = machine.fs.read(f"/proc/{int(info['pid'])}/stat", 0, 4096)
         if line is None:
             return not machine.fs.exists("/proc/self")  # no /proc at all: cannot tell, assume alive
         return stat_alive(stat_fields(line.decode("ascii", "replace")), info.get("start_time"))
+
+    def _stop_lost(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
+        """Stop the process group of a trial whose directory is gone, where its keeper was seen (its
+        ``keeper.pid`` went with the directory) and still runs there. True when it was stopped; a command
+        that fails is logged, and the trial is lost all the same. Raises TransientPlatformError when the
+        machine cannot be reached (the poll is tried again)."""
+        keeper = self._keepers.get(handle.trial_id)
+        if keeper is None:
+            return False
+        pid, start = keeper
+        command = machine.command("keeper", "--stop-group", str(pid), "-" if start is None else str(start),
+                                  str(self.kill_grace))
+        try:
+            return machine.run(command, timeout=30 + 4 * self.kill_grace).strip() == "stopped"
+        except TransientPlatformError:
+            raise
+        except PlatformError as exc:
+            log.warning("trial %s: its processes on %s could not be stopped: %s", handle.trial_id, machine.key, exc)
+            return False
 
     def _vanished(self, machine: RemoteMachine, handle: TrialHandle, cursor: dict[str, Any], records: list[Any],
                   errors: list[str]) -> TrialUpdate:
@@ -337,6 +359,7 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
             machine.active.discard(handle.trial_id)
         self.placements.forget(handle.trial_id)
         self._liveness.pop(handle.trial_id, None)
+        self._keepers.pop(handle.trial_id, None)
         self._waits.pop(handle.trial_id, None)
         if machine.gpu is not None:
             machine.gpu.release(handle.trial_id)

@@ -12,6 +12,8 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   command per trial;
 * ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
+* ``... keeper --stop-group <keeper pid> <start time> <grace seconds>``: stop the process group of a
+  keeper whose trial directory is gone (see :func:`stop_lost_group`); prints ``stopped`` when it ran;
 * ``... keeper --never-start <trial dir>``: a trial whose keeper has not started never will (a batch job
   cancelled before it ran; see :func:`never_start`);
 * ``... keeper --mark-stop <trial dir>``: write ``stop_sent`` when the trial's files say it runs (see
@@ -386,6 +388,16 @@ def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
     kill_group(keeper_pid, grace)
 
 
+def stop_lost_group(keeper_pid: int, start_time: int | None, grace: float) -> bool:
+    """Stop the process group of the keeper ``keeper_pid`` when that keeper still runs (checked by its
+    ``start_time``, so never a group that took the pid later), for a trial whose directory, and with it
+    every file :func:`kill_trial` reads, is gone. True when the keeper ran and its group was stopped."""
+    if not pid_alive(keeper_pid, start_time):
+        return False
+    kill_group(keeper_pid, grace)
+    return True
+
+
 def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -416,11 +428,15 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
+    if argv[:1] == ["--stop-group"] and len(argv) == 4 and argv[1].isdigit():
+        start = None if argv[2] == "-" else int(argv[2])
+        print("stopped" if stop_lost_group(int(argv[1]), start, float(argv[3])) else "not running")
+        return 0
     if len(argv) == 1:
         return run(argv[0])
     print("usage: keeper [--detach] <trial dir> [gpus] | --submit | --pod <trial dir> <role> <primary> [attempt] | "
           "--batch <trial dir> <attempt> | --never-start <trial dir> | --mark-stop <trial dir> | "
-          "--kill <trial dir> <grace> | --version",
+          "--kill <trial dir> <grace> | --stop-group <pid> <start time> <grace> | --version",
           file=sys.stderr)
     return 2
 
