@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fake_nvidia_smi, machine, wait_for, write_trial
+from tests.conftest import fake_nvidia_smi, machine, process_state, wait_for, write_trial
 from trialflow.config import ConfigError, RemoteConfig, parse_config
 from trialflow.platforms import LostHandleError, PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.remote import RemoteTrainingService
@@ -385,6 +385,50 @@ def test_gpu_trials_go_where_gpu_slots_are_free(tmp_path, sshd_servers, known_ho
         for h in handles:
             svc.cancel(h, TrialStatus.USER_CANCELED)
         svc.close()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["started-at-submit", "started-when-a-gpu-was-free"])
+def test_a_trial_that_removes_its_own_directory_before_any_poll_is_stopped(tmp_path, sshd_servers, known_hosts, held):
+    """A trial that removes its own directory as it starts, so its ``keeper.pid`` goes before the
+    service reads it: the keeper its start said it forked is stopped when the trial is found lost,
+    whether it started at submit or later, once the machine's GPU was free."""
+    bin_dir = fake_nvidia_smi(tmp_path / "remote-bin", 1)
+    os.symlink(sys.executable, bin_dir / "python3")
+    machines = [machine(sshd_servers[0], tmp_path / "r0", pythonPath=str(bin_dir))]
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=machines, trial_gpu_number=1)
+    svc.prepare()
+    pid_file = tmp_path / "trial.pid"
+    write_trial(tmp_path / "code", "import os, shutil, time\n"
+                f"open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+                f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r})\n"
+                "shutil.rmtree(os.environ['NNI_SYS_DIR'])\ntime.sleep(600)\n", "gone.py")
+    write_trial(tmp_path / "code", "import nni\nnni.get_next_parameter()\nnni.report_final_result(1)\n", "q.py")
+    code = svc.upload_code(tmp_path / "code")
+    first = svc.submit(TrialSpec("exp00001", "First", 0, 0, {}, "python3 q.py", tmp_path / "code", 1), code) \
+        if held else None
+    lost = svc.submit(TrialSpec("exp00001", "Gone1", 1, 1, {}, "python3 gone.py", tmp_path / "code", 1), code)
+    trial_pid = None
+    try:
+        if first is not None:  # the lost trial waits for the GPU, then starts at a poll
+            assert svc.poll(lost, {}).status == TrialStatus.WAITING
+            assert poll_until_terminal(svc, first)[0][-1] == TrialStatus.SUCCEEDED
+            svc.poll(lost, {})
+        wait_for(lambda: pid_file.exists() and not Path(lost.data["trial_dir"]).exists(), timeout=30)
+        trial_pid = int(pid_file.read_text())
+        with pytest.raises(LostHandleError, match="no longer exists on .*; its processes were stopped"):
+            svc.poll(lost, {})
+        wait_for(lambda: not _runs(trial_pid), timeout=10)
+    finally:
+        if trial_pid is not None and _runs(trial_pid):
+            os.kill(trial_pid, 9)
+        svc.close()
+
+
+def _runs(pid: int) -> bool:
+    try:
+        return process_state(pid) != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_lost_trial_is_stopped_and_gives_its_gpu_to_the_trial_waiting_for_it(tmp_path, sshd_servers, known_hosts):

@@ -245,8 +245,18 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
             self._env(machine).enqueue(spec.trial_id, payload, HOLD if hold else QUEUE)
             self._heartbeat(machine)
         else:
-            machine.run(machine.command("keeper", "--submit"), json.dumps(payload).encode())
+            self._note_keeper(handle, machine.run(machine.command("keeper", "--submit"), json.dumps(payload).encode()))
         return handle
+
+    def _note_keeper(self, handle: TrialHandle, output: str) -> None:
+        """Remember the keeper a ``--submit`` or ``--detach`` says it started (its last line), so the
+        trial can be stopped even when its directory goes before the first poll reads ``keeper.pid``."""
+        try:
+            said = json.loads(output.strip().splitlines()[-1])
+            keeper = (int(said["keeper_pid"]), int(said["start_time"]))
+        except (IndexError, ValueError, TypeError, KeyError):
+            return  # held for GPUs (no keeper yet), or no start time to check the pid by
+        self._keepers.setdefault(handle.trial_id, keeper)
 
     def _start_held(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
         """Start a trial that waits for GPU slots once the machine has them; False while waiting."""
@@ -257,7 +267,8 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
             return False
         indices = ",".join(map(str, gpus))
         if not handle.data.get("reuse"):
-            machine.run(machine.command("keeper", "--detach", handle.data["trial_dir"], indices))
+            self._note_keeper(handle, machine.run(machine.command("keeper", "--detach", handle.data["trial_dir"],
+                                                                  indices)))
             return True
         def release(payload: dict[str, Any]) -> None:
             payload["hold"] = False
@@ -326,8 +337,9 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         if keeper is None:
             return False
         pid, start = keeper
-        command = machine.command("keeper", "--stop-group", str(pid), "-" if start is None else str(start),
-                                  str(self.kill_grace))
+        if start is None:
+            return False  # no start time to check the pid by: it may belong to another process now
+        command = machine.command("keeper", "--stop-group", str(pid), str(start), str(self.kill_grace))
         try:
             return machine.run(command, timeout=30 + 4 * self.kill_grace).strip() == "stopped"
         except TransientPlatformError:

@@ -6,10 +6,10 @@ Standard library only; it travels to every worker with the trial runtime. Forms:
   a session leader, e.g. ``start_new_session``);
 * ``... keeper --detach <trial dir> [<gpu indices>]``: fork a keeper into its own session and return at
   once (used over SSH, so the trial survives the SSH session and a dropped connection); the
-  optional ``0,1`` sets ``CUDA_VISIBLE_DEVICES``;
+  optional ``0,1`` sets ``CUDA_VISIBLE_DEVICES``; prints the keeper's pid (:func:`say_keeper`);
 * ``... keeper --submit``: read a launch payload (JSON, see :func:`write_trial_files`) on stdin,
-  write the trial directory and, unless the payload says ``hold``, detach a keeper -- one SSH
-  command per trial;
+  write the trial directory and, unless the payload says ``hold``, detach a keeper and print its pid
+  -- one SSH command per trial;
 * ``... keeper --kill <trial dir> <grace seconds>``: stop the trial's whole process group
   (SIGINT, SIGTERM, SIGKILL); a trial that already ended is not an error;
 * ``... keeper --stop-group <keeper pid> <start time> <grace seconds>``: stop the process group of a
@@ -311,12 +311,14 @@ def set_gpus(trial_dir: str, gpus: str) -> None:
 
 
 def detach(trial_dir: str) -> int:
-    """Fork a keeper that leads its own session; the caller returns at once. The keeper claims the
-    trial only once it is detached: a submitting process killed before that (its SSH session torn
-    down) leaves no claim behind, so the retried submission starts the trial instead of finding it
-    claimed by nobody. A trial whose keeper was already started is left alone."""
-    if daemonize(os.path.join(trial_dir, META_DIR, "keeper.log")) != 0:
-        return 0
+    """Fork a keeper that leads its own session; the caller returns at once, with the keeper's pid. The
+    keeper claims the trial only once it is detached: a submitting process killed before that (its SSH
+    session torn down) leaves no claim behind, so the retried submission starts the trial instead of
+    finding it claimed by nobody. A trial whose keeper was already started is left alone (the keeper
+    forked then ends at once)."""
+    pid = daemonize(os.path.join(trial_dir, META_DIR, "keeper.log"))
+    if pid != 0:
+        return pid
     try:
         code = run(trial_dir) if claim(trial_dir) else 0
     finally:
@@ -388,11 +390,20 @@ def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
     kill_group(keeper_pid, grace)
 
 
+def say_keeper(pid: int) -> int:
+    """Print ``{"keeper_pid", "start_time"}`` of a keeper just forked by :func:`detach` (for ``--detach``
+    and ``--submit``: the service then knows which group to stop should the trial's directory, with its
+    ``keeper.pid``, go before it reads that file). Returns the command's exit code, 0."""
+    print(json.dumps({"keeper_pid": pid, "start_time": process_start_time(pid)}), flush=True)
+    return 0
+
+
 def stop_lost_group(keeper_pid: int, start_time: int | None, grace: float) -> bool:
     """Stop the process group of the keeper ``keeper_pid`` when that keeper still runs (checked by its
-    ``start_time``, so never a group that took the pid later), for a trial whose directory, and with it
-    every file :func:`kill_trial` reads, is gone. True when the keeper ran and its group was stopped."""
-    if not pid_alive(keeper_pid, start_time):
+    ``start_time``, so never a group that took the pid later; without one it is left alone), for a trial
+    whose directory, and with it every file :func:`kill_trial` reads, is gone. True when the keeper ran
+    and its group was stopped."""
+    if start_time is None or not pid_alive(keeper_pid, start_time):
         return False
     kill_group(keeper_pid, grace)
     return True
@@ -410,11 +421,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--detach"] and len(argv) in (2, 3):
         if len(argv) == 3:
             set_gpus(argv[1], argv[2])
-        return detach(argv[1])
+        return say_keeper(detach(argv[1]))
     if argv == ["--submit"]:
         payload = json.load(sys.stdin)
         trial_dir = write_trial_files(payload)
-        return 0 if payload.get("hold") else detach(trial_dir)
+        return 0 if payload.get("hold") else say_keeper(detach(trial_dir))
     if argv[:1] == ["--pod"] and len(argv) in (4, 5) and (len(argv) == 4 or argv[4].isdigit()):
         return pod(argv[1], argv[2], argv[3], int(argv[4]) if len(argv) == 5 else None)
     if argv[:1] == ["--batch"] and len(argv) == 3 and argv[2].isdigit():
@@ -428,9 +439,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--kill"] and len(argv) == 3:
         kill_trial(argv[1], float(argv[2]))
         return 0
-    if argv[:1] == ["--stop-group"] and len(argv) == 4 and argv[1].isdigit():
-        start = None if argv[2] == "-" else int(argv[2])
-        print("stopped" if stop_lost_group(int(argv[1]), start, float(argv[3])) else "not running")
+    if argv[:1] == ["--stop-group"] and len(argv) == 4 and argv[1].isdigit() and argv[2].isdigit():
+        print("stopped" if stop_lost_group(int(argv[1]), int(argv[2]), float(argv[3])) else "not running")
         return 0
     if len(argv) == 1:
         return run(argv[0])
