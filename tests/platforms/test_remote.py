@@ -19,6 +19,8 @@ from trialflow.config import ConfigError, RemoteConfig, parse_config
 from trialflow.platforms import LostHandleError, PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.remote import RemoteTrainingService
 from trialflow.platforms.runtime_files import VersionMismatchError, check_version
+from trialflow.platforms.trialdir import EnvironmentDir
+from trialflow.platforms.trialfs import LocalFS
 from trialflow.testing.contract import (
     SLEEPING_TRIAL,
     InterruptionContract,
@@ -387,15 +389,19 @@ def test_gpu_trials_go_where_gpu_slots_are_free(tmp_path, sshd_servers, known_ho
         svc.close()
 
 
-@pytest.mark.parametrize("held", [False, True], ids=["started-at-submit", "started-when-a-gpu-was-free"])
-def test_a_trial_that_removes_its_own_directory_before_any_poll_is_stopped(tmp_path, sshd_servers, known_hosts, held):
+@pytest.mark.parametrize(("reuse", "held"), [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["started-at-submit", "started-when-a-gpu-was-free", "reuse", "reuse-when-a-gpu-was-free"])
+def test_a_trial_that_removes_its_own_directory_before_any_poll_is_stopped(tmp_path, sshd_servers, known_hosts,
+                                                                           reuse, held):
     """A trial that removes its own directory as it starts, so its ``keeper.pid`` goes before the
-    service reads it: the keeper its start said it forked is stopped when the trial is found lost,
-    whether it started at submit or later, once the machine's GPU was free."""
+    service reads it: the keeper its start said it forked (the submitting SSH command's answer, or the
+    reuse worker's note) is stopped when the trial is found lost, whether it started at once or later,
+    once the machine's GPU was free; in reuse mode the trial the worker took is not left waiting."""
     bin_dir = fake_nvidia_smi(tmp_path / "remote-bin", 1)
     os.symlink(sys.executable, bin_dir / "python3")
     machines = [machine(sshd_servers[0], tmp_path / "r0", pythonPath=str(bin_dir))]
-    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=machines, trial_gpu_number=1)
+    svc = remote_service(tmp_path, sshd_servers, known_hosts, machines=machines, trial_gpu_number=1,
+                         reuse_mode=reuse)
     svc.prepare()
     pid_file = tmp_path / "trial.pid"
     write_trial(tmp_path / "code", "import os, shutil, time\n"
@@ -460,3 +466,48 @@ def test_a_lost_trial_is_stopped_and_gives_its_gpu_to_the_trial_waiting_for_it(t
         if keeper is not None:
             kill_group(keeper, 0.5)
         svc.close()
+
+
+def test_a_reuse_trial_whose_files_the_worker_writes_while_it_is_polled_is_not_lost(tmp_path, sshd_servers,
+                                                                                   known_hosts, monkeypatch):
+    """The poll reads the trial's files, then the worker's boxes. A worker that takes the trial, writes its
+    files, starts its keeper and notes it between the two reads leaves a poll that found no files and a
+    keeper noted: the trial is not lost (its files are looked at again), and it runs to its end."""
+    import trialflow.platforms.remote as remote_module
+
+    svc = remote_service(tmp_path, sshd_servers[:1], known_hosts, reuse_mode=True)
+    svc.prepare()
+    write_trial(tmp_path / "code", "import nni, time\nnni.get_next_parameter()\ntime.sleep(1)\n"
+                "nni.report_final_result(1)\n", "s.py")
+    code = svc.upload_code(tmp_path / "code")
+    handle = svc.submit(TrialSpec("exp00001", "Race1", 0, 0, {}, "python3 s.py", tmp_path / "code"), code)
+    try:
+        note = Path(svc.machines[0].root) / "exp00001" / "env-0" / "taken" / "Race1.keeper"
+        wait_for(note.exists, timeout=30)
+        real = remote_module.read_trial
+        reads = []
+
+        def before_the_worker_wrote(fs, trial_dir, offset, trial_id):  # what a read just before it saw
+            reads.append(trial_dir)
+            return real(fs, trial_dir + ("-not-yet" if len(reads) == 1 else ""), offset, trial_id)
+
+        monkeypatch.setattr(remote_module, "read_trial", before_the_worker_wrote)
+        assert svc.poll(handle, {}).status in (TrialStatus.WAITING, TrialStatus.RUNNING)
+        assert poll_until_terminal(svc, handle)[0][-1] == TrialStatus.SUCCEEDED
+    finally:
+        svc.close()
+
+
+def test_a_run_queued_again_is_not_taken_for_started_before_the_worker_starts_it(tmp_path):
+    """A reuse worker notes the keeper it started for a trial it took; a later run of that trial (after
+    an interruption) is queued under the same id, and until the worker starts that run's keeper, the
+    earlier run's keeper must not read as this run's (the service would call the run lost while the
+    worker writes its files)."""
+    env = EnvironmentDir(LocalFS(), str(tmp_path / "env"))
+    (tmp_path / "env" / "taken").mkdir(parents=True)
+    (tmp_path / "env" / "taken" / "T1.json").write_text("{}")
+    (tmp_path / "env" / "taken" / "T1.keeper").write_text(json.dumps({"pid": 4242, "start_time": 17}))
+    assert env.started_keeper("T1") == (4242, 17)
+    env.enqueue("T1", {"trial_dir": "trials/T1"})
+    assert env.started_keeper("T1") is None
+    assert env.boxes_holding("T1") == {"queue", "taken"}

@@ -49,6 +49,7 @@ from ..trial.protocol import (
     QUEUE,
     STARTED,
     STATE,
+    TAKEN,
     WORKER_IDLE_TIMEOUT,
 )
 from .base import (
@@ -304,12 +305,23 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         return TrialUpdate(status, records, new_cursor, None, None, errors)
 
     def _queued(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
-        """Reuse mode: the trial is still in the worker's queue (or held for GPUs)."""
+        """Reuse mode: the trial is still in the worker's queue (or held for GPUs), or taken by the worker
+        that has not yet started its keeper (and may not have written its files). Once that keeper
+        started, the trial is not queued: a trial without files is then lost, and that keeper is the
+        one to stop."""
         if not handle.data.get("reuse"):
             return False
-        found = self._env(machine).boxes_holding(handle.trial_id)
+        env = self._env(machine)
+        found = env.boxes_holding(handle.trial_id)
         if HOLD in found:
             self._start_held(machine, handle)
+        if found == {TAKEN}:
+            keeper = env.started_keeper(handle.trial_id)
+            # the note is written after the trial's files: files absent after it was read were removed
+            # (absent before it was read, they may just not have been written yet)
+            if keeper is not None and not machine.fs.exists(posixpath.join(handle.data["trial_dir"], META_DIR)):
+                self._keepers.setdefault(handle.trial_id, keeper)
+                return False
         return bool(found)
 
     def _keeper_alive(self, machine: RemoteMachine, handle: TrialHandle, meta: str) -> bool:

@@ -21,6 +21,7 @@ from ..records.codebundle import CodeBundle, CodeDirError, scan_code_dir
 from ..trial.protocol import (
     HEARTBEAT,
     HOLD,
+    KEEPER_NOTE,
     KEEPER_SPEC,
     KILL,
     LOG_FILES,
@@ -231,6 +232,9 @@ class EnvironmentDir:
         return self.fs.join(self.path, box, f"{trial_id}.json")
 
     def enqueue(self, trial_id: str, payload: dict[str, Any], box: str = QUEUE) -> None:
+        """Queue (or hold) a run of the trial, first removing the note of the keeper an earlier run of it
+        was started with: until the worker starts this run's keeper, none is noted."""
+        self.fs.remove(self._keeper_note(trial_id))
         self.fs.write(self._box(box, trial_id), json.dumps(payload).encode())
 
     def dequeue(self, trial_id: str) -> None:
@@ -240,6 +244,18 @@ class EnvironmentDir:
 
     def boxes_holding(self, trial_id: str) -> set[str]:
         return {box for box in (HOLD, QUEUE, TAKEN) if self.fs.exists(self._box(box, trial_id))}
+
+    def _keeper_note(self, trial_id: str) -> str:
+        return self.fs.join(self.path, TAKEN, f"{trial_id}{KEEPER_NOTE}")
+
+    def started_keeper(self, trial_id: str) -> tuple[int, int] | None:
+        """(pid, start time) of the keeper the worker started for a trial it took, once it did (after
+        writing the trial's files); None before, or when the note cannot be read."""
+        note = read_json(self.fs, self._keeper_note(trial_id))
+        try:
+            return (int(note["pid"]), int(note["start_time"])) if note else None
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def release(self, trial_id: str, change: Callable[[dict[str, Any]], None]) -> None:
         """Move a held trial to the queue, its payload changed by ``change(payload)`` first."""

@@ -49,6 +49,7 @@ WORKER_INFO = "worker.json"
 QUEUE = "queue"
 HOLD = "hold"
 TAKEN = "taken"
+KEEPER_NOTE = ".keeper"  # taken/<trial id>.keeper: the keeper the worker started for it
 KILL = "kill"
 HEARTBEAT = "heartbeat"
 STOP = "stop"

@@ -8,8 +8,10 @@ pending stop request and leaves. The environment directory holds:
 * ``worker.json``: ``{"pid", "start_time", "version"}`` of the live worker (the controller checks
   the version against its own);
 * ``queue/<trial id>.json``: launch payloads (see ``keeper.write_trial_files``) written atomically
-  by the controller; the worker moves each to ``taken/`` and starts its keeper, which runs the
-  trial detached, so trials outlive the worker;
+  by the controller; the worker moves each to ``taken/``, writes the trial's files and starts its
+  keeper, which runs the trial detached, so trials outlive the worker; then it notes that keeper's
+  ``{"pid", "start_time", "version"}`` in ``taken/<trial id>.keeper`` (a trial whose files are gone
+  after that is lost, and that keeper is the one to stop);
 * ``heartbeat``: touched by the controller; with no touch for the idle timeout the worker leaves;
 * ``stop``: ask the worker to leave (the controller's ``close()``);
 * ``kill/<trial id>``: stop that trial (the file holds its directory); used where the controller
@@ -30,7 +32,7 @@ import time
 
 from .keeper import claim, kill_trial, process_record, write_trial_files
 from .procs import daemonize, pid_alive, read_json, write_atomic
-from .protocol import HEARTBEAT, KILL, META_DIR, QUEUE, STOP, TAKEN, WORKER_IDLE_TIMEOUT, WORKER_INFO
+from .protocol import HEARTBEAT, KEEPER_NOTE, KILL, META_DIR, QUEUE, STOP, TAKEN, WORKER_IDLE_TIMEOUT, WORKER_INFO
 
 TICK = 0.02
 KILL_GRACE = 2.0
@@ -104,6 +106,7 @@ def _take(env_dir: str, queued: str, taken: str) -> list[subprocess.Popen[bytes]
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     finally:
         log.close()
+    write_atomic(taken[: -len(".json")] + KEEPER_NOTE, process_record(proc.pid))
     return [proc]
 
 
