@@ -101,7 +101,8 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         self.machines: list[RemoteMachine] = []
         self._lock = threading.Lock()
         self._liveness: dict[str, float] = {}
-        self._keepers: dict[str, tuple[int, int | None]] = {}  # (pid, start time) of each keeper seen running
+        # (pid, start time) of each trial's keeper, as its start told or its keeper.pid said when last read
+        self._keepers: dict[str, tuple[int, int | None]] = {}
         self._waits: dict[str, int] = {}
         self.uploaded_bytes = 0  # code bundle bytes sent over SSH by this service object
         self.share = Share(config.shared_storage, self.experiment_id) if config.shared_storage else None

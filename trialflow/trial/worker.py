@@ -106,7 +106,10 @@ def _take(env_dir: str, queued: str, taken: str) -> list[subprocess.Popen[bytes]
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     finally:
         log.close()
-    write_atomic(taken[: -len(".json")] + KEEPER_NOTE, process_record(proc.pid))
+    try:
+        write_atomic(taken[: -len(".json")] + KEEPER_NOTE, process_record(proc.pid))
+    except OSError:
+        pass  # a full disk: the trial runs unnoted (lost, it then reads as still queued)
     return [proc]
 
 
