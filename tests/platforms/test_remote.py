@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fake_nvidia_smi, machine, process_state, wait_for, write_trial
+from tests.conftest import fake_nvidia_smi, machine, wait_for, write_trial
 from trialflow.config import ConfigError, RemoteConfig, parse_config
 from trialflow.platforms import LostHandleError, PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.remote import RemoteTrainingService
@@ -27,7 +27,7 @@ from trialflow.testing.contract import (
     TrainingServiceContract,
     poll_until_terminal,
 )
-from trialflow.trial.procs import group_alive, kill_group
+from trialflow.trial.procs import group_alive, kill_group, pid_alive
 
 
 def remote_service(tmp_path: Path, servers, known_hosts: Path, exp_id: str = "exp00001", **fields
@@ -423,18 +423,11 @@ def test_a_trial_that_removes_its_own_directory_before_any_poll_is_stopped(tmp_p
         trial_pid = int(pid_file.read_text())
         with pytest.raises(LostHandleError, match="no longer exists on .*; its processes were stopped"):
             svc.poll(lost, {})
-        wait_for(lambda: not _runs(trial_pid), timeout=10)
+        wait_for(lambda: not pid_alive(trial_pid), timeout=10)
     finally:
-        if trial_pid is not None and _runs(trial_pid):
+        if trial_pid is not None and pid_alive(trial_pid):
             os.kill(trial_pid, 9)
         svc.close()
-
-
-def _runs(pid: int) -> bool:
-    try:
-        return process_state(pid) != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_lost_trial_is_stopped_and_gives_its_gpu_to_the_trial_waiting_for_it(tmp_path, sshd_servers, known_hosts):

@@ -74,6 +74,7 @@ from .ssh import SshConnection, machine_target
 from .trialdir import (
     EnvironmentDir,
     install_code,
+    keeper_identity,
     read_json,
     read_trial,
     read_trial_logs,
@@ -251,14 +252,15 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         return handle
 
     def _note_keeper(self, handle: TrialHandle, output: str) -> None:
-        """Remember the keeper a ``--submit`` or ``--detach`` says it started (its last line), so the
-        trial can be stopped even when its directory goes before the first poll reads ``keeper.pid``."""
+        """Remember the keeper a ``--submit`` or ``--detach`` says it started (its last line: the keeper's
+        process record), so the trial can be stopped even when its directory goes before the first poll
+        reads ``keeper.pid``."""
         try:
-            said = json.loads(output.strip().splitlines()[-1])
-            keeper = (int(said["keeper_pid"]), int(said["start_time"]))
-        except (IndexError, ValueError, TypeError, KeyError):
-            return  # held for GPUs (no keeper yet), or no start time to check the pid by
-        self._keepers.setdefault(handle.trial_id, keeper)
+            keeper = keeper_identity(json.loads(output.strip().splitlines()[-1]))
+        except (IndexError, ValueError):
+            return  # held for GPUs: no keeper yet, nothing printed
+        if keeper is not None:
+            self._keepers.setdefault(handle.trial_id, keeper)
 
     def _start_held(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
         """Start a trial that waits for GPU slots once the machine has them; False while waiting."""
@@ -335,11 +337,11 @@ class RemoteTrainingService(TrainingService[RemoteConfig]):
         info = read_json(machine.fs, posixpath.join(meta, KEEPER_PID))
         if not info:
             return True
-        self._keepers[handle.trial_id] = (int(info["pid"]), info.get("start_time"))
-        line = machine.fs.read(f"/proc/{int(info['pid'])}/stat", 0, 4096)
+        pid, start = self._keepers[handle.trial_id] = (int(info["pid"]), info.get("start_time"))
+        line = machine.fs.read(f"/proc/{pid}/stat", 0, 4096)
         if line is None:
             return not machine.fs.exists("/proc/self")  # no /proc at all: cannot tell, assume alive
-        return stat_alive(stat_fields(line.decode("ascii", "replace")), info.get("start_time"))
+        return stat_alive(stat_fields(line.decode("ascii", "replace")), start)
 
     def _stop_lost(self, machine: RemoteMachine, handle: TrialHandle) -> bool:
         """Stop the process group of a trial whose directory is gone, where its keeper was seen (its

@@ -81,6 +81,16 @@ def answered_stop(state: dict[str, Any]) -> bool:
     return bool(state.get("stop_signal")) and code is not None and 0 <= code < 128
 
 
+def keeper_identity(record: Any) -> tuple[int, int] | None:
+    """(pid, start time) from a keeper's process record (``keeper.pid``'s form: what ``keeper --submit``
+    prints, what a reuse worker notes); None when either is missing or not an integer (a pid without its
+    start time cannot be told from a later process that took it)."""
+    try:
+        return int(record["pid"]), int(record["start_time"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def read_json(fs: TrialFS, path: str) -> dict[str, Any] | None:
     """A JSON object file; None when it is missing or not (yet) a whole object."""
     data = fs.read(path)
@@ -251,11 +261,7 @@ class EnvironmentDir:
     def started_keeper(self, trial_id: str) -> tuple[int, int] | None:
         """(pid, start time) of the keeper the worker started for a trial it took, once it did (after
         writing the trial's files); None before, or when the note cannot be read."""
-        note = read_json(self.fs, self._keeper_note(trial_id))
-        try:
-            return (int(note["pid"]), int(note["start_time"])) if note else None
-        except (KeyError, TypeError, ValueError):
-            return None
+        return keeper_identity(read_json(self.fs, self._keeper_note(trial_id)))
 
     def release(self, trial_id: str, change: Callable[[dict[str, Any]], None]) -> None:
         """Move a held trial to the queue, its payload changed by ``change(payload)`` first."""

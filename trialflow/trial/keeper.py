@@ -391,10 +391,10 @@ def stop_group(meta_dir: str, keeper_pid: int, grace: float) -> None:
 
 
 def say_keeper(pid: int) -> int:
-    """Print ``{"keeper_pid", "start_time"}`` of a keeper just forked by :func:`detach` (for ``--detach``
-    and ``--submit``: the service then knows which group to stop should the trial's directory, with its
-    ``keeper.pid``, go before it reads that file). Returns the command's exit code, 0."""
-    print(json.dumps({"keeper_pid": pid, "start_time": process_start_time(pid)}), flush=True)
+    """Print the :func:`process_record` of a keeper just forked by :func:`detach`, as ``keeper.pid`` holds
+    it (for ``--detach`` and ``--submit``: the service then knows which group to stop should the trial's
+    directory, with its ``keeper.pid``, go before it reads that file). Returns the command's exit code, 0."""
+    print(json.dumps(process_record(pid)), flush=True)
     return 0
 
 
