@@ -63,6 +63,30 @@ def test_a_ctrl_c_while_the_command_starts_is_an_empty_line_and_exit_1_not_a_tra
     assert interrupted.stdout == "" and interrupted.stderr == "\n"
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_top_quits_on_a_signal_that_lands_while_python_runs_a_weakref_callback(tmp_path, sig):
+    """`trialflow top` quits on one Ctrl-C (or SIGTERM) wherever in its refresh it lands. Python prints
+    and drops an exception raised in a weakref callback or a destructor (a database library's cleanup
+    runs such callbacks during a refresh), so a Ctrl-C that raised there left `top` running. Here the
+    signal comes from inside a weakref callback during the first refresh, at a fixed point."""
+    start = ("import os, signal, sys, weakref; import trialflow.presentation.views as views; "
+             "table = views.running_table; calls = []\n"
+             "def refresh(root):\n"
+             "    calls.append(root)\n"
+             "    if len(calls) == 2:\n"
+             "        class Gone: pass\n"
+             "        gone = Gone(); ref = weakref.ref(gone, lambda _: os.kill(os.getpid(), "
+             f"signal.{sig})); del gone\n"
+             "    return table(root)\n"
+             "views.running_table = refresh\n"
+             f"sys.argv = ['trialflow', 'top', '--time', '1', '--root', {str(tmp_path)!r}]\n"
+             "from trialflow.console_script import main; main()\n")
+    top = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "COLUMNS": "120"})  # before: it ran on until killed
+    assert top.returncode == 0, top.stderr
+    assert "Ctrl-C quits" in top.stdout and "running experiments at" in top.stdout
+    assert top.stderr == ""  # nothing printed as an ignored exception
+
 def test_missing_config_file(tmp_path):
     proc = cli("create", "--config", str(tmp_path / "nope.yml"))
     assert proc.returncode == 1

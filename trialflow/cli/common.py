@@ -5,6 +5,7 @@ trialflow modules the commands import on first use."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -103,14 +104,36 @@ def root_of_experiment_dir(experiment_id: str, root: Path | None, experiment_dir
     return folder.parent
 
 
-def interrupt_on_signals() -> None:
-    """Ctrl-C and SIGTERM raise KeyboardInterrupt here, also when this process was started with SIGINT
-    ignored (a background job of a shell without job control passes that on)."""
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
+class StopSignals:
+    """Ctrl-C and SIGTERM for a command that waits until one comes (``top``, a served dashboard): from
+    construction on each is noted, not raised, and :meth:`wait` returns as soon as one comes, also when
+    this process was started with SIGINT ignored (a background job of a shell without job control
+    passes that on). A handler that raised KeyboardInterrupt lost the signal when it landed while the
+    interpreter ran a destructor or a weakref callback, which print such an exception and drop it: the
+    command ran on. Construct it in the main thread (Python runs signal handlers there); it lasts for
+    the rest of the process."""
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, interrupt)
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._wakeup, write = os.pipe()  # the interpreter writes a byte per signal: wait()'s select wakes
+        os.set_blocking(self._wakeup, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._note)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less once a signal comes; whether one has come."""
+        if self.signum is None:
+            select.select([self._wakeup], [], [], seconds)
+            try:
+                os.read(self._wakeup, 4096)
+            except BlockingIOError:
+                pass
+        return self.signum is not None
 
 
 def use_kept_server(port: int | None = None, url_prefix: str | None = None) -> None:

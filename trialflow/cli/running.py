@@ -4,7 +4,6 @@ controller, ``stop`` and ``top``. An experiment runs in a background controller 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +24,7 @@ from .common import (
     DebugOpt,
     ExperimentDirOpt,
     RootOpt,
+    StopSignals,
     UiPortOpt,
     UrlPrefixOpt,
     _config,
@@ -36,7 +36,6 @@ from .common import (
     _warm,
     console,
     find_store,
-    interrupt_on_signals,
     print_warnings,
     report_unreadable,
     root_of_experiment_dir,
@@ -210,12 +209,9 @@ def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds betw
 
     if interval < 1:
         raise CliError(f"bad --time {interval}: give at least 1 second")
-    interrupt_on_signals()
-    try:
-        console.print(f"running experiments, every {interval} s; Ctrl-C quits", highlight=False)
-        with Live(running_table(root), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(interval)
-                live.update(running_table(root), refresh=True)
-    except KeyboardInterrupt:
-        console.print()
+    stop = StopSignals()
+    console.print(f"running experiments, every {interval} s; Ctrl-C quits", highlight=False)
+    with Live(running_table(root), console=console, auto_refresh=False) as live:
+        while not stop.wait(interval):
+            live.update(running_table(root), refresh=True)
+    console.print()

@@ -3,7 +3,6 @@ url`` (its Prefect UI page) and ``tensorboard``."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,13 +17,13 @@ from .common import (
     ExperimentDirOpt,
     ExpIdArg,
     RootOpt,
+    StopSignals,
     UrlPrefixOpt,
     _control,
     _experiments,
     _views,
     console,
     find_store,
-    interrupt_on_signals,
     root_of_experiment_dir,
     use_kept_server,
 )
@@ -57,13 +56,11 @@ def start_dashboard(experiment_id: str, root: Path, port: int, host: str = "127.
 
 def serve_until_interrupted(dashboard: LiveDashboard) -> None:
     """Keep serving until Ctrl-C or SIGTERM, then stop the dashboard cleanly."""
-    interrupt_on_signals()
+    stop = StopSignals()
     console.print("serving the dashboard; Ctrl-C stops it")
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(3600):
+            pass
     finally:
         dashboard.stop()
 
