@@ -5,6 +5,8 @@ never makes a second run."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import FINAL_ONLY, job_platform, prefect_section, service_of, submit_one, wait_for
@@ -172,6 +174,37 @@ def test_cancelling_a_trial_cancels_its_flow_run_and_gives_the_trial_time_to_sav
     assert (trial_dir / "trial.stdout").read_text().count("saving on signal") == 1  # not once per process
     assert (statuses[-1], last.exit_code, last.message) == (TrialStatus.USER_CANCELED, None,
                                                             "exit code 1 after a stop signal")
+
+
+def test_the_end_removes_the_deployment_soon_after_a_run_cancelled_before_it_started(tmp_path, on_pool):
+    """A run cancelled after a worker took it (Pending) but before its process started stays Cancelling
+    in Prefect: a process worker told of the cancel before it has the run's process stops nothing, and
+    Prefect refuses the engine's Running. Seen with a cancel ~0.75 s after the submit on this pool: the
+    experiment's end then waited the full DEPLOYMENT_WAIT and left the deployment behind. Here the worker
+    that took the run is the test's Pending, on a pool no worker serves, and the end removes the
+    deployment after UNSTARTED_WAIT."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Pending
+
+    from trialflow.platforms.prefect_pool import DEPLOYMENT_WAIT
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="trialflow-no-worker", type="process"), overwrite=True)
+    svc, handle = _run_one(tmp_path, on_pool, "Early1", workPool="trialflow-no-worker")
+    (run,) = _flow_run(on_pool, handle.data["job"])
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Pending())  # as a worker that took it
+    svc.cancel(handle, TrialStatus.USER_CANCELED)
+    began = time.monotonic()
+    svc.close()
+    took = time.monotonic() - began
+    (run,) = _flow_run(on_pool, handle.data["job"])
+    assert run.state.type.value == "CANCELLING" and run.start_time is None
+    with get_client(sync_client=True) as client, pytest.raises(ObjectNotFound):
+        client.read_deployment(svc.deployment_id)
+    assert took < DEPLOYMENT_WAIT - 10
 
 
 def test_a_retried_submit_returns_the_same_flow_run(tmp_path, on_pool):

@@ -72,6 +72,10 @@ RUNNER_FLOW = "trialflow-trial"
 # seconds the end of an experiment waits for its runs to end before removing their deployment: a cancelled
 # trial's save (the runner's 20-s grace), the worker noticing the cancel and running the run's hooks
 DEPLOYMENT_WAIT = 45.0
+# seconds it waits for a cancelled run that never started: the worker acts on the cancel as it is told of it
+# (it stops infrastructure it launched for the run, reading the deployment); Prefect refuses the run's
+# Running while it is Cancelling, so an engine that starts later runs nothing
+UNSTARTED_WAIT = 10.0
 HEARTBEAT_FILE = ".runner-heartbeat"
 STALE_SECONDS = 20.0
 RUNNER_ENTRYPOINT = "trialflow/flows/trial_runner.py:trial_runner"
@@ -356,12 +360,15 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
 
     def _remove_deployment(self, deployment_id: UUID) -> None:
         """Delete the deployment once none of its runs is going: the worker reads it to start a run, to
-        cancel one that has not started, and, once a cancelled run's process has ended, to run its
-        cancellation hooks. It waits up to :data:`DEPLOYMENT_WAIT` seconds for the runs to end (a cancelled
-        trial saves within the runner's grace); a started run still Cancelling after that has had its
-        stop and loses only its hooks, so the deployment goes. A run left going (a controller that stops
-        without stopping its trials leaves them for a resume) keeps it, with a line saying how to remove
-        it. Never raises: the experiment's end is recorded already."""
+        stop the infrastructure it launched for a run cancelled before it started, and, once a cancelled
+        run's process has ended, to run its cancellation hooks. A cancelled run that started is waited for
+        up to :data:`DEPLOYMENT_WAIT` seconds (a cancelled trial saves within the runner's grace); still
+        Cancelling after that, it has had its stop and loses only its hooks. One that never started is
+        waited for up to :data:`UNSTARTED_WAIT` seconds: a process worker told of the cancel before it had
+        the run's process, whose engine Prefect then refuses, leaves such a run Cancelling for good. A run
+        left going (a controller that stops without stopping its trials leaves them for a resume) keeps
+        the deployment, with a line saying how to remove it. Never raises: the experiment's end is
+        recorded already."""
         from prefect.client.schemas.filters import (
             DeploymentFilter,
             DeploymentFilterId,
@@ -374,19 +381,18 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         going = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
             any_=[t for t in StateType if t not in TERMINAL_STATES])))
         ours = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
-        deadline = time.monotonic() + DEPLOYMENT_WAIT
+        began = time.monotonic()
         try:
             with _client() as client:
                 while running := client.read_flow_runs(flow_run_filter=going, deployment_filter=ours, limit=20):
-                    cancelling = all(r.state is not None and r.state.type == StateType.CANCELLING for r in running)
-                    waited = time.monotonic() >= deadline  # read once: both checks below see the same answer
-                    if cancelling and waited and all(r.start_time for r in running):
-                        break  # each still ends itself, without the deployment
-                    if not cancelling or waited:
+                    if not all(r.state is not None and r.state.type == StateType.CANCELLING for r in running):
                         log.info("the trial runner's deployment stays while flow run %s ends: `prefect deployment "
                                  "delete %s/trialflow-%s` removes it", running[0].name, RUNNER_FLOW,
                                  self.experiment_id)
                         return
+                    waited = time.monotonic() - began
+                    if all(waited >= (DEPLOYMENT_WAIT if r.start_time else UNSTARTED_WAIT) for r in running):
+                        break  # each still ends itself, or never runs, without the deployment
                     time.sleep(0.5)
                 client.delete_deployment(deployment_id)
         except Exception as exc:  # noqa: BLE001 -- a deployment left behind is no reason to fail the run
