@@ -129,6 +129,29 @@ def test_the_collector_paused_for_a_server_start_runs_again_once_it_settled_past
     assert _start("complete", settle=0.3) == (False, True, True, True)
 
 
+def test_the_kept_servers_app_is_created_without_a_full_collection_where_fastapi_copies_no_routes(tmp_path):
+    """Prefect's "final" app ends its creation with a full collection, there to free routes an older
+    FastAPI copied; with one that copies none it frees nothing and delays the first answer of every
+    start. The kept server asks for it only where FastAPI copies routes, also when the environment
+    sets Prefect's switch for it (as the kept server's own start once did)."""
+    import os
+    import subprocess
+    import sys
+
+    created = ("import gc\n"
+               "full = []\n"
+               "gc.callbacks.append(lambda phase, info: full.append(1) if phase == 'start' and "
+               "info['generation'] == 2 else None)\n"
+               "from trialflow.server.kept_server_app import create_app\n"
+               "create_app(port=4321)\n"
+               "import prefect.server.api.server as server\n"
+               "print(server._FASTAPI_COPIES_ROUTES_ON_INCLUDE, len(full))\n")
+    env = {**os.environ, "PREFECT__SERVER_FINAL": "1", "PREFECT_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", created], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "0"]
+
+
 def test_the_collector_runs_again_at_once_when_the_start_failed():
     running_right_after, running_later, set_aside, _ = _start("failed", settle=5.0)
     assert (running_right_after, running_later, set_aside) == (True, True, False)

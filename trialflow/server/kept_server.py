@@ -407,7 +407,7 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
     origins = f"http://{HOST}:{port},http://localhost:{port}"
     env.update(PREFECT_HOME=str(prefect_home), PREFECT_UI_API_URL=f"http://{HOST}:{port}/api",
-               PREFECT__SERVER_FINAL="1", PREFECT_SERVER_API_AUTH_STRING=auth, PREFECT_API_AUTH_STRING=auth,
+               PREFECT_SERVER_API_AUTH_STRING=auth, PREFECT_API_AUTH_STRING=auth,
                PREFECT_SERVER_CORS_ALLOWED_ORIGINS=origins,
                PREFECT_UI_SERVE_BASE=url_prefix or "/")
     env = with_this_trialflow(env)
