@@ -73,10 +73,15 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
 
     top = subprocess.Popen([sys.executable, "-m", "trialflow.cli", "top", "--time", "1"], stdout=subprocess.PIPE,
                            text=True, env={**env, "COLUMNS": "200"})
-    assert "Ctrl-C quits" in top.stdout.readline()  # it is watching
-    time.sleep(2)
-    top.send_signal(signal.SIGINT)
-    out = top.communicate(timeout=60)[0]
+    try:
+        assert "Ctrl-C quits" in top.stdout.readline()  # it is watching
+        time.sleep(2)
+        top.send_signal(signal.SIGINT)
+        out = top.communicate(timeout=60)[0]
+    finally:
+        if top.poll() is None:  # it did not quit: it must not outlive the test
+            top.kill()
+            top.wait()
     assert top.returncode == 0 and exp_id in out
     live = [t.id for t in store.trials() if t.status in ("RUNNING", "WAITING")]  # its trials, as its help says
     assert "their live trials" in out and live and any(trial_id in out for trial_id in live)
