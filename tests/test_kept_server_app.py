@@ -152,6 +152,35 @@ def test_the_kept_servers_app_is_created_without_a_full_collection_where_fastapi
     assert out.stdout.split() == ["False", "0"]
 
 
+def test_prefects_in_process_clients_get_the_kept_servers_app_without_hashing_settings_or_logging_again(tmp_path):
+    """Prefect's services make API clients inside the server process, each calling Prefect's
+    ``create_app()``, which hashed every setting and set logging up again before returning the app from
+    its cache (~0.12 s of CPU each, right after every start). In the kept server they get that app at
+    once; a call with settings of its own still goes to Prefect."""
+    import os
+    import subprocess
+    import sys
+
+    created = ("from trialflow.server.kept_server_app import create_app\n"
+               "create_app(port=4321)\n"
+               "import prefect.logging.configuration as logging_setup\n"
+               "import prefect.server.api.server as server\n"
+               "calls = []\n"
+               "real = logging_setup.setup_logging\n"
+               "logging_setup.setup_logging = lambda *a, **k: (calls.append(1), real(*a, **k))[1]\n"
+               "(made,) = server.APP_CACHE.values()\n"
+               "from prefect.server.api.clients import OrchestrationClient\n"
+               "OrchestrationClient()\n"
+               "print(server.create_app() is made, len(calls))\n"
+               "from prefect.settings import get_current_settings\n"
+               "server.create_app(settings=get_current_settings())\n"
+               "print(len(calls))\n")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", created], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "0", "1"]
+
+
 def test_the_collector_runs_again_at_once_when_the_start_failed():
     running_right_after, running_later, set_aside, _ = _start("failed", settle=5.0)
     assert (running_right_after, running_later, set_aside) == (True, True, False)

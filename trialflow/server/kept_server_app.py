@@ -36,6 +36,7 @@ Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, 
 :mod:`trialflow.server.port_keeper` runs for :mod:`trialflow.server.kept_server`) serves the app under
 uvicorn on the socket the keeper holds, through that module's protocol; uvicorn calls
 :func:`create_app` once (it changes Prefect's server modules for the process: :func:`hold_loop_services`,
+:func:`serve_made_app`,
 :func:`~trialflow.server.sqlite_batch_writes.write_batches_as_parameter_sets`);
 the wrappers hold no state between requests. Standard library only at import (uvicorn and Prefect's
 app factory are imported when called).
@@ -262,6 +263,24 @@ def _final_app(prefect_server: Any) -> bool:
     return bool(getattr(prefect_server, "_FASTAPI_COPIES_ROUTES_ON_INCLUDE", True))
 
 
+def serve_made_app(app: App) -> bool:
+    """Make Prefect's ``create_app()`` called with no arguments in this process return ``app`` (the app
+    Prefect made for this server) at once; True when replaced. Prefect's in-process API clients call it
+    so (its services' clients, made as the services start, right after the server's start-up): each
+    call hashed every setting and set logging up again (~0.12 s of CPU) before returning that same app
+    from Prefect's cache, since the process's settings do not change. Other calls go to Prefect's."""
+    def make(original: Any, _: Any) -> Callable[..., Any]:
+        def create_app(settings: Any = None, ephemeral: bool = False, webserver_only: bool = False,
+                       final: bool = False, ignore_cache: bool = False) -> Any:
+            if settings is None and not (ephemeral or webserver_only or ignore_cache):
+                return app
+            return original(settings, ephemeral, webserver_only, final, ignore_cache)
+
+        return create_app
+
+    return replace_in_prefect("prefect.server.api.server", "create_app", make)
+
+
 def create_app(port: int | None = None) -> App:
     """Prefect's server app (API, services and UI), writing event batches and task-run states as
     parameter sets (:mod:`~trialflow.server.sqlite_batch_writes`), with its loop services held until
@@ -274,6 +293,7 @@ def create_app(port: int | None = None) -> App:
 
         os.environ.pop("PREFECT__SERVER_FINAL", None)  # Prefect's switch for "final": _final_app decides
         app: App = prefect_server.create_app(final=_final_app(prefect_server))
+        serve_made_app(app)
         write_batches_as_parameter_sets()
         held = hold_loop_services()
         if held is not None:
