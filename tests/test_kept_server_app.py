@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 import weakref
 
@@ -129,15 +132,20 @@ def test_the_collector_paused_for_a_server_start_runs_again_once_it_settled_past
     assert _start("complete", settle=0.3) == (False, True, True, True)
 
 
+def _printed_by(code: str, prefect_home, **env: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh interpreter (Prefect's app cache and this process's
+    collector untouched) with its own ``PREFECT_HOME`` and ``env``; it must exit 0."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PREFECT_HOME": str(prefect_home), **env})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
 def test_the_kept_servers_app_is_created_without_a_full_collection_where_fastapi_copies_no_routes(tmp_path):
     """Prefect's "final" app ends its creation with a full collection, there to free routes an older
     FastAPI copied; with one that copies none it frees nothing and delays the first answer of every
     start. The kept server asks for it only where FastAPI copies routes, also when the environment
     sets Prefect's switch for it (as the kept server's own start once did)."""
-    import os
-    import subprocess
-    import sys
-
     created = ("import gc\n"
                "full = []\n"
                "gc.callbacks.append(lambda phase, info: full.append(1) if phase == 'start' and "
@@ -146,10 +154,7 @@ def test_the_kept_servers_app_is_created_without_a_full_collection_where_fastapi
                "create_app(port=4321)\n"
                "import prefect.server.api.server as server\n"
                "print(server._FASTAPI_COPIES_ROUTES_ON_INCLUDE, len(full))\n")
-    env = {**os.environ, "PREFECT__SERVER_FINAL": "1", "PREFECT_HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", created], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "0"]
+    assert _printed_by(created, tmp_path, PREFECT__SERVER_FINAL="1") == ["False", "0"]
 
 
 def test_prefects_in_process_clients_get_the_kept_servers_app_without_hashing_settings_or_logging_again(tmp_path):
@@ -157,10 +162,6 @@ def test_prefects_in_process_clients_get_the_kept_servers_app_without_hashing_se
     ``create_app()``, which hashed every setting and set logging up again before returning the app from
     its cache (~0.12 s of CPU each, right after every start). In the kept server they get that app at
     once; a call with settings of its own still goes to Prefect."""
-    import os
-    import subprocess
-    import sys
-
     created = ("from trialflow.server.kept_server_app import create_app\n"
                "create_app(port=4321)\n"
                "import prefect.logging.configuration as logging_setup\n"
@@ -175,10 +176,7 @@ def test_prefects_in_process_clients_get_the_kept_servers_app_without_hashing_se
                "from prefect.settings import get_current_settings\n"
                "server.create_app(settings=get_current_settings())\n"
                "print(len(calls))\n")
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", created], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "0", "1"]
+    assert _printed_by(created, tmp_path) == ["True", "0", "1"]
 
 
 def test_the_collector_runs_again_at_once_when_the_start_failed():
