@@ -179,6 +179,46 @@ def test_prefects_in_process_clients_get_the_kept_servers_app_without_hashing_se
     assert _printed_by(created, tmp_path) == ["True", "0", "1"]
 
 
+def test_prefects_background_worker_looks_for_due_work_once_a_second_and_runs_work_added_now_at_once(tmp_path):
+    """The worker that runs Prefect's background tasks (its loop services' steps among them) looked for
+    due work four times a second, idle or not, each look a few in-memory Redis calls: a quarter of an
+    idle kept server's CPU. In the kept server it looks once a second; work added to run now still
+    starts at once, not at the next look (here a look every 30 s)."""
+    looked = ("import asyncio, time\n"
+              "from trialflow.server.kept_server_app import check_background_work_every, create_app\n"
+              "create_app(port=4321)\n"
+              "import docket.worker\n"
+              "from docket import Docket\n"
+              "from prefect.server.api import background_workers\n"
+              "looks, ran = [], []\n"
+              "look = docket.worker._stream_due_tasks\n"
+              "async def counted(*args, **kwargs):\n"
+              "    looks.append(1)\n"
+              "    return await look(*args, **kwargs)\n"
+              "docket.worker._stream_due_tasks = counted\n"
+              "async def now():\n"
+              "    ran.append(time.monotonic())\n"
+              "async def idle_then_add(name, idle):\n"
+              "    async with Docket(name=name, url='memory://') as tasks:\n"
+              "        tasks.register(now)\n"
+              "        async with background_workers.Worker(tasks) as worker:\n"
+              "            running = asyncio.create_task(worker.run_forever())\n"
+              "            await asyncio.sleep(idle)\n"
+              "            added = time.monotonic()\n"
+              "            await tasks.add(now)()\n"
+              "            while not ran:\n"
+              "                await asyncio.sleep(0.01)\n"
+              "            running.cancel()\n"
+              "            return ran.pop() - added\n"
+              "asyncio.run(idle_then_add('idle', 3.0))\n"
+              "print(len(looks))\n"
+              "check_background_work_every(30.0)\n"
+              "print(asyncio.run(idle_then_add('slow', 1.0)) < 15)\n")
+    looks, at_once = _printed_by(looked, tmp_path)
+    assert 1 <= int(looks) <= 4  # docket's own pace: 12 or more in 3 s
+    assert at_once == "True"
+
+
 def test_the_collector_runs_again_at_once_when_the_start_failed():
     running_right_after, running_later, set_aside, _ = _start("failed", settle=5.0)
     assert (running_right_after, running_later, set_aside) == (True, True, False)

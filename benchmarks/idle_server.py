@@ -1,0 +1,99 @@
+"""An idle kept server's CPU: trialflow's kept Prefect server and Prefect's own ``prefect server start``
+(the baseline: same Prefect, its defaults, SQLite), each in a throwaway home, started together and left
+idle; their CPU-seconds per minute over the same windows once both have settled.
+
+A kept server outlives experiments (it is kept for the next one, for days on a login node), so what
+it spends doing nothing is paid for as long as it runs. Target: no more than Prefect's own server.
+
+    python benchmarks/idle_server.py [--settle 30] [--windows 4] [--window 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._stats import print_table, summary_row  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU-seconds (user and system) the process ``pid`` spent so far, its threads included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def kept_server(home: Path) -> int:
+    """Start trialflow's kept server in ``home``; the pid of the process that serves (the keeper's child)."""
+    from trialflow.server.kept_server import ensure_server, server_home
+    from trialflow.trial.procs import read_json
+
+    ensure_server(home, port=0)
+    keeper = int((read_json(str(server_home(home) / "server.json")) or {})["pid"])
+    return int(subprocess.check_output(["pgrep", "-P", str(keeper)], text=True).split()[0])
+
+
+def prefect_server(home: Path) -> subprocess.Popen[bytes]:
+    """``prefect server start`` on a free loopback port, PREFECT_HOME ``home``, once it answers."""
+    from trialflow.testing.ports import answers_health, free_port, wait_serving
+
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    home.mkdir(parents=True)
+    log = home / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                 "--port", str(port), "--no-ui"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    wait_serving(lambda: answers_health(f"http://127.0.0.1:{port}/api/health"), proc, log, "prefect server", 120)
+    return proc
+
+
+def measure(settle: float, windows: int, window: float) -> dict[str, float]:
+    """Median CPU-seconds per minute of each idle server over ``windows`` windows of ``window`` s."""
+    from trialflow.server.kept_server import stop_server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "trialflow"
+        baseline = prefect_server(Path(tmp) / "prefect")
+        try:
+            pids = {"kept": kept_server(home), "prefect": baseline.pid}
+            time.sleep(settle)
+            per_minute: dict[str, list[float]] = {name: [] for name in pids}
+            for _ in range(windows):
+                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                time.sleep(window)
+                for name, pid in pids.items():
+                    per_minute[name].append((cpu_seconds(pid) - before[name]) * 60 / window)
+        finally:
+            stop_server(home)
+            baseline.terminate()
+            baseline.wait(timeout=60)
+    return {name: statistics.median(values) for name, values in per_minute.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds after both serve, first")
+    parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--window", type=float, default=30.0, help="seconds per window")
+    args = parser.parse_args()
+    result = measure(args.settle, args.windows, args.window)
+    print_table("idle server, CPU-seconds per minute (median of windows)",
+                ["bench", "measure", "value", "baseline", "base value", "ratio", "target", "verdict"],
+                [summary_row("idle_server", "kept server idle", result["kept"], "CPU-s/min",
+                             "prefect server start idle", result["prefect"], target=1.0)])
+
+
+if __name__ == "__main__":
+    main()
