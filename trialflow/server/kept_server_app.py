@@ -288,9 +288,10 @@ def serve_made_app(app: App) -> bool:
 def check_background_work_every(seconds: float = BACKGROUND_CHECK_SECONDS) -> bool:
     """Make the worker that runs Prefect's background tasks in this process (docket's, under Prefect's
     ``background_worker``) look for due work every ``seconds`` instead of docket's four times a second;
-    True when replaced. A task added to run now still starts at once (the worker's read of new work
-    returns as soon as one comes); a task due later, such as the next step of a loop service, starts
-    up to ``seconds`` past its time. Idle, each look is a few in-memory Redis calls and their thread
+    True when replaced. A task added to run now still starts at once while the worker has a free slot
+    (its read of new work returns as soon as one comes); with all its slots taken it looks for a freed
+    one every ``seconds``; a task due later, such as the next step of a loop service, starts up to
+    ``seconds`` past its time. Idle, each look is a few in-memory Redis calls and their thread
     hand-offs: a quarter of an idle server's CPU at docket's pace (benchmarks/README.md)."""
     from datetime import timedelta
 
