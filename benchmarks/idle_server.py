@@ -22,29 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU-seconds (user and system) the process ``pid`` spent so far, its threads included."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def kept_server(home: Path) -> int:
-    """Start trialflow's kept server in ``home``; the pid of the process that serves (the keeper's child)."""
-    from trialflow.server.kept_server import ensure_server, server_home
-    from trialflow.trial.procs import read_json
-
-    ensure_server(home, port=0)
-    keeper = int((read_json(str(server_home(home) / "server.json")) or {})["pid"])
-    return int(subprocess.check_output(["pgrep", "-P", str(keeper)], text=True).split()[0])
+from benchmarks.scale import _session_cpu_seconds  # noqa: E402
 
 
 def prefect_server(home: Path) -> subprocess.Popen[bytes]:
-    """``prefect server start`` on a free loopback port, PREFECT_HOME ``home``, once it answers."""
+    """``prefect server start`` on a free loopback port, PREFECT_HOME ``home``, in a session of its own,
+    once it answers."""
     from trialflow.testing.ports import answers_health, free_port, wait_serving
 
     port = free_port()
@@ -54,27 +37,29 @@ def prefect_server(home: Path) -> subprocess.Popen[bytes]:
     log = home / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                 "--port", str(port), "--no-ui"], env=env, stdout=out, stderr=subprocess.STDOUT)
+                                 "--port", str(port), "--no-ui"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     wait_serving(lambda: answers_health(f"http://127.0.0.1:{port}/api/health"), proc, log, "prefect server", 120)
     return proc
 
 
 def measure(settle: float, windows: int, window: float) -> dict[str, float]:
-    """Median CPU-seconds per minute of each idle server over ``windows`` windows of ``window`` s."""
-    from trialflow.server.kept_server import stop_server
+    """Median CPU-seconds per minute of each idle server (its session: for the kept server, its port
+    keeper and the process serving the app) over ``windows`` windows of ``window`` s."""
+    from trialflow.server.kept_server import ensure_server, stop_server
 
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "trialflow"
         baseline = prefect_server(Path(tmp) / "prefect")
         try:
-            pids = {"kept": kept_server(home), "prefect": baseline.pid}
+            sessions = {"kept": ensure_server(home, port=0).pid, "prefect": baseline.pid}
             time.sleep(settle)
-            per_minute: dict[str, list[float]] = {name: [] for name in pids}
+            per_minute: dict[str, list[float]] = {name: [] for name in sessions}
             for _ in range(windows):
-                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                before = {name: _session_cpu_seconds(session) for name, session in sessions.items()}
                 time.sleep(window)
-                for name, pid in pids.items():
-                    per_minute[name].append((cpu_seconds(pid) - before[name]) * 60 / window)
+                for name, session in sessions.items():
+                    per_minute[name].append((_session_cpu_seconds(session) - before[name]) * 60 / window)
         finally:
             stop_server(home)
             baseline.terminate()

@@ -181,9 +181,9 @@ def test_prefects_in_process_clients_get_the_kept_servers_app_without_hashing_se
 
 def test_prefects_background_worker_looks_for_due_work_once_a_second_and_runs_work_added_now_at_once(tmp_path):
     """The worker that runs Prefect's background tasks (its loop services' steps among them) looked for
-    due work four times a second, idle or not, each look a few in-memory Redis calls: a quarter of an
-    idle kept server's CPU. In the kept server it looks once a second; work added to run now still
-    starts at once, not at the next look (here a look every 30 s)."""
+    due work four times a second, idle or not, each look a few in-memory Redis calls (an idle kept
+    server spent a quarter more CPU so than at one look a second). In the kept server it looks once a
+    second; work added to run now still starts at once, not at the next look (here a look every 30 s)."""
     looked = ("import asyncio, time\n"
               "from trialflow.server.kept_server_app import check_background_work_every, create_app\n"
               "create_app(port=4321)\n"

@@ -25,7 +25,7 @@ consume events (task-run states, the event store, automations) start with the ap
 event published before its consumer subscribes would be lost. The worker that runs those steps and
 Prefect's other background tasks looks for due work every :data:`BACKGROUND_CHECK_SECONDS` instead of
 four times a second (:func:`check_background_work_every`): a step runs up to that much past its time,
-and an idle server spends a quarter less CPU.
+and an idle server spends a fifth less CPU.
 
 Prefect's writes of event batches and task-run states reach SQLite as parameter sets of one statement
 (:mod:`trialflow.server.sqlite_batch_writes`), not as a multi-row statement compiled for every batch.
@@ -292,7 +292,8 @@ def check_background_work_every(seconds: float = BACKGROUND_CHECK_SECONDS) -> bo
     (its read of new work returns as soon as one comes); with all its slots taken it looks for a freed
     one every ``seconds``; a task due later, such as the next step of a loop service, starts up to
     ``seconds`` past its time. Idle, each look is a few in-memory Redis calls and their thread
-    hand-offs: a quarter of an idle server's CPU at docket's pace (benchmarks/README.md)."""
+    hand-offs: at docket's pace an idle server spent a quarter more CPU than at one look a second
+    (benchmarks/README.md)."""
     from datetime import timedelta
 
     def make(worker: Any, _: Any) -> Callable[..., Any]:
