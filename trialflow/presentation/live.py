@@ -37,27 +37,52 @@ from ..experiments.results import (
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
 from ..foundation.startup_gc import collector_paused
 from ..foundation.status import TrialStatus
-from ..records.store import Control
+from ..records.changed_trials import ChangedTrials
+from ..records.store import Control, ExperimentRecord, TrialRecord
 from ..server.prefect_ui_pages import flow_run_page, sign_in_note
 
-
-def _run_page(root: Path, experiment_id: str) -> str | None:
-    """The Prefect UI page of the experiment's run, once its controller has recorded it."""
-    store = open_store(root, experiment_id)
-    try:
-        record = store.experiment()
-    finally:
-        store.close()
-    page = flow_run_page(record.prefect_api, record.flow_run_id)
-    return page + sign_in_note(record.prefect_api) if page else None
+# This process runs the experiment, so it wrote every time the view compares: a clock step is all it covers.
+LIVE_CLOCK_SLACK = 5.0
 
 
-def _render(root: Path, experiment_id: str, maximize: bool) -> Table:
-    store = open_store(root, experiment_id)
-    try:
-        record, trials = store.experiment(), store.trials()
-    finally:
-        store.close()
+class _LiveView:
+    """What the live table shows, from one store kept open for the run: each refresh reads the
+    experiment's record and only the trials that changed since the last (:class:`ChangedTrials`), so a
+    refresh costs the same at 10 trials and at 10,000.
+
+    Lifecycle: made before the run, :meth:`close` after it; one thread at a time uses it (the refresh
+    thread, then the caller once that thread is joined)."""
+
+    def __init__(self, root: Path, experiment_id: str, slack: float = LIVE_CLOCK_SLACK) -> None:
+        self.root, self.experiment_id = root, experiment_id
+        self.store = open_store(root, experiment_id)
+        self.maximize = maximizes(self.store.experiment())
+        self._changed = ChangedTrials(self.store, slack)
+        self._trials: dict[str, TrialRecord] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    def run_page(self) -> str | None:
+        """The Prefect UI page of the experiment's run, once its controller has recorded it."""
+        record = self.store.experiment()
+        page = flow_run_page(record.prefect_api, record.flow_run_id)
+        return page + sign_in_note(record.prefect_api) if page else None
+
+    def table(self, reread: bool = False) -> Table:
+        """The table as the store has it now; ``reread``: from every trial read afresh (the last one)."""
+        record = self.store.experiment()
+        changed = self.store.trials() if reread else self._changed.read()
+        self._trials.update((t.id, t) for t in changed)
+        return _table(self.experiment_id, record, self.trials, self.maximize)
+
+    @property
+    def trials(self) -> list[TrialRecord]:
+        """The trials as the last :meth:`table` read them, by sequence."""
+        return sorted(self._trials.values(), key=lambda t: t.sequence)
+
+
+def _table(experiment_id: str, record: ExperimentRecord, trials: list[TrialRecord], maximize: bool) -> Table:
     budget = record.controls.get(Control.MAX_TRIAL_NUMBER, record.config.get("maxTrialNumber"))
     done = sum(t.is_terminal for t in trials)
     objectives = multi_objective(record)
@@ -190,51 +215,13 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
     """Run the experiment here with its live table; (final status, the run's failure message when no
     trial succeeded, else None). Raises what ended a run that could not go on; when that is a failed
     call to the Prefect API (its record then says how the experiment ended), after the outcome lines."""
-    with collector_paused():
-        from ..flows.api_outage import api_failure_line
-        from ..flows.experiment import final_status, run_experiment_flow
-
-    keep_prefect_chatter_off_the_terminal()
-
-    store = open_store(root, experiment_id)
-    maximize = maximizes(store.experiment())
-    store.close()
-    done = threading.Event()
-    clear_interrupt()
-    on_signal = _first_interrupt(experiment_id)
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
-    with Live(_render(root, experiment_id, maximize), console=console, refresh_per_second=2,
-              transient=False) as live, logs_above_the_table(console):
-        def refresh() -> None:
-            told = console.is_terminal  # a log (cron, CI) sees the table at the end only: the page goes first
-            while not done.wait(1.0):
-                if not told and (page := _run_page(root, experiment_id)):
-                    console.print(f"experiment {experiment_id}  Prefect UI: {page}", soft_wrap=True, highlight=False)
-                    told = True
-                live.update(_render(root, experiment_id, maximize))
-
-        thread = threading.Thread(target=refresh, daemon=True)
-        thread.start()
-        failed_call: Exception | None = None
-        try:
-            state = run_experiment_flow(config_path, experiment_id, str(root))
-            status = final_status(state, experiment_id, root)
-        except Exception as exc:
-            if api_failure_line(exc) is None:
-                raise
-            failed_call = exc  # Prefect's copy of the run's end, or a call of its engine mid-run
-        finally:
-            for sig, old_handler in previous.items():
-                signal.signal(sig, old_handler)
-            done.set()
-            thread.join()
-            live.update(_render(root, experiment_id, maximize))
-            live.stop()
-            console.print()  # what follows (the outcome, or the CLI's error line) starts a line of its own
-    store = open_store(root, experiment_id)
-    record, trials = store.experiment(), store.trials()
-    store.close()
-    best = best_trial(trials, maximize)
+    view = _LiveView(root, experiment_id)
+    try:
+        status, failure, failed_call = _run_shown(view, config_path, console)
+        record, trials = view.store.experiment(), view.trials
+    finally:
+        view.close()
+    best = best_trial(trials, view.maximize)
     console.print(outcome_line(trials), highlight=False)
     front = pareto_lines(record, trials)
     if front is not None:
@@ -244,4 +231,50 @@ def run_with_progress(experiment_id: str, root: Path, config_path: str | None, c
                       f"parameters {best.parameters}")
     if failed_call is not None:
         raise failed_call
-    return status, state.message if state.is_failed() else None
+    return status, failure
+
+
+def _run_shown(view: _LiveView, config_path: str | None, console: Console) -> tuple[str, str | None, Exception | None]:
+    """Run the flow here under the live table, refreshed once a second; (final status, the run's failure
+    message when no trial succeeded, the failed call to the Prefect API that ended it, if one did).
+    Raises what else ended a run that could not go on."""
+    with collector_paused():
+        from ..flows.api_outage import api_failure_line
+        from ..flows.experiment import final_status, run_experiment_flow
+
+    keep_prefect_chatter_off_the_terminal()  # after the imports: Prefect's handlers exist then
+    experiment_id = view.experiment_id
+    done = threading.Event()
+    clear_interrupt()
+    on_signal = _first_interrupt(experiment_id)
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    with Live(view.table(), console=console, refresh_per_second=2,
+              transient=False) as live, logs_above_the_table(console):
+        def refresh() -> None:
+            told = console.is_terminal  # a log (cron, CI) sees the table at the end only: the page goes first
+            while not done.wait(1.0):
+                if not told and (page := view.run_page()):
+                    console.print(f"experiment {experiment_id}  Prefect UI: {page}", soft_wrap=True, highlight=False)
+                    told = True
+                live.update(view.table())
+
+        thread = threading.Thread(target=refresh, daemon=True)
+        thread.start()
+        status, failure, failed_call = "", None, None
+        try:
+            state = run_experiment_flow(config_path, experiment_id, str(view.root))
+            status = final_status(state, experiment_id, view.root)
+            failure = state.message if state.is_failed() else None
+        except Exception as exc:
+            if api_failure_line(exc) is None:
+                raise
+            failed_call = exc  # Prefect's copy of the run's end, or a call of its engine mid-run
+        finally:
+            for sig, old_handler in previous.items():
+                signal.signal(sig, old_handler)
+            done.set()
+            thread.join()
+            live.update(view.table(reread=True))
+            live.stop()
+            console.print()  # what follows (the outcome, or the CLI's error line) starts a line of its own
+    return status, failure, failed_call

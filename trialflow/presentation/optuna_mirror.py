@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..foundation.optuna_logging import quietly
 from ..foundation.status import TrialStatus
+from ..records.changed_trials import ChangedTrials
 from ..records.search_space import Option, Param, SearchSpace
 from ..records.store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
@@ -160,7 +160,7 @@ class OptunaMirror:
         self.study_name = study_name
         self.study_id: int = study._study_id
         self._mirrored: dict[str, _Mirrored] = {}
-        self._since: float | None = None  # store time of the last sync; None: read every trial
+        self._changed = ChangedTrials(store, CLOCK_SLACK)
         for trial in self.storage.get_all_trials(self.study_id, deepcopy=False):
             name = trial.user_attrs.get(TRIAL_ID_ATTR)
             if name is not None:
@@ -173,13 +173,10 @@ class OptunaMirror:
 
     def sync(self) -> int:
         """Write what changed in the store since the last call; returns how many trials it touched."""
-        started = time.time()
-        changed = self.store.trials(changed_since=None if self._since is None else self._since - CLOCK_SLACK)
-        todo = [t for t in changed if t.status != TrialStatus.WAITING and not self._finished(t.id)]
+        todo = [t for t in self._changed.read() if t.status != TrialStatus.WAITING and not self._finished(t.id)]
         steps = self._intermediates([t.id for t in todo])
         for trial in todo:
             self._sync_trial(trial, steps.get(trial.id, {}))
-        self._since = started
         return len(todo)
 
     def _finished(self, trial_id: str) -> bool:

@@ -1,0 +1,33 @@
+"""An experiment's trials read as they change, for views refreshed while the experiment runs (the live
+table of a foreground run, the optuna-dashboard mirror): a refresh costs what changed, not what exists.
+
+Lifecycle: one :class:`ChangedTrials` per view, on a store the view keeps open; :meth:`ChangedTrials.read`
+at each refresh. Not thread-safe: one refreshing thread per instance.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .store import ExperimentStore
+from .store_records import TrialRecord
+
+
+class ChangedTrials:
+    """The first :meth:`read` returns every trial of the store's experiment; each later one the trials
+    still active (WAITING, RUNNING) and those submitted, started or ended since the read before, less
+    ``slack`` seconds. The times compared are those the trials' controller wrote: ``slack`` covers a
+    writer whose clock is not this process's (another machine's), and a trial's later settling (a stop
+    that turned out to be its own end) rewrites its end time to that moment, so it is read again."""
+
+    def __init__(self, store: ExperimentStore, slack: float) -> None:
+        self.store = store
+        self.slack = slack
+        self._since: float | None = None  # this clock when the last read began; None: read every trial
+
+    def read(self) -> list[TrialRecord]:
+        """The trials that changed since the last read (all of them at the first), by sequence."""
+        started = time.time()
+        changed = self.store.trials(changed_since=None if self._since is None else self._since - self.slack)
+        self._since = started
+        return changed
