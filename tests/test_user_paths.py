@@ -203,17 +203,19 @@ def test_the_live_table_says_what_it_waits_for_until_the_flow_run_exists(tmp_pat
 
     from trialflow import parse_config
     from trialflow.experiments import create_experiment
-    from trialflow.presentation.live import STARTING, _render
+    from trialflow.presentation.live import STARTING, _LiveView
 
     write_trial(tmp_path / "code", "import nni\nnni.report_final_result(1)\n")
     exp_id, exp_dir = create_experiment(parse_config(base_config(tmp_path / "code", tmp_path / "w")))
     console = Console(record=True, width=200)
+    view = _LiveView(exp_dir.parent, exp_id)
 
     def shown() -> str:
-        console.print(_render(exp_dir.parent, exp_id, maximize=True))
+        console.print(view.table())
         return console.export_text()
 
     assert "INITIALIZED" in shown() and STARTING in shown()
     store = open_store(exp_dir.parent, exp_id)
     store.set_experiment(flow_run_id="c7646baa-d591-4235-8251-1c19ad8735cb", prefect_api="http://127.0.0.1:4200/api")
     assert STARTING not in shown() and "/runs/flow-run/c7646baa-d591-4235-8251-1c19ad8735cb" in shown()
+    view.close()

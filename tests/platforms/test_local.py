@@ -138,10 +138,11 @@ def test_a_trial_directory_removed_while_it_is_polled_is_a_lost_trial_not_a_kill
 
 
 def test_a_trial_that_ends_while_it_is_polled_keeps_its_success(service, make_spec, monkeypatch):
-    """The keeper writes the trial's exit code, then exits. A poll that reads no exit code and then finds
-    the keeper gone must not take the trial for killed: the code may have come just after the read
-    (a busy machine descheduling the poll between the two). Here the trial ends, and its keeper with
-    it, inside the poll's read of the exit code, which returns what it saw before."""
+    """The keeper writes the trial's exit code, then exits. A poll whose listing of the trial's files
+    showed no exit code and that then finds the keeper gone must not take the trial for killed: the
+    code may have come just after the listing (a busy machine descheduling the poll between the two).
+    Here the trial ends, and its keeper with it, inside the poll's listing, which returns what it saw
+    before."""
     import trialflow.platforms.local as local
     from trialflow.trial.procs import pid_alive, read_json
 
@@ -151,16 +152,17 @@ def test_a_trial_that_ends_while_it_is_polled_keeps_its_success(service, make_sp
     wait_for(lambda: service.poll(handle, {}).status == TrialStatus.RUNNING, timeout=30)
     keeper = read_json(os.path.join(handle.data["trial_dir"], ".nni", "keeper.pid"))
     seen = []
+    real_read_trial = local.read_trial
 
-    def read_then_end(path, *args, **kwargs):
-        if path.endswith(os.path.join(".nni", "state")) and not seen:
-            seen.append(read_json(path, *args, **kwargs))  # none yet: the trial runs
+    def list_then_end(*args, **kwargs):
+        found = real_read_trial(*args, **kwargs)
+        if not seen:
+            seen.append(found.state)  # none yet: the trial runs
             (Path(service.code.location) / "go").touch()
             wait_for(lambda: not pid_alive(keeper["pid"], keeper.get("start_time")), timeout=30, interval=0.02)
-            return seen[0]
-        return read_json(path, *args, **kwargs)
+        return found
 
-    monkeypatch.setattr(local, "read_json", read_then_end)
+    monkeypatch.setattr(local, "read_trial", list_then_end)
     statuses, metrics, last = poll_until_terminal(service, handle, timeout=30)
     assert seen == [None]
     assert statuses[-1] == TrialStatus.SUCCEEDED, last.message

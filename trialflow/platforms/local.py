@@ -164,9 +164,13 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         return True
 
     def _keeper(self, handle: TrialHandle) -> tuple[int, int | None] | None:
-        """(pid, start time) of the trial's keeper once it was started, remembered once read (its
-        ``keeper.pid`` goes with the trial's directory). A keeper started by a request whose reply was
-        lost writes its own ``keeper.pid`` at once, so it is waited for."""
+        """(pid, start time) of the trial's keeper once it was started, remembered once read: a keeper
+        writes its ``keeper.pid`` once, and the trial's later polls look no more at the file (it goes
+        with the trial's directory). A keeper started by a request whose reply was lost writes its own
+        ``keeper.pid`` at once, so it is waited for."""
+        known = self._keepers.get(handle.trial_id)
+        if known is not None:
+            return known
         meta = os.path.join(handle.data["trial_dir"], META_DIR)
         path = os.path.join(meta, KEEPER_PID)
         info = read_json(path)
@@ -176,7 +180,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
             time.sleep(0.02)
             info = read_json(path)
         if info is None:
-            return self._keepers.get(handle.trial_id)
+            return None
         keeper = self._keepers[handle.trial_id] = (int(info["pid"]), info.get("start_time"))
         return keeper
 
@@ -197,7 +201,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         # the keeper's end is looked at before its exit code: it writes the code, then exits, so a code
         # still absent after its end was never written (read first, it may have come just after the read)
         ended = keeper is not None and not pid_alive(*keeper)
-        state = read_json(os.path.join(meta, STATE))
+        state = read_json(os.path.join(meta, STATE)) if ended else None  # a live keeper's is read next time
         self._existing_dir(handle)  # removed while read: absent files prove no kill
         if ended and state is None:
             self._finish(handle)

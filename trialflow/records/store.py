@@ -76,6 +76,11 @@ _SET_START = trials.update().where(_ONE_TRIAL, trials.c.start_time.is_(None)).va
 _SET_OTHER = trials.update().where(_ONE_TRIAL, _NOT_DONE).values(status=_B("new_status"))
 _COUNT_TRIALS = sa.select(sa.func.count()).select_from(trials).where(trials.c.experiment_id == _B("e"))
 _TRIAL_EXISTS = sa.select(trials.c.id).where(_ONE_TRIAL)
+_ONE_TRIAL_ROW = sa.select(trials).where(_ONE_TRIAL)
+_EXPERIMENT_ROW = sa.select(experiments).where(experiments.c.id == _B("e"))
+_CONTROLS = sa.select(controls.c.key, controls.c.value).where(controls.c.experiment_id == _B("e"))
+_COUNT_BY_STATUS = (sa.select(trials.c.status, sa.func.count()).where(trials.c.experiment_id == _B("e"))
+                    .group_by(trials.c.status))
 _TRIAL_HANDLE = sa.select(trials.c.handle).where(_ONE_TRIAL)
 _SET_HANDLE = trials.update().where(_ONE_TRIAL).values(handle=_B("handle_text"))
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
@@ -147,7 +152,7 @@ class ExperimentStore:
     def experiment(self) -> ExperimentRecord:
         try:
             with self._tx() as conn:
-                row = conn.execute(sa.select(experiments).where(experiments.c.id == self.experiment_id)).first()
+                row = conn.execute(_EXPERIMENT_ROW, {"e": self.experiment_id}).first()
         except sa.exc.DBAPIError as exc:
             raise unreadable_error(self.url, exc) from None
         if row is None:
@@ -157,8 +162,7 @@ class ExperimentStore:
     def controls(self) -> dict[str, Any]:
         """Runtime changes requested through the CLI (read every loop tick, so kept cheap)."""
         with self._tx() as conn:
-            rows = conn.execute(sa.select(controls.c.key, controls.c.value)
-                                .where(controls.c.experiment_id == self.experiment_id)).all()
+            rows = conn.execute(_CONTROLS, {"e": self.experiment_id}).all()
         return {k: json.loads(v) for k, v in rows}
 
     def set_experiment(self, **values: Any) -> None:
@@ -309,15 +313,13 @@ class ExperimentStore:
 
     def count_by_status(self) -> dict[str, int]:
         """How many trials are in each status (one grouped query: cheap at any size)."""
-        query = (sa.select(trials.c.status, sa.func.count()).where(trials.c.experiment_id == self.experiment_id)
-                 .group_by(trials.c.status))
         with self._tx() as conn:
-            return {str(status): int(n) for status, n in conn.execute(query).all()}
+            rows = conn.execute(_COUNT_BY_STATUS, {"e": self.experiment_id}).all()
+        return {str(status): int(n) for status, n in rows}
 
     def trial(self, trial_id: str) -> TrialRecord:
         with self._tx() as conn:
-            row = conn.execute(sa.select(trials).where(trials.c.experiment_id == self.experiment_id,
-                                                       trials.c.id == trial_id)).first()
+            row = conn.execute(_ONE_TRIAL_ROW, {"e": self.experiment_id, "t": trial_id}).first()
         if row is None:
             raise KeyError(f"trial {trial_id} is not in experiment {self.experiment_id}")
         return trial_record(row._mapping)
