@@ -146,7 +146,8 @@ def test_a_trial_that_ends_while_it_is_polled_keeps_its_success(service, make_sp
     import trialflow.platforms.local as local
     from trialflow.trial.procs import pid_alive, read_json
 
-    body = ("import os, time, nni\nnni.get_next_parameter()\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+    body = ("import os, time, nni\nnni.get_next_parameter()\n"  # waits for 'go' (a minute at most: a failed test's)
+            "for _ in range(3000):\n    if os.path.exists('go'):\n        break\n    time.sleep(0.02)\n"
             "nni.report_final_result(0.5)\n")
     handle = service.submit(make_spec("Ends1", body, {}), service.code)
     wait_for(lambda: service.poll(handle, {}).status == TrialStatus.RUNNING, timeout=30)
