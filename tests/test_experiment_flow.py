@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -97,6 +98,61 @@ def test_max_trial_duration_ends_trials_early_stopped(tmp_path):
     assert [t.status for t in result.trials] == ["EARLY_STOPPED", "EARLY_STOPPED"]
     store = open_store(tmp_path / "w", result.experiment_id)
     assert all(len(store.metrics(t.id, "PERIODICAL")) == 1 for t in result.trials)  # metrics kept
+
+
+def _quiet_polls_counted(monkeypatch) -> list[tuple[str, float]]:
+    """Count the local service's polls (trial id, time) and let a quiet trial's waits grow to 30 s:
+    only a wake-up (its end, a cancel, the stop) or its time limit ends one sooner."""
+    from trialflow.platforms.local import LocalTrainingService
+
+    polls: list[tuple[str, float]] = []
+    real_poll = LocalTrainingService.poll
+
+    def counted(self, handle, cursor):
+        polls.append((handle.trial_id, time.monotonic()))
+        return real_poll(self, handle, cursor)
+
+    monkeypatch.setattr(LocalTrainingService, "poll", counted)
+    monkeypatch.setattr(LocalTrainingService, "quiet_poll_seconds", 30.0)
+    return polls
+
+
+def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_once(tmp_path, monkeypatch):
+    """A controller following sleeping trials stays idle: a running trial that reports nothing is
+    polled less and less often, while a kill and the experiment's stop wake its follower at once."""
+    polls = _quiet_polls_counted(monkeypatch)
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
+    from trialflow.flows.experiment import run_experiment_flow
+
+    exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", trialConcurrency=2,
+                                                                 maxTrialNumber=2)))
+    store = open_store(exp_dir.parent, exp_id)
+    runner = threading.Thread(target=run_experiment_flow, args=(None, exp_id, str(exp_dir.parent)), daemon=True)
+    runner.start()
+    first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
+                             timeout=60)
+    time.sleep(14)  # its follower's waits: 0.2, 0.4, ... 6.4 s (polled ~12.6 s in), then 12.8 s
+    now = time.monotonic()
+    assert sum(1 for trial, at in polls if trial == first.id and at > now - 5) <= 2  # every 0.2 s: 25
+    store.set_control(Control.KILL, [first.id])
+    asked = time.monotonic()
+    wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30, interval=0.05)
+    assert time.monotonic() - asked < 5  # unwoken, it would wait ~10 s more
+    store.set_control(Control.STOP, True)
+    asked = time.monotonic()
+    runner.join(timeout=30)
+    assert not runner.is_alive() and time.monotonic() - asked < 10
+    assert store.experiment().status == "STOPPED" and [t.status for t in store.trials()] == ["USER_CANCELED"] * 2
+
+
+def test_a_quiet_trials_longer_waits_end_by_its_max_trial_duration(tmp_path, monkeypatch):
+    _quiet_polls_counted(monkeypatch)
+    code = tmp_path / "code"
+    write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(60)\n")
+    result = run_experiment(base_config(code, tmp_path / "w", maxTrialNumber=1, maxTrialDuration="4s"))
+    [trial] = result.trials
+    assert trial.status == "EARLY_STOPPED" and trial.end_time - trial.start_time < 6.5
 
 
 def test_max_experiment_duration_stops_creating_trials_then_done(tmp_path):

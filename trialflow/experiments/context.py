@@ -21,7 +21,7 @@ from ..assessors import Assessor, create_assessor
 from ..config import ExperimentConfig
 from ..platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
 from ..platforms.hybrid import HybridService
-from ..platforms.report_desk import ReportDesk
+from ..platforms.report_desk import ReportDesk, Wakeup
 from ..platforms.trial_output import OutputBudget
 from ..records.store import ExperimentStore
 from ..tuners import Tuner, create_tuner
@@ -61,8 +61,38 @@ class ExperimentContext:
     halted: BaseException | None = None
     # where trials ask the assessor at report time (an assessor and a platform whose trials reach it)
     desk: ReportDesk | None = None
+    # each follower's wake-up, for a platform whose waits watch one (``quiet_poll_seconds``): set by a
+    # cancel of its trial, the experiment's stop and a halt; under ``_wakeups_lock`` (no write to a closed one)
+    wakeups: dict[str, Wakeup] = field(default_factory=dict)
+    _wakeups_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def follower_wakeup(self, trial_id: str) -> Wakeup:
+        """The wake-up of trial ``trial_id``'s follower (made at its first call; closed by :meth:`trial_ended`)."""
+        with self._wakeups_lock:
+            wakeup = self.wakeups.get(trial_id)
+            if wakeup is None:
+                wakeup = self.wakeups[trial_id] = Wakeup()
+                if trial_id in self.cancel_requests or self.stop.is_set() or self.halted is not None:
+                    wakeup.set()
+            return wakeup
+
+    def _wake(self, trial_id: str | None = None) -> None:
+        """Set the wake-up of ``trial_id``'s follower, or of every follower."""
+        with self._wakeups_lock:
+            for key, wakeup in self.wakeups.items():
+                if trial_id is None or key == trial_id:
+                    wakeup.set()
+
+    def request_stop(self) -> None:
+        """Stop the experiment: every follower cancels its trial (USER_CANCELED) now."""
+        self.stop.set()
+        self._wake()
 
     def trial_ended(self, trial_id: str) -> None:
+        with self._wakeups_lock:
+            wakeup = self.wakeups.pop(trial_id, None)
+        if wakeup is not None:
+            wakeup.close()
         self.ended.add(trial_id)
         if self.desk is not None:
             self.desk.forget(trial_id)
@@ -72,12 +102,14 @@ class ExperimentContext:
 
     def request_cancel(self, trial_id: str, reason: TrialStatus) -> None:
         self.cancel_requests.setdefault(trial_id, reason)
+        self._wake(trial_id)
 
     def halt(self, error: BaseException) -> None:
         """Stop following trials without stopping them (the first error is kept); wakes the loop."""
         if self.halted is None:
             self.halted = error
         self.slot_freed.set()
+        self._wake()
 
 
 log = logging.getLogger("trialflow.experiment")
@@ -128,7 +160,7 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
             ctx.desk = _open_desk(service)
         yield ctx
     finally:
-        ctx.stop.set()
+        ctx.request_stop()
         with _LOCK:
             _CONTEXTS.pop(experiment_id, None)
         if ctx.desk is not None:

@@ -174,7 +174,7 @@ def _run_experiment(config_path: str | None, experiment_id: str | None, working_
             _note_if_space(store, exc)
             raise
         except BaseException as exc:
-            ctx.stop.set()  # poll tasks cancel their trials
+            ctx.request_stop()  # poll tasks cancel their trials
             stopped = _stopped_by_cancel(exc)
             signum = signal_of(exc)
             why = stop_reason(signum) if signum is not None else "the flow run was cancelled"

@@ -147,7 +147,7 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
         ctx.halt(exc)  # before the stop below: the followers leave their trials running
         raise NoSpaceLeft.from_error(ctx.experiment_id, exc, str(ctx.experiment_dir)) from None
     finally:
-        ctx.stop.set()
+        ctx.request_stop()
         for future in loop.running.values():
             future.wait()
         loop.close()

@@ -180,6 +180,16 @@ class TrainingService(ABC, Generic[ConfigT]):
         """Block up to ``timeout`` seconds or until the trial may have changed (default: sleep)."""
         time.sleep(timeout)
 
+    # Set by a service whose :meth:`wait_or_woken` returns as soon as its wake-up descriptor is readable:
+    # its follower then waits longer while the trial is quiet, up to this many seconds, and is woken
+    # at once by a cancel or the experiment's stop. None: the follower polls every poll interval.
+    quiet_poll_seconds: float | None = None
+
+    def wait_or_woken(self, handle: TrialHandle, timeout: float, wakeup_fd: int) -> None:
+        """As :meth:`wait`, returning also once ``wakeup_fd`` is readable (a service that watches it
+        sets :attr:`quiet_poll_seconds`; by default it is not watched)."""
+        self.wait(handle, timeout)
+
     def use_report_desk(self, desk: ReportDesk) -> bool:
         """Give trials submitted from now on the controller's report desk (:mod:`.report_desk`), where
         they ask at report time whether the assessor stops them; True when this platform's trials can

@@ -58,6 +58,10 @@ from .share import OUTPUT_DIR, Share
 from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 
 KEEPER_PID_WAIT = 10.0
+# The longest wait between polls of a running trial that has been quiet: its end (the keeper's pidfd),
+# its asks at the report desk, a cancel and the experiment's stop wake its follower at once; a result
+# written to its metrics file is seen within this.
+QUIET_POLL_SECONDS = 1.0
 log = logging.getLogger("trialflow.local")
 
 
@@ -238,9 +242,15 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         if self.gpu is not None:
             self.gpu.release(handle.trial_id)
 
+    quiet_poll_seconds = QUIET_POLL_SECONDS
+
     def wait(self, handle: TrialHandle, timeout: float) -> None:
         """Sleep up to ``timeout``, waking as soon as the trial's keeper exits (a pidfd) or the trial
         asks the report desk (:meth:`use_report_desk`)."""
+        self.wait_or_woken(handle, timeout, None)
+
+    def wait_or_woken(self, handle: TrialHandle, timeout: float, wakeup_fd: int | None) -> None:
+        """As :meth:`wait`, waking also once ``wakeup_fd`` is readable (the follower's cancel or stop)."""
         fd = self._pidfds.get(handle.trial_id)
         if fd is None:
             keeper = self._keeper(handle)
@@ -250,7 +260,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                 except (AttributeError, OSError):  # no pidfds here, or the keeper just ended
                     fd = None
         asked = self._desk.wakeup_fd(handle.trial_id) if self._desk is not None else None
-        watched = [f for f in (fd, asked) if f is not None]
+        watched = [f for f in (fd, asked, wakeup_fd) if f is not None]
         if not watched:
             time.sleep(timeout)
             return

@@ -63,7 +63,7 @@ class _HttpAsk:
     verdict: Verdict | None = None
 
 
-class _Wakeup:
+class Wakeup:
     """A pipe whose read end is readable once :meth:`set` was called since the last :meth:`clear`:
     a follower may wait on it together with other descriptors (the local trial's pidfd)."""
 
@@ -103,7 +103,7 @@ class _Wakeup:
 class _Asking:
     """One followed trial: its connection (once it asked), the results it waits on, its HTTP asks."""
 
-    woken: _Wakeup = field(default_factory=_Wakeup)
+    woken: Wakeup = field(default_factory=Wakeup)
     conn: socket.socket | None = None
     waiting: list[int] = field(default_factory=list)  # sequences asked about on ``conn``, not answered yet
     remote: bool = False  # it asks over HTTP: its follower waits on ``woken``

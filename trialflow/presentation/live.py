@@ -43,6 +43,7 @@ from ..server.prefect_ui_pages import flow_run_page, sign_in_note
 
 # This process runs the experiment, so it wrote every time the view compares: a clock step is all it covers.
 LIVE_CLOCK_SLACK = 5.0
+log = logging.getLogger("trialflow.live")
 
 
 class _LiveView:
@@ -253,10 +254,14 @@ def _run_shown(view: _LiveView, config_path: str | None, console: Console) -> tu
         def refresh() -> None:
             told = console.is_terminal  # a log (cron, CI) sees the table at the end only: the page goes first
             while not done.wait(1.0):
-                if not told and (page := view.run_page()):
-                    console.print(f"experiment {experiment_id}  Prefect UI: {page}", soft_wrap=True, highlight=False)
-                    told = True
-                live.update(view.table())
+                try:
+                    if not told and (page := view.run_page()):
+                        console.print(f"experiment {experiment_id}  Prefect UI: {page}", soft_wrap=True,
+                                      highlight=False)
+                        told = True
+                    live.update(view.table())
+                except Exception:  # noqa: BLE001 -- the table shows the last good read and tries again
+                    log.debug("the live table could not be refreshed", exc_info=True)
 
         thread = threading.Thread(target=refresh, daemon=True)
         thread.start()

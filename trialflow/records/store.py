@@ -81,6 +81,9 @@ _EXPERIMENT_ROW = sa.select(experiments).where(experiments.c.id == _B("e"))
 _CONTROLS = sa.select(controls.c.key, controls.c.value).where(controls.c.experiment_id == _B("e"))
 _COUNT_BY_STATUS = (sa.select(trials.c.status, sa.func.count()).where(trials.c.experiment_id == _B("e"))
                     .group_by(trials.c.status))
+_TRIALS = sa.select(trials).where(trials.c.experiment_id == _B("e")).order_by(trials.c.sequence)
+_CHANGED_TRIALS = _TRIALS.where(trials.c.status.not_in(list(TERMINAL)) | (trials.c.end_time >= _B("since"))
+                                | (trials.c.submit_time >= _B("since")) | (trials.c.start_time >= _B("since")))
 _TRIAL_HANDLE = sa.select(trials.c.handle).where(_ONE_TRIAL)
 _SET_HANDLE = trials.update().where(_ONE_TRIAL).values(handle=_B("handle_text"))
 _SET_FINAL = trials.update().where(_ONE_TRIAL, trials.c.final.is_(None)).values(final=_B("value_text"))
@@ -297,14 +300,13 @@ class ExperimentStore:
     def trials(self, statuses: Iterable[str] | None = None, changed_since: float | None = None) -> list[TrialRecord]:
         """The experiment's trials by sequence; ``changed_since``: only those still active or submitted,
         started or ended at or after that time (the store's clock)."""
-        query = sa.select(trials).where(trials.c.experiment_id == self.experiment_id).order_by(trials.c.sequence)
+        # built once (a refreshing thread builds no expression: no SQLAlchemy coercion runs there)
+        query = _TRIALS if changed_since is None else _CHANGED_TRIALS
+        params: dict[str, Any] = {"e": self.experiment_id, "since": changed_since}
         if statuses is not None:
             query = query.where(trials.c.status.in_(list(statuses)))
-        if changed_since is not None:
-            query = query.where(trials.c.status.not_in(list(TERMINAL)) | (trials.c.end_time >= changed_since)
-                                | (trials.c.submit_time >= changed_since) | (trials.c.start_time >= changed_since))
         with self._tx() as conn:
-            rows = conn.execute(query).all()
+            rows = conn.execute(query, params).all()
         return [trial_record(r._mapping) for r in rows]
 
     def count_trials(self) -> int:

@@ -179,6 +179,9 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
     unassessed = False  # intermediate results that arrived and the assessor is still to see
     if ctx.desk is not None:
         ctx.desk.follow(trial_id)
+    quiet_max = ctx.service.quiet_poll_seconds
+    wakeup = ctx.follower_wakeup(trial_id) if quiet_max else None
+    interval = ctx.poll_interval
     while True:
         reason = _cancel_reason(ctx, trial_id, record.start_time)
         if ctx.halted is not None:  # looked at after: the stop that follows a halt never cancels the trial
@@ -226,6 +229,7 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
             if record.start_time is None and _ran(update, history):
                 ctx.store.set_started(trial_id, last_seen)
             return _end(ctx, trial_id, update, history, absorbed=True)
+        quiet = update.status == TrialStatus.RUNNING and record.start_time is not None and not update.metrics
         if update.status == TrialStatus.RUNNING and record.start_time is None:
             ctx.store.set_status(trial_id, TrialStatus.RUNNING, when=polled_at)
             record.start_time = polled_at
@@ -245,8 +249,26 @@ def _follow(ctx: ExperimentContext, trial_id: str, handle: TrialHandle, output: 
                 continue
         if ctx.desk is not None and not unassessed:
             _answer_asks(ctx, trial_id, history, final_in)
-        if ctx.desk is None or not ctx.desk.wait(trial_id, ctx.poll_interval):
-            ctx.service.wait(handle, ctx.poll_interval)
+        interval = _next_wait(ctx, interval if quiet else None, quiet_max, record.start_time)
+        if ctx.desk is None or not ctx.desk.wait(trial_id, interval):
+            if wakeup is None:
+                ctx.service.wait(handle, interval)
+            else:
+                ctx.service.wait_or_woken(handle, interval, wakeup.fd)
+                wakeup.clear()
+
+
+def _next_wait(ctx: ExperimentContext, quiet_for: float | None, quiet_max: float | None,
+               start_time: float | None) -> float:
+    """Seconds to wait before the next poll: the poll interval; after a quiet poll (running, nothing new;
+    ``quiet_for``: the wait before it), where the service's wait wakes on a cancel or stop (``quiet_max``
+    set), twice the last wait up to ``quiet_max``, ending by the trial's ``maxTrialDuration``."""
+    wait = ctx.poll_interval
+    if quiet_for is not None and quiet_max:
+        wait = max(wait, min(quiet_for * 2, quiet_max))
+        if ctx.max_trial_duration and start_time:  # a longer wait ends by the trial's time limit
+            wait = max(ctx.poll_interval, min(wait, start_time + ctx.max_trial_duration - time.time()))
+    return wait
 
 
 def _answer_asks(ctx: ExperimentContext, trial_id: str, history: list[Any], final_in: bool) -> None:
