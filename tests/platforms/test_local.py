@@ -337,3 +337,31 @@ def test_probe_cache_serves_repeated_queries(tmp_path, gpus_on_path):
     for _ in range(50):
         assert len(probe.gpus()) == 2
     assert (bin_dir / "calls").read_text().count("x") == 2
+
+
+def test_a_wait_watches_descriptors_numbered_past_selects_limit(service, make_spec):
+    """A controller following hundreds of trials holds descriptors numbered past 1024, where select()
+    refuses them: a wait there still sleeps its time, and still wakes when its wake-up is set."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    read_end, write_end = os.pipe()
+    high = os.dup2(read_end, 1500)
+    handle = service.submit(make_spec("Fd1", "import time, nni\nnni.get_next_parameter()\ntime.sleep(60)\n", {}),
+                            service.code)
+    try:
+        wait_for(lambda: service.poll(handle, {}).status == TrialStatus.RUNNING, timeout=30)
+        started = time.monotonic()
+        service.wait_or_woken(handle, 0.5, high)
+        assert 0.4 < time.monotonic() - started < 5
+        os.write(write_end, b"x")
+        started = time.monotonic()
+        service.wait_or_woken(handle, 30, high)
+        assert time.monotonic() - started < 5
+    finally:
+        service.cancel(handle, TrialStatus.USER_CANCELED)
+        for fd in (high, read_end, write_end):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

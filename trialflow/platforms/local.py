@@ -264,9 +264,12 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         if not watched:
             time.sleep(timeout)
             return
+        poller = select.poll()  # not select(): a busy controller's descriptors pass FD_SETSIZE (1024)
+        for watched_fd in watched:
+            poller.register(watched_fd, select.POLLIN)
         try:
-            select.select(watched, [], [], timeout)
-        except (OSError, ValueError):  # the desk closed its descriptor meanwhile (the experiment ends)
+            poller.poll(timeout * 1000)
+        except OSError:  # interrupted; a descriptor closed meanwhile reads as ready (POLLNVAL)
             return
         if asked is not None and self._desk is not None:
             self._desk.clear_wakeup(handle.trial_id)
