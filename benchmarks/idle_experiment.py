@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from benchmarks.idle_server import cpu_per_minute  # noqa: E402
 from benchmarks.overhead import install_nni  # noqa: E402
 from benchmarks.scale import _running, _session_cpu_seconds, _tree_cpu_seconds  # noqa: E402
 
@@ -45,19 +44,6 @@ def _config(code: Path, trials: int, python: str) -> dict[str, object]:
     return {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": f"{python} trial.py",
             "trialCodeDirectory": str(code), "trialConcurrency": trials, "maxTrialNumber": trials,
             "tuner": {"name": "Random"}, "trainingService": {"platform": "local"}}
-
-
-def _per_minute(cpu: Callable[[], dict[str, float]], settle: float, windows: int, window: float) -> dict[str, float]:
-    """Median CPU-seconds per minute of each part ``cpu`` reads, over ``windows`` windows after ``settle`` s."""
-    time.sleep(settle)
-    rates: dict[str, list[float]] = {}
-    for _ in range(windows):
-        before = cpu()
-        time.sleep(window)
-        after = cpu()
-        for part, seconds in after.items():
-            rates.setdefault(part, []).append((seconds - before[part]) * 60 / window)
-    return {part: statistics.median(values) for part, values in rates.items()}
 
 
 def trialflow_idle(folder: Path, trials: int, settle: float, windows: int, window: float) -> dict[str, float]:
@@ -81,7 +67,7 @@ def trialflow_idle(folder: Path, trials: int, settle: float, windows: int, windo
         return {"controller": _tree_cpu_seconds(controller), "server": _session_cpu_seconds(server)}
 
     try:
-        return _per_minute(cpu, settle, windows, window)
+        return cpu_per_minute(cpu, settle, windows, window)
     finally:
         subprocess.run([sys.executable, "-m", "trialflow.cli", "stop", exp_id], env=env, capture_output=True,
                        timeout=300)
@@ -108,7 +94,7 @@ def nni_idle(venv: Path, folder: Path, trials: int, settle: float, windows: int,
                     if str(port).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
         if not managers:
             raise RuntimeError("NNI's manager process was not found")
-        return _per_minute(lambda: {"nni": _tree_cpu_seconds(managers[0])}, settle, windows, window)["nni"]
+        return cpu_per_minute(lambda: {"nni": _tree_cpu_seconds(managers[0])}, settle, windows, window)["nni"]
     finally:
         subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=300)
 

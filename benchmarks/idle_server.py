@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -53,18 +54,26 @@ def measure(settle: float, windows: int, window: float) -> dict[str, float]:
         baseline = prefect_server(Path(tmp) / "prefect")
         try:
             sessions = {"kept": ensure_server(home, port=0).pid, "prefect": baseline.pid}
-            time.sleep(settle)
-            per_minute: dict[str, list[float]] = {name: [] for name in sessions}
-            for _ in range(windows):
-                before = {name: _session_cpu_seconds(session) for name, session in sessions.items()}
-                time.sleep(window)
-                for name, session in sessions.items():
-                    per_minute[name].append((_session_cpu_seconds(session) - before[name]) * 60 / window)
+            return cpu_per_minute(lambda: {name: _session_cpu_seconds(session) for name, session in sessions.items()},
+                                  settle, windows, window)
         finally:
             stop_server(home)
             baseline.terminate()
             baseline.wait(timeout=60)
-    return {name: statistics.median(values) for name, values in per_minute.items()}
+
+
+def cpu_per_minute(cpu: Callable[[], dict[str, float]], settle: float, windows: int, window: float
+                   ) -> dict[str, float]:
+    """Median CPU-seconds per minute of each part ``cpu`` reads (CPU-seconds so far, by part), over
+    ``windows`` windows of ``window`` s after ``settle`` s."""
+    time.sleep(settle)
+    rates: dict[str, list[float]] = {}
+    for _ in range(windows):
+        before = cpu()
+        time.sleep(window)
+        for part, seconds in cpu().items():
+            rates.setdefault(part, []).append((seconds - before[part]) * 60 / window)
+    return {part: statistics.median(values) for part, values in rates.items()}
 
 
 def main() -> None:
