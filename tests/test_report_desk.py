@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from trialflow.platforms.report_desk import ReportDesk
+from trialflow.platforms.report_desk import ReportDesk, Wakeup
 from trialflow.trial import verdicts
 from trialflow.trial.protocol import REPORT_DESK_ENV
 
@@ -113,6 +113,33 @@ def test_the_desk_is_private_to_its_user_and_removed_when_closed():
     desk.close()
     desk.close()  # idempotent
     assert not os.path.exists(folder)
+
+
+def test_a_followers_wakeup_numbered_past_selects_limit_still_sleeps_and_still_wakes():
+    """A controller following hundreds of trials makes wake-ups numbered past 1024, where select()
+    refuses them: the follower of a trial that asks over HTTP still sleeps its wait, not a busy loop,
+    and still wakes at once when the trial asks."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    taken = [os.dup(0) for _ in range(1100)]  # the descriptors a busy controller already holds
+    wakeup = Wakeup()
+    try:
+        assert wakeup.fd > 1024
+        started = time.monotonic()
+        wakeup.wait(0.5)
+        assert 0.4 < time.monotonic() - started < 5
+        wakeup.set()
+        started = time.monotonic()
+        wakeup.wait(30)
+        assert time.monotonic() - started < 5
+    finally:
+        wakeup.close()
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize("line", [b"T9 1\n", b"T4 one\n", b"T4\n", b"x" * 300, b"T4 1\nT9 2\n"],

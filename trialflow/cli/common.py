@@ -5,7 +5,6 @@ trialflow modules the commands import on first use."""
 from __future__ import annotations
 
 import os
-import select
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..foundation.lazy import lazy_module
+from ..foundation.readable import wait_readable
 from ..foundation.status import EXPERIMENT_LIVE
 from ..foundation.user_errors import UserError
 
@@ -128,7 +128,7 @@ class StopSignals:
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, less once a signal comes; whether one has come."""
         if self.signum is None:
-            select.select([self._wakeup], [], [], seconds)
+            wait_readable([self._wakeup], seconds)
             try:
                 os.read(self._wakeup, 4096)
             except BlockingIOError:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import selectors
 import shutil
 import socket
@@ -34,6 +33,8 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ..foundation.readable import wait_readable
 
 log = logging.getLogger("trialflow.report_desk")
 MAX_LINE = 256
@@ -86,10 +87,7 @@ class Wakeup:
             pass
 
     def wait(self, timeout: float) -> None:
-        try:
-            select.select([self.fd], [], [], timeout)
-        except (OSError, ValueError):  # closed meanwhile (the desk closed)
-            return
+        wait_readable([self.fd], timeout)  # closed meanwhile (the desk closed): it reads as ready
 
     def close(self) -> None:
         for fd in (self.fd, self._write_fd):
