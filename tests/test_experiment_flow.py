@@ -119,8 +119,20 @@ def _quiet_polls_counted(monkeypatch) -> list[tuple[str, float]]:
 
 def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_once(tmp_path, monkeypatch):
     """A controller following sleeping trials stays idle: a running trial that reports nothing is
-    polled less and less often, while a kill and the experiment's stop wake its follower at once."""
+    polled less and less often, and the experiment loop looks at its controls about once a second, while
+    a kill and the experiment's stop still land within seconds."""
     polls = _quiet_polls_counted(monkeypatch)
+    from trialflow.records.store import ExperimentStore
+
+    looks: list[float] = []  # the experiment loop's reads of its controls
+    real_controls = ExperimentStore.controls
+
+    def counted_controls(self):
+        if threading.current_thread().name == "experiment-run":
+            looks.append(time.monotonic())
+        return real_controls(self)
+
+    monkeypatch.setattr(ExperimentStore, "controls", counted_controls)
     code = tmp_path / "code"
     write_trial(code, "import time, nni\nnni.get_next_parameter()\ntime.sleep(120)\n")
     from trialflow.flows.experiment import run_experiment_flow
@@ -128,13 +140,15 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
     exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", trialConcurrency=2,
                                                                  maxTrialNumber=2)))
     store = open_store(exp_dir.parent, exp_id)
-    runner = threading.Thread(target=run_experiment_flow, args=(None, exp_id, str(exp_dir.parent)), daemon=True)
+    runner = threading.Thread(target=run_experiment_flow, args=(None, exp_id, str(exp_dir.parent)), daemon=True,
+                              name="experiment-run")
     runner.start()
     first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
                              timeout=60)
     time.sleep(14)  # its follower's waits: 0.2, 0.4, ... 6.4 s (polled ~12.6 s in), then 12.8 s
     now = time.monotonic()
     assert sum(1 for trial, at in polls if trial == first.id and at > now - 5) <= 2  # every 0.2 s: 25
+    assert sum(1 for at in looks if at > now - 5) <= 7  # every 0.25 s: 20
     store.set_control(Control.KILL, [first.id])
     asked = time.monotonic()
     wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30, interval=0.05)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from trialflow.config import LocalConfig
 from trialflow.platforms import PlatformError, TrialSpec, TrialStatus
 from trialflow.platforms.gpu import GpuProbe
 from trialflow.platforms.local import LocalTrainingService
+from trialflow.platforms.meta_watch import MetaWatch
 from trialflow.testing.contract import TrainingServiceContract, poll_until_terminal
 from trialflow.trial.procs import pid_alive
 
@@ -353,6 +355,7 @@ def test_a_wait_watches_descriptors_numbered_past_selects_limit(service, make_sp
                             service.code)
     try:
         wait_for(lambda: service.poll(handle, {}).status == TrialStatus.RUNNING, timeout=30)
+        service.wait_or_woken(handle, 0.5, high)  # the first wait begins watching its .nni folder: at once
         started = time.monotonic()
         service.wait_or_woken(handle, 0.5, high)
         assert 0.4 < time.monotonic() - started < 5
@@ -365,3 +368,90 @@ def test_a_wait_watches_descriptors_numbered_past_selects_limit(service, make_sp
         for fd in (high, read_end, write_end):
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+REPORTS_LATER = """
+import os, time, nni
+nni.get_next_parameter()
+go = os.path.join(os.environ["NNI_SYS_DIR"], "..", "..", "go-{name}")
+deadline = time.time() + 60
+while not os.path.exists(go) and time.time() < deadline:
+    time.sleep(0.05)
+{report}
+time.sleep(60)
+"""
+
+
+def _quiet_follower_waits(service, handle, wakeup_fd, timeout):
+    """Poll and wait as a quiet trial's follower does until a result comes: (polls, seconds to the result)."""
+    polls, cursor = 0, {}
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        update = service.poll(handle, cursor)
+        polls += 1
+        cursor = update.cursor
+        if update.metrics:
+            return polls, time.monotonic() - began, update
+        service.wait_or_woken(handle, 30.0, wakeup_fd)
+    raise AssertionError(f"no result in {timeout} s ({polls} polls)")
+
+
+def test_a_quiet_trials_result_wakes_its_follower_at_once_and_a_stream_of_them_at_most_five_times_a_second(
+        service, make_spec, tmp_path):
+    """A follower whose quiet trial it waits 30 s for is woken by a result the trial writes (its .nni
+    folder is watched), not at the end of its wait; a trial that reports hundreds of results a second
+    wakes it at most every 0.2 s, as a trial that reports was read before."""
+    read_end, write_end = os.pipe()
+    report_one = REPORTS_LATER.format(name="Late1", report="nni.report_intermediate_result(1)")
+    one = service.submit(make_spec("Late1", report_one, {}), service.code)
+    many = service.submit(make_spec("Many1", REPORTS_LATER.format(
+        name="Many1", report="for i in range(600):\n    nni.report_intermediate_result(i)\n    time.sleep(0.005)"),
+        {}), service.code)
+    try:
+        for handle in (one, many):
+            wait_for(lambda h=handle: service.poll(h, {}).status == TrialStatus.RUNNING, timeout=30)
+            service.wait_or_woken(handle, 30.0, read_end)  # begins watching: returns at once
+        threading.Timer(1.5, (tmp_path / "exp" / "go-Late1").touch).start()
+        polls, seconds, update = _quiet_follower_waits(service, one, read_end, timeout=20)
+        assert 1.4 < seconds < 5 and polls == 2, (polls, seconds)  # the poll before, the one it woke
+        assert [m.value for m in update.metrics] == [1]
+
+        (tmp_path / "exp" / "go-Many1").touch()
+        polls, cursor, seen = 0, {}, 0
+        began = time.monotonic()
+        while time.monotonic() - began < 30:
+            update = service.poll(many, cursor)
+            polls, cursor, seen = polls + 1, update.cursor, seen + len(update.metrics)
+            if seen >= 600:
+                break
+            service.wait_or_woken(many, 30.0, read_end)
+        took = time.monotonic() - began
+        assert seen == 600, seen
+        assert polls <= took / 0.2 + 3, (polls, took)  # 600 results in ~3-6 s: not a poll per result
+    finally:
+        for handle in (one, many):
+            service.cancel(handle, TrialStatus.USER_CANCELED)
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_where_a_trials_folder_cannot_be_watched_a_quiet_follower_still_reads_it_every_second(
+        service, make_spec, tmp_path, monkeypatch):
+    """Without inotify (another system, or the user's watches used up) a quiet wait lasts a second at
+    most, so a result is still seen within one."""
+    monkeypatch.setattr(MetaWatch, "watch", lambda self, folder: None)
+    read_end, write_end = os.pipe()
+    report_one = REPORTS_LATER.format(name="Unw1", report="nni.report_intermediate_result(2)")
+    handle = service.submit(make_spec("Unw1", report_one, {}), service.code)
+    try:
+        wait_for(lambda: service.poll(handle, {}).status == TrialStatus.RUNNING, timeout=30)
+        started = time.monotonic()
+        service.wait_or_woken(handle, 30.0, read_end)
+        assert 0.8 < time.monotonic() - started < 5
+        threading.Timer(1.0, (tmp_path / "exp" / "go-Unw1").touch).start()
+        polls, seconds, update = _quiet_follower_waits(service, handle, read_end, timeout=20)
+        assert [m.value for m in update.metrics] == [2] and polls >= 2, (polls, seconds)
+    finally:
+        service.cancel(handle, TrialStatus.USER_CANCELED)
+        os.close(read_end)
+        os.close(write_end)

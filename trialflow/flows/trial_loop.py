@@ -33,6 +33,10 @@ from .prefect_run_context import forget_task_runs
 from .run_control import StopWatch
 
 TICK_SECONDS = 0.25
+# the longest wait between the loop's looks while nothing happens (no trial started or ended, the controls
+# unchanged): it doubles from TICK_SECONDS after each such look. A trial's end wakes it at once; a control
+# written by a command (stop, kill, update) is seen within this.
+QUIET_TICK_SECONDS = 1.0
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
 IMPORTED_IDS = -10**9  # parameter ids of imported data, apart from hand-picked trials' (-1 - sequence)
 
@@ -85,14 +89,16 @@ class _Loop:
         """Trials holding a slot of the window: started, and their end not yet recorded."""
         return sum(1 for t in self.running if t not in self.ctx.ended)
 
-    def prune(self) -> None:
-        """Forget trials whose task run has closed, and what the flow run's context keeps of their task runs."""
+    def prune(self) -> bool:
+        """Forget trials whose task run has closed, and what the flow run's context keeps of their task
+        runs; whether there were any."""
         closed = [t for t, f in self.running.items() if f.wrapped_future.done()]  # type: ignore[attr-defined]
         for trial_id in closed:
             del self.running[trial_id]
             self.ctx.ended.discard(trial_id)
         if closed:
             forget_task_runs({run for trial_id in closed for run in self.task_runs.pop(trial_id, ())})
+        return bool(closed)
 
     def close(self) -> None:
         if self.cap is not None:
@@ -107,6 +113,7 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
     try:
         upload_code(ctx.experiment_id, str(ctx.service.code_directory()))
         resubmit = _reattach(ctx, loop)
+        wait, seen_controls = TICK_SECONDS, None  # type: float, dict[str, Any] | None
         while True:
             if ctx.halted is None and (full := out_of_space(ctx.experiment_dir)) is not None:
                 ctx.halt(full)
@@ -114,6 +121,8 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
                 raise NoSpaceLeft.from_error(ctx.experiment_id, ctx.halted, str(ctx.experiment_dir))
             ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
             controls = ctx.store.controls()
+            acted = controls != seen_controls
+            seen_controls = controls
             why = "stopped by trialflow stop" if controls.get(Control.STOP) else watch.reason()
             if why:
                 return ExperimentStatus.STOPPED, why
@@ -132,13 +141,17 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
                     break
                 if not _start_one(ctx, loop, resubmit):
                     break
-            loop.prune()
+                acted = True
+            acted = loop.prune() or acted
             loop.reporter.maybe_update()
             total = ctx.store.count_trials()
             no_more = loop.exhausted or budget_over or (max_trials is not None and total >= max_trials)
             if not loop.running and no_more and not resubmit:
                 return ExperimentStatus.DONE, None
-            ctx.slot_freed.wait(TICK_SECONDS)
+            wait = TICK_SECONDS if acted else min(wait * 2, QUIET_TICK_SECONDS)
+            if max_duration is not None and (left := max_duration - loop.elapsed()) > 0:
+                wait = min(wait, left)  # the budget's end is seen when it comes
+            ctx.slot_freed.wait(wait)
     except NoSpaceLeft:
         raise
     except Exception as exc:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import select
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ..config.sections.local import LocalConfig
+from ..foundation.readable import wait_readable
 from ..trial import NNI_SHIM_DIR, RUNTIME_ROOT
 from ..trial.forkserver import ForkServer
 from ..trial.keeper import stop_group, stop_lost_group
@@ -52,16 +52,24 @@ from .base import (
 from .errors import RetryPolicy
 from .gpu import GpuError, GpuProbe, GpuScheduler
 from .inherited_env import inherited_environment
+from .meta_watch import MetaWatch
 from .platform_row import Platform
 from .report_desk import ReportDesk
 from .share import OUTPUT_DIR, Share
 from .trialdir import LOCAL, read_output_files, read_trial, read_trial_logs
 
 KEEPER_PID_WAIT = 10.0
-# The longest wait between polls of a running trial that has been quiet: its end (the keeper's pidfd),
-# its asks at the report desk, a cancel and the experiment's stop wake its follower at once; a result
-# written to its metrics file is seen within this.
-QUIET_POLL_SECONDS = 1.0
+# The longest wait between polls of a running trial that has been quiet: its end (the keeper's pidfd), its
+# asks at the report desk, a cancel, the experiment's stop and a change in its .nni folder (a result, its
+# end: meta_watch) wake its follower at once; what it prints reaches the run's log within this, as on the
+# platforms that fetch output (TrainingService.output_read_seconds).
+QUIET_POLL_SECONDS = 5.0
+# ... and where its .nni folder cannot be watched (no inotify, the user's watches used up): a result is
+# seen within this
+UNWATCHED_QUIET_SECONDS = 1.0
+# the least time between a follower's polls when a change in .nni wakes it: a trial reporting many results
+# a second is read five times a second, as a trial that reports is without the watch
+CHANGE_WAKE_GAP = 0.2
 log = logging.getLogger("trialflow.local")
 
 
@@ -102,6 +110,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         self._forkserver = ForkServer({**inherited_environment(), "PYTHONPATH": self._pythonpath},
                                       str(self.trials_dir.parent / "forkserver.log"))
         self._desk: ReportDesk | None = None
+        self._meta_watch = MetaWatch()
+        self._watched: dict[str, str] = {}  # the .nni folder watched for each followed trial
         self.gpu: GpuScheduler | None = None
         if config.trial_gpu_number:
             self.gpu = GpuScheduler(gpu_probe or GpuProbe(), config.max_trial_number_per_gpu,
@@ -239,6 +249,9 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         fd = self._pidfds.pop(handle.trial_id, None)
         if fd is not None:
             os.close(fd)
+        meta = self._watched.pop(handle.trial_id, None)
+        if meta is not None:
+            self._meta_watch.forget(meta)
         if self.gpu is not None:
             self.gpu.release(handle.trial_id)
 
@@ -250,7 +263,21 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         self.wait_or_woken(handle, timeout, None)
 
     def wait_or_woken(self, handle: TrialHandle, timeout: float, wakeup_fd: int | None) -> None:
-        """As :meth:`wait`, waking also once ``wakeup_fd`` is readable (the follower's cancel or stop)."""
+        """As :meth:`wait`, waking also once ``wakeup_fd`` is readable (the follower's cancel or stop),
+        and once the trial's ``.nni`` folder changes (:mod:`.meta_watch`; at most every
+        :data:`CHANGE_WAKE_GAP`). Where that folder is not watched, it waits up to
+        :data:`UNWATCHED_QUIET_SECONDS`. The first wait that watches it returns at once: a change made
+        before the watch began is read by the next poll."""
+        changed = None
+        if wakeup_fd is not None:
+            meta = os.path.join(handle.data["trial_dir"], META_DIR)
+            changed = self._meta_watch.watch(meta)
+            if changed is None:
+                timeout = min(timeout, UNWATCHED_QUIET_SECONDS)
+            elif handle.trial_id not in self._watched:  # watched from now on
+                self._watched[handle.trial_id] = meta
+                self._meta_watch.clear(meta)
+                return
         fd = self._pidfds.get(handle.trial_id)
         if fd is None:
             keeper = self._keeper(handle)
@@ -260,17 +287,19 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                 except (AttributeError, OSError):  # no pidfds here, or the keeper just ended
                     fd = None
         asked = self._desk.wakeup_fd(handle.trial_id) if self._desk is not None else None
-        watched = [f for f in (fd, asked, wakeup_fd) if f is not None]
-        if not watched:
+        urgent = [f for f in (fd, asked, wakeup_fd) if f is not None]
+        if not urgent and changed is None:
             time.sleep(timeout)
             return
-        poller = select.poll()  # not select(): a busy controller's descriptors pass FD_SETSIZE (1024)
-        for watched_fd in watched:
-            poller.register(watched_fd, select.POLLIN)
-        try:
-            poller.poll(timeout * 1000)
-        except OSError:  # interrupted; a descriptor closed meanwhile reads as ready (POLLNVAL)
-            return
+        began = time.monotonic()
+        ready = wait_readable(urgent if changed is None else [*urgent, changed], timeout)  # closed: ready
+        if ready == [changed] and (rest := CHANGE_WAKE_GAP - (time.monotonic() - began)) > 0:
+            if urgent:
+                wait_readable(urgent, rest)
+            else:
+                time.sleep(rest)
+        if changed is not None and (watched := self._watched.get(handle.trial_id)) is not None:
+            self._meta_watch.clear(watched)
         if asked is not None and self._desk is not None:
             self._desk.clear_wakeup(handle.trial_id)
 
@@ -312,6 +341,7 @@ class LocalTrainingService(TrainingService[LocalConfig]):
 
     def close(self) -> None:
         self._forkserver.close()
+        self._meta_watch.close()
         for fd in self._pidfds.values():
             os.close(fd)
         self._pidfds.clear()
