@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from trialflow.platforms.report_desk import ReportDesk, Wakeup
+from trialflow.foundation.readable import Wakeup
+from trialflow.platforms.report_desk import ReportDesk
 from trialflow.trial import verdicts
 from trialflow.trial.protocol import REPORT_DESK_ENV
 

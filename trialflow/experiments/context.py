@@ -19,9 +19,10 @@ from typing import Any
 
 from ..assessors import Assessor, create_assessor
 from ..config import ExperimentConfig
+from ..foundation.readable import Wakeup
 from ..platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
 from ..platforms.hybrid import HybridService
-from ..platforms.report_desk import ReportDesk, Wakeup
+from ..platforms.report_desk import ReportDesk
 from ..platforms.trial_output import OutputBudget
 from ..records.store import ExperimentStore
 from ..tuners import Tuner, create_tuner
@@ -51,9 +52,10 @@ class ExperimentContext:
     # parameter id -> raw values of trials taken over from an earlier run (resume)
     adopted: dict[int, dict[str, Any]] = field(default_factory=dict)
     # trials whose end is recorded (and told to the tuner): their slot in the window is free even
-    # while their task run is still closing; ``slot_freed`` wakes the experiment loop
+    # while their task run is still closing; ``slot_freed`` wakes the experiment loop (set through
+    # :meth:`free_slot`, under ``_wakeups_lock``: none is written once it is closed)
     ended: set[str] = field(default_factory=set)
-    slot_freed: threading.Event = field(default_factory=threading.Event)
+    slot_freed: Wakeup = field(default_factory=Wakeup)
     on_trial_end: list[Any] = field(default_factory=list)  # callbacks(trial_id), e.g. a platform cap's release
     output_budget: OutputBudget = field(default_factory=OutputBudget)  # its trials' output sent to Prefect
     # set when the controller cannot go on but its trials can (a full disk): followers leave their
@@ -65,6 +67,7 @@ class ExperimentContext:
     # cancel of its trial, the experiment's stop and a halt; under ``_wakeups_lock`` (no write to a closed one)
     wakeups: dict[str, Wakeup] = field(default_factory=dict)
     _wakeups_lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
 
     def follower_wakeup(self, trial_id: str) -> Wakeup:
         """The wake-up of trial ``trial_id``'s follower (made at its first call; closed by :meth:`trial_ended`)."""
@@ -75,6 +78,21 @@ class ExperimentContext:
                 if trial_id in self.cancel_requests or self.stop.is_set() or self.halted is not None:
                     wakeup.set()
             return wakeup
+
+    def free_slot(self) -> None:
+        """Wake the experiment loop: a trial ended, its task run closed, or the experiment halted."""
+        with self._wakeups_lock:
+            if not self._closed:
+                self.slot_freed.set()
+
+    def close(self) -> None:
+        """Close the loop's and the followers' wake-ups (the experiment's run is over)."""
+        with self._wakeups_lock:
+            self._closed = True
+            self.slot_freed.close()
+            for wakeup in self.wakeups.values():
+                wakeup.close()
+            self.wakeups.clear()
 
     def _wake(self, trial_id: str | None = None) -> None:
         """Set the wake-up of ``trial_id``'s follower, or of every follower."""
@@ -98,7 +116,7 @@ class ExperimentContext:
             self.desk.forget(trial_id)
         for callback in self.on_trial_end:
             callback(trial_id)
-        self.slot_freed.set()
+        self.free_slot()
 
     def request_cancel(self, trial_id: str, reason: TrialStatus) -> None:
         self.cancel_requests.setdefault(trial_id, reason)
@@ -108,7 +126,7 @@ class ExperimentContext:
         """Stop following trials without stopping them (the first error is kept); wakes the loop."""
         if self.halted is None:
             self.halted = error
-        self.slot_freed.set()
+        self.free_slot()
         self._wake()
 
 
@@ -166,6 +184,7 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
         if ctx.desk is not None:
             ctx.desk.close()
         service.close()
+        ctx.close()
 
 
 def _open_desk(service: TrainingService) -> ReportDesk | None:

@@ -21,6 +21,7 @@ from typing import Any
 from ..config import ExperimentConfig
 from ..experiments import ExperimentNotFound, find_experiment, stored_config
 from ..foundation.ids import looks_like_experiment_id
+from ..foundation.readable import Wakeup
 from .api_outage import OptionalCalls, next_try_after
 
 log = logging.getLogger("trialflow.experiment")
@@ -28,15 +29,31 @@ log = logging.getLogger("trialflow.experiment")
 CANCEL_CHECK_SECONDS = 2.0  # how often a running experiment asks Prefect whether its run is being cancelled
 TAG = "trialflow"
 _signal: list[int] = []  # the signal that asked this process's experiment to stop (SIGINT: Ctrl-C)
+_interrupted_wakeup: list[Wakeup] = []  # made once, at the first interrupt_fd(), and kept open
 
 
 def interrupt(signum: int = signal.SIGINT) -> None:
-    """Ask the experiment running in this process to stop (safe in a signal handler)."""
+    """Ask the experiment running in this process to stop (safe in a signal handler: no lock is taken),
+    waking its loop (:func:`interrupt_fd`)."""
     _signal[:] = [signum]
+    for wakeup in _interrupted_wakeup:
+        wakeup.set()
 
 
 def clear_interrupt() -> None:
     _signal.clear()
+    for wakeup in _interrupted_wakeup:
+        wakeup.clear()
+
+
+def interrupt_fd() -> int:
+    """A descriptor readable once :func:`interrupt` was called since :func:`clear_interrupt`: the experiment
+    loop waits on it. One per process, open for the rest of it."""
+    if not _interrupted_wakeup:
+        _interrupted_wakeup.append(Wakeup())
+        if _signal:
+            _interrupted_wakeup[0].set()
+    return _interrupted_wakeup[0].fd
 
 
 def interrupted() -> int | None:

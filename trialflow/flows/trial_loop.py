@@ -19,6 +19,7 @@ from prefect.utilities.annotations import allow_failure
 
 from ..experiments import set_stored_fields
 from ..experiments.context import ExperimentContext
+from ..foundation.readable import wait_readable
 from ..foundation.status import ExperimentStatus, TrialStatus
 from ..platforms import TrialHandle, experiment_retry
 from ..records.disk_space import NoSpaceLeft, no_space, out_of_space
@@ -30,12 +31,12 @@ from ..tuners import TunerError, create_tuner
 from ..tuners.objectives import tuner_value
 from .artifacts import ArtifactReporter
 from .prefect_run_context import forget_task_runs
-from .run_control import StopWatch
+from .run_control import StopWatch, interrupt_fd
 
 TICK_SECONDS = 0.25
 # the longest wait between the loop's looks while nothing happens (no trial started or ended, the controls
-# unchanged): it doubles from TICK_SECONDS after each such look. A trial's end wakes it at once; a control
-# written by a command (stop, kill, update) is seen within this.
+# unchanged): it doubles from TICK_SECONDS after each such look. A trial's end and Ctrl-C wake it at once; a
+# control written by a command (stop, kill, update) is seen within this.
 QUIET_TICK_SECONDS = 1.0
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
 IMPORTED_IDS = -10**9  # parameter ids of imported data, apart from hand-picked trials' (-1 - sequence)
@@ -83,7 +84,7 @@ class _Loop:
         runs.append(future.task_run_id)
         self.running[trial_id] = future
         # The wrapped concurrent future answers locally; PrefectFuture.state asks the API every time.
-        future.wrapped_future.add_done_callback(lambda _: self.ctx.slot_freed.set())  # type: ignore[attr-defined]
+        future.wrapped_future.add_done_callback(lambda _: self.ctx.free_slot())  # type: ignore[attr-defined]
 
     def in_flight(self) -> int:
         """Trials holding a slot of the window: started, and their end not yet recorded."""
@@ -151,7 +152,7 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
             wait = TICK_SECONDS if acted else min(wait * 2, QUIET_TICK_SECONDS)
             if max_duration is not None and (left := max_duration - loop.elapsed()) > 0:
                 wait = min(wait, left)  # the budget's end is seen when it comes
-            ctx.slot_freed.wait(wait)
+            wait_readable([ctx.slot_freed.fd, interrupt_fd()], wait)  # a trial's end, Ctrl-C
     except NoSpaceLeft:
         raise
     except Exception as exc:

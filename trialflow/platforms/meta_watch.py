@@ -18,8 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from ..foundation.readable import wait_readable
-from .report_desk import Wakeup
+from ..foundation.readable import Wakeup, wait_readable
 
 log = logging.getLogger("trialflow.local")
 

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..foundation.readable import wait_readable
+from ..foundation.readable import Wakeup
 
 log = logging.getLogger("trialflow.report_desk")
 MAX_LINE = 256
@@ -62,39 +62,6 @@ class _HttpAsk:
     sequence: int
     done: threading.Event = field(default_factory=threading.Event)
     verdict: Verdict | None = None
-
-
-class Wakeup:
-    """A pipe whose read end is readable once :meth:`set` was called since the last :meth:`clear`:
-    a follower may wait on it together with other descriptors (the local trial's pidfd)."""
-
-    def __init__(self) -> None:
-        self.fd, self._write_fd = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._write_fd, False)
-
-    def set(self) -> None:
-        try:
-            os.write(self._write_fd, b"x")
-        except (BlockingIOError, OSError):  # already set (the pipe is full), or closed
-            pass
-
-    def clear(self) -> None:
-        try:
-            while os.read(self.fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def wait(self, timeout: float) -> None:
-        wait_readable([self.fd], timeout)  # closed meanwhile (the desk closed): it reads as ready
-
-    def close(self) -> None:
-        for fd in (self.fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 @dataclass
