@@ -12,6 +12,7 @@ from tests.conftest import base_config
 from trialflow import parse_config
 from trialflow.experiments import create_experiment, open_store
 from trialflow.presentation.live import _LiveView
+from trialflow.presentation.views import RunningView
 from trialflow.records.changed_trials import ChangedTrials
 from trialflow.records.store import Metric
 
@@ -76,6 +77,50 @@ def test_the_live_table_follows_the_trials_as_they_change_without_rereading_thos
         assert last["trials done"] == "202 / 203" and last["best so far"] == "1000.0 (a) {'x': 0.5}"
         assert last["running"] == "-"
         assert [t.id for t in view.trials][-3:] == ["old199", "a", "b"]
+    finally:
+        view.close()
+        store.close()
+
+
+def _top_rows(view: RunningView) -> tuple[list[list[str]], list[list[str]]]:
+    """`trialflow top`'s two tables as a user reads them: the experiments' rows, then the live trials'."""
+    console = Console(record=True, width=200)
+    console.print(view.table())
+    tables: list[list[list[str]]] = [[], []]
+    which = -1
+    for line in console.export_text().splitlines():
+        if line.startswith("┏"):
+            which += 1
+        elif line.startswith("│"):
+            tables[which].append([cell.strip() for cell in line.strip("│").split("│")])
+    return tables[0], tables[1]
+
+
+def test_top_follows_running_experiments_without_rereading_trials_ended_before(tmp_path):
+    """`trialflow top` keeps each running experiment's store between refreshes and reads only the
+    trials that changed and the latest result of its live ones: its rows stay right while a refresh
+    reads 2 trials of 202."""
+    exp_id, exp_dir, store = _store_with_ended_trials(tmp_path, 200)
+    store.add_trial("a", None, 200, {"x": 0.5}, {})
+    store.set_status("a", "RUNNING")
+    store.add_metrics([Metric("a", "PERIODICAL", i, float(i)) for i in range(3)])
+    store.add_trial("b", None, 201, {"x": 0.7}, {})
+    view = RunningView(tmp_path / "w", slack=0.2)
+    try:
+        experiments, live = _top_rows(view)
+        assert experiments == [[exp_id, "", "INITIALIZED", "202", "2", "200", "0", "199.0 (old199)"]]
+        assert [(row[1], row[3], row[5]) for row in live] == [("a", "RUNNING", "2.0"), ("b", "WAITING", "")]
+        [followed] = view._followed.values()
+        assert len(followed._changed.read()) == 2  # a refresh reads the two active trials, not the 200 ended
+        store.add_metrics([Metric("a", "PERIODICAL", 3, 7.5), Metric("a", "FINAL", 0, 1000.0)])
+        store.set_status("a", "SUCCEEDED", 0)
+        store.set_status("b", "RUNNING")
+        experiments, live = _top_rows(view)
+        assert experiments == [[exp_id, "", "INITIALIZED", "202", "1", "201", "0", "1000.0 (a)"]]
+        assert [(row[1], row[3]) for row in live] == [("b", "RUNNING")]
+        store.set_status("b", "FAILED", 1)
+        store.set_experiment(status="DONE", end_time=time.time(), best_trial="a")
+        assert _top_rows(view) == ([], []) and view._followed == {}  # an ended experiment's store is closed
     finally:
         view.close()
         store.close()

@@ -205,13 +205,17 @@ def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds betw
     """Watch the running experiments and their trials, refreshed every --time seconds (Ctrl-C quits)."""
     from rich.live import Live
 
-    from ..presentation.views import running_table
+    from ..presentation import views
 
     if interval < 1:
         raise CliError(f"bad --time {interval}: give at least 1 second")
     stop = StopSignals()
     console.print(f"running experiments, every {interval} s; Ctrl-C quits", highlight=False)
-    with Live(running_table(root), console=console, auto_refresh=False) as live:
-        while not stop.wait(interval):
-            live.update(running_table(root), refresh=True)
+    view = views.RunningView(root)
+    try:
+        with Live(views.running_table(root, view), console=console, auto_refresh=False) as live:
+            while not stop.wait(interval):
+                live.update(views.running_table(root, view), refresh=True)
+    finally:
+        view.close()
     console.print()

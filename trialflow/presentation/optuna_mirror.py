@@ -41,7 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..foundation.optuna_logging import quietly
 from ..foundation.status import TrialStatus
-from ..records.changed_trials import ChangedTrials
+from ..records.changed_trials import OTHER_CLOCK_SLACK, ChangedTrials
 from ..records.search_space import Option, Param, SearchSpace
 from ..records.store import ExperimentStore, TrialRecord
 from ..tuners import scalar_or_none
@@ -53,9 +53,6 @@ _STATES: dict[str, TrialState] = {
     TrialStatus.RUNNING: TrialState.RUNNING, TrialStatus.SUCCEEDED: TrialState.COMPLETE,
     TrialStatus.EARLY_STOPPED: TrialState.PRUNED, TrialStatus.FAILED: _FAILED, TrialStatus.USER_CANCELED: _FAILED,
     TrialStatus.SYS_CANCELED: _FAILED}
-# Trials whose end the store recorded this long before the last sync are looked at again: the store's
-# clock (a PostgreSQL server's, another controller machine's) need not be ours.
-CLOCK_SLACK = 120.0
 _MAX_IDS_PER_QUERY = 500
 _NORMAL_SPREAD = 6.0  # a normal parameter's axis: mu +- 6 sigma
 _CONSTRAINTS_ATTR = "constraints"  # Optuna's system attribute for a trial's constraint violations
@@ -160,7 +157,7 @@ class OptunaMirror:
         self.study_name = study_name
         self.study_id: int = study._study_id
         self._mirrored: dict[str, _Mirrored] = {}
-        self._changed = ChangedTrials(store, CLOCK_SLACK)
+        self._changed = ChangedTrials(store, OTHER_CLOCK_SLACK)
         for trial in self.storage.get_all_trials(self.study_id, deepcopy=False):
             name = trial.user_attrs.get(TRIAL_ID_ATTR)
             if name is not None:

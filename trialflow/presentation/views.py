@@ -7,6 +7,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group
@@ -30,6 +31,9 @@ from ..platforms.base import stored_attempt
 from ..records.store_reader import RecordSource
 from ..records.store_records import TrialRecord, config_in_force
 from ..tuners.objectives import Objectives
+
+if TYPE_CHECKING:  # the store's module loads SQLAlchemy, which the read-only commands do without
+    from ..records.store import ExperimentStore
 
 
 def is_maximize_stored(store: RecordSource) -> bool:
@@ -159,29 +163,81 @@ def sort_trials(trials: list[TrialRecord], store: RecordSource, head: int | None
     return scored[:head] if head is not None else list(reversed(scored))[: tail or 0]
 
 
-def running_table(root: Path | None = None) -> Group:
-    """What ``trialflow top`` shows: the running experiments with their trial counts by status, then
-    their live trials (how long each has run, its latest intermediate result)."""
-    table = Table("id", "name", "status", "trials", "running", "succeeded", "failed", "best",
-                  title=time.strftime("running experiments at %H:%M:%S"))
-    live = Table("experiment", "trial", "#", "status", "running for", "latest result", title="their live trials")
-    for entry in list_experiments(root):
-        if entry.record.status not in EXPERIMENT_LIVE:
-            continue
-        store = open_store(entry.root, entry.id)
-        try:
-            trials = store.trials()
-            best = best_trial(trials, maximizes(store.experiment()))
-            for t in trials:
-                if t.status in (TrialStatus.RUNNING, TrialStatus.WAITING):
-                    latest = store.metrics(t.id, "PERIODICAL")
-                    live.add_row(entry.id, t.id, str(t.sequence), t.status, _duration(t),
-                                 escape(json.dumps(latest[-1].value)) if latest else "")
-        finally:
-            store.close()
-        count = Counter(t.status for t in trials)
-        table.add_row(entry.id, entry.record.name or "", entry.record.status, str(len(trials)),
-                      str(count[TrialStatus.RUNNING] + count[TrialStatus.WAITING]), str(count[TrialStatus.SUCCEEDED]),
-                      str(count[TrialStatus.FAILED]),
-                      "-" if best is None else f"{trial_value(best)} ({best.id})")
-    return Group(table, live)
+class RunningView:
+    """What ``trialflow top`` shows, from stores kept open between refreshes: each :meth:`table` lists the
+    experiments, and of each running one reads only the trials that changed since its last refresh
+    (:class:`~trialflow.records.changed_trials.ChangedTrials`) and the latest intermediate result of its
+    live trials, so a refresh costs the same at 10 trials and at 10,000.
+
+    Lifecycle: one per ``top``; an experiment's store is opened when it is first seen running and closed
+    when it no longer is, or at :meth:`close`. One thread at a time."""
+
+    def __init__(self, root: Path | None = None, slack: float | None = None) -> None:
+        from ..records.changed_trials import OTHER_CLOCK_SLACK  # another machine's controller may write the store
+
+        self.root, self.slack = root, OTHER_CLOCK_SLACK if slack is None else slack
+        self._followed: dict[tuple[Path, str], _Followed] = {}
+
+    def table(self) -> Group:
+        """The running experiments with their trial counts by status, then their live trials (how long
+        each has run, its latest intermediate result)."""
+        table = Table("id", "name", "status", "trials", "running", "succeeded", "failed", "best",
+                      title=time.strftime("running experiments at %H:%M:%S"))
+        live = Table("experiment", "trial", "#", "status", "running for", "latest result", title="their live trials")
+        seen = set()
+        for entry in list_experiments(self.root):
+            if entry.record.status not in EXPERIMENT_LIVE:
+                continue
+            key = (entry.root, entry.id)
+            seen.add(key)
+            followed = self._followed.get(key)
+            if followed is None:
+                followed = self._followed[key] = _Followed(open_store(entry.root, entry.id), self.slack)
+            trials = followed.read()
+            active = [t for t in trials if t.status in (TrialStatus.RUNNING, TrialStatus.WAITING)]
+            latest = followed.store.latest_metrics((t.id for t in active), "PERIODICAL")
+            for t in active:
+                result = latest.get(t.id)
+                live.add_row(entry.id, t.id, str(t.sequence), t.status, _duration(t),
+                             escape(json.dumps(result.value)) if result else "")
+            count = Counter(t.status for t in trials)
+            best = best_trial(trials, followed.maximize)
+            table.add_row(entry.id, entry.record.name or "", entry.record.status, str(len(trials)), str(len(active)),
+                          str(count[TrialStatus.SUCCEEDED]), str(count[TrialStatus.FAILED]),
+                          "-" if best is None else f"{trial_value(best)} ({best.id})")
+        for key in set(self._followed) - seen:
+            self._followed.pop(key).store.close()
+        return Group(table, live)
+
+    def close(self) -> None:
+        for followed in self._followed.values():
+            followed.store.close()
+        self._followed.clear()
+
+
+class _Followed:
+    """One running experiment of a :class:`RunningView`: its store and its trials as last read."""
+
+    def __init__(self, store: ExperimentStore, slack: float) -> None:
+        from ..records.changed_trials import ChangedTrials
+
+        self.store = store
+        self.maximize = maximizes(store.experiment())
+        self._changed = ChangedTrials(store, slack)
+        self._trials: dict[str, TrialRecord] = {}
+
+    def read(self) -> list[TrialRecord]:
+        """Every trial, with those that changed since the last read read again."""
+        self._trials.update((t.id, t) for t in self._changed.read())
+        return sorted(self._trials.values(), key=lambda t: t.sequence)
+
+
+def running_table(root: Path | None = None, view: RunningView | None = None) -> Group:
+    """What ``trialflow top`` shows now: ``view``'s next refresh, or a one-off view's of ``root``."""
+    if view is not None:
+        return view.table()
+    once = RunningView(root)
+    try:
+        return once.table()
+    finally:
+        once.close()

@@ -12,6 +12,10 @@ import time
 from .store import ExperimentStore
 from .store_records import TrialRecord
 
+# the slack for a view of a store another process may write from another machine (a shared PostgreSQL
+# store, its server's clock): trials whose end it recorded this long before the last read are read again
+OTHER_CLOCK_SLACK = 120.0
+
 
 class ChangedTrials:
     """The first :meth:`read` returns every trial of the store's experiment; each later one the trials

@@ -399,6 +399,19 @@ class ExperimentStore:
                                               "value_text": row["value"]})
         return stored
 
+    def latest_metrics(self, trial_ids: Iterable[str], type: str) -> dict[str, Metric]:
+        """The last metric of ``type`` (by sequence) of each of ``trial_ids`` that has one, by trial id."""
+        ids = list(trial_ids)
+        if not ids:
+            return {}
+        where = (metrics.c.experiment_id == self.experiment_id, metrics.c.type == type)
+        last = (sa.select(metrics.c.trial_id, sa.func.max(metrics.c.sequence).label("sequence"))
+                .where(*where, metrics.c.trial_id.in_(ids)).group_by(metrics.c.trial_id).subquery())
+        query = sa.select(metrics).join(last, (metrics.c.trial_id == last.c.trial_id)
+                                        & (metrics.c.sequence == last.c.sequence)).where(*where)
+        with self._tx() as conn:
+            return {r.trial_id: metric_record(r._mapping) for r in conn.execute(query)}
+
     def metrics(self, trial_id: str | None = None, type: str | None = None,
                 trial_ids: Iterable[str] | None = None) -> list[Metric]:
         """Metrics ordered by trial, type and sequence: all of them, one trial's, or those of ``trial_ids``."""
