@@ -68,10 +68,10 @@ class MetaWatch:
 
     def clear(self, folder: str) -> None:
         """Before reading ``folder``: a change from now on makes its descriptor readable again."""
-        with self._lock:
+        with self._lock:  # not while forget() closes it: its descriptor number may be reused
             known = self._by_folder.get(folder)
-        if known is not None:
-            known[1].clear()
+            if known is not None:
+                known[1].clear()
 
     def forget(self, folder: str) -> None:
         """Stop watching ``folder`` (its trial ended); its descriptor is closed."""
@@ -129,10 +129,10 @@ class MetaWatch:
         assert inotify
         while True:
             wait_readable([inotify.fileno(), self._stop.fd], None)
-            if self._closed:
+            if self._closed or wait_readable([self._stop.fd], _COALESCE_MS / 1000):  # a burst's later events
                 return
             try:
-                events = inotify.read(timeout=0, read_delay=_COALESCE_MS)
+                events = list(inotify.read(timeout=0))
             except OSError:
                 return
             with self._lock:  # set under the lock: forget() closes under it
