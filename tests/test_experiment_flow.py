@@ -143,20 +143,24 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
     runner = threading.Thread(target=run_experiment_flow, args=(None, exp_id, str(exp_dir.parent)), daemon=True,
                               name="experiment-run")
     runner.start()
-    first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
-                             timeout=60)
-    time.sleep(14)  # its follower's waits: 0.2, 0.4, ... 6.4 s (polled ~12.6 s in), then 12.8 s
-    now = time.monotonic()
-    assert sum(1 for trial, at in polls if trial == first.id and at > now - 5) <= 2  # every 0.2 s: 25
-    assert sum(1 for at in looks if at > now - 5) <= 7  # every 0.25 s: 20
-    store.set_control(Control.KILL, [first.id])
-    asked = time.monotonic()
-    wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30, interval=0.05)
-    assert time.monotonic() - asked < 5  # unwoken, it would wait ~10 s more
-    store.set_control(Control.STOP, True)
-    asked = time.monotonic()
-    runner.join(timeout=30)
-    assert not runner.is_alive() and time.monotonic() - asked < 10
+    try:
+        first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
+                                 timeout=60)
+        time.sleep(14)  # its follower's waits: 0.2, 0.4, ... 6.4 s (polled ~12.6 s in), then 12.8 s
+        now = time.monotonic()
+        assert sum(1 for trial, at in polls if trial == first.id and at > now - 5) <= 2  # every 0.2 s: 25
+        assert sum(1 for at in looks if at > now - 5) <= 7  # every 0.25 s: 20
+        store.set_control(Control.KILL, [first.id])
+        asked = time.monotonic()
+        wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30, interval=0.05)
+        assert time.monotonic() - asked < 5  # unwoken, it would wait ~10 s more
+        store.set_control(Control.STOP, True)
+        asked = time.monotonic()
+        runner.join(timeout=30)
+        assert not runner.is_alive() and time.monotonic() - asked < 10
+    finally:  # a failed assertion still ends the run before the test's environment is taken back
+        store.set_control(Control.STOP, True)
+        runner.join(timeout=60)
     assert store.experiment().status == "STOPPED" and [t.status for t in store.trials()] == ["USER_CANCELED"] * 2
 
 
