@@ -111,7 +111,6 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                                       str(self.trials_dir.parent / "forkserver.log"))
         self._desk: ReportDesk | None = None
         self._meta_watch = MetaWatch()
-        self._watched: dict[str, str] = {}  # the .nni folder watched for each followed trial
         self.gpu: GpuScheduler | None = None
         if config.trial_gpu_number:
             self.gpu = GpuScheduler(gpu_probe or GpuProbe(), config.max_trial_number_per_gpu,
@@ -249,9 +248,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         fd = self._pidfds.pop(handle.trial_id, None)
         if fd is not None:
             os.close(fd)
-        meta = self._watched.pop(handle.trial_id, None)
-        if meta is not None:
-            self._meta_watch.forget(meta)
+        if trial_dir := handle.data.get("trial_dir"):
+            self._meta_watch.forget(os.path.join(trial_dir, META_DIR))
         if self.gpu is not None:
             self.gpu.release(handle.trial_id)
 
@@ -271,13 +269,14 @@ class LocalTrainingService(TrainingService[LocalConfig]):
         changed = None
         if wakeup_fd is not None:
             meta = os.path.join(handle.data["trial_dir"], META_DIR)
-            changed = self._meta_watch.watch(meta)
-            if changed is None:
+            watched = self._meta_watch.watch(meta)
+            if watched is None:
                 timeout = min(timeout, UNWATCHED_QUIET_SECONDS)
-            elif handle.trial_id not in self._watched:  # watched from now on
-                self._watched[handle.trial_id] = meta
-                self._meta_watch.clear(meta)
-                return
+            else:
+                changed, new = watched
+                if new:  # watched from now on
+                    self._meta_watch.clear(meta)
+                    return
         fd = self._pidfds.get(handle.trial_id)
         if fd is None:
             keeper = self._keeper(handle)
@@ -298,8 +297,8 @@ class LocalTrainingService(TrainingService[LocalConfig]):
                 wait_readable(urgent, rest)
             else:
                 time.sleep(rest)
-        if changed is not None and (watched := self._watched.get(handle.trial_id)) is not None:
-            self._meta_watch.clear(watched)
+        if changed is not None:  # nothing once the trial's end forgot the folder
+            self._meta_watch.clear(meta)
         if asked is not None and self._desk is not None:
             self._desk.clear_wakeup(handle.trial_id)
 

@@ -43,16 +43,17 @@ class MetaWatch:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def watch(self, folder: str) -> int | None:
+    def watch(self, folder: str) -> tuple[int, bool] | None:
         """The descriptor that is readable once ``folder`` changed since :meth:`clear` (watched from
-        now on); None where it cannot be watched (no inotify here, the user's inotify instances or watches
-        used up, the folder not there yet): the caller polls then. Raises nothing."""
+        now on), and whether this call began the watch; None where it cannot be watched (no inotify here,
+        the user's inotify instances or watches used up, the folder not there yet): the caller polls then.
+        Raises nothing."""
         with self._lock:
             if self._closed:
                 return None
             known = self._by_folder.get(folder)
             if known is not None:
-                return known[1].fd
+                return known[1].fd, False
             inotify = self._started()
             if inotify is None:
                 return None
@@ -64,7 +65,7 @@ class MetaWatch:
             wakeup = self._by_wd.get(wd) or Wakeup()  # the same folder under another name: one watch
             self._by_folder[folder] = (wd, wakeup)
             self._by_wd[wd] = wakeup
-            return wakeup.fd
+            return wakeup.fd, True
 
     def clear(self, folder: str) -> None:
         """Before reading ``folder``: a change from now on makes its descriptor readable again."""
@@ -74,7 +75,8 @@ class MetaWatch:
                 known[1].clear()
 
     def forget(self, folder: str) -> None:
-        """Stop watching ``folder`` (its trial ended); its descriptor is closed."""
+        """Stop watching ``folder`` (its trial ended; nothing where it was not watched); its descriptor is
+        closed."""
         with self._lock:
             known = self._by_folder.pop(folder, None)
             if known is None:
