@@ -68,7 +68,7 @@ def test_the_live_table_follows_the_trials_as_they_change_without_rereading_thos
         store.add_trial("b", None, 201, {"x": 0.7}, {})
         seen = _rows(view)
         assert seen["trials done"] == "200 / 203" and seen["running"] == "a#200, b#201"
-        assert len(view._changed.read()) == 2  # a refresh reads the two active trials, not the 200 ended
+        assert len(view._kept.changed.read()) == 2  # a refresh reads the two active trials, not the 200 ended
         store.add_metrics([Metric("a", "FINAL", 0, 1000.0)])
         store.set_status("a", "SUCCEEDED", 0)
         store.set_status("b", "RUNNING")
@@ -111,7 +111,7 @@ def test_top_follows_running_experiments_without_rereading_trials_ended_before(t
         assert experiments == [[exp_id, "", "INITIALIZED", "202", "2", "200", "0", "199.0 (old199)"]]
         assert [(row[1], row[3], row[5]) for row in live] == [("a", "RUNNING", "2.0"), ("b", "WAITING", "")]
         [followed] = view._followed.values()
-        assert len(followed._changed.read()) == 2  # a refresh reads the two active trials, not the 200 ended
+        assert len(followed.kept.changed.read()) == 2  # a refresh reads the two active trials, not the 200 ended
         store.add_metrics([Metric("a", "PERIODICAL", 3, 7.5), Metric("a", "FINAL", 0, 1000.0)])
         store.set_status("a", "SUCCEEDED", 0)
         store.set_status("b", "RUNNING")

@@ -37,7 +37,7 @@ from ..experiments.results import (
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
 from ..foundation.startup_gc import collector_paused
 from ..foundation.status import TrialStatus
-from ..records.changed_trials import ChangedTrials
+from ..records.changed_trials import KeptTrials
 from ..records.store import Control, ExperimentRecord, TrialRecord
 from ..server.prefect_ui_pages import flow_run_page, sign_in_note
 
@@ -48,7 +48,7 @@ log = logging.getLogger("trialflow.live")
 
 class _LiveView:
     """What the live table shows, from one store kept open for the run: each refresh reads the
-    experiment's record and only the trials that changed since the last (:class:`ChangedTrials`), so a
+    experiment's record and only the trials that changed since the last (:class:`KeptTrials`), so a
     refresh costs the same at 10 trials and at 10,000.
 
     Lifecycle: made before the run, :meth:`close` after it; one thread at a time uses it (the refresh
@@ -58,8 +58,7 @@ class _LiveView:
         self.root, self.experiment_id = root, experiment_id
         self.store = open_store(root, experiment_id)
         self.maximize = maximizes(self.store.experiment())
-        self._changed = ChangedTrials(self.store, slack)
-        self._trials: dict[str, TrialRecord] = {}
+        self._kept = KeptTrials(self.store, slack)
 
     def close(self) -> None:
         self.store.close()
@@ -73,14 +72,12 @@ class _LiveView:
     def table(self, reread: bool = False) -> Table:
         """The table as the store has it now; ``reread``: from every trial read afresh (the last one)."""
         record = self.store.experiment()
-        changed = self.store.trials() if reread else self._changed.read()
-        self._trials.update((t.id, t) for t in changed)
-        return _table(self.experiment_id, record, self.trials, self.maximize)
+        return _table(self.experiment_id, record, self._kept.read(everything=reread), self.maximize)
 
     @property
     def trials(self) -> list[TrialRecord]:
         """The trials as the last :meth:`table` read them, by sequence."""
-        return sorted(self._trials.values(), key=lambda t: t.sequence)
+        return self._kept.trials
 
 
 def _table(experiment_id: str, record: ExperimentRecord, trials: list[TrialRecord], maximize: bool) -> Table:

@@ -193,7 +193,7 @@ class RunningView:
             followed = self._followed.get(key)
             if followed is None:
                 followed = self._followed[key] = _Followed(open_store(entry.root, entry.id), self.slack)
-            trials = followed.read()
+            trials = followed.kept.read()
             active = [t for t in trials if t.status in (TrialStatus.RUNNING, TrialStatus.WAITING)]
             latest = followed.store.latest_metrics((t.id for t in active), "PERIODICAL")
             for t in active:
@@ -219,17 +219,11 @@ class _Followed:
     """One running experiment of a :class:`RunningView`: its store and its trials as last read."""
 
     def __init__(self, store: ExperimentStore, slack: float) -> None:
-        from ..records.changed_trials import ChangedTrials
+        from ..records.changed_trials import KeptTrials
 
         self.store = store
         self.maximize = maximizes(store.experiment())
-        self._changed = ChangedTrials(store, slack)
-        self._trials: dict[str, TrialRecord] = {}
-
-    def read(self) -> list[TrialRecord]:
-        """Every trial, with those that changed since the last read read again."""
-        self._trials.update((t.id, t) for t in self._changed.read())
-        return sorted(self._trials.values(), key=lambda t: t.sequence)
+        self.kept = KeptTrials(store, slack)
 
 
 def running_table(root: Path | None = None, view: RunningView | None = None) -> Group:

@@ -1,8 +1,10 @@
 """An experiment's trials read as they change, for views refreshed while the experiment runs (the live
-table of a foreground run, the optuna-dashboard mirror): a refresh costs what changed, not what exists.
+table of a foreground run, ``trialflow top``, the optuna-dashboard mirror): a refresh costs what changed,
+not what exists.
 
-Lifecycle: one :class:`ChangedTrials` per view, on a store the view keeps open; :meth:`ChangedTrials.read`
-at each refresh. Not thread-safe: one refreshing thread per instance.
+Lifecycle: one :class:`ChangedTrials` (or :class:`KeptTrials`, which keeps every trial as last read) per
+view, on a store the view keeps open; ``read`` at each refresh. Not thread-safe: one refreshing thread per
+instance.
 """
 
 from __future__ import annotations
@@ -35,3 +37,21 @@ class ChangedTrials:
         changed = self.store.trials(changed_since=None if self._since is None else self._since - self.slack)
         self._since = started
         return changed
+
+
+class KeptTrials:
+    """Every trial of the store's experiment as of the last :meth:`read`, read again only where it
+    changed (:class:`ChangedTrials`, whose ``changed`` it is)."""
+
+    def __init__(self, store: ExperimentStore, slack: float) -> None:
+        self.changed = ChangedTrials(store, slack)
+        self._by_id: dict[str, TrialRecord] = {}
+        self.trials: list[TrialRecord] = []  # as the last read left them, by sequence
+
+    def read(self, everything: bool = False) -> list[TrialRecord]:
+        """Every trial, by sequence: those that changed since the last read read again (``everything``:
+        all of them read afresh)."""
+        fresh = self.changed.store.trials() if everything else self.changed.read()
+        self._by_id.update((t.id, t) for t in fresh)
+        self.trials = sorted(self._by_id.values(), key=lambda t: t.sequence)
+        return self.trials
