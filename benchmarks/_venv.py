@@ -18,6 +18,8 @@ import resource
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,6 +30,27 @@ def create_venv(venv: Path, *pip_args: str) -> None:
     """Create ``venv`` and ``pip install`` ``pip_args`` into it. Raises CalledProcessError if either fails."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / PYTHON), "-m", "pip", "install", "-q", *pip_args], check=True)
+
+
+@contextmanager
+def nni_experiment(venv: Path, config: Path, home: Path, timeout: float = 300) -> Iterator[int]:
+    """NNI 3.0's experiment of ``config``, created by ``venv``'s ``nnictl create`` on a free port of
+    127.0.0.1 with ``home`` (created when missing) as its ``HOME``: nnictl keeps its list of experiments
+    there, so the user's own NNI experiments are neither listed nor stopped. Yields the port of its REST
+    API; on leaving, stops that experiment alone (``nnictl stop --port``), also when the create failed.
+    Raises CalledProcessError if the create fails."""
+    from trialflow.testing.ports import free_port
+
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home)}
+    nnictl = str(venv / "bin" / "nnictl")
+    port = free_port()
+    try:
+        subprocess.run([nnictl, "create", "--config", str(config), "--port", str(port)], env=env, check=True,
+                       capture_output=True, timeout=timeout)
+        yield port
+    finally:
+        subprocess.run([nnictl, "stop", "--port", str(port)], env=env, capture_output=True, timeout=timeout)
 
 
 def trialflow_venv(venv: Path) -> Path:

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from benchmarks._venv import nni_experiment  # noqa: E402
 from benchmarks.idle_server import cpu_per_minute  # noqa: E402
 from benchmarks.overhead import install_nni  # noqa: E402
 from benchmarks.scale import _running, _session_cpu_seconds, _tree_cpu_seconds  # noqa: E402
@@ -79,24 +80,17 @@ def trialflow_idle(folder: Path, trials: int, settle: float, windows: int, windo
 
 def nni_idle(venv: Path, folder: Path, trials: int, settle: float, windows: int, window: float) -> float:
     """CPU-seconds per minute of NNI 3.0's manager (its tree) while its ``trials`` trials sleep."""
-    from trialflow.testing.ports import free_port
-
     code = folder / "code"
     code.mkdir(parents=True)
     path = folder / "config.json"
     path.write_text(json.dumps({**_config(code, trials, str(venv / "bin" / "python")),
                                 "experimentWorkingDirectory": str(folder / "nni")}))
-    port = free_port()
-    subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],
-                   check=True, capture_output=True, timeout=300)
-    try:
+    with nni_experiment(venv, path, folder / "home") as port:
         managers = [pid for pid in _running(b"nni_node")
                     if str(port).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
         if not managers:
             raise RuntimeError("NNI's manager process was not found")
         return cpu_per_minute(lambda: {"nni": _tree_cpu_seconds(managers[0])}, settle, windows, window)["nni"]
-    finally:
-        subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=300)
 
 
 def main() -> None:

@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._budget import Runner, prepare, run_seeds, run_trialflow, wait_spent  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
-from benchmarks._venv import create_venv  # noqa: E402
+from benchmarks._venv import create_venv, nni_experiment  # noqa: E402
 from benchmarks.overhead import install_nni  # noqa: E402
-from trialflow.testing.ports import free_port  # noqa: E402
 
 MAX_STEPS = 27  # R / max_budget / max_t: the longest a trial trains
 # ASHA's rungs (trialflow's assessor and Ray's scheduler alike): 3, 9 and 27 steps. Spaced 6 steps or
@@ -254,27 +253,22 @@ def nni_run(method: str, root: Path, seed: int, args: argparse.Namespace) -> dic
               "trainingService": {"platform": "local"}}
     path = run_dir / "config.json"
     path.write_text(json.dumps(config))
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api/v1/nni"
     start = time.time()
-    subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],
-                   check=True, capture_output=True, timeout=300)
+    with nni_experiment(venv, path, run_dir / "home") as port:
+        api = f"http://127.0.0.1:{port}/api/v1/nni"
 
-    def over() -> bool:
-        if any("Dispatcher exiting" in log.read_text() for log in (run_dir / "w").glob("*/log/dispatcher.log")):
-            return True  # its tuner process is gone: NNI waits forever then
-        with urllib.request.urlopen(f"{api}/check-status", timeout=20) as resp:
-            return json.load(resp)["status"] in ("DONE", "ERROR", "STOPPED")
+        def over() -> bool:
+            if any("Dispatcher exiting" in log.read_text() for log in (run_dir / "w").glob("*/log/dispatcher.log")):
+                return True  # its tuner process is gone: NNI waits forever then
+            with urllib.request.urlopen(f"{api}/check-status", timeout=20) as resp:
+                return json.load(resp)["status"] in ("DONE", "ERROR", "STOPPED")
 
-    def why() -> str:
-        logs = sorted((run_dir / "w").glob("*/log/dispatcher.log"))
-        errors = [line for log in logs for line in log.read_text().splitlines() if "Error" in line]
-        return f"(its dispatcher: {errors[-1].strip()})" if errors else ""
+        def why() -> str:
+            logs = sorted((run_dir / "w").glob("*/log/dispatcher.log"))
+            errors = [line for log in logs for line in log.read_text().splitlines() if "Error" in line]
+            return f"(its dispatcher: {errors[-1].strip()})" if errors else ""
 
-    try:
         wait_spent(run_dir, args.budget, over, why)
-    finally:
-        subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=300)
     return _outcome(run_dir, start, args)
 
 

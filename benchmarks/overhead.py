@@ -26,8 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
-from benchmarks._venv import create_venv  # noqa: E402
-from trialflow.testing.ports import free_port  # noqa: E402
+from benchmarks._venv import create_venv, nni_experiment  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep(0.5)\nnni.report_final_result(1.0)\n"
 
@@ -63,7 +62,7 @@ def trialflow_run(code_dir: Path, workdir: Path, trials: int, concurrency: int) 
 
 def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency: int) -> tuple[float, float]:
     """(wall time of the trials, wall time from `nnictl create` to DONE) on NNI 3.0's local platform."""
-    python, nnictl = venv / "bin" / "python", venv / "bin" / "nnictl"
+    python = venv / "bin" / "python"
     config = {"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": f"{python} trial.py",
               "trialCodeDirectory": str(code_dir), "trialConcurrency": concurrency, "maxTrialNumber": trials,
               "experimentWorkingDirectory": str(workdir), "tuner": {"name": "Random"},
@@ -71,12 +70,9 @@ def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency:
     cfg = workdir / "nni-config.json"
     workdir.mkdir(parents=True, exist_ok=True)
     cfg.write_text(json.dumps(config))
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api/v1/nni"
     start = time.perf_counter()
-    subprocess.run([str(nnictl), "create", "--config", str(cfg), "--port", str(port)], check=True,
-                   capture_output=True, timeout=300)
-    try:
+    with nni_experiment(venv, cfg, workdir / "home") as port:
+        api = f"http://127.0.0.1:{port}/api/v1/nni"
         deadline = time.monotonic() + 30 * 60
         while time.monotonic() < deadline:
             with urllib.request.urlopen(f"{api}/check-status", timeout=20) as resp:
@@ -86,8 +82,6 @@ def nni_run(venv: Path, code_dir: Path, workdir: Path, trials: int, concurrency:
         total = time.perf_counter() - start
         with urllib.request.urlopen(f"{api}/trial-jobs", timeout=20) as resp:
             jobs = json.load(resp)
-    finally:
-        subprocess.run([str(nnictl), "stop", "--all"], capture_output=True, timeout=120)
     done = [j for j in jobs if j.get("status") == "SUCCEEDED"]
     assert len(done) == trials, f"NNI finished {len(done)} of {trials} trials"
     return (max(j["endTime"] for j in done) - min(j["startTime"] for j in done)) / 1000, total

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
-from benchmarks._venv import add_venv_option, rerun_in  # noqa: E402
+from benchmarks._venv import add_venv_option, nni_experiment, rerun_in  # noqa: E402
 
 TRIAL = ("import time\nopen({stamp!r}, 'a').write(f'{{time.time()}}\\n')\nimport nni\n"
          "nni.get_next_parameter()\nnni.report_final_result(1.0)\n")
@@ -191,8 +191,6 @@ def measure(repeat: int, nni_venv: Path | None = None) -> dict[str, float]:
 
 def nni_first_trial(venv: Path, folder: Path) -> float:
     """Seconds from ``nnictl create`` starting to NNI 3.0's first trial writing its stamp."""
-    from trialflow.testing.ports import free_port
-
     stamp = folder / "stamp"
     code = folder / "code"
     code.mkdir(parents=True)
@@ -203,14 +201,9 @@ def nni_first_trial(venv: Path, folder: Path) -> float:
               "trainingService": {"platform": "local"}, "experimentWorkingDirectory": str(folder / "nni")}
     path = folder / "config.json"
     path.write_text(json.dumps(config))
-    port = free_port()
     start = time.time()
-    subprocess.run([str(venv / "bin" / "nnictl"), "create", "--config", str(path), "--port", str(port)],
-                   check=True, capture_output=True, timeout=120)
-    try:
+    with nni_experiment(venv, path, folder / "home", timeout=120):
         return _first_trial_after(start, stamp)
-    finally:
-        subprocess.run([str(venv / "bin" / "nnictl"), "stop", "--all"], capture_output=True, timeout=120)
 
 
 def summary(profile: str, nni_venv: Path | None = None) -> list[list[object]]:
