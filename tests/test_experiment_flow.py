@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -119,9 +120,10 @@ def _quiet_polls_counted(monkeypatch) -> list[tuple[str, float]]:
 
 def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_once(tmp_path, monkeypatch):
     """A controller following sleeping trials stays idle: a running trial that reports nothing is
-    polled less and less often, and the experiment loop looks at its controls about once a second, while
-    a kill and the experiment's stop still land within seconds."""
+    polled less and less often, and the experiment loop looks at its controls less and less often, while
+    a kill and the experiment's stop still land within seconds: writing them wakes the loop."""
     polls = _quiet_polls_counted(monkeypatch)
+    monkeypatch.setattr("trialflow.flows.trial_loop.QUIET_TICK_SECONDS", 60.0)  # no look of its own lands them
     from trialflow.records.store import ExperimentStore
 
     looks: list[float] = []  # the experiment loop's reads of its controls
@@ -146,14 +148,20 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
     try:
         first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
                                  timeout=60)
-        time.sleep(14)  # its follower's waits: 0.2, 0.4, ... 6.4 s (polled ~12.6 s in), then 12.8 s
+        # the loop's waits: 0.25, 0.5, ... 8 s (~16 s in), then 16 s; its follower's: 0.2, 0.4, ... 6.4 s
+        # (polled ~12.6 s in), then 12.8 s
+        def gaps() -> list[float]:  # between the loop's looks (a look may read its controls twice)
+            return [later - at for at, later in itertools.pairwise(list(looks)) if later - at > 0.1]
+
+        wait_for(lambda: any(gap > 7 for gap in gaps()), timeout=60, interval=0.05)
+        time.sleep(0.5)
         now = time.monotonic()
         assert sum(1 for trial, at in polls if trial == first.id and at > now - 5) <= 2  # every 0.2 s: 25
-        assert sum(1 for at in looks if at > now - 5) <= 7  # every 0.25 s: 20
+        assert sum(1 for gap in gaps() if gap > 1) >= 3  # the waits grew 2, 4, 8 s: every 0.25 s, none
         store.set_control(Control.KILL, [first.id])
         asked = time.monotonic()
         wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30, interval=0.05)
-        assert time.monotonic() - asked < 5  # unwoken, it would wait ~10 s more
+        assert time.monotonic() - asked < 5  # unwoken, the loop would look ~15 s later
         store.set_control(Control.STOP, True)
         asked = time.monotonic()
         runner.join(timeout=30)

@@ -150,13 +150,18 @@ def _state_type(client: Any, flow_run_id: str) -> str | None:
 
 class StopWatch:
     """Answers "must the experiment stop, and why" from what is not in the store: Ctrl-C in this
-    process, and this flow run Cancelling (asked of Prefect at most every ``CANCEL_CHECK_SECONDS``)."""
+    process, and this flow run Cancelling (asked of Prefect at most every ``CANCEL_CHECK_SECONDS``).
+
+    Lifecycle: made by the experiment loop inside the flow run, asked at its looks, closed at its end. It
+    keeps one Prefect client for its checks, made at the first and made again after a call that failed
+    (a client costs more to make than a call)."""
 
     def __init__(self) -> None:
         run = _this_run()
         self.flow_run_id = str(run.id) if run is not None else None
         self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
         self.calls = OptionalCalls("the cancel check", log)
+        self._client: Any = None
 
     def reason(self) -> str | None:
         if (signum := interrupted()) is not None:
@@ -164,19 +169,31 @@ class StopWatch:
         if self.flow_run_id is None or time.monotonic() < self.next_check:
             return None
         started = time.monotonic()
-        from prefect import get_client
-
         try:
-            with self.calls.once(), get_client(sync_client=True) as client:
-                state = _state_type(client, self.flow_run_id)
+            with self.calls.once():
+                if self._client is None:
+                    from prefect import get_client
+
+                    self._client = get_client(sync_client=True).__enter__()
+                state = _state_type(self._client, self.flow_run_id)
         except Exception as exc:  # noqa: BLE001 -- asked again next time
             self.calls.failed(exc)
+            self.close()
             return None
         else:
             self.calls.answered()
         finally:
             self.next_check = next_try_after(CANCEL_CHECK_SECONDS, started)
         return "the flow run was cancelled" if state in ("CANCELLING", "CANCELLED") else None
+
+    def close(self) -> None:
+        """Close its client (a later check makes another). Raises nothing."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.__exit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001 -- closing a connection to an API that went away
+                log.debug("closing the cancel check's client: %s", exc)
 
 
 def end_flow_run(flow_run_id: str, api: str | None, message: str, crashed: bool = False) -> bool:

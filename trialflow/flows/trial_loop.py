@@ -22,6 +22,7 @@ from ..experiments.context import ExperimentContext
 from ..foundation.readable import wait_readable
 from ..foundation.status import ExperimentStatus, TrialStatus
 from ..platforms import TrialHandle, experiment_retry
+from ..records.control_poke import ControlsWatch
 from ..records.disk_space import NoSpaceLeft, no_space, out_of_space
 from ..records.store import Control
 from ..server.limits import PlatformCap
@@ -35,8 +36,9 @@ from .run_control import StopWatch, interrupt_fd
 
 TICK_SECONDS = 0.25
 # the longest wait between the loop's looks while nothing happens (no trial started or ended, the controls
-# unchanged): it doubles from TICK_SECONDS after each such look. A trial's end and Ctrl-C wake it at once; a
-# control written by a command (stop, kill, update) is seen within this.
+# unchanged): it doubles from TICK_SECONDS after each such look. A trial's end, Ctrl-C and a control written to
+# an embedded store (stop, kill, update: records.control_poke) wake it at once; a control written to a shared
+# database is seen within this.
 QUIET_TICK_SECONDS = 1.0
 RESUBMITTED = "resubmitted after a restart: it was never submitted"
 IMPORTED_IDS = -10**9  # parameter ids of imported data, apart from hand-picked trials' (-1 - sequence)
@@ -111,6 +113,8 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
     :class:`NoSpaceLeft` when a disk filled up (the trials are left running)."""
     loop = _Loop(ctx)
     watch = StopWatch()
+    poked = ControlsWatch(ctx.store.url)
+    wakers = [fd for fd in (ctx.slot_freed.fd, interrupt_fd(), poked.fd) if fd is not None]
     try:
         upload_code(ctx.experiment_id, str(ctx.service.code_directory()))
         resubmit = _reattach(ctx, loop)
@@ -120,7 +124,8 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
                 ctx.halt(full)
             if ctx.halted is not None:
                 raise NoSpaceLeft.from_error(ctx.experiment_id, ctx.halted, str(ctx.experiment_dir))
-            ctx.slot_freed.clear()  # before looking: a trial ending from here on wakes the wait below
+            ctx.slot_freed.clear()  # before looking: a trial ending or a control written from here on wakes the wait
+            poked.clear()
             controls = ctx.store.controls()
             acted = controls != seen_controls
             seen_controls = controls
@@ -152,7 +157,7 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
             wait = TICK_SECONDS if acted else min(wait * 2, QUIET_TICK_SECONDS)
             if max_duration is not None and (left := max_duration - loop.elapsed()) > 0:
                 wait = min(wait, left)  # the budget's end is seen when it comes
-            wait_readable([ctx.slot_freed.fd, interrupt_fd()], wait)  # a trial's end, Ctrl-C
+            wait_readable(wakers, wait)  # a trial's end, Ctrl-C, a control written
     except NoSpaceLeft:
         raise
     except Exception as exc:
@@ -165,6 +170,8 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
         for future in loop.running.values():
             future.wait()
         loop.close()
+        poked.close()
+        watch.close()
         if ctx.halted is None:
             ctx.store.set_control(Control.ELAPSED_SECONDS, loop.elapsed())
             loop.reporter.update(final=True)

@@ -27,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..foundation.status import STOPPED_BY_US, TERMINAL, ExperimentStatus, TrialStatus
+from .control_poke import poke
 from .store_engine import dumps, embedded_url, open_engine, unreadable_error
 from .store_records import (  # noqa: F401 -- the records, SCHEMA_VERSION and StoreUnreadable are the store's to name
     CONTROLLED_FIELDS,
@@ -185,7 +186,7 @@ class ExperimentStore:
     def set_control(self, key: Control, value: Any, via: str | None = None) -> None:
         """A runtime change requested by the CLI or the API (concurrency, max trials, duration, stop);
         with ``via`` (what made it), also an entry of the experiment's update history, in the same
-        transaction."""
+        transaction. A controller watching this store's controls is woken (:mod:`.control_poke`)."""
         text = dumps(value)
         stmt = self._insert(controls).values(experiment_id=self.experiment_id, key=key.value, value=text)
         statements: list[Any] = [stmt.on_conflict_do_update(index_elements=["experiment_id", "key"],
@@ -194,6 +195,7 @@ class ExperimentStore:
             statements.append(updates.insert().values(experiment_id=self.experiment_id, field=key.value, value=text,
                                                       time=time.time(), via=via))
         self._write(*statements)
+        poke(self.url)  # its controller reads its controls now, not at its next look
 
     def updates(self) -> list[Update]:
         """The experiment's update history, oldest first."""
