@@ -28,6 +28,7 @@ from benchmarks import (  # noqa: E402
     tuner_latency,
     upload,
 )
+from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import add_venv_option, rerun_in  # noqa: E402
 
@@ -44,6 +45,7 @@ def main() -> None:
     add_venv_option(parser)
     args = parser.parse_args()
     rerun_in(args.venv)
+    use_own_home()
     for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL"),
                         ("PREFECT_LOGGING_LEVEL", "WARNING")):
         os.environ.setdefault(name, value)

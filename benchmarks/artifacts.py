@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table, summary_row  # noqa: E402
 
 EIGHT_HOURS = 8 * 3600.0
@@ -73,6 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=120.0)
     args = parser.parse_args()
+    use_own_home()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     counts = measure(args.seconds)

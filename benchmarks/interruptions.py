@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 
 NFS_SERVER, NFS_PATH = "nfs.emulated", "/exports/nni"
@@ -272,6 +273,7 @@ def main() -> None:
     parser.add_argument("--kind", choices=["tfjob", "framework"], default="tfjob")
     parser.add_argument("--slurm", action="store_true", help="also on the loopback Slurm cluster (scontrol requeue)")
     args = parser.parse_args()
+    use_own_home()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     ok = True

@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._budget import Runner, prepare, run_seeds, run_trialflow, wait_spent  # noqa: E402
+from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv, nni_experiment  # noqa: E402
 from benchmarks.overhead import install_nni  # noqa: E402
@@ -343,6 +344,7 @@ def main() -> None:
     parser.add_argument("--nni-venv", type=Path)
     parser.add_argument("--install-nni", action="store_true")
     args = parser.parse_args()
+    use_own_home()
     for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")):
         os.environ.setdefault(name, value)
     if args.install_ray and args.ray_venv and not (args.ray_venv / "bin" / "python").exists():

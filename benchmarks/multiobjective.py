@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._budget import Runner, prepare, run_seeds, run_trialflow  # noqa: E402
+from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv  # noqa: E402
 from trialflow.tuners.objectives import Objective, Objectives, hypervolume  # noqa: E402
@@ -350,6 +351,7 @@ def main() -> None:
     parser.add_argument("--syne-venv", type=Path)
     parser.add_argument("--install", action="store_true", help="create the named venvs that are missing")
     args = parser.parse_args()
+    use_own_home()
     for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")):
         os.environ.setdefault(name, value)
     if args.install:

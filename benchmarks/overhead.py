@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table, summary_row  # noqa: E402
 from benchmarks._venv import create_venv, nni_experiment  # noqa: E402
 
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--nni-venv", type=Path, help="virtualenv with nni==3.0 installed")
     parser.add_argument("--install-nni", action="store_true", help="create --nni-venv with nni==3.0 first")
     args = parser.parse_args()
+    use_own_home()
     if args.install_nni and args.nni_venv and not (args.nni_venv / "bin" / "nnictl").exists():
         install_nni(args.nni_venv)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
