@@ -152,6 +152,20 @@ def _state_type(client: Any, flow_run_id: str) -> str | None:
     return state.type.value if state is not None else None
 
 
+def _cancelled_filter(flow_run_id: UUID) -> Any:
+    """Prefect's filter for the flow run ``flow_run_id`` in state Cancelling or Cancelled."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    return FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]), state=FlowRunFilterState(
+        type=FlowRunFilterStateType(any_=[StateType.CANCELLING, StateType.CANCELLED])))
+
+
 class StopWatch:
     """Answers "must the experiment stop, and why" from what is not in the store: Ctrl-C in this
     process, and this flow run Cancelling (asked of Prefect at most every ``CANCEL_CHECK_SECONDS``).
@@ -163,16 +177,15 @@ class StopWatch:
 
     def __init__(self) -> None:
         run = _this_run()
-        self.flow_run_id = str(run.id) if run is not None else None
         self.next_check = time.monotonic() + CANCEL_CHECK_SECONDS
         self.calls = OptionalCalls("the cancel check", log)
         self._client: Any = None
-        self._cancelled: Any = None  # the filter: this run, Cancelling or Cancelled
+        self._cancelled = _cancelled_filter(run.id) if run is not None else None  # None: no run to ask about
 
     def reason(self) -> str | None:
         if (signum := interrupted()) is not None:
             return stop_reason(signum)
-        if self.flow_run_id is None or time.monotonic() < self.next_check:
+        if self._cancelled is None or time.monotonic() < self.next_check:
             return None
         started = time.monotonic()
         try:
@@ -181,7 +194,7 @@ class StopWatch:
                     from prefect import get_client
 
                     self._client = get_client(sync_client=True).__enter__()
-                cancelled = self._client.count_flow_runs(flow_run_filter=self._cancelled_filter()) > 0
+                cancelled = self._client.count_flow_runs(flow_run_filter=self._cancelled) > 0
         except Exception as exc:  # noqa: BLE001 -- asked again next time
             self.calls.failed(exc)
             self.close()
@@ -191,20 +204,6 @@ class StopWatch:
         finally:
             self.next_check = next_try_after(CANCEL_CHECK_SECONDS, started)
         return "the flow run was cancelled" if cancelled else None
-
-    def _cancelled_filter(self) -> Any:
-        if self._cancelled is None:
-            from prefect.client.schemas.filters import (
-                FlowRunFilter,
-                FlowRunFilterId,
-                FlowRunFilterState,
-                FlowRunFilterStateType,
-            )
-            from prefect.client.schemas.objects import StateType
-
-            self._cancelled = FlowRunFilter(id=FlowRunFilterId(any_=[UUID(self.flow_run_id)]), state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.CANCELLING, StateType.CANCELLED])))
-        return self._cancelled
 
     def close(self) -> None:
         """Close its client (a later check makes another). Raises nothing."""
