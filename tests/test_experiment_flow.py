@@ -123,7 +123,6 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
     polled less and less often, and the experiment loop looks at its controls less and less often, while
     a kill and the experiment's stop still land within seconds: writing them wakes the loop."""
     polls = _quiet_polls_counted(monkeypatch)
-    monkeypatch.setattr("trialflow.flows.trial_loop.QUIET_TICK_SECONDS", 60.0)  # no look of its own lands them
     from trialflow.records.store import ExperimentStore
 
     looks: list[float] = []  # the experiment loop's reads of its controls
@@ -148,8 +147,12 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
     try:
         first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
                                  timeout=60)
-        # the loop's waits: 0.25, 0.5, ... 8 s (~16 s in), then 16 s; its follower's: 0.2, 0.4, ... 6.4 s
-        # (polled ~12.6 s in), then 12.8 s
+        time.sleep(6)  # the loop's waits: 0.25, 0.5, then a second each
+        assert sum(1 for at in looks if at > time.monotonic() - 5) <= 7  # every 0.25 s: 20
+        # from here the loop's waits go on doubling, 2, 4, 8 s (~14 s on), then 16 s: no look of its own lands
+        # the kill below soon. Its follower's waits: 0.2, 0.4, ... 6.4 s (polled ~12.6 s in), then 12.8 s
+        monkeypatch.setattr("trialflow.flows.trial_loop.QUIET_TICK_SECONDS", 60.0)
+
         def gaps() -> list[float]:  # between the loop's looks (a look may read its controls twice)
             return [later - at for at, later in itertools.pairwise(list(looks)) if later - at > 0.1]
 
@@ -157,7 +160,7 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
         time.sleep(0.5)
         now = time.monotonic()
         assert sum(1 for trial, at in polls if trial == first.id and at > now - 5) <= 2  # every 0.2 s: 25
-        assert sum(1 for gap in gaps() if gap > 1) >= 3  # the waits grew 2, 4, 8 s: every 0.25 s, none
+        assert sum(1 for gap in gaps() if gap > 1.5) >= 3  # the waits grew 2, 4, 8 s
         store.set_control(Control.KILL, [first.id])
         asked = time.monotonic()
         wait_for(lambda: store.trial(first.id).status == "USER_CANCELED", timeout=30, interval=0.05)
