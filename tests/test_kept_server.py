@@ -39,6 +39,7 @@ from tests.conftest import (
 from trialflow.experiments import open_store
 from trialflow.server.kept_server import PLAIN_HTTP_TRUST, ensure_server, running_server, server_home, stop_server
 from trialflow.server.kept_server_app import LOOP_SERVICES_DELAY
+from trialflow.server.port_keeper import FOLDER_CHECK_SECONDS
 from trialflow.server.prefect_db_template import DATABASE_MARK
 from trialflow.testing.ports import free_port
 from trialflow.trial.procs import pid_alive, stop_with
@@ -720,6 +721,22 @@ def test_a_server_that_dies_unasked_is_back_on_its_port_which_no_one_else_takes_
     os.kill(second, signal.SIGTERM)
     wait_for(lambda: running_server(home) is None, timeout=30)
     assert _bind_as_other_user(server.port) == "bound"
+
+
+def test_a_server_whose_home_was_removed_ends_by_itself_and_frees_its_port(home):
+    """`rm -r ~/trialflow-experiments` while its server runs, then trialflow again: nothing could find
+    the old server any more (`server stop` reads its record in that folder), and it would hold its port
+    for good. It ends by itself instead, also when a new folder (and a new server) took the path."""
+    old = ensure_server(home, port=0)
+    old_app = _served_by(old)
+    shutil.rmtree(home)
+    new = ensure_server(home, port=0)  # the same path, a new folder: a server of its own
+    assert new.pid != old.pid and running_server(home) == new
+    wait_for(lambda: not pid_alive(old.pid, old.start_time) and not pid_alive(old_app),
+             timeout=FOLDER_CHECK_SECONDS + 20)
+    assert _bind_as_other_user(old.port) == "bound"  # its port is free again
+    assert new.alive() and new.healthy()  # the new one runs on
+    stop_server(home)
 
 
 def test_a_kernel_that_cannot_name_a_connections_user_stops_the_server_at_once_with_one_line(tmp_path, home):

@@ -11,7 +11,8 @@ Lifecycle: :func:`ensure_server` starts the server when none of this home runs -
 own (a Ctrl-C in the caller's terminal never reaches it), its database and log under
 ``$TRIALFLOW_HOME/prefect-server/`` -- and records it in ``server.json`` (pid, its start time, port); a
 file lock makes concurrent callers start one server. It stays until :func:`stop_server` (``trialflow
-server stop``), or until the process given as ``stop_with`` dies (the test suite's server). A recorded
+server stop``), until the process given as ``stop_with`` dies (the test suite's server), or until its
+folder is removed (``rm -r`` of the home: nothing could find or stop it afterwards). A recorded
 pid counts only with the same start time, so a recycled pid is never taken for the server. Once a
 server is seen healthy, the Prefect version its database is migrated to is noted; a later start with
 that version skips Prefect's migration check (:mod:`trialflow.server.prefect_db_template`).
@@ -425,7 +426,9 @@ def _spawn(folder: Path, sock: socket.socket, auth: str, url_prefix: str) -> Kep
         fd = str(sock.fileno())
         # the keeper (the recorded process) holds the socket while the server lives, and runs it again
         # after a crash: the port is never free for another program while clients still call it
-        command = [sys.executable, "-S", "-m", "trialflow.server.port_keeper", "--fd", fd, "--",  # -S: stdlib only
+        # the keeper also stops the server once this folder is removed: nothing could find it then
+        command = [sys.executable, "-S", "-m", "trialflow.server.port_keeper", "--fd", fd,  # -S: stdlib only
+                   "--folder", str(folder), "--",
                    sys.executable, "-m", "trialflow.server.kept_server_app", "--fd", fd, "--log-level", level]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True, pass_fds=(sock.fileno(),))

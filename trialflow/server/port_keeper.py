@@ -7,7 +7,7 @@ binds the port meanwhile would answer them: tell a controller its flow run is Ca
 tab a page of its own under the UI's origin. With the socket held here the port is never free, and
 the calls made meanwhile wait in the socket's backlog until the new server serves them.
 
-Lifecycle: ``python -m trialflow.server.port_keeper --fd N -- COMMAND...`` (what
+Lifecycle: ``python -m trialflow.server.port_keeper --fd N [--folder DIR] -- COMMAND...`` (what
 :mod:`trialflow.server.kept_server` starts, as the leader of a session of its own: the process it
 records). The keeper keeps its copy of socket N open and runs COMMAND, which inherits N, with
 ``--ready-fd R`` appended: a pipe the server writes to once it serves. Then:
@@ -19,7 +19,12 @@ records). The keeper keeps its copy of socket N open and runs COMMAND, which inh
   seconds (then the keeper ends, code 1, saying so);
 - the keeper gets SIGINT, SIGTERM or SIGHUP (``trialflow server stop`` signals the whole session):
   the server is sent SIGTERM (a graceful stop, also when it got the signal itself) and the keeper
-  ends once it has, code 0.
+  ends once it has, code 0;
+- ``--folder DIR`` (the server's folder, its record, database and log) is removed, or another folder
+  takes its path: the keeper sees it within :data:`FOLDER_CHECK_SECONDS`, says so in one line and
+  stops the server as above. Nothing could find such a server any more (``server stop`` reads its
+  record there), and it would hold its port for good. Where the kernel cannot watch the server's
+  process by descriptor (``pidfd_open``), the folder is not looked at.
 
 The server is sent SIGTERM when the keeper dies (``PR_SET_PDEATHSIG``), so neither outlives the
 other for long. Standard library only.
@@ -28,6 +33,7 @@ other for long. Standard library only.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -39,6 +45,7 @@ READY = b"ready"  # what the server writes to its --ready-fd once it serves
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOPPED_CODES = (0, -signal.SIGINT, -signal.SIGTERM)  # Popen.returncode of a server stopped as asked
 PR_SET_PDEATHSIG = 1
+FOLDER_CHECK_SECONDS = 5.0  # between the keeper's looks at whether the server's folder is still there
 
 
 def _follow_keeper(keeper: int) -> None:
@@ -62,12 +69,49 @@ def _say(line: str) -> None:
 class Keeper:
     """One socket kept and one server command run on it, again after each unasked death."""
 
-    def __init__(self, fd: int, command: list[str]) -> None:
+    def __init__(self, fd: int, command: list[str], folder: str | None = None) -> None:
+        """``folder``: the server stops once it is removed (None: never looked at). Raises OSError when
+        ``folder`` is given and cannot be read."""
         self.fd = fd
         self.command = command
         self.stopping = False
         self.server: subprocess.Popen[bytes] | None = None
         self.restarts: list[float] = []
+        self.folder = folder
+        self.folder_id = _identity(os.stat(folder)) if folder is not None else None
+
+    def folder_removed(self) -> bool:
+        """Whether the folder given at the start is gone from its path (removed, or replaced by another).
+        An error other than its absence (a network file system's hiccup) counts as still there."""
+        if self.folder is None:
+            return False
+        try:
+            return _identity(os.stat(self.folder)) != self.folder_id
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    def wait_for_server(self, server: subprocess.Popen[bytes]) -> int:
+        """Wait until ``server`` ends and return its Popen return code; with a folder, look at it every
+        :data:`FOLDER_CHECK_SECONDS` meanwhile and stop the server once it is removed."""
+        if self.folder is None:
+            return server.wait()
+        try:
+            pidfd = os.pidfd_open(server.pid)  # readable once the server has ended
+        except OSError:  # a kernel (or sandbox) without pidfd_open: no folder watch
+            return server.wait()
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while not poller.poll(int(FOLDER_CHECK_SECONDS * 1000)):
+                if not self.stopping and self.folder_removed():
+                    _say(f"the server's folder {self.folder} was removed: stopping the server")
+                    self.stopping = True
+                    os.kill(server.pid, signal.SIGTERM)  # not reaped yet: the pid is still the server's
+        finally:
+            os.close(pidfd)
+        return server.wait()
 
     def stop(self, signum: int, _frame: object) -> None:
         """Signal handler: no more starts; the server, if any, is asked to stop."""
@@ -87,7 +131,7 @@ class Keeper:
             ready_write = -1
             if self.stopping:  # a stop signal came while it was starting
                 os.kill(self.server.pid, signal.SIGTERM)
-            code = self.server.wait()
+            code = self.wait_for_server(self.server)
             os.set_blocking(ready_read, False)
             try:
                 served = os.read(ready_read, len(READY)) == READY
@@ -120,14 +164,23 @@ class Keeper:
                  f"{now - started:.0f} s; starting it again on the same socket")
 
 
+def _identity(status: os.stat_result) -> tuple[int, int]:
+    return status.st_dev, status.st_ino
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``--fd N -- COMMAND...``: keep socket N and run COMMAND on it (see the module's text)."""
+    """``--fd N [--folder DIR] -- COMMAND...``: keep socket N and run COMMAND on it, until DIR is
+    removed (see the module's text)."""
     args = sys.argv[1:] if argv is None else argv
+    folder = None
+    if args[2:4] and args[2] == "--folder" and len(args) > 3:
+        folder = args[3]
+        args = args[:2] + args[4:]
     if len(args) < 4 or args[0] != "--fd" or args[2] != "--" or not args[1].isdigit():
-        print("usage: python -m trialflow.server.port_keeper --fd N -- COMMAND...", file=sys.stderr)
+        print("usage: python -m trialflow.server.port_keeper --fd N [--folder DIR] -- COMMAND...", file=sys.stderr)
         return 2
     os.fstat(int(args[1]))  # OSError (EBADF) at once when the socket was not passed
-    keeper = Keeper(int(args[1]), args[3:])
+    keeper = Keeper(int(args[1]), args[3:], folder)
     for signum in STOP_SIGNALS:
         signal.signal(signum, keeper.stop)
     return keeper.run()
