@@ -22,9 +22,10 @@ records). The keeper keeps its copy of socket N open and runs COMMAND, which inh
   ends once it has, code 0;
 - ``--folder DIR`` (the server's folder, its record, database and log) is removed, or another folder
   takes its path: the keeper sees it within :data:`FOLDER_CHECK_SECONDS`, says so in one line and
-  stops the server as above. Nothing could find such a server any more (``server stop`` reads its
-  record there), and it would hold its port for good. Where the kernel cannot watch the server's
-  process by descriptor (``pidfd_open``), the folder is not looked at.
+  stops the server as above (SIGKILL after :data:`STOP_GRACE_SECONDS` if it has not ended then).
+  Nothing could find such a server any more (``server stop`` reads its record there), and it would
+  hold its port for good. Where the kernel cannot watch the server's process by descriptor
+  (``pidfd_open``), the folder is not looked at.
 
 The server is sent SIGTERM when the keeper dies (``PR_SET_PDEATHSIG``), so neither outlives the
 other for long. Standard library only.
@@ -46,6 +47,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOPPED_CODES = (0, -signal.SIGINT, -signal.SIGTERM)  # Popen.returncode of a server stopped as asked
 PR_SET_PDEATHSIG = 1
 FOLDER_CHECK_SECONDS = 5.0  # between the keeper's looks at whether the server's folder is still there
+STOP_GRACE_SECONDS = 10.0  # a server stopped for its removed folder is killed when it has not ended by then
 
 
 def _follow_keeper(keeper: int) -> None:
@@ -94,7 +96,8 @@ class Keeper:
 
     def wait_for_server(self, server: subprocess.Popen[bytes]) -> int:
         """Wait until ``server`` ends and return its Popen return code; with a folder, look at it every
-        :data:`FOLDER_CHECK_SECONDS` meanwhile and stop the server once it is removed."""
+        :data:`FOLDER_CHECK_SECONDS` meanwhile and stop the server once it is removed (SIGTERM, then
+        SIGKILL after :data:`STOP_GRACE_SECONDS`)."""
         if self.folder is None:
             return server.wait()
         try:
@@ -104,11 +107,15 @@ class Keeper:
         try:
             poller = select.poll()
             poller.register(pidfd, select.POLLIN)
-            while not poller.poll(int(FOLDER_CHECK_SECONDS * 1000)):
-                if not self.stopping and self.folder_removed():
+            kill_at = None  # once the folder is gone: when a server that has not ended is killed
+            while not poller.poll(int(FOLDER_CHECK_SECONDS * 1000)):  # the pid is still the server's (not reaped)
+                if kill_at is None and not self.stopping and self.folder_removed():
                     _say(f"the server's folder {self.folder} was removed: stopping the server")
                     self.stopping = True
-                    os.kill(server.pid, signal.SIGTERM)  # not reaped yet: the pid is still the server's
+                    kill_at = time.monotonic() + STOP_GRACE_SECONDS
+                    os.kill(server.pid, signal.SIGTERM)
+                elif kill_at is not None and time.monotonic() >= kill_at:
+                    os.kill(server.pid, signal.SIGKILL)  # no `server stop` can find it to do so
         finally:
             os.close(pidfd)
         return server.wait()
