@@ -30,7 +30,13 @@ if [ -n "$missing" ]; then
   apt_pid=$!
 fi
 
-python3 -m pip install --disable-pip-version-check -q -e '.[test]' || exit 1
+# pip compiles what it installs on one core; compileall then does it on every core, in the folders pip
+# installs into (on a fresh machine 120 s of pip before, 63 + 26 s now; where all was installed already
+# the walk costs ~8 s). Files for other Pythons that some packages carry fail to compile, as they do
+# under pip: not an error.
+python3 -m pip install --disable-pip-version-check --no-compile -q -e '.[test]' || exit 1
+mapfile -t site_dirs < <(python3 -c 'import site, sysconfig; print(sysconfig.get_paths()["purelib"]); print(site.getusersitepackages())')
+python3 -m compileall -q -j 0 "${site_dirs[@]}" >/dev/null 2>&1 || true
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL
 
