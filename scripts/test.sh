@@ -46,6 +46,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITI
 typecheck=$(mktemp)
 python3 -m mypy trialflow > "$typecheck" 2>&1 &
 mypy_pid=$!
+# a step below that fails ends the script: mypy with it, and its output file
+trap '[ -n "$mypy_pid" ] && kill "$mypy_pid" 2>/dev/null; rm -f "$typecheck"' EXIT
 python3 -m ruff check trialflow tests benchmarks || exit 1
 # trialflow's bytecode, written once: the suite's thousands of processes import its modules, and where the
 # environment sets PYTHONDONTWRITEBYTECODE each of them compiled those modules again
@@ -62,8 +64,8 @@ python3 -m pytest -q -n "${TRIALFLOW_TEST_WORKERS:-4}" --dist loadgroup --durati
 rc=$?
 wait "$mypy_pid"
 mypy_rc=$?
+mypy_pid=""
 cat "$typecheck"
-rm -f "$typecheck"
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2
   exit 1
