@@ -180,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     removed (see the module's text)."""
     args = sys.argv[1:] if argv is None else argv
     folder = None
-    if args[2:4] and args[2] == "--folder" and len(args) > 3:
-        folder = args[3]
-        args = args[:2] + args[4:]
+    if len(args) > 3 and args[2] == "--folder":
+        folder, args = args[3], args[:2] + args[4:]
     if len(args) < 4 or args[0] != "--fd" or args[2] != "--" or not args[1].isdigit():
         print("usage: python -m trialflow.server.port_keeper --fd N [--folder DIR] -- COMMAND...", file=sys.stderr)
         return 2
