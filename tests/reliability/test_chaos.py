@@ -160,12 +160,16 @@ def test_a_resubmitted_trial_may_start_twice():
 @pytest.mark.parametrize("how", ["trial-env", "controller-env", "path"])
 def test_orphan_detection_sees_a_leftover_process(tmp_path, how):
     import subprocess
+    import uuid
 
+    # an id of its own: the scan covers the whole machine, where this test's other cases may run at the
+    # same moment on other workers (a clean-clone run's final scan found another case's process)
+    experiment = f"chaos{uuid.uuid4().hex[:8]}"
     env, args = dict(os.environ), []
     if how == "trial-env":
-        env["NNI_EXP_ID"] = "chaosexp"
+        env["NNI_EXP_ID"] = experiment
     elif how == "controller-env":
-        env[RUN_MARKER] = "chaosexp"
+        env[RUN_MARKER] = experiment
     else:
         args = [str(tmp_path / "remote0" / "trial")]
     proc = subprocess.Popen([PYTHON, "-c", "import time; print('ready', flush=True); time.sleep(30)", *args], env=env,
@@ -174,11 +178,11 @@ def test_orphan_detection_sees_a_leftover_process(tmp_path, how):
         # scanned once it runs its own code (a clean-clone run's scan right after Popen missed it once,
         # cause not pinned): its command line and environment are then its own for certain
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        assert [p for p in leftover_processes("chaosexp", tmp_path) if p.startswith(f"{proc.pid}:")]
+        assert [p for p in leftover_processes(experiment, tmp_path) if p.startswith(f"{proc.pid}:")]
     finally:
         proc.kill()
         proc.communicate()
-    assert not leftover_processes("chaosexp", tmp_path)
+    assert not leftover_processes(experiment, tmp_path)
 
 
 def test_an_entry_cut_by_a_killed_trial_is_dropped_and_the_next_one_kept(tmp_path):
