@@ -28,17 +28,18 @@ records). The keeper keeps its copy of socket N open and runs COMMAND, which inh
   (``pidfd_open``), the folder is not looked at.
 
 The server is sent SIGTERM when the keeper dies (``PR_SET_PDEATHSIG``), so neither outlives the
-other for long. Standard library only.
+other for long. Standard library only (and the standard-library-only :mod:`trialflow.foundation.readable`).
 """
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
+
+from ..foundation.readable import wait_readable
 
 MAX_RESTARTS = 5
 RESTART_WINDOW = 600.0  # seconds
@@ -105,10 +106,8 @@ class Keeper:
         except OSError:  # a kernel (or sandbox) without pidfd_open: no folder watch
             return server.wait()
         try:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
             kill_at = None  # once the folder is gone: when a server that has not ended is killed
-            while not poller.poll(int(FOLDER_CHECK_SECONDS * 1000)):  # the pid is still the server's (not reaped)
+            while not wait_readable([pidfd], FOLDER_CHECK_SECONDS):  # the pid is still the server's (not reaped)
                 if kill_at is None and not self.stopping and self.folder_removed():
                     _say(f"the server's folder {self.folder} was removed: stopping the server")
                     self.stopping = True
