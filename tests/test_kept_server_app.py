@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Mount, Route
 
 from trialflow.server.kept_server_app import (
+    LOCK_WAIT_MS,
     REPLAYS,
     CollectorResumedAfterStart,
     LoopServicesAfterStart,
@@ -217,6 +218,41 @@ def test_prefects_background_worker_looks_for_due_work_once_a_second_and_runs_wo
     looks, at_once = _printed_by(looked, tmp_path)
     assert 1 <= int(looks) <= 4  # docket's own pace: 12 or more in 3 s
     assert at_once == "True"
+
+
+def test_a_write_waits_seconds_not_a_minute_for_sqlites_lock_in_the_kept_server(tmp_path):
+    """Prefect has SQLite wait up to 60 s for the write lock. Only the kept server writes its database, so
+    such a wait is the server waiting on itself, and with four test workers on one server every call
+    stalled a minute. In the kept server a write meeting the lock fails after LOCK_WAIT_MS (then run
+    again), and a write that waited for a lock held a moment still goes through."""
+    locked = ("import asyncio, os, sqlite3, threading, time\n"
+              "from trialflow.server.kept_server_app import create_app\n"
+              "create_app(port=4321)\n"
+              "import sqlalchemy as sa\n"
+              "from prefect.server.database.configurations import AioSqliteConfiguration\n"
+              "path = os.environ['DB']\n"
+              "holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)\n"
+              "holder.execute('create table t (x)')\n"
+              "async def write():\n"
+              "    engine = await AioSqliteConfiguration('sqlite+aiosqlite:///' + path).engine()\n"
+              "    async with engine.connect() as conn:\n"
+              "        print((await conn.execute(sa.text('PRAGMA busy_timeout'))).scalar())\n"
+              "        holder.execute('BEGIN IMMEDIATE')\n"
+              "        began = time.monotonic()\n"
+              "        try:\n"
+              "            await conn.execute(sa.text('insert into t values (1)'))\n"
+              "        except sa.exc.OperationalError as exc:\n"
+              "            print('locked' in str(exc), time.monotonic() - began)\n"
+              "        await conn.rollback()\n"
+              "        threading.Timer(0.5, holder.execute, ('COMMIT',)).start()\n"
+              "        await conn.execute(sa.text('insert into t values (2)'))\n"
+              "        await conn.commit()\n"
+              "    await engine.dispose()\n"
+              "asyncio.run(write())\n"
+              "print(holder.execute('select x from t').fetchall() == [(2,)])\n")
+    timeout, failed, waited, written = _printed_by(locked, tmp_path, DB=str(tmp_path / "prefect.db"))
+    assert (int(timeout), failed, written) == (LOCK_WAIT_MS, "True", "True")
+    assert LOCK_WAIT_MS / 1000 - 0.5 <= float(waited) < 30  # ended by the timeout, long before Prefect's 60 s
 
 
 def test_the_collector_runs_again_at_once_when_the_start_failed():

@@ -29,6 +29,8 @@ and an idle server spends a fifth less CPU.
 
 Prefect's writes of event batches and task-run states reach SQLite as parameter sets of one statement
 (:mod:`trialflow.server.sqlite_batch_writes`), not as a multi-row statement compiled for every batch.
+A statement waits at most :data:`LOCK_WAIT_MS` for SQLite's write lock instead of Prefect's minute
+(:func:`wait_for_locks_at_most`): a longer wait is the server waiting on itself.
 
 Only this server's own user connects (:mod:`trialflow.server.own_user_only`): another user's
 connection is closed before its request is read, so the auth string alone, which a controller sends
@@ -39,7 +41,7 @@ Lifecycle: ``python -m trialflow.server.kept_server_app --fd N`` (:func:`main`, 
 :mod:`trialflow.server.port_keeper` runs for :mod:`trialflow.server.kept_server`) serves the app under
 uvicorn on the socket the keeper holds, through that module's protocol; uvicorn calls
 :func:`create_app` once (it changes Prefect's server modules for the process: :func:`hold_loop_services`,
-:func:`serve_made_app`, :func:`check_background_work_every`,
+:func:`serve_made_app`, :func:`check_background_work_every`, :func:`wait_for_locks_at_most`,
 :func:`~trialflow.server.sqlite_batch_writes.write_batches_as_parameter_sets`);
 the wrappers hold no state between requests. Standard library only at import (uvicorn and Prefect's
 app factory are imported when called).
@@ -71,6 +73,7 @@ RETRYABLE = 503  # Prefect's answer to a SQLite busy error (and other errors a c
 SETTLE_SECONDS = 2.0  # after the app's start-up, before the collector runs again
 LOOP_SERVICES_DELAY = 5.0  # after the app's start-up, before Prefect's loop services are scheduled
 BACKGROUND_CHECK_SECONDS = 1.0  # between the background-task worker's looks for due work (docket: 0.25)
+LOCK_WAIT_MS = 5000  # the longest a statement waits for SQLite's write lock (Prefect: 60,000)
 
 HeldCall = Callable[[], Awaitable[None]]
 
@@ -307,9 +310,35 @@ def check_background_work_every(seconds: float = BACKGROUND_CHECK_SECONDS) -> bo
     return replace_in_prefect("prefect.server.api.background_workers", "Worker", make)
 
 
+def wait_for_locks_at_most(ms: int = LOCK_WAIT_MS) -> bool:
+    """Make every SQLite connection of Prefect's server database in this process wait at most ``ms``
+    milliseconds for the write lock (SQLite's ``busy_timeout``; Prefect sets 60 s), then fail with
+    ``database is locked``; True when replaced. Only this process writes the kept server's database,
+    and a write holds the lock for milliseconds, so a wait that long is a wait on itself: its
+    connections all waiting on a transaction that waits for one of them. SQLite ends such a wait only
+    at the timeout, and every call to the server waited as long (60 s stalls, seen with four test
+    workers on one server). Ended after ``ms``, the failed write is run again: an API request by
+    :class:`ReplayBusyWrites`, then by Prefect's client; a service's batch at its next flush."""
+
+    def make(config_class: Any, _: Any) -> Any:
+        original = config_class.setup_sqlite
+
+        def setup_sqlite(self: Any, conn: Any, record: Any) -> None:
+            original(self, conn, record)
+            cursor = conn.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {int(ms)};")
+            cursor.close()
+
+        config_class.setup_sqlite = setup_sqlite
+        return config_class
+
+    return replace_in_prefect("prefect.server.database.configurations", "AioSqliteConfiguration", make)
+
+
 def create_app(port: int | None = None) -> App:
     """Prefect's server app (API, services and UI), writing event batches and task-run states as
-    parameter sets (:mod:`~trialflow.server.sqlite_batch_writes`), with its loop services held until
+    parameter sets (:mod:`~trialflow.server.sqlite_batch_writes`), waiting at most
+    :data:`LOCK_WAIT_MS` for SQLite's write lock (:func:`wait_for_locks_at_most`), with its loop services held until
     :data:`LOOP_SERVICES_DELAY` after its start-up (:class:`LoopServicesAfterStart`) and its background
     work looked for every :data:`BACKGROUND_CHECK_SECONDS` (:func:`check_background_work_every`), wrapped in
     :class:`ReplayBusyWrites` and :class:`CollectorResumedAfterStart`, and with ``port`` in
@@ -323,6 +352,7 @@ def create_app(port: int | None = None) -> App:
         serve_made_app(app)
         check_background_work_every()
         write_batches_as_parameter_sets()
+        wait_for_locks_at_most()
         held = hold_loop_services()
         if held is not None:
             app = LoopServicesAfterStart(app, held)
