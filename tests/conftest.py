@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated Prefect test server (one per session and worker), isolated homes,
+"""Shared fixtures: an isolated Prefect test server (one per run, shared by the xdist workers), isolated homes,
 trial scripts, and the markers that say what a test starts (see :data:`SERVICE_MARKERS`)."""
 
 from __future__ import annotations
@@ -53,18 +53,37 @@ os.environ.setdefault("TRIALFLOW_PREFECT_SERVER", "temporary")
 os.environ.setdefault("TRIALFLOW_SPARE_CONTROLLER", "0")
 
 
+SHARED_SERVER_HOME = "kept-server"  # under the run's base temp folder: the home of the run's kept server
+
+
+def _shared_server_home(config) -> Path:
+    """The home of the kept server every xdist worker of this run uses: in the run's base temp folder
+    (the controller's; each worker's own is a folder in it), or this session's without xdist."""
+    base = config._tmp_path_factory.getbasetemp()
+    return (base.parent if hasattr(config, "workerinput") else base) / SHARED_SERVER_HOME
+
+
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """trialflow's kept local Prefect server, in a throwaway home, for tests that run flows: started once
-    per session (it stops with the session, also when pytest is killed); yields its API URL, which is
-    PREFECT_API_URL meanwhile (for this process and the CLI processes tests start)."""
+def prefect_server(request):
+    """trialflow's kept local Prefect server, in a throwaway home, for tests that run flows: one for the
+    whole run, which the xdist workers share (the first worker to ask starts it, the others find it
+    running, as a user's second shell does: :func:`~trialflow.server.kept_server.ensure_server` holds
+    the server folder's lock); yields its API URL, which is PREFECT_API_URL meanwhile (for this process
+    and the CLI processes tests start). It stops at the run's end: at the xdist controller's session
+    finish (:func:`pytest_sessionfinish`), or at this fixture's teardown without xdist, and when the
+    process that runs the session is killed. Its tests find their own flow runs, events and artifacts
+    by id or name: other workers' are on it too."""
     from prefect.settings import temporary_settings
 
     from trialflow.flows.run_api import kept_server_client
     from trialflow.server.kept_server import ensure_server, stop_server
 
-    home = tmp_path_factory.mktemp("kept-server")
-    server = ensure_server(home, stop_with_pid=os.getpid(), port=0)  # 4200 stays free for the user's
+    worker = hasattr(request.config, "workerinput")
+    home = _shared_server_home(request.config)
+    home.mkdir(exist_ok=True)
+    # a worker's parent is the xdist controller, whose run the server serves to its end
+    owner = os.getppid() if worker else os.getpid()
+    server = ensure_server(home, stop_with_pid=owner, port=0)  # 4200 stays free for the user's
     client = server.client_settings()  # its address and auth string
     previous = {name: os.environ.get(name) for name in client}
     os.environ.update(client)
@@ -78,7 +97,8 @@ def prefect_server(tmp_path_factory):
             else:
                 os.environ[name] = value
         _drain_prefect_events(logs=True)
-        stop_server(home)
+        if not worker:
+            stop_server(home)
 
 
 # What a test starts, from the fixtures it uses: fixture -> marker. `pytest -m "not slurm"` runs without
@@ -199,6 +219,7 @@ def pytest_sessionfinish(session, exitstatus):
     from trialflow.testing.audit import check_folder
 
     if _is_xdist_controller(session.config):
+        _stop_shared_server(session.config)
         if LATE_PROBLEMS and session.exitstatus == 0:
             session.exitstatus = 1
         return
@@ -215,6 +236,15 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["audit"] = {"audited": AUDITED, "late": LATE_PROBLEMS}
+
+
+def _stop_shared_server(config) -> None:
+    """Stop the kept server the workers shared (:func:`prefect_server`), once all of them are done."""
+    home = _shared_server_home(config)
+    if home.is_dir():
+        from trialflow.server.kept_server import stop_server
+
+        stop_server(home)
 
 
 @pytest.hookimpl(optionalhook=True)

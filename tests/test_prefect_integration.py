@@ -249,7 +249,7 @@ def test_the_readmes_automation_notifies_of_each_new_best_and_a_failed_sweep_of_
 
     from prefect import get_client
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
-    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter
+    from prefect.events.filters import EventFilter, EventNameFilter, EventRelatedFilter, EventResourceFilter
 
     from tests.conftest import wait_for
     from trialflow.experiments.results import trial_value
@@ -294,8 +294,9 @@ def test_the_readmes_automation_notifies_of_each_new_best_and_a_failed_sweep_of_
         assert {t: (p["status"], p["metric"]) for t, p in ends.items()} == {
             t.id: ("SUCCEEDED", trial_value(t)) for t in found.trials}
         with get_client(sync_client=True) as client:
-            page = client.read_events(EventFilter(event=EventNameFilter(name=["trialflow.experiment.done"])), limit=50)
-        (done,) = [e for e in page.events if e.resource.id == experiment]
+            page = client.read_events(EventFilter(event=EventNameFilter(name=["trialflow.experiment.done"]),
+                                                  resource=EventResourceFilter(id=[experiment])), limit=50)
+        (done,) = page.events
         assert done.payload["counts"] == {"SUCCEEDED": 4} and done.payload["best"]["metric"] == max(values)
     finally:
         receiver.shutdown()

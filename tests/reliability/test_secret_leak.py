@@ -58,6 +58,9 @@ def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
     """Everything the Prefect API holds about the experiment's flow run, as text."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
         FlowRunFilter,
         FlowRunFilterId,
         FlowRunFilterName,
@@ -78,9 +81,12 @@ def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
             if ran_trials:
                 task_runs = wait_for(lambda f=run_filter: client.read_task_runs(flow_run_filter=f), timeout=30)
             texts += [task_run.model_dump_json() for task_run in task_runs]
-            for artifact in client.read_artifacts():
-                if artifact.flow_run_id == run.id or (artifact.key or "").endswith(experiment_id):
-                    texts.append(artifact.model_dump_json())
+            # the run's artifacts and those keyed by the experiment, wherever they are in the server's list
+            artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+            artifacts += [a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(like_=experiment_id))) if (a.key or "").endswith(experiment_id)]
+            texts += [artifact.model_dump_json() for artifact in artifacts]
             texts += [log.model_dump_json() for log in
                       client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
         # trialflow's own events (trial ends, best trials), up to the experiment's end, the last one sent
