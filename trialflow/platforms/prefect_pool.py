@@ -365,7 +365,9 @@ class PrefectWorkPoolService(RestJobService[PrefectPoolConfig]):
         up to :data:`DEPLOYMENT_WAIT` seconds (a cancelled trial saves within the runner's grace); still
         Cancelling after that, it has had its stop and loses only its hooks. One that never started is
         waited for up to :data:`UNSTARTED_WAIT` seconds: a process worker told of the cancel before it had
-        the run's process, whose engine Prefect then refuses, leaves such a run Cancelling for good. A run
+        the run's process, whose engine Prefect then refuses, leaves such a run Cancelling until the
+        server's cancellation cleanup sets it Cancelled (Prefect 3.9: after 300 s). It is not set Cancelled
+        here: Prefect accepts a Running from Cancelled (a rerun), so a process started late would run. A run
         left going (a controller that stops without stopping its trials leaves them for a resume) keeps
         the deployment, with a line saying how to remove it. Never raises: the experiment's end is
         recorded already."""
