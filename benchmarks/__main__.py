@@ -31,6 +31,7 @@ from benchmarks import (  # noqa: E402
 from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import add_venv_option, rerun_in  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 HEADER = ["benchmark", "measure", "value", "baseline", "baseline value", "ratio", "target", "verdict"]
 
@@ -46,9 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     rerun_in(args.venv)
     use_own_home()
-    for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL"),
-                        ("PREFECT_LOGGING_LEVEL", "WARNING")):
-        os.environ.setdefault(name, value)
+    set_process_defaults()  # as a trialflow command runs
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     suites: dict[str, Callable[[str], list[list[object]]]] = {
         "overhead": lambda p: overhead.summary(p, args.nni_venv), "tuner": tuner_latency.summary,
         "upload": upload.summary, "metrics": metrics_throughput.summary, "scale": scale.summary,

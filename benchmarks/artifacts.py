@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 EIGHT_HOURS = 8 * 3600.0
 FORMER_INTERVAL = 3.0  # seconds between table and summary versions before they were written on change
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0)
     args = parser.parse_args()
     use_own_home()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    set_process_defaults()  # as a trialflow command runs
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     counts = measure(args.seconds)
     total = counts["progress"] + counts["trials"] + counts["best"]

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 
 @dataclass
@@ -117,8 +118,7 @@ def main() -> None:
     parser.add_argument("--ssh-drops", type=int, default=8)
     parser.add_argument("--remote", action="store_true", help="trials on two loopback sshd machines")
     args = parser.parse_args()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()  # as a trialflow command runs
     r = run(args.trials, args.concurrency, args.seed, {"controller_kills": args.controller_kills,
                                                        "trial_kills": args.trial_kills,
                                                        "ssh_drops": args.ssh_drops if args.remote else 0}, args.remote)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 
 def measure(tasks: int, k: int, seconds: float, repeat: int) -> list[list[object]]:
@@ -70,8 +70,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()  # as a trialflow command runs
     rows = measure(args.tasks, args.concurrency, args.seconds, args.repeat)
     ideal = math.ceil(args.tasks / args.concurrency) * args.seconds
     print_table(f"{args.tasks} tasks x {args.seconds} s at concurrency {args.concurrency} (ideal {ideal:.1f} s), "

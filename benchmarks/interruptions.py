@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 NFS_SERVER, NFS_PATH = "nfs.emulated", "/exports/nni"
 REASONS = ("PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI", "TerminationByKubelet")
@@ -274,8 +275,7 @@ def main() -> None:
     parser.add_argument("--slurm", action="store_true", help="also on the loopback Slurm cluster (scontrol requeue)")
     args = parser.parse_args()
     use_own_home()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()  # as a trialflow command runs
     ok = True
     with tempfile.TemporaryDirectory(prefix="trialflow-interruptions-") as name:
         runs = [("kubernetes emulator, " + args.kind, kubernetes, Path(name) / "k8s")]

@@ -40,6 +40,7 @@ from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv, nni_experiment  # noqa: E402
 from benchmarks.overhead import install_nni  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 MAX_STEPS = 27  # R / max_budget / max_t: the longest a trial trains
 # ASHA's rungs (trialflow's assessor and Ray's scheduler alike): 3, 9 and 27 steps. Spaced 6 steps or
@@ -345,8 +346,7 @@ def main() -> None:
     parser.add_argument("--install-nni", action="store_true")
     args = parser.parse_args()
     use_own_home()
-    for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")):
-        os.environ.setdefault(name, value)
+    set_process_defaults()  # as a trialflow command runs
     if args.install_ray and args.ray_venv and not (args.ray_venv / "bin" / "python").exists():
         install_ray(args.ray_venv)
     if args.install_nni and args.nni_venv and not (args.nni_venv / "bin" / "nnictl").exists():

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from benchmarks._budget import Runner, prepare, run_seeds, run_trialflow  # noqa
 from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table  # noqa: E402
 from benchmarks._venv import create_venv  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 from trialflow.tuners.objectives import Objective, Objectives, hypervolume  # noqa: E402
 
 MAX_EPOCHS = 27
@@ -352,8 +352,7 @@ def main() -> None:
     parser.add_argument("--install", action="store_true", help="create the named venvs that are missing")
     args = parser.parse_args()
     use_own_home()
-    for name, value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")):
-        os.environ.setdefault(name, value)
+    set_process_defaults()  # as a trialflow command runs
     if args.install:
         install(args)
     runners: dict[str, Runner] = {

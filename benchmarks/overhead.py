@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._home import use_own_home  # noqa: E402
 from benchmarks._stats import print_table, summary_row  # noqa: E402
 from benchmarks._venv import create_venv, nni_experiment  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep(0.5)\nnni.report_final_result(1.0)\n"
 
@@ -128,8 +129,7 @@ def main() -> None:
     use_own_home()
     if args.install_nni and args.nni_venv and not (args.nni_venv / "bin" / "nnictl").exists():
         install_nni(args.nni_venv)
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()  # as a trialflow command runs
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     m = measure(args.trials, args.concurrency, args.nni_venv)
     ideal, bare, trials_wall, total = m["ideal"], m["bare"], m["trialflow"], m["trialflow_total"]

@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
 from benchmarks._venv import add_venv_option, create_venv, interpreter_start_ms, rerun_in  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 TRIAL = "import time, nni\nnni.get_next_parameter()\ntime.sleep({sleep})\nnni.report_final_result(1.0)\n"
 WINDOW = 200  # trials per bookkeeping point
@@ -454,8 +455,7 @@ def main() -> None:
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rerun_in(args.venv)
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()  # as a trialflow command runs
     if args.controller:
         controller(args.controller)
         return

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table, summary_row  # noqa: E402
 from benchmarks._venv import add_venv_option, nni_experiment, rerun_in  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 TRIAL = ("import time\nopen({stamp!r}, 'a').write(f'{{time.time()}}\\n')\nimport nni\n"
          "nni.get_next_parameter()\nnni.report_final_result(1.0)\n")
@@ -235,7 +236,7 @@ def main() -> None:
     add_venv_option(parser)
     args = parser.parse_args()
     rerun_in(args.venv)
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    set_process_defaults()  # as a trialflow command runs
     if args.install_nni and args.nni_venv:
         from benchmarks.overhead import install_nni
 

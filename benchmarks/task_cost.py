@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._stats import print_table  # noqa: E402
+from trialflow.server.api_choice import set_process_defaults  # noqa: E402
 
 
 def _children_cpu() -> float:
@@ -74,8 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
     args = parser.parse_args()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    set_process_defaults()  # as a trialflow command runs
     rows = measure(args.runs)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     print_table(f"{args.runs} trivial task runs; controller peak RSS {rss} MB", ["measure", "value", "baseline"], rows)
