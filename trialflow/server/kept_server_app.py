@@ -314,11 +314,11 @@ def wait_for_locks_at_most(ms: int = LOCK_WAIT_MS) -> bool:
     """Make every SQLite connection of Prefect's server database in this process wait at most ``ms``
     milliseconds for the write lock (SQLite's ``busy_timeout``; Prefect sets 60 s), then fail with
     ``database is locked``; True when replaced. Only this process writes the kept server's database,
-    and a write holds the lock for milliseconds, so a wait that long is a wait on itself: its
-    connections all waiting on a transaction that waits for one of them. SQLite ends such a wait only
-    at the timeout, and every call to the server waited as long (60 s stalls, seen with four test
-    workers on one server). Ended after ``ms``, the failed write is run again: an API request by
-    :class:`ReplayBusyWrites`, then by Prefect's client; a service's batch at its next flush."""
+    where a write holds the lock for milliseconds: a statement still waiting after seconds waits on the
+    server itself (its connections waiting on a transaction that waits for one of them), which SQLite
+    ends only at the timeout while the server's other calls wait too. Ended after ``ms``, the failed
+    write is run again: an API request by :class:`ReplayBusyWrites`, then by Prefect's client; a
+    service's batch at its next flush."""
 
     def make(config_class: Any, _: Any) -> Any:
         original = config_class.setup_sqlite
@@ -337,8 +337,8 @@ def wait_for_locks_at_most(ms: int = LOCK_WAIT_MS) -> bool:
 
 def create_app(port: int | None = None) -> App:
     """Prefect's server app (API, services and UI), writing event batches and task-run states as
-    parameter sets (:mod:`~trialflow.server.sqlite_batch_writes`), waiting at most
-    :data:`LOCK_WAIT_MS` for SQLite's write lock (:func:`wait_for_locks_at_most`), with its loop services held until
+    parameter sets (:mod:`~trialflow.server.sqlite_batch_writes`), waiting at most :data:`LOCK_WAIT_MS`
+    for SQLite's write lock (:func:`wait_for_locks_at_most`), with its loop services held until
     :data:`LOOP_SERVICES_DELAY` after its start-up (:class:`LoopServicesAfterStart`) and its background
     work looked for every :data:`BACKGROUND_CHECK_SECONDS` (:func:`check_background_work_every`), wrapped in
     :class:`ReplayBusyWrites` and :class:`CollectorResumedAfterStart`, and with ``port`` in
