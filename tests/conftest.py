@@ -60,7 +60,7 @@ def _shared_server_home(config) -> Path:
     """The home of the kept server every xdist worker of this run uses: in the run's base temp folder
     (the controller's; each worker's own is a folder in it), or this session's without xdist."""
     base = config._tmp_path_factory.getbasetemp()
-    return (base.parent if hasattr(config, "workerinput") else base) / SHARED_SERVER_HOME
+    return (base.parent if _is_xdist_worker(config) else base) / SHARED_SERVER_HOME
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +78,7 @@ def prefect_server(request):
     from trialflow.flows.run_api import kept_server_client
     from trialflow.server.kept_server import ensure_server, stop_server
 
-    worker = hasattr(request.config, "workerinput")
+    worker = _is_xdist_worker(request.config)
     home = _shared_server_home(request.config)
     home.mkdir(exist_ok=True)
     # a worker's parent is the xdist controller, whose run the server serves to its end
@@ -208,8 +208,12 @@ def audited_experiments(request, isolated_home):
 LATE_PROBLEMS: list[str] = []
 
 
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def _is_xdist_controller(config) -> bool:
-    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    return bool(getattr(config.option, "numprocesses", None)) and not _is_xdist_worker(config)
 
 
 def pytest_sessionfinish(session, exitstatus):

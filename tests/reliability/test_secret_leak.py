@@ -81,14 +81,15 @@ def _prefect_texts(experiment_id: str, ran_trials: bool = True) -> list[str]:
             if ran_trials:
                 task_runs = wait_for(lambda f=run_filter: client.read_task_runs(flow_run_filter=f), timeout=30)
             texts += [task_run.model_dump_json() for task_run in task_runs]
-            # the run's artifacts and those keyed by the experiment, wherever they are in the server's list
-            artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-            artifacts += [a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(like_=experiment_id))) if (a.key or "").endswith(experiment_id)]
-            texts += [artifact.model_dump_json() for artifact in artifacts]
+            # the run's artifacts, wherever they are in the server's list
+            texts += [artifact.model_dump_json() for artifact in client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))]
             texts += [log.model_dump_json() for log in
                       client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
+        # and those keyed by the experiment (once: they belong to no one run)
+        texts += [artifact.model_dump_json() for artifact in client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=experiment_id)))
+            if (artifact.key or "").endswith(experiment_id)]
         # trialflow's own events (trial ends, best trials), up to the experiment's end, the last one sent
         mine = EventFilter(any_resource=EventAnyResourceFilter(id=[f"trialflow.experiment.{experiment_id}"]))
 

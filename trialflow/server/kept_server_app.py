@@ -320,6 +320,8 @@ def wait_for_locks_at_most(ms: int = LOCK_WAIT_MS) -> bool:
     write is run again: an API request by :class:`ReplayBusyWrites`, then by Prefect's client; a
     service's batch at its next flush."""
 
+    # the class itself changes, not the module's name for it: Prefect's database dependencies imported
+    # the class by name, and they make the configuration its engines come from
     def make(config_class: Any, _: Any) -> Any:
         original = config_class.setup_sqlite
 
