@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import base_config, write_trial
-from trialflow import run_experiment
+from trialflow import resume_experiment, run_experiment
 from trialflow.experiments import list_experiments
 from trialflow.records.store import Control
 from trialflow.testing.prefect_server import stop_group
@@ -38,6 +38,23 @@ def test_progress_table_and_best_trial_artifacts(tmp_path):
     assert best.description == "best trial of the run" and "has ended" in best.data  # not "so far" at the end
     progress = Artifact.get(f"{key}-progress")
     assert float(progress.data) == 100.0
+
+
+def test_the_progress_bar_counts_against_the_budget_a_resume_gave(tmp_path):
+    """`resume --trialnum` (and `update trialnum`) replace maxTrialNumber: the bar reads trials finished
+    out of that, here 3 of 5 when the grid ran out, not 3 of the config's 2."""
+    from prefect.artifacts import Artifact
+
+    code = tmp_path / "code"
+    write_trial(code, "import nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'])\n")
+    config = base_config(code, tmp_path / "w", maxTrialNumber=2, trialConcurrency=1,
+                         searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3]}}, tuner={"name": "GridSearch"})
+    first = run_experiment(config)
+    key = f"experiment-{first.experiment_id}-progress"
+    assert float(Artifact.get(key).data) == 100.0
+    result = resume_experiment(first.experiment_id, tmp_path / "w", max_trial_number=5)
+    assert result.status == "DONE" and len(result.trials) == 3
+    assert float(Artifact.get(key).data) == 60.0
 
 
 def test_artifact_versions_are_written_only_on_change_and_at_most_every_snapshot_interval(tmp_path, monkeypatch):

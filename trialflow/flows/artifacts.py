@@ -94,7 +94,9 @@ class ArtifactReporter:
         from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 
         counts = self.ctx.store.count_by_status()
-        budget = self.ctx.config.max_trial_number
+        controls = self.ctx.store.controls()
+        # `update trialnum` and `resume --trialnum` replace the config's budget
+        budget = controls.get(Control.MAX_TRIAL_NUMBER, self.ctx.config.max_trial_number)
         done = sum(n for status, n in counts.items() if status in TERMINAL)
         total = sum(counts.values())
         progress = round(100.0 * done / budget if budget else (100.0 if done and done == total else 0.0), 1)
@@ -111,7 +113,7 @@ class ArtifactReporter:
         if snapshot_due and done:
             asked = self._snapshot(self.ctx.store.trials(), final) or asked
             self._next_snapshot = time.monotonic() + SNAPSHOT_INTERVAL
-        url = self.ctx.store.controls().get(Control.DASHBOARD_URL)
+        url = controls.get(Control.DASHBOARD_URL)
         if url and url != self._dashboard_url:
             asked = True
             create_link_artifact(key=f"{self.key}-dashboard", link=url, link_text="live optuna-dashboard",
