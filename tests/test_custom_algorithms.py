@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from tests.conftest import base_config, wait_for, write_trial
-from trialflow import parse_config, run_experiment
+from trialflow import parse_config, resume_experiment, run_experiment
 from trialflow.config import AlgorithmConfig, ConfigError
 from trialflow.experiments import open_store
+from trialflow.trial import NNI_SHIM_DIR
 from trialflow.tuners import TunerError, create_tuner
 
 ALGORITHMS = Path(__file__).parent / "algorithms"
@@ -274,3 +275,68 @@ def test_a_customized_algorithm_missing_an_nni_method_stops_create_with_one_line
     assert proc.returncode == 1
     assert (proc.stdout + proc.stderr).strip().splitlines() == [message]
     assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())  # no experiment left behind
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_an_nni_tuner_keeps_state_in_its_checkpoint_folder_and_loads_it_when_the_experiment_resumes(tmp_path):
+    """As NNI's dispatcher: a customized tuner and assessor see NNI_CHECKPOINT_DIRECTORY (the experiment's
+    checkpoint/ folder, kept across runs) and NNI_MODE; a resume calls load_checkpoint() on each before
+    anything else; the trials inherit neither variable."""
+    folder = tmp_path / "my_algorithms"
+    folder.mkdir()
+    shutil.copy(ALGORITHMS / "checkpoint_tuner.py", folder)
+    log, seen = tmp_path / "calls.jsonl", tmp_path / "trial_env.jsonl"
+    write_trial(tmp_path / "code", f"""
+        import json, os, nni
+        p = nni.get_next_parameter()
+        with open({str(seen)!r}, "a") as f:
+            f.write(json.dumps([os.environ.get("NNI_CHECKPOINT_DIRECTORY"), os.environ.get("NNI_MODE")]) + "\\n")
+        nni.report_final_result(p["x"] * 10)
+        """)
+    config = base_config(tmp_path / "code", tmp_path / "w", maxTrialNumber=2, trialConcurrency=1,
+                         tuner={"className": "checkpoint_tuner.SavingTuner", "codeDirectory": str(folder),
+                                "classArgs": {"log_file": str(log)}},
+                         assessor={"className": "checkpoint_tuner.LoadingAssessor", "codeDirectory": str(folder),
+                                   "classArgs": {"log_file": str(log)}})
+    first = run_experiment(config)
+    assert first.status == "DONE" and [t.status for t in first.trials] == ["SUCCEEDED"] * 2
+    checkpoint = tmp_path / "w" / first.experiment_id / "checkpoint"
+    assert checkpoint.is_dir() and checkpoint.stat().st_mode & 0o777 == 0o700
+    assert json.loads((checkpoint / "tuner.json").read_text()) == {"0": 10, "1": 20}
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(c["call"], c["mode"], c["path"]) for c in calls] == [("update_search_space", "start", str(checkpoint))]
+
+    log.unlink()
+    result = resume_experiment(first.experiment_id, tmp_path / "w", max_trial_number=3)
+    assert result.status == "DONE" and len(result.trials) == 3
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # each object's first call (NNI calls the tuner's and the assessor's before it hands anything over)
+    assert [c["call"] for c in calls if c["call"] != "assessor_load_checkpoint"] == ["load_checkpoint",
+                                                                                    "update_search_space"]
+    assert [c["call"] for c in calls].count("assessor_load_checkpoint") == 1
+    assert calls[0]["results"] == {"0": 10, "1": 20} and calls[0]["path"] == str(checkpoint)
+    assert {(c["mode"], c["env_dir"]) for c in calls} == {("resume", str(checkpoint))}
+    assert json.loads((checkpoint / "tuner.json").read_text()) == {"0": 10, "1": 20, "2": 30}
+    assert [json.loads(line) for line in seen.read_text().splitlines()] == [[None, None]] * 3
+
+
+def test_nnis_recoverable_helpers_remember_resumed_trials_parameters(algo_dir, tmp_path, monkeypatch):
+    """The helpers NNI's Hyperband and BOHB advisors call on resumed trials' records, with NNI's rules: a
+    record may be a JSON string, a customized trial's id is skipped, and a missing folder is no path."""
+    monkeypatch.syspath_prepend(NNI_SHIM_DIR)
+    from nni.recoverable import Recoverable
+
+    tuner = Recoverable()
+    assert not tuner.is_created_in_previous_exp(0) and not tuner.is_created_in_previous_exp(None)
+    records = [{"parameter_id": 3, "parameter_source": "resumed", "parameters": {"x": 1}},
+               json.dumps({"parameter_id": 7, "parameters": {"x": 2}}),
+               {"parameter_id": "customized-1", "parameters": {"x": 9}}]
+    assert tuner.recover_parameter_id(records) == 7
+    assert tuner.is_created_in_previous_exp(7) and not tuner.is_created_in_previous_exp(8)
+    assert tuner.get_previous_param(3) == {"x": 1} and tuner.get_previous_param(7) == {"x": 2}
+    with pytest.raises(KeyError):
+        tuner.get_previous_param(5)
+    monkeypatch.setenv("NNI_CHECKPOINT_DIRECTORY", str(tmp_path / "gone"))
+    assert tuner.get_checkpoint_path() is None
+    monkeypatch.setenv("NNI_CHECKPOINT_DIRECTORY", str(tmp_path))
+    assert tuner.get_checkpoint_path() == str(tmp_path)

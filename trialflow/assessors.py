@@ -294,12 +294,15 @@ NNI_NAMES = {"medianstop": "Medianstop", "curvefitting": "Curvefitting", "asha":
 
 class NniAssessor(Assessor):
     """A customized assessor written against NNI's ``nni.assessor.Assessor`` API: ``assess_trial``
-    answering ``AssessResult.Bad`` stops the trial. An exception of it is kept in :attr:`failure`
-    (traceback in the log), answers "go on" and ends the experiment as ERROR from its loop."""
+    answering ``AssessResult.Bad`` stops the trial; ``load_checkpoint()`` is called once first when the
+    experiment is ``resumed``. An exception of it is kept in :attr:`failure` (traceback in the log),
+    answers "go on" and ends the experiment as ERROR from its loop."""
 
-    def __init__(self, assessor: Any) -> None:
+    def __init__(self, assessor: Any, resumed: bool = False) -> None:
         self.assessor = assessor
         self.maximize = True
+        if resumed:
+            self._call("load_checkpoint")
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.failure is not None:
@@ -326,14 +329,15 @@ def check_assessor(config: AlgorithmSpec) -> None:
     check_algorithm(config, "assessor", Assessor, ASSESSORS, KNOWN_ASSESSORS)
 
 
-def create_assessor(config: AlgorithmSpec, objectives: Objectives | None = None) -> Assessor:
+def create_assessor(config: AlgorithmSpec, objectives: Objectives | None = None, resumed: bool = False) -> Assessor:
     """The configured assessor: a built-in name, a ``className`` or a registered name; the experiment's
-    ``objectives`` go to one that takes them (:data:`MULTI_OBJECTIVE_ASSESSORS`), which needs them."""
+    ``objectives`` go to one that takes them (:data:`MULTI_OBJECTIVE_ASSESSORS`), which needs them; an
+    NNI-API customized one loads its checkpoint first when the experiment is ``resumed``."""
     if is_custom(config, ASSESSORS):
         custom = load_custom(config, "assessor", Assessor)
         if issubclass(custom.cls, Assessor):
             return custom.instantiate()  # type: ignore[no-any-return]
-        return NniAssessor(custom.instantiate())
+        return NniAssessor(custom.instantiate(), resumed)
     name = (config.name or "").lower()
     if name not in ASSESSORS:
         raise TunerError(f"unknown assessor {config.name!r}; built-in: {KNOWN_ASSESSORS}")

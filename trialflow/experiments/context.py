@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..assessors import Assessor, create_assessor
+from ..assessors import ASSESSORS, Assessor, create_assessor
 from ..config import ExperimentConfig
 from ..foundation.readable import Wakeup
 from ..platforms import CodeRef, RetryPolicy, TrainingService, TrialStatus, experiment_service, platform
@@ -25,7 +25,8 @@ from ..platforms.hybrid import HybridService
 from ..platforms.report_desk import ReportDesk
 from ..platforms.trial_output import OutputBudget
 from ..records.store import ExperimentStore
-from ..tuners import Tuner, create_tuner
+from ..tuners import TUNERS, Tuner, create_tuner
+from ..tuners.custom import dispatcher_environment, is_custom
 
 
 class FollowingHalted(Exception):
@@ -158,8 +159,9 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
     prepare the service (transient platform errors retried with its platform's policy); on exit stop
     its trials' followers, unregister it and close the service (trials keep running)."""
     logging.getLogger("trialflow").setLevel(LOG_LEVELS[config.log_level or "info"])
-    tuner = create_tuner(config.tuner, config.search_space, config.multi_objective)  # type: ignore[arg-type]
-    assessor = create_assessor(config.assessor, config.multi_objective) if config.assessor else None
+    resumed = _customized_resume(config, experiment_dir)
+    tuner = create_tuner(config.tuner, config.search_space, config.multi_objective, resumed)  # type: ignore[arg-type]
+    assessor = create_assessor(config.assessor, config.multi_objective, resumed) if config.assessor else None
     service = experiment_service(config, experiment_dir)
     ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
                             max_trial_duration=config.max_trial_duration)
@@ -185,6 +187,14 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
             ctx.desk.close()
         service.close()
         ctx.close()
+
+
+def _customized_resume(config: ExperimentConfig, experiment_dir: Path) -> bool:
+    """With a customized tuner or assessor: NNI's dispatcher variables set for it, and whether this run
+    resumes the experiment (:func:`~trialflow.tuners.custom.dispatcher_environment`); else False."""
+    if not (is_custom(config.tuner, TUNERS) or (config.assessor and is_custom(config.assessor, ASSESSORS))):
+        return False
+    return dispatcher_environment(experiment_dir)
 
 
 def _open_desk(service: TrainingService) -> ReportDesk | None:

@@ -7,6 +7,10 @@ algorithm's ``classArgsValidator`` checks them first. A class written against NN
 (``nni.tuner.Tuner`` / ``nni.assessor.Assessor``) runs through :class:`NniTuner` /
 :class:`trialflow.assessors.NniAssessor`; the bundled ``nni`` package supplies those base classes
 when NNI itself is not installed.
+
+Such a class gets what NNI's dispatcher gets (:func:`dispatcher_environment`): ``NNI_CHECKPOINT_DIRECTORY``,
+the experiment's ``checkpoint/`` folder, and ``NNI_MODE``; on a resume its ``load_checkpoint()`` is called
+once, before anything else.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -25,6 +30,22 @@ from .base import Suggestion, Tuner, TunerError, check_args
 from .registry import registered
 
 log = logging.getLogger("trialflow.tuner")
+CHECKPOINT_FOLDER = "checkpoint"  # NNI's: <experiment>/checkpoint, the dispatcher's NNI_CHECKPOINT_DIRECTORY
+
+
+def dispatcher_environment(experiment_dir: Path) -> bool:
+    """Set NNI's dispatcher variables in this process for the experiment in ``experiment_dir``, as NNI sets
+    them for the process that runs a customized algorithm: ``NNI_CHECKPOINT_DIRECTORY`` (its
+    :data:`CHECKPOINT_FOLDER`, made 0700 when missing) and ``NNI_MODE`` (``resume`` when an earlier run made
+    that folder, else ``start``). Returns whether this run is a resume. Trials never inherit these
+    (:data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`). Raises OSError when the folder cannot be
+    made."""
+    folder = experiment_dir / CHECKPOINT_FOLDER
+    resumed = folder.is_dir()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.environ["NNI_CHECKPOINT_DIRECTORY"] = str(folder)
+    os.environ["NNI_MODE"] = "resume" if resumed else "start"
+    return resumed
 
 
 @dataclass(frozen=True)
@@ -170,17 +191,20 @@ def jsonable(value: Any) -> Any:
 
 class NniTuner(Tuner):
     """An NNI-API tuner (``generate_parameters`` / ``receive_trial_result`` ...) behind trialflow's
-    tuner seam. Its raw values are the parameters it generated, so a resume replays them to it with
-    ``import_data``. An exception of the user's tuner is kept in :attr:`failure` (with its traceback
-    in the log) and ends the experiment as ERROR; it is never retried."""
+    tuner seam: ``load_checkpoint()`` first when ``resumed``, then ``update_search_space``. Its raw values
+    are the parameters it generated, so a resume replays them to it with ``import_data``. An exception of
+    the user's tuner is kept in :attr:`failure` (with its traceback in the log) and ends the experiment as
+    ERROR; it is never retried."""
 
-    def __init__(self, tuner: Any, search_space: Any, label: str) -> None:
+    def __init__(self, tuner: Any, search_space: Any, label: str, resumed: bool = False) -> None:
         self.tuner = tuner
         self.label = label
         self.maximize = False
         self.failure = None
         self._next_id = 0
         self._params: dict[int, Any] = {}
+        if resumed:
+            self._call("load_checkpoint")
         self._call("update_search_space", search_space)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -1,18 +1,61 @@
-"""``nni.recoverable``: the checkpoint hooks NNI's tuners and assessors inherit (no-ops here; a
-resumed trialflow experiment replays finished trials to the tuner with ``import_data`` instead)."""
+"""``nni.recoverable``: the checkpoint hooks NNI's tuners and assessors inherit, as NNI defines them.
+
+trialflow gives a customized algorithm what NNI gives its dispatcher: ``NNI_CHECKPOINT_DIRECTORY``, the
+experiment's ``checkpoint/`` folder (the same folder for every run of the experiment), and ``NNI_MODE``
+(``start``, or ``resume`` when an earlier run made that folder). On a resume ``load_checkpoint()`` is called
+once, before the search space and the earlier trials are handed over; ``save_checkpoint()`` is the class's
+own to call, as under NNI, whose dispatcher never calls it. A resumed experiment also replays its finished
+trials to the tuner with ``import_data``, so a tuner that saves nothing loses nothing.
+
+The ``recover_*`` helpers are those NNI's Hyperband and BOHB advisors use on resumed trials' records
+(``{"parameter_id": ..., "parameters": ...}``, or such a record as a JSON string).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 
 class Recoverable:
+    def __init__(self) -> None:
+        self.recovered_max_param_id = -1
+        self.recovered_trial_params: dict[int, Any] = {}
+
     def load_checkpoint(self) -> None:
-        """Nothing to load: trialflow rebuilds a tuner's knowledge with ``import_data`` on resume."""
+        """Called once when the experiment resumes; a subclass reads what it saved in
+        :meth:`get_checkpoint_path`."""
 
     def save_checkpoint(self) -> None:
-        """Nothing to save: every trial's parameters and results are in the experiment store."""
+        """Never called by trialflow (nor by NNI): a subclass that keeps state calls it itself."""
 
     def get_checkpoint_path(self) -> str | None:
-        """NNI's ``NNI_CHECKPOINT_DIRECTORY`` when set (never set by trialflow)."""
-        return os.environ.get("NNI_CHECKPOINT_DIRECTORY")
+        """The experiment's checkpoint folder (``NNI_CHECKPOINT_DIRECTORY``), or None when that is unset
+        or not a folder."""
+        path = os.environ.get("NNI_CHECKPOINT_DIRECTORY")
+        return path if path is not None and os.path.isdir(path) else None
+
+    def recover_parameter_id(self, data: Any) -> int:
+        """Remember the parameters of resumed trials' records by their integer parameter id (others are
+        skipped); returns the largest such id, 0 when there is none."""
+        records = data if isinstance(data, list) else [data]
+        largest = 0
+        for record in records:
+            if isinstance(record, str):
+                record = json.loads(record)
+            parameter_id = record["parameter_id"]
+            if not isinstance(parameter_id, int) or isinstance(parameter_id, bool):
+                continue  # a customized trial's: not the tuner's to recover
+            self.recovered_trial_params[parameter_id] = record["parameters"]
+            largest = max(largest, parameter_id)
+        self.recovered_max_param_id = largest
+        return largest
+
+    def is_created_in_previous_exp(self, param_id: int | None) -> bool:
+        """Whether ``param_id`` belongs to a trial of an earlier run (see :meth:`recover_parameter_id`)."""
+        return param_id is not None and param_id <= self.recovered_max_param_id
+
+    def get_previous_param(self, param_id: int) -> Any:
+        """The parameters an earlier run's trial ``param_id`` had. Raises KeyError for an unknown id."""
+        return self.recovered_trial_params[param_id]
