@@ -29,16 +29,20 @@ from trialflow.trial.verdicts import VERDICT_WAIT_SECONDS
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 STOP_AT = '''
+import time
+
 from nni.assessor import Assessor, AssessResult
 
 
 class StopAt(Assessor):
-    """Stops a trial once it reported ``after`` results, or as soon as one is below ``below``."""
+    """Stops a trial once it reported ``after`` results, or as soon as one is below ``below``; each
+    verdict takes ``think`` seconds (as a curve-fitting assessor's may)."""
 
-    def __init__(self, after=1000, below=None):
-        self.after, self.below = after, below
+    def __init__(self, after=1000, below=None, think=0):
+        self.after, self.below, self.think = after, below, think
 
     def assess_trial(self, trial_job_id, trial_history):
+        time.sleep(self.think)
         if len(trial_history) >= self.after or (self.below is not None and trial_history[-1] < self.below):
             return AssessResult.Bad
         return AssessResult.Good
@@ -60,7 +64,9 @@ def _run(config: dict):
 # ---- the assessor never overwrites an outcome ----------------------------------------------------
 
 # A trial that does not ask the assessor as it reports (as one started by an earlier controller, or on
-# a platform without report-time decisions): its results and its end are read together.
+# a platform without report-time decisions): its results and its end are read together -- or, where a poll
+# comes between its last report and its exit (a busy machine can hold a process that long), its exit comes
+# while the assessor decides, before the stop: either way it keeps its outcome.
 ENDS_AFTER_THREE = """
 import json, os, time, nni
 os.environ.pop("TRIALFLOW_REPORT_DESK", None)
@@ -78,7 +84,8 @@ def test_a_trial_that_ended_keeps_its_outcome_though_the_assessor_would_stop_it(
     code = tmp_path / "code"
     write_trial(code, ENDS_AFTER_THREE)
     config = base_config(code, tmp_path / "w", maxTrialNumber=2, searchSpace={"code": {"_type": "choice",
-                         "_value": [0, 1]}}, tuner={"name": "GridSearch"}, assessor=_assessor(tmp_path, after=3))
+                         "_value": [0, 1]}}, tuner={"name": "GridSearch"},
+                         assessor=_assessor(tmp_path, after=3, think=1.0))
     _, store, _ = _run(config)
     by_code = {t.parameters["code"]: t for t in store.trials()}
     assert by_code[1].status == "FAILED" and by_code[1].exit_code == 1
