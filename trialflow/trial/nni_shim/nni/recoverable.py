@@ -7,8 +7,9 @@ once, before the search space and the earlier trials are handed over; ``save_che
 own to call, as under NNI, whose dispatcher never calls it. A resumed experiment also replays its finished
 trials to the tuner with ``import_data``, so a tuner that saves nothing loses nothing.
 
-The ``recover_*`` helpers are those NNI's Hyperband and BOHB advisors use on resumed trials' records
-(``{"parameter_id": ..., "parameters": ...}``, or such a record as a JSON string).
+``recover_parameter_id``, ``is_created_in_previous_exp`` and ``get_previous_param`` are NNI's, which its
+Hyperband and BOHB advisors use on resumed trials' records (``{"parameter_id": ..., "parameters": ...}``, or
+such a record as a JSON string).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Recoverable:
             if isinstance(record, str):
                 record = json.loads(record)
             parameter_id = record["parameter_id"]
-            if not isinstance(parameter_id, int) or isinstance(parameter_id, bool):
+            if not isinstance(parameter_id, int):
                 continue  # a customized trial's: not the tuner's to recover
             self.recovered_trial_params[parameter_id] = record["parameters"]
             largest = max(largest, parameter_id)
