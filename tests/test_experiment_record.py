@@ -76,7 +76,7 @@ for i in range(3):
     nni.report_intermediate_result(i)
 if p["code"] == 0:
     nni.report_final_result(p["code"] + 10)
-os._exit(p["code"])  # at once: the results and the exit reach the controller in one poll
+os._exit(p["code"])  # at once: the results and the exit mostly reach the controller in one poll
 """
 
 
