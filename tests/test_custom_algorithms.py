@@ -320,7 +320,7 @@ def test_an_nni_tuner_keeps_state_in_its_checkpoint_folder_and_loads_it_when_the
     assert [json.loads(line) for line in seen.read_text().splitlines()] == [[None, None]] * 3
 
 
-def test_nnis_recoverable_helpers_remember_resumed_trials_parameters(algo_dir, tmp_path, monkeypatch):
+def test_nnis_recoverable_helpers_remember_resumed_trials_parameters(tmp_path, monkeypatch):
     """The helpers NNI's Hyperband and BOHB advisors call on resumed trials' records, with NNI's rules: a
     record may be a JSON string, a customized trial's id is skipped, and a missing folder is no path."""
     monkeypatch.syspath_prepend(NNI_SHIM_DIR)
