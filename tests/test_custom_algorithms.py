@@ -340,3 +340,12 @@ def test_nnis_recoverable_helpers_remember_resumed_trials_parameters(tmp_path, m
     assert tuner.get_checkpoint_path() is None
     monkeypatch.setenv("NNI_CHECKPOINT_DIRECTORY", str(tmp_path))
     assert tuner.get_checkpoint_path() == str(tmp_path)
+
+
+def test_a_file_where_the_checkpoint_folder_goes_is_one_line_and_left_as_it_is(tmp_path):
+    from trialflow.tuners.custom import dispatcher_environment
+
+    (tmp_path / "checkpoint").write_text("someone's notes")
+    with pytest.raises(TunerError, match=r"checkpoint folder .*checkpoint cannot be made \(File exists\): move"):
+        dispatcher_environment(tmp_path)
+    assert (tmp_path / "checkpoint").read_text() == "someone's notes"

@@ -38,11 +38,15 @@ def dispatcher_environment(experiment_dir: Path) -> bool:
     them for the process that runs a customized algorithm: ``NNI_CHECKPOINT_DIRECTORY`` (its
     :data:`CHECKPOINT_FOLDER`, made 0700 when missing) and ``NNI_MODE`` (``resume`` when an earlier run made
     that folder, else ``start``). Returns whether this run is a resume. Trials never inherit these
-    (:data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`). Raises OSError when the folder cannot be
-    made."""
+    (:data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`). Raises :class:`TunerError` when the folder
+    cannot be made (a file of its name is left as it is)."""
     folder = experiment_dir / CHECKPOINT_FOLDER
     resumed = folder.is_dir()
-    folder.mkdir(mode=0o700, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise TunerError(f"the customized algorithm's checkpoint folder {folder} cannot be made ({exc.strerror}): "
+                         "move what is there away, then run again") from None
     os.environ["NNI_CHECKPOINT_DIRECTORY"] = str(folder)
     os.environ["NNI_MODE"] = "resume" if resumed else "start"
     return resumed
