@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+import trialflow
 from tests.conftest import base_config, k8s_section, machine, run_in_thread, start_controller, wait_for, write_trial
 from tests.test_remote_experiment import TRIAL, _events, _peak
 from trialflow import parse_config, run_experiment
@@ -103,6 +104,21 @@ def test_max_concurrency_and_weight_place_trials(tmp_path, sshd_servers, known_h
     assert _peak(events) <= 4
     per_service = Counter(service_name(t.handle) for t in result.trials)
     assert per_service["remote"] > per_service["local"]
+
+
+def test_a_raised_concurrency_reaches_members_without_max_concurrency(tmp_path, prefect_server):
+    write_trial(tmp_path / "code", TRIAL.format(log=str(tmp_path / "events.jsonl"), sleep=1.0))
+    services = [{"platform": "local", "trialCommand": f"python3 trial.py {name}"} for name in ("local", "local#2")]
+    config = base_config(tmp_path / "code", tmp_path / "w", trialConcurrency=1, maxTrialNumber=8,
+                         trainingService=services)
+    exp_id, exp_dir = create_experiment(parse_config(config), None)
+    store = open_store(exp_dir.parent, exp_id)
+    controller = start_controller(exp_id, exp_dir.parent, prefect_server)
+    wait_for(lambda: store.trials(["RUNNING"]), timeout=120)
+    assert trialflow.update_experiment(exp_id, "concurrency", 4, root=exp_dir.parent) == 4
+    assert controller.wait(timeout=240) == 0
+    _check_all_ran_once(tmp_path, store, store.trials(), 8)  # none failed as "every service is full"
+    assert _peak(_events(tmp_path)) >= 3  # more than the two members' first caps of 1 together
 
 
 def test_sigkill_and_resume_reattach_trials_on_every_service(tmp_path, sshd_servers, known_hosts, k8s, prefect_server):

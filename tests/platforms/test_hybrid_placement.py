@@ -49,3 +49,23 @@ def test_weight_scales_the_share_and_max_concurrency_caps_it(tmp_path):
             _place(service, "g")
     finally:
         service.close()
+
+
+def test_members_without_max_concurrency_follow_the_concurrency_in_force(tmp_path):
+    service = _service(tmp_path, {}, {"maxConcurrency": 1}, concurrency=1)
+    try:
+        assert _place(service, "a", "b") == ["local", "local#2"]
+        with pytest.raises(TransientPlatformError):
+            _place(service, "c")
+        service.follow_concurrency(3)  # trialflow update concurrency 3: local's cap; local#2 keeps its own
+        assert _place(service, "c", "d") == ["local", "local"]
+        with pytest.raises(TransientPlatformError):
+            _place(service, "e")
+        service.follow_concurrency(1)  # lowered: local keeps its trials and takes no new one under 1
+        service.abandon("a")
+        service.abandon("b")
+        assert _place(service, "e") == ["local#2"]
+        with pytest.raises(TransientPlatformError):
+            _place(service, "f")
+    finally:
+        service.close()

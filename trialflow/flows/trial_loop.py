@@ -138,6 +138,8 @@ def run_trials(ctx: ExperimentContext) -> tuple[str, str | None]:
                 if trial_id in loop.running:
                     ctx.request_cancel(trial_id, TrialStatus.USER_CANCELED)
             concurrency, max_trials, max_duration = loop.limits(controls)
+            if acted:  # first look, or a control changed (update concurrency among them)
+                ctx.service.follow_concurrency(concurrency)
             if loop.capacity is not None:
                 concurrency = min(concurrency, loop.capacity)
             budget_over = max_duration is not None and loop.elapsed() >= max_duration

@@ -238,6 +238,11 @@ class TrainingService(ABC, Generic[ConfigT]):
         """The most trials this service can run at once, when it knows (default: no limit of its own)."""
         return None
 
+    def follow_concurrency(self, concurrency: int) -> None:
+        """The experiment's ``trialConcurrency`` in force: told when the experiment loop starts and
+        each time ``trialflow update concurrency`` changes it (default: nothing to adjust)."""
+        return None
+
     def output_folder(self, handle: TrialHandle, name: str) -> Path | None:
         """The folder ``name`` of the trial's ``NNI_OUTPUT_DIR`` (e.g. ``tensorboard``) on this
         machine, copied here first when the trial runs elsewhere; None when the service cannot

@@ -7,9 +7,11 @@ Each section is a member service with its own overrides (``trialCommand``, ``tri
 Placement (NNI picked at random among services with capacity): a new trial goes to the member with
 the most *weighted free capacity*, ``weight x (maxConcurrency - running)``, among members with a free
 slot that have not failed a submission in the last :data:`COOLDOWN_SECONDS`; ties go to the member
-running fewer trials, then to the earlier section. ``maxConcurrency`` (default: the experiment's
-``trialConcurrency``) caps a member; ``weight`` (default 1) scales its share. When every member has a
-``maxConcurrency`` the experiment's window is at most their sum (:meth:`HybridService.capacity`).
+running fewer trials, then to the earlier section. ``maxConcurrency`` caps a member; without one, a
+member's cap is the experiment's ``trialConcurrency`` in force, following ``trialflow update
+concurrency`` (:meth:`HybridService.follow_concurrency`). ``weight`` (default 1) scales its share.
+When every member has a ``maxConcurrency`` the experiment's window is at most their sum
+(:meth:`HybridService.capacity`).
 
 A trial's handle is its member's handle plus ``data["service"]`` (the member's name): polls, kills,
 logs, resume and reuse go to that member. A retried submission stays on the member first chosen (so
@@ -118,6 +120,14 @@ class HybridService(TrainingService):
         if all(m.config.max_concurrency for m in self.members.values()):
             return sum(m.capacity for m in self.members.values())
         return None
+
+    def follow_concurrency(self, concurrency: int) -> None:
+        """Members without a ``maxConcurrency`` take ``concurrency`` as their cap. A member running more
+        than a lowered cap keeps its trials and takes no new one until it is under it."""
+        with self._lock:
+            for member in self.members.values():
+                if not member.config.max_concurrency:
+                    member.capacity = concurrency
 
     # ---- placement ------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ class TrainingServiceConfig(ConfigModel):
         "experiment using the same Prefect server (a Prefect global concurrency limit)")
     max_concurrency: int | None = Field(
         default=None, gt=0, description="hybrid experiments: at most this many of the experiment's trials run on "
-        "this service (default: trialConcurrency)")
+        "this service (default: trialConcurrency, as trialflow update concurrency last set it)")
     weight: float = Field(default=1.0, gt=0, description="hybrid experiments: this service's share of new trials "
                           "scales with weight x free slots")
     platform_concurrency_name: str | None = Field(
