@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, wait_for, write_trial
+from tests.conftest import base_config, run_in_thread, wait_for, write_trial
 from trialflow import parse_config, resume_experiment, run_experiment
 from trialflow.config import AlgorithmConfig, ConfigError
 from trialflow.experiments import open_store
@@ -347,5 +347,49 @@ def test_a_file_where_the_checkpoint_folder_goes_is_one_line_and_left_as_it_is(t
 
     (tmp_path / "checkpoint").write_text("someone's notes")
     with pytest.raises(TunerError, match=r"checkpoint folder .*checkpoint cannot be made \(File exists\): move"):
-        dispatcher_environment(tmp_path)
+        with dispatcher_environment(tmp_path):
+            pass
     assert (tmp_path / "checkpoint").read_text() == "someone's notes"
+
+
+def test_two_experiments_running_in_one_process_each_keep_their_checkpoint_folder(tmp_path):
+    """As in a notebook running two experiments at once, each with a customized tuner: the process has one
+    NNI_CHECKPOINT_DIRECTORY (the later experiment's), yet each tuner saves in its own experiment's folder;
+    after both the variables are as they were before."""
+    folder = tmp_path / "my_algorithms"
+    folder.mkdir()
+    shutil.copy(ALGORITHMS / "checkpoint_tuner.py", folder)
+    before = {name: os.environ.get(name) for name in ("NNI_CHECKPOINT_DIRECTORY", "NNI_MODE")}
+    configs, logs = {}, {}
+    for name, factor in (("a", 10), ("b", 100)):
+        gate, logs[name] = tmp_path / f"go-{name}", tmp_path / f"calls-{name}.jsonl"
+        write_trial(tmp_path / f"code-{name}", f"""
+            import os, time, nni
+            p = nni.get_next_parameter()
+            while not os.path.exists({str(gate)!r}):  # held until the test lets this experiment's trials end
+                time.sleep(0.05)
+            nni.report_final_result(p["x"] * {factor})
+            """)
+        configs[name] = base_config(tmp_path / f"code-{name}", tmp_path / "w", maxTrialNumber=2, trialConcurrency=1,
+                                    tuner={"className": "checkpoint_tuner.SavingTuner", "codeDirectory": str(folder),
+                                           "classArgs": {"log_file": str(logs[name])}})
+
+    def opened(name: str) -> dict:  # the tuner's first call: its experiment's context is open
+        return wait_for(lambda: logs[name].exists() and json.loads(logs[name].read_text().splitlines()[0]),
+                        timeout=120)
+
+    first, first_outcome = run_in_thread(lambda: run_experiment(configs["a"]))
+    folder_a = opened("a")["path"]
+    second, second_outcome = run_in_thread(lambda: run_experiment(configs["b"]))
+    folder_b = opened("b")["path"]
+    assert folder_a != folder_b and os.environ["NNI_CHECKPOINT_DIRECTORY"] == folder_b
+    (tmp_path / "go-a").touch()  # a's results arrive, and its tuner saves them, while b still runs
+    first.join(timeout=240)
+    (tmp_path / "go-b").touch()
+    second.join(timeout=240)
+    for outcome in (first_outcome, second_outcome):
+        assert outcome["result"].status == "DONE"
+        assert [t.status for t in outcome["result"].trials] == ["SUCCEEDED"] * 2
+    assert json.loads((Path(folder_a) / "tuner.json").read_text()) == {"0": 10, "1": 20}
+    assert json.loads((Path(folder_b) / "tuner.json").read_text()) == {"0": 100, "1": 200}
+    assert {name: os.environ.get(name) for name in before} == before

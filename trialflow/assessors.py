@@ -34,7 +34,7 @@ from .tuners.base import (
     optimize_mode_arg,
     positive_int_arg,
 )
-from .tuners.custom import check_algorithm, describe_failure, is_custom, load_custom
+from .tuners.custom import Checkpoint, check_algorithm, describe_failure, is_custom, load_custom
 from .tuners.objectives import MultiResult, Objectives
 
 
@@ -294,15 +294,17 @@ NNI_NAMES = {"medianstop": "Medianstop", "curvefitting": "Curvefitting", "asha":
 
 class NniAssessor(Assessor):
     """A customized assessor written against NNI's ``nni.assessor.Assessor`` API: ``assess_trial``
-    answering ``AssessResult.Bad`` stops the trial; ``load_checkpoint()`` is called once first when the
-    experiment is ``resumed``. An exception of it is kept in :attr:`failure` (traceback in the log),
-    answers "go on" and ends the experiment as ERROR from its loop."""
+    answering ``AssessResult.Bad`` stops the trial; it is bound to the experiment's ``checkpoint``, whose
+    ``load_checkpoint()`` is called once first when the run resumes. An exception of it is kept in
+    :attr:`failure` (traceback in the log), answers "go on" and ends the experiment as ERROR from its loop."""
 
-    def __init__(self, assessor: Any, resumed: bool = False) -> None:
+    def __init__(self, assessor: Any, checkpoint: Checkpoint | None = None) -> None:
         self.assessor = assessor
         self.maximize = True
-        if resumed:
-            self._call("load_checkpoint")
+        if checkpoint is not None:
+            checkpoint.bind(assessor)
+            if checkpoint.resumed:
+                self._call("load_checkpoint")
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.failure is not None:
@@ -329,15 +331,17 @@ def check_assessor(config: AlgorithmSpec) -> None:
     check_algorithm(config, "assessor", Assessor, ASSESSORS, KNOWN_ASSESSORS)
 
 
-def create_assessor(config: AlgorithmSpec, objectives: Objectives | None = None, resumed: bool = False) -> Assessor:
+def create_assessor(config: AlgorithmSpec, objectives: Objectives | None = None,
+                    checkpoint: Checkpoint | None = None) -> Assessor:
     """The configured assessor: a built-in name, a ``className`` or a registered name; the experiment's
     ``objectives`` go to one that takes them (:data:`MULTI_OBJECTIVE_ASSESSORS`), which needs them; an
-    NNI-API customized one loads its checkpoint first when the experiment is ``resumed``."""
+    NNI-API customized one is bound to the experiment's ``checkpoint`` and loads it first when the run
+    resumes."""
     if is_custom(config, ASSESSORS):
         custom = load_custom(config, "assessor", Assessor)
         if issubclass(custom.cls, Assessor):
             return custom.instantiate()  # type: ignore[no-any-return]
-        return NniAssessor(custom.instantiate(), resumed)
+        return NniAssessor(custom.instantiate(), checkpoint)
     name = (config.name or "").lower()
     if name not in ASSESSORS:
         raise TunerError(f"unknown assessor {config.name!r}; built-in: {KNOWN_ASSESSORS}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from ..platforms.report_desk import ReportDesk
 from ..platforms.trial_output import OutputBudget
 from ..records.store import ExperimentStore
 from ..tuners import TUNERS, Tuner, create_tuner
-from ..tuners.custom import dispatcher_environment, is_custom
+from ..tuners.custom import Checkpoint, dispatcher_environment, is_custom
 
 
 class FollowingHalted(Exception):
@@ -45,6 +45,7 @@ class ExperimentContext:
     poll_interval: float = 0.2
     max_trial_duration: float | None = None
     code: CodeRef | None = None  # set by the upload_code task
+    checkpoint: Checkpoint | None = None  # a customized algorithm's (NNI's dispatcher checkpoint folder)
     stop: threading.Event = field(default_factory=threading.Event)
     tuner_lock: threading.Lock = field(default_factory=threading.Lock)
     cancel_requests: dict[str, TrialStatus] = field(default_factory=dict)
@@ -157,44 +158,47 @@ def open_context(experiment_id: str, experiment_dir: Path, config: ExperimentCon
                  store: ExperimentStore) -> Iterator[ExperimentContext]:
     """Build the experiment's service, tuner and assessor, register the context for the tasks and
     prepare the service (transient platform errors retried with its platform's policy); on exit stop
-    its trials' followers, unregister it and close the service (trials keep running)."""
+    its trials' followers, unregister it and close the service (trials keep running). A customized
+    tuner or assessor has NNI's dispatcher environment for the block (:func:`_customized_checkpoint`)."""
     logging.getLogger("trialflow").setLevel(LOG_LEVELS[config.log_level or "info"])
-    resumed = _customized_resume(config, experiment_dir)
-    tuner = create_tuner(config.tuner, config.search_space, config.multi_objective, resumed)  # type: ignore[arg-type]
-    assessor = create_assessor(config.assessor, config.multi_objective, resumed) if config.assessor else None
-    service = experiment_service(config, experiment_dir)
-    ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
-                            max_trial_duration=config.max_trial_duration)
-    with _LOCK:
-        if experiment_id in _CONTEXTS:
-            service.close()
-            raise RuntimeError(f"experiment {experiment_id} is already running in this process")
-        _CONTEXTS[experiment_id] = ctx
-    try:
-        # a hybrid service retries each member with its own platform's policy
-        hybrid = isinstance(service, HybridService)
-        retry = RetryPolicy(retries=0) if hybrid else platform(service.config.platform).retry
-        retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
-            "preparing %s failed (%s); retrying in %.0f s", service.platform, exc, delay))
-        if assessor is not None:
-            ctx.desk = _open_desk(service)
-        yield ctx
-    finally:
-        ctx.request_stop()
+    with ExitStack() as dispatcher:
+        checkpoint = _customized_checkpoint(config, experiment_dir, dispatcher)
+        tuner = create_tuner(config.tuner, config.search_space, config.multi_objective,  # type: ignore[arg-type]
+                             checkpoint)
+        assessor = create_assessor(config.assessor, config.multi_objective, checkpoint) if config.assessor else None
+        service = experiment_service(config, experiment_dir)
+        ctx = ExperimentContext(experiment_id, experiment_dir, config, store, service, tuner, assessor,
+                                max_trial_duration=config.max_trial_duration, checkpoint=checkpoint)
         with _LOCK:
-            _CONTEXTS.pop(experiment_id, None)
-        if ctx.desk is not None:
-            ctx.desk.close()
-        service.close()
-        ctx.close()
+            if experiment_id in _CONTEXTS:
+                service.close()
+                raise RuntimeError(f"experiment {experiment_id} is already running in this process")
+            _CONTEXTS[experiment_id] = ctx
+        try:
+            # a hybrid service retries each member with its own platform's policy
+            hybrid = isinstance(service, HybridService)
+            retry = RetryPolicy(retries=0) if hybrid else platform(service.config.platform).retry
+            retry.call(ctx.service.prepare, lambda exc, delay: log.warning(
+                "preparing %s failed (%s); retrying in %.0f s", service.platform, exc, delay))
+            if assessor is not None:
+                ctx.desk = _open_desk(service)
+            yield ctx
+        finally:
+            ctx.request_stop()
+            with _LOCK:
+                _CONTEXTS.pop(experiment_id, None)
+            if ctx.desk is not None:
+                ctx.desk.close()
+            service.close()
+            ctx.close()
 
 
-def _customized_resume(config: ExperimentConfig, experiment_dir: Path) -> bool:
-    """With a customized tuner or assessor: NNI's dispatcher variables set for it, and whether this run
-    resumes the experiment (:func:`~trialflow.tuners.custom.dispatcher_environment`); else False."""
+def _customized_checkpoint(config: ExperimentConfig, experiment_dir: Path, stack: ExitStack) -> Checkpoint | None:
+    """With a customized tuner or assessor: its checkpoint, NNI's dispatcher variables set until
+    ``stack`` closes (:func:`~trialflow.tuners.custom.dispatcher_environment`); else None."""
     if not (is_custom(config.tuner, TUNERS) or (config.assessor and is_custom(config.assessor, ASSESSORS))):
-        return False
-    return dispatcher_environment(experiment_dir)
+        return None
+    return stack.enter_context(dispatcher_environment(experiment_dir))
 
 
 def _open_desk(service: TrainingService) -> ReportDesk | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -258,7 +259,10 @@ def _apply_search_space(ctx: ExperimentContext, space: Any) -> None:
         return
     with ctx.tuner_lock:
         ctx.config = ctx.config.model_copy(update={"search_space": space})
-        ctx.tuner = create_tuner(ctx.config.tuner, space, ctx.config.multi_objective)  # type: ignore[arg-type]
+        # a rebuilt customized tuner keeps the experiment's checkpoint folder; what it saved is not loaded again
+        checkpoint = replace(ctx.checkpoint, resumed=False) if ctx.checkpoint is not None else None
+        ctx.tuner = create_tuner(ctx.config.tuner, space, ctx.config.multi_objective,  # type: ignore[arg-type]
+                                 checkpoint)
         _tell_tuner(ctx, skip_misfits=True)
     # the config file still says the old one: not an edit
     set_stored_fields(ctx.store, {"searchSpace": space}, remove=["searchSpaceFile"])

@@ -29,7 +29,7 @@ from .base import (
     scalar_or_none,
     seed_arg,
 )
-from .custom import NniTuner, check_algorithm, is_custom, load_custom
+from .custom import Checkpoint, NniTuner, check_algorithm, is_custom, load_custom
 from .tpe import check_tpe_args
 
 if TYPE_CHECKING:
@@ -225,13 +225,14 @@ def check_tuner(config: AlgorithmSpec) -> None:
 
 
 def create_tuner(config: AlgorithmSpec, search_space: Any, objectives: Objectives | None = None,
-                 resumed: bool = False) -> Tuner:
+                 checkpoint: Checkpoint | None = None) -> Tuner:
     """Build the configured tuner over ``search_space`` (as written in the config), for the experiment's
     ``objectives`` when it has several (a built-in of :data:`MULTI_OBJECTIVE_TUNERS`, or a customized
-    tuner, which gets the final results as reported; an NNI-API one loads its checkpoint first when the
-    experiment is ``resumed``); unknown names and bad ``classArgs`` raise :class:`TunerError`."""
+    tuner, which gets the final results as reported; an NNI-API one is bound to the experiment's
+    ``checkpoint`` and loads it first when the run resumes); unknown names and bad ``classArgs`` raise
+    :class:`TunerError`."""
     if is_custom(config, TUNERS):
-        return _custom_tuner(config, search_space, resumed)
+        return _custom_tuner(config, search_space, checkpoint)
     name = (config.name or "").lower()
     if name not in TUNERS:
         raise TunerError(f"unknown tuner {config.name!r}; built-in: {KNOWN_TUNERS}")
@@ -248,7 +249,7 @@ def _parsed(search_space: Any) -> SearchSpace:
     return search_space if isinstance(search_space, SearchSpace) else parse_search_space(search_space)
 
 
-def _custom_tuner(config: AlgorithmSpec, search_space: Any, resumed: bool) -> Tuner:
+def _custom_tuner(config: AlgorithmSpec, search_space: Any, checkpoint: Checkpoint | None) -> Tuner:
     """A customized tuner: a trialflow :class:`Tuner` subclass is called with the parsed search
     space and ``classArgs``; any other class (NNI's ``nni.tuner.Tuner`` API) is built with
     ``classArgs`` and gets the search space as written, unvalidated, as NNI hands it to customized
@@ -256,4 +257,4 @@ def _custom_tuner(config: AlgorithmSpec, search_space: Any, resumed: bool) -> Tu
     custom = load_custom(config, "tuner", Tuner)
     if issubclass(custom.cls, Tuner):
         return custom.cls(_parsed(search_space), **custom.class_args)  # type: ignore[no-any-return]
-    return NniTuner(custom.instantiate(), search_space, custom.label, resumed)
+    return NniTuner(custom.instantiate(), search_space, custom.label, checkpoint)

@@ -20,7 +20,10 @@ import json
 import logging
 import os
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,15 +34,49 @@ from .registry import registered
 
 log = logging.getLogger("trialflow.tuner")
 CHECKPOINT_FOLDER = "checkpoint"  # NNI's: <experiment>/checkpoint, the dispatcher's NNI_CHECKPOINT_DIRECTORY
+# the instance attribute the bundled nni.recoverable.Recoverable.get_checkpoint_path reads first
+CHECKPOINT_ATTRIBUTE = "_trialflow_checkpoint_directory"
+DISPATCHER_VARIABLES = ("NNI_CHECKPOINT_DIRECTORY", "NNI_MODE")
 
 
-def dispatcher_environment(experiment_dir: Path) -> bool:
-    """Set NNI's dispatcher variables in this process for the experiment in ``experiment_dir``, as NNI sets
-    them for the process that runs a customized algorithm: ``NNI_CHECKPOINT_DIRECTORY`` (its
-    :data:`CHECKPOINT_FOLDER`, made 0700 when missing) and ``NNI_MODE`` (``resume`` when an earlier run made
-    that folder, else ``start``). Returns whether this run is a resume. Trials never inherit these
-    (:data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`). Raises :class:`TunerError` when the folder
-    cannot be made (a file of its name is left as it is)."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """A customized algorithm's checkpoint folder (NNI's ``<experiment>/checkpoint``, kept across runs)
+    and whether this run resumes the experiment (an earlier run made the folder)."""
+
+    folder: Path
+    resumed: bool
+
+    @property
+    def mode(self) -> str:
+        """NNI's ``NNI_MODE``."""
+        return "resume" if self.resumed else "start"
+
+    def bind(self, algorithm: Any) -> None:
+        """``algorithm.get_checkpoint_path()`` answers this folder from now on, whatever
+        ``NNI_CHECKPOINT_DIRECTORY`` says (another experiment running in this process sets it too). An
+        object that takes no attribute (``__slots__``) is left to the variable."""
+        try:
+            setattr(algorithm, CHECKPOINT_ATTRIBUTE, str(self.folder))
+        except (AttributeError, TypeError):
+            pass
+
+
+_active: list[Checkpoint] = []  # this process's experiments with a customized algorithm, oldest first
+_before: dict[str, str | None] = {}  # the variables as they were before the first of them
+_active_lock = threading.Lock()
+
+
+@contextmanager
+def dispatcher_environment(experiment_dir: Path) -> Iterator[Checkpoint]:
+    """The checkpoint of the experiment in ``experiment_dir`` (its :data:`CHECKPOINT_FOLDER`, made 0700
+    when missing), with NNI's dispatcher variables set in this process for the block, as NNI sets them
+    for the process that runs a customized algorithm: ``NNI_CHECKPOINT_DIRECTORY`` and ``NNI_MODE``. With
+    several such experiments in one process the variables name the latest started that still runs (each
+    algorithm bound with :meth:`Checkpoint.bind` finds its own folder all the same); after the last
+    block they are as before the first. Trials never inherit them
+    (:data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`). Raises :class:`TunerError` when the
+    folder cannot be made (a file of its name is left as it is)."""
     folder = experiment_dir / CHECKPOINT_FOLDER
     resumed = folder.is_dir()
     try:
@@ -47,9 +84,29 @@ def dispatcher_environment(experiment_dir: Path) -> bool:
     except OSError as exc:
         raise TunerError(f"the customized algorithm's checkpoint folder {folder} cannot be made ({exc.strerror}): "
                          "move what is there away, then run again") from None
-    os.environ["NNI_CHECKPOINT_DIRECTORY"] = str(folder)
-    os.environ["NNI_MODE"] = "resume" if resumed else "start"
-    return resumed
+    checkpoint = Checkpoint(folder, resumed)
+    with _active_lock:
+        if not _active:
+            _before.update((name, os.environ.get(name)) for name in DISPATCHER_VARIABLES)
+        _active.append(checkpoint)
+        _export(checkpoint)
+    try:
+        yield checkpoint
+    finally:
+        with _active_lock:
+            _active.remove(checkpoint)
+            _export(_active[-1] if _active else None)
+
+
+def _export(checkpoint: Checkpoint | None) -> None:
+    """Set the dispatcher variables to ``checkpoint``'s, or back to :data:`_before` (called under the lock)."""
+    values = (dict(zip(DISPATCHER_VARIABLES, (str(checkpoint.folder), checkpoint.mode), strict=True))
+              if checkpoint is not None else _before)
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @dataclass(frozen=True)
@@ -195,20 +252,23 @@ def jsonable(value: Any) -> Any:
 
 class NniTuner(Tuner):
     """An NNI-API tuner (``generate_parameters`` / ``receive_trial_result`` ...) behind trialflow's
-    tuner seam: ``load_checkpoint()`` first when ``resumed``, then ``update_search_space``. Its raw values
+    tuner seam, bound to the experiment's ``checkpoint`` (its ``load_checkpoint()`` called first when the run
+    resumes), then ``update_search_space``. Its raw values
     are the parameters it generated, so a resume replays them to it with ``import_data``. An exception of
     the user's tuner is kept in :attr:`failure` (with its traceback in the log) and ends the experiment as
     ERROR; it is never retried."""
 
-    def __init__(self, tuner: Any, search_space: Any, label: str, resumed: bool = False) -> None:
+    def __init__(self, tuner: Any, search_space: Any, label: str, checkpoint: Checkpoint | None = None) -> None:
         self.tuner = tuner
         self.label = label
         self.maximize = False
         self.failure = None
         self._next_id = 0
         self._params: dict[int, Any] = {}
-        if resumed:
-            self._call("load_checkpoint")
+        if checkpoint is not None:
+            checkpoint.bind(tuner)
+            if checkpoint.resumed:
+                self._call("load_checkpoint")
         self._call("update_search_space", search_space)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:

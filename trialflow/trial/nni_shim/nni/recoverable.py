@@ -2,10 +2,12 @@
 
 trialflow gives a customized algorithm what NNI gives its dispatcher: ``NNI_CHECKPOINT_DIRECTORY``, the
 experiment's ``checkpoint/`` folder (the same folder for every run of the experiment), and ``NNI_MODE``
-(``start``, or ``resume`` when an earlier run made that folder). On a resume ``load_checkpoint()`` is called
-once, before the search space and the earlier trials are handed over; ``save_checkpoint()`` is the class's
-own to call, as under NNI, whose dispatcher never calls it. A resumed experiment also replays its finished
-trials to the tuner with ``import_data``, so a tuner that saves nothing loses nothing.
+(``start``, or ``resume`` when an earlier run made that folder), and binds each such object to its own
+experiment's folder, which :meth:`Recoverable.get_checkpoint_path` answers first. On a resume
+``load_checkpoint()`` is called once, before the search space and the earlier trials are handed over;
+``save_checkpoint()`` is the class's own to call, as under NNI, whose dispatcher never calls it. A resumed
+experiment also replays its finished trials to the tuner with ``import_data``, so a tuner that saves nothing
+loses nothing.
 
 ``recover_parameter_id``, ``is_created_in_previous_exp`` and ``get_previous_param`` are NNI's, which its
 Hyperband and BOHB advisors use on resumed trials' records (``{"parameter_id": ..., "parameters": ...}``, or
@@ -32,9 +34,10 @@ class Recoverable:
         """Never called by trialflow (nor by NNI): a subclass that keeps state calls it itself."""
 
     def get_checkpoint_path(self) -> str | None:
-        """The experiment's checkpoint folder (``NNI_CHECKPOINT_DIRECTORY``), or None when that is unset
-        or not a folder."""
-        path = os.environ.get("NNI_CHECKPOINT_DIRECTORY")
+        """The experiment's checkpoint folder, or None when there is none or it is not a folder: the one
+        trialflow bound this object to (so two experiments running in one process each keep their own),
+        else ``NNI_CHECKPOINT_DIRECTORY``."""
+        path = getattr(self, "_trialflow_checkpoint_directory", None) or os.environ.get("NNI_CHECKPOINT_DIRECTORY")
         return path if path is not None and os.path.isdir(path) else None
 
     def recover_parameter_id(self, data: Any) -> int:
