@@ -352,6 +352,7 @@ def test_a_file_where_the_checkpoint_folder_goes_is_one_line_and_left_as_it_is(t
     assert (tmp_path / "checkpoint").read_text() == "someone's notes"
 
 
+@pytest.mark.usefixtures("prefect_server")
 def test_two_experiments_running_in_one_process_each_keep_their_checkpoint_folder(tmp_path):
     """As in a notebook running two experiments at once, each with a customized tuner: the process has one
     NNI_CHECKPOINT_DIRECTORY (the later experiment's), yet each tuner saves in its own experiment's folder;

@@ -302,7 +302,7 @@ class NniAssessor(Assessor):
         self.assessor = assessor
         self.maximize = True
         if checkpoint is not None:
-            checkpoint.bind(assessor)
+            checkpoint.attach(assessor)
             if checkpoint.resumed:
                 self._call("load_checkpoint")
 

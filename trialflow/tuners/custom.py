@@ -52,7 +52,7 @@ class Checkpoint:
         """NNI's ``NNI_MODE``."""
         return "resume" if self.resumed else "start"
 
-    def bind(self, algorithm: Any) -> None:
+    def attach(self, algorithm: Any) -> None:
         """``algorithm.get_checkpoint_path()`` answers this folder from now on, whatever
         ``NNI_CHECKPOINT_DIRECTORY`` says (another experiment running in this process sets it too). An
         object that takes no attribute (``__slots__``) is left to the variable."""
@@ -73,7 +73,7 @@ def dispatcher_environment(experiment_dir: Path) -> Iterator[Checkpoint]:
     when missing), with NNI's dispatcher variables set in this process for the block, as NNI sets them
     for the process that runs a customized algorithm: ``NNI_CHECKPOINT_DIRECTORY`` and ``NNI_MODE``. With
     several such experiments in one process the variables name the latest started that still runs (each
-    algorithm bound with :meth:`Checkpoint.bind` finds its own folder all the same); after the last
+    algorithm attached with :meth:`Checkpoint.attach` finds its own folder all the same); after the last
     block they are as before the first. Trials never inherit them
     (:data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`). Raises :class:`TunerError` when the
     folder cannot be made (a file of its name is left as it is)."""
@@ -266,7 +266,7 @@ class NniTuner(Tuner):
         self._next_id = 0
         self._params: dict[int, Any] = {}
         if checkpoint is not None:
-            checkpoint.bind(tuner)
+            checkpoint.attach(tuner)
             if checkpoint.resumed:
                 self._call("load_checkpoint")
         self._call("update_search_space", search_space)
