@@ -133,6 +133,22 @@ def test_search_space_exactly_one(tmp_path):
     assert any("set exactly one of searchSpace or searchSpaceFile" in p for p in problems(data))
 
 
+
+def test_an_empty_search_space_is_refused_for_a_built_in_tuner_only(tmp_path):
+    """Built-in tuners need a parameter; a customized one may keep its space in its code, as NNI's own
+    examples/trials/ga_squad/config.yml says with ``searchSpace: {}  # hard-coded in tuner``."""
+    assert problems(minimal(tmp_path, searchSpace={})) == [
+        '<top level>: searchSpace is empty: give at least one parameter, e.g. '
+        '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}']
+    (tmp_path / "empty.json").write_text("{}")
+    data = minimal(tmp_path, searchSpaceFile=str(tmp_path / "empty.json"))
+    del data["searchSpace"]
+    assert any(f'searchSpaceFile "{tmp_path / "empty.json"}" is empty' in p for p in problems(data))
+    (tmp_path / "own_tuner.py").write_text("class Own:\n    pass\n")
+    own = parse_config(minimal(tmp_path, searchSpace={}, tuner={"className": "own_tuner.Own",
+                                                                "codeDirectory": str(tmp_path)}))
+    assert own.search_space == {} and own.custom_tuner
+
 def test_bad_search_space_is_reported_with_parameter(tmp_path):
     found = problems(minimal(tmp_path, searchSpace={"lr": {"_type": "loguniform", "_value": [0, 1]}}))
     assert any('searchSpace: parameter "lr": loguniform needs low > 0, got 0' in p for p in found), found

@@ -394,3 +394,58 @@ def test_two_experiments_running_in_one_process_each_keep_their_checkpoint_folde
     assert json.loads((Path(folder_a) / "tuner.json").read_text()) == {"0": 10, "1": 20}
     assert json.loads((Path(folder_b) / "tuner.json").read_text()) == {"0": 100, "1": 200}
     assert {name: os.environ.get(name) for name in before} == before
+
+
+# A tuner that keeps its search space in its code, as NNI's examples/tuners/ga_customer_tuner does.
+HARD_CODED_TUNER = """
+from nni.tuner import Tuner
+
+
+class HardCodedTuner(Tuner):
+    def __init__(self, optimize_mode="maximize"):
+        super().__init__()
+
+    def update_search_space(self, search_space):
+        self.given = search_space
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        return {"layers": [{"type": parameter_id % 3, "output": [parameter_id + 1]}], "given": self.given}
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        pass
+"""
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_nnis_ga_squad_config_with_its_space_hard_coded_in_the_tuner_runs(tmp_path):
+    """NNI's examples/trials/ga_squad/config.yml, as written there (but its trial and budget): the
+    space is ``{}`` and the customized tuner sends parameters of its own making."""
+    (tmp_path / "tuners" / "ga_customer_tuner").mkdir(parents=True)
+    (tmp_path / "tuners" / "ga_customer_tuner" / "customer_tuner.py").write_text(HARD_CODED_TUNER)
+    write_trial(tmp_path / "trials" / "ga_squad", """
+        import nni
+        graph = nni.get_next_parameter()
+        nni.report_final_result(float(graph["layers"][0]["output"][0]))
+        """)
+    config = tmp_path / "trials" / "ga_squad" / "config.yml"
+    config.write_text(f"""\
+trialCommand: python3 trial.py
+trialGpuNumber: 0
+trialConcurrency: 1
+maxTrialNumber: 3
+maxExperimentDuration: 1h
+searchSpace: {{}}  # hard-coded in tuner
+tuner:
+  className: customer_tuner.CustomerTuner
+  codeDirectory: ../../tuners/ga_customer_tuner
+  classArgs:
+    optimize_mode: maximize
+trainingService:  # For other platforms, check mnist-pytorch example
+  platform: local
+experimentWorkingDirectory: {tmp_path / "w"}
+""".replace("CustomerTuner", "HardCodedTuner"))
+    result = run_experiment(str(config))
+    assert result.status == "DONE" and [t.status for t in result.trials] == ["SUCCEEDED"] * 3
+    assert [t.parameters for t in result.trials] == [
+        {"layers": [{"type": i % 3, "output": [i + 1]}], "given": {}} for i in range(3)]
+    assert [t.final for t in result.trials] == [1.0, 2.0, 3.0]

@@ -214,7 +214,7 @@ class ExperimentConfig(ConfigModel):
                 parse_search_space(self.search_space)
             except SearchSpaceError as exc:
                 raise ValueError(f"searchSpace: {exc}") from None
-        if not self.search_space:
+        if not self.search_space and not self.custom_tuner:  # NNI's ga_squad: {} "hard-coded in tuner"
             where = f'searchSpaceFile "{self.search_space_file}"' if self.search_space_file else "searchSpace"
             raise ValueError(f"{where} is empty: give at least one parameter, e.g. "
                              '{"lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}}')
