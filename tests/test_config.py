@@ -149,6 +149,35 @@ def test_an_empty_search_space_is_refused_for_a_built_in_tuner_only(tmp_path):
                                                                 "codeDirectory": str(tmp_path)}))
     assert own.search_space == {} and own.custom_tuner
 
+
+def test_a_placeholder_left_in_nnis_example_is_named_as_one(tmp_path):
+    """NNI's examples write ``server: {your_nfs_server_ip}``, which YAML reads as a mapping; left as it
+    is, the line says it is a placeholder to fill, not that a mapping is no string."""
+    (tmp_path / "search_space.json").write_text(json.dumps(SPACE))
+    path = tmp_path / "config_kubeflow.yml"
+    path.write_text("""\
+trialConcurrency: 1
+searchSpaceFile: search_space.json
+trialCodeDirectory: .
+tuner: {name: TPE}
+trainingService:
+  platform: kubeflow
+  reuseMode: false
+  worker: {replicas: 1, command: python3 dist_mnist.py, gpuNumber: 0, cpuNumber: 1, memorySize: 2048,
+           dockerImage: msranni/nni:latest}
+  operator: pytorch-operator
+  apiVersion: v1alpha2
+  storage:
+    storageType: nfs
+    # Your NFS server IP, like 10.10.10.10
+    server: {your_nfs_server_ip}
+    path: /var/nfs/nni
+""")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert info.value.problems == ["trainingService.storage.server: {your_nfs_server_ip} is still a placeholder "
+                                   "(YAML reads a word in braces as a mapping): write your value there"]
+
 def test_bad_search_space_is_reported_with_parameter(tmp_path):
     found = problems(minimal(tmp_path, searchSpace={"lr": {"_type": "loguniform", "_value": [0, 1]}}))
     assert any('searchSpace: parameter "lr": loguniform needs low > 0, got 0' in p for p in found), found

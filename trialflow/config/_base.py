@@ -246,6 +246,16 @@ def _path_text(loc: tuple[Any, ...]) -> tuple[str, str | None]:
     return "".join(parts) or "<top level>", suggestion
 
 
+def _placeholder(value: Any) -> str | None:
+    """The word of a placeholder such as NNI's examples have (``server: {your_nfs_server_ip}``), which
+    YAML reads as ``{"your_nfs_server_ip": None}``; None for any other value."""
+    if isinstance(value, dict) and len(value) == 1:
+        ((key, item),) = value.items()
+        if isinstance(key, str) and item is None:
+            return key
+    return None
+
+
 def format_errors(exc: ValidationError) -> list[str]:
     """One readable message per pydantic error, each naming the field path and what is allowed."""
     problems: list[str] = []
@@ -267,5 +277,8 @@ def format_errors(exc: ValidationError) -> list[str]:
             msg += "".join(f", {name} (plugin)" for name in sorted(platform_plugins()))
         if err["type"] == "missing":
             msg = "is required but not set"
+        elif (placeholder := _placeholder(value)) is not None and err["type"].endswith(("_type", "_parsing")):
+            msg = (f"{{{placeholder}}} is still a placeholder (YAML reads a word in braces as a mapping): "
+                   "write your value there")
         problems.append(f"{path}: {msg}{shown}")
     return problems
