@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,6 @@ log = logging.getLogger("trialflow.tuner")
 CHECKPOINT_FOLDER = "checkpoint"  # NNI's: <experiment>/checkpoint, the dispatcher's NNI_CHECKPOINT_DIRECTORY
 # the instance attribute the bundled nni.recoverable.Recoverable.get_checkpoint_path reads first
 CHECKPOINT_ATTRIBUTE = "_trialflow_checkpoint_directory"
-DISPATCHER_VARIABLES = ("NNI_CHECKPOINT_DIRECTORY", "NNI_MODE")
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,10 @@ class Checkpoint:
     resumed: bool
 
     @property
-    def mode(self) -> str:
-        """NNI's ``NNI_MODE``."""
-        return "resume" if self.resumed else "start"
+    def environment(self) -> dict[str, str]:
+        """NNI's dispatcher variables for it (the names trials never inherit:
+        :data:`trialflow.platforms.inherited_env.DISPATCHER_ONLY`)."""
+        return {"NNI_CHECKPOINT_DIRECTORY": str(self.folder), "NNI_MODE": "resume" if self.resumed else "start"}
 
     def attach(self, algorithm: Any) -> None:
         """``algorithm.get_checkpoint_path()`` answers this folder from now on, whatever
@@ -87,7 +87,7 @@ def dispatcher_environment(experiment_dir: Path) -> Iterator[Checkpoint]:
     checkpoint = Checkpoint(folder, resumed)
     with _active_lock:
         if not _active:
-            _before.update((name, os.environ.get(name)) for name in DISPATCHER_VARIABLES)
+            _before.update((name, os.environ.get(name)) for name in checkpoint.environment)
         _active.append(checkpoint)
         _export(checkpoint)
     try:
@@ -100,8 +100,7 @@ def dispatcher_environment(experiment_dir: Path) -> Iterator[Checkpoint]:
 
 def _export(checkpoint: Checkpoint | None) -> None:
     """Set the dispatcher variables to ``checkpoint``'s, or back to :data:`_before` (called under the lock)."""
-    values = (dict(zip(DISPATCHER_VARIABLES, (str(checkpoint.folder), checkpoint.mode), strict=True))
-              if checkpoint is not None else _before)
+    values: Mapping[str, str | None] = checkpoint.environment if checkpoint is not None else _before
     for name, value in values.items():
         if value is None:
             os.environ.pop(name, None)
@@ -252,11 +251,11 @@ def jsonable(value: Any) -> Any:
 
 class NniTuner(Tuner):
     """An NNI-API tuner (``generate_parameters`` / ``receive_trial_result`` ...) behind trialflow's
-    tuner seam, bound to the experiment's ``checkpoint`` (its ``load_checkpoint()`` called first when the run
-    resumes), then ``update_search_space``. Its raw values
-    are the parameters it generated, so a resume replays them to it with ``import_data``. An exception of
-    the user's tuner is kept in :attr:`failure` (with its traceback in the log) and ends the experiment as
-    ERROR; it is never retried."""
+    tuner seam, bound to the experiment's ``checkpoint`` (its ``load_checkpoint()`` called first when the
+    run resumes), then ``update_search_space``. Its raw values are the parameters it generated, so a
+    resume replays them to it with ``import_data``. An exception of the user's tuner is kept in
+    :attr:`failure` (with its traceback in the log) and ends the experiment as ERROR; it is never
+    retried."""
 
     def __init__(self, tuner: Any, search_space: Any, label: str, checkpoint: Checkpoint | None = None) -> None:
         self.tuner = tuner
