@@ -1024,8 +1024,8 @@ def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_pa
         f"error: the local Prefect server already serves its UI at http://127.0.0.1:{port}/team/nni: `trialflow "
         "server stop`, then `trialflow server start --url_prefix /other`")
     assert _cli(home, "stop", "--port", str(other)).stdout.strip() == (
-        f"error: no running experiment reports to a Prefect server on port {other} (running ones report to port "
-        f"{port}): `trialflow experiment list` shows the running ones")
+        f"error: no experiment is on port {other} (ports in use: {port}): `trialflow experiment list` shows the "
+        "running ones")
     stopped = _cli(home, "stop", "-p", str(port))
     assert stopped.returncode == 0 and stopped.stdout.strip().endswith(f"experiment {exp_id} stopped"), stopped.stdout
     assert store.experiment().status == "STOPPED"

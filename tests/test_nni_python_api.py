@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, write_trial
+from tests.conftest import PYTHON, wait_for, write_trial
 from trialflow.config import ConfigError, parse_config
 from trialflow.config.nni_objects import (
     AlgorithmConfig,
@@ -195,6 +195,80 @@ def test_an_experiment_started_in_the_background_stops_with_its_script_as_nni_do
     assert sorted(t.status for t in store.trials()) == ["SUCCEEDED", "USER_CANCELED", "USER_CANCELED"]
 
 
+def test_nnis_connect_notebook_finds_the_experiment_its_start_notebook_started_on_a_port(tmp_path, prefect_server):
+    """NNI's ``python_api_start`` and ``python_api_connect`` notebooks, in two processes: one kernel holds
+    ``start(8080)``'s experiment, the other ``connect(8080)``s to it (nothing listens on 8080: the Prefect
+    server is elsewhere) while it runs and raises its budget, and again after its end, as NNI's manager
+    keeps its port until it is stopped: a budget raised then runs more trials, as NNI's does; ``stop()``
+    gives the port up. A port no experiment is on is one line naming the ports in use."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    (tmp_path / "start.py").write_text(_quickstart(tmp_path, """\
+        import sys
+        experiment.start(8080)
+        print("STARTED", experiment.id, flush=True)
+        sys.stdin.read()  # the kernel stays until its notebook is closed
+        """, hold=hold))
+    kernel = subprocess.Popen([sys.executable, "start.py"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    connect = textwrap.dedent("""\
+        from nni.experiment import Experiment
+        from trialflow.experiments import ExperimentNotFound
+        def connect(port):
+            try:
+                return Experiment.connect(port)
+            except ExperimentNotFound as error:
+                print("NOT FOUND", error)
+        """)
+    try:
+        line = kernel.stdout.readline()
+        while line and not line.startswith("STARTED "):
+            line = kernel.stdout.readline()
+        assert line, kernel.stderr.read()[-3000:]
+        exp_id = line.split()[1]
+        api_port = int(prefect_server.split(":")[2].split("/")[0])
+        running = _python(tmp_path, connect + textwrap.dedent("""\
+            connect(8081)
+            experiment = connect(8080)
+            print("CONNECTED", experiment.id, experiment.get_status())
+            print("BUDGET", experiment.get_experiment_profile()["params"]["maxTrialNumber"])
+            experiment.update_max_trial_number(5)
+            print("BUDGET", experiment.get_experiment_profile()["params"]["maxTrialNumber"])
+            """))
+        assert running.returncode == 0, running.stdout[-3000:] + running.stderr[-3000:]
+        lines = running.stdout.splitlines()
+        assert [x.split()[:2] for x in lines if x.startswith("CONNECTED ")] == [["CONNECTED", exp_id]]
+        assert [x for x in lines if "BUDGET" in x] == ["BUDGET 4", "BUDGET 5"]
+        in_use = ", ".join(map(str, sorted({8080, api_port})))
+        assert (f"NOT FOUND no experiment is on port 8081 (ports in use: {in_use}): `trialflow experiment list` "
+                "shows the running ones") in lines
+        store = open_store(tmp_path / "w", exp_id)
+        hold.unlink()
+        wait_for(lambda: store.experiment().status == "DONE", timeout=120)
+        ended = _python(tmp_path, connect + textwrap.dedent("""\
+            import time
+            experiment = connect(8080)
+            print("CONNECTED", experiment.id, experiment.get_status(), len(experiment.export_data()))
+            experiment.update_max_trial_number(7)  # NNI's manager, up after DONE, runs on
+            while experiment.get_status() != "DONE" or len(experiment.export_data()) < 7:
+                time.sleep(0.1)
+            print("DONE", len(experiment.export_data()))
+            experiment.stop()
+            connect(8080)
+            """))
+        assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr[-3000:]
+        lines = ended.stdout.splitlines()
+        assert lines[0] == f"CONNECTED {exp_id} DONE 5"  # held by the kernel that started it: still on its port
+        assert f"maxTrialNumber of {exp_id} set to 7 (5 run before)" in lines
+        assert any(x.startswith(f"experiment {exp_id} started in the background") for x in lines)
+        assert lines[-2:] == ["DONE 7", "NOT FOUND no experiment is on port 8080: `trialflow experiment list` shows "
+                                        "the running ones"]
+    finally:
+        kernel.communicate(timeout=60)  # its notebook closed
+    assert kernel.returncode == 0
+    assert store.experiment().status == "DONE" and len(store.trials(["SUCCEEDED"])) == 7
+
+
 def test_bad_nni_experiment_input_is_one_line_naming_the_fix(tmp_path):
     """A missing required field and an id trialflow cannot use: one line each, nothing made."""
     missing = _python(tmp_path, _quickstart(tmp_path, "experiment.config.trial_concurrency = None\nexperiment.run()\n"))
@@ -204,3 +278,46 @@ def test_bad_nni_experiment_input_is_one_line_naming_the_fix(tmp_path):
         "experiment id '../My_Exp' is not one trialflow makes: its ids are 8 lowercase letters and digits (leave id "
         "out to have one made)"), bad_id.stderr[-2000:]
     assert not (tmp_path / "w").exists() or list((tmp_path / "w").iterdir()) == []
+
+
+def test_a_port_names_its_running_experiment_before_ended_ones_their_starters_still_hold(tmp_path):
+    """``connect(port)``'s and ``stop --port``'s choice: a running experiment first; after their end, only
+    experiments whose starting process lives (the same pid started at the same time) and has not given
+    the port up; several alike are named, never guessed."""
+    import os
+    import time
+
+    from trialflow.app.control import release_web_port
+    from trialflow.experiments import ExperimentNotFound, create_experiment, the_one_on_port
+    from trialflow.records.store import ExperimentStore
+    from trialflow.records.store_records import Control
+    from trialflow.trial.procs import process_start_time
+
+    here = {"port": 8080, "pid": os.getpid(), "start_time": process_start_time(os.getpid())}
+    gone = {**here, "start_time": -1}  # this pid, but another process: the one that held it has ended
+    config = parse_config({"trialCommand": "true", "trialConcurrency": 1, "searchSpace": {
+        "x": {"_type": "choice", "_value": [1]}}, "tuner": {"name": "Random"}, "trainingService": {"platform": "local"},
+        "experimentWorkingDirectory": str(tmp_path / "w")})
+
+    def experiment(held: dict, status: str) -> tuple[str, ExperimentStore]:
+        exp_id, exp_dir = create_experiment(config)
+        store = ExperimentStore.embedded(exp_dir, exp_id)
+        store.set_control(Control.WEB_PORT, held)
+        if status != "INITIALIZED":
+            store.set_experiment(status=status, end_time=time.time())
+        return exp_id, store
+
+    running, running_store = experiment(gone, "INITIALIZED")  # a live one keeps its port whoever started it
+    held, held_store = experiment(here, "DONE")
+    experiment(gone, "DONE")  # its starter is gone: on no port
+    root = tmp_path / "w"
+    assert the_one_on_port(8080, root).id == running
+    running_store.set_experiment(status="STOPPED", end_time=time.time())
+    assert the_one_on_port(8080, root).id == held
+    other, _ = experiment(here, "DONE")
+    with pytest.raises(ExperimentNotFound) as both:
+        the_one_on_port(8080, root)
+    named = str(both.value).removeprefix("2 experiments are on port 8080 (").removesuffix("): give the id of one")
+    assert sorted(named.split(", ")) == sorted([held, other])
+    release_web_port(held_store)  # its stop(): the port is given up
+    assert the_one_on_port(8080, root).id == other

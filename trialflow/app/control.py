@@ -221,7 +221,14 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     record = store.experiment()
     if controller_gone and was_running and record.flow_run_id:
         end_flow_run(record.flow_run_id, record.prefect_api, f"experiment {record.id} stopped by trialflow stop")
+    release_web_port(store)
     return warnings
+
+
+def release_web_port(store: ExperimentStore) -> None:
+    """The experiment is on no web UI port any more (NNI's manager frees its port when it stops)."""
+    if store.controls().get(Control.WEB_PORT) is not None:
+        store.set_control(Control.WEB_PORT, None)
 
 
 def kill_trial(store: ExperimentStore, base: Path, trial_id: str) -> tuple[str | None, list[str]]:

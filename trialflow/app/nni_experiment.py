@@ -12,10 +12,13 @@ this process exits (as NNI stops its manager then) unless ``run_mode=RunMode.Det
 trialflow's experiments live (``experiment_working_directory`` when set): ``trialflow`` commands and the
 Prefect UI see it as any other.
 
-``port``, NNI's web portal port, is taken and not used: the Prefect UI of the server the experiment reports
-to is its web UI (``trialflow server start --port`` chooses the kept server's port), and its address is
-printed. A bad config or id raises :class:`~trialflow.foundation.user_errors.UserError` (a
-``ConfigError`` for the config) with one line naming what is wrong.
+``port``, NNI's web portal port, is the experiment's address while it runs, as in NNI:
+``Experiment.connect(port)`` and ``trialflow stop --port`` find it there. Nothing listens on it: the
+Prefect UI of the server the experiment reports to is its web UI (``trialflow server start --port``
+chooses the kept server's port), and its address is printed.
+
+A bad config or id raises :class:`~trialflow.foundation.user_errors.UserError` (a ``ConfigError`` for
+the config) with one line naming what is wrong.
 """
 
 from __future__ import annotations
@@ -139,6 +142,7 @@ class Experiment:
             self.config = config_or_platform
         self.id = id if id is not None else new_experiment_id()
         self.port: int | None = None
+        self._controller: tuple[int, int | None] | None = None  # the background controller begun here (pid, start)
 
     # -- running --------------------------------------------------------------------------------------
 
@@ -153,7 +157,7 @@ class Experiment:
         from .api import run_to_its_end
 
         root = self._create(debug)
-        self.port = port
+        self._take_port(root, port)
         return self._outcome(lambda: run_to_its_end(None, self.id, root))
 
     def start(self, port: int = 8080, debug: bool = False, run_mode: RunMode = RunMode.Background) -> None:
@@ -161,24 +165,14 @@ class Experiment:
         begun, printing its Prefect UI page. Raises ``UserError`` for a bad config or id, or when the
         controller ends before the run begins (naming what it recorded)."""
         root = self._create(debug)
+        self._take_port(root, port)
         self._in_background(root, None, run_mode)
-        self.port = port
 
     def resume(self, port: int = 8080, wait_completion: bool = True, debug: bool = False) -> bool | None:
         """Resume the experiment ``id`` names (stopped or crashed: its counts kept, running trials
         re-attached), in this process or (``wait_completion=False``) in the background; returns as
         :meth:`run`. Raises ``ExperimentNotFound`` and ``ExperimentRunning``."""
-        from ..experiments import find_experiment
-        from .control import prepare_resume
-
-        base, store = find_experiment(self.id)
-        try:
-            earlier_run = store.experiment().flow_run_id
-            for line in prepare_resume(store):
-                print(line)
-        finally:
-            store.close()
-        self.port = port
+        base, earlier_run = self._prepare_resume(port)
         if not wait_completion:
             self._in_background(base, earlier_run, RunMode.Background)
             return None
@@ -186,9 +180,29 @@ class Experiment:
 
         return self._outcome(lambda: run_to_its_end(None, self.id, base))
 
+    def _prepare_resume(self, port: int, trialnum: int | None = None,
+                        duration: str | int | None = None) -> tuple[Path, str | None]:
+        """Ready the experiment's next run on ``port`` (``prepare_resume``: with ``trialnum`` or
+        ``duration``, a larger budget; its lines printed); returns its working directory and its earlier
+        flow run. Raises ``ExperimentNotFound``, ``ExperimentRunning`` and ``UpdateError``, each with
+        nothing changed."""
+        from ..experiments import find_experiment
+        from .control import prepare_resume
+
+        base, store = find_experiment(self.id)
+        try:
+            earlier_run = store.experiment().flow_run_id
+            for line in prepare_resume(store, trialnum, duration):
+                print(line)
+        finally:
+            store.close()
+        self._take_port(base, port)
+        return base, earlier_run
+
     def stop(self) -> None:
-        """Stop the experiment while it runs (its running trials end USER_CANCELED, it ends STOPPED);
-        nothing after it has ended or before it was created."""
+        """Stop the experiment while it runs (its running trials end USER_CANCELED, it ends STOPPED); after
+        its end, only give up its port (:meth:`connect` no longer finds it there); nothing before it was
+        created."""
         from ..experiments import ExperimentNotFound
         from .api import stop_experiment
 
@@ -197,9 +211,20 @@ class Experiment:
             status = self.get_status()
         except ExperimentNotFound:
             return
-        if status in EXPERIMENT_LIVE:
+        if status in EXPERIMENT_LIVE or self._launched_runs():
             stop_experiment(self.id)
-            print(f"experiment {self.id} stopped")
+            self._wait_while(self._launched_runs)  # one still starting ends at its first look
+            if self.get_status() == ExperimentStatus.STOPPED:
+                print(f"experiment {self.id} stopped")
+        else:
+            from ..experiments import find_experiment
+            from .control import release_web_port
+
+            _, store = find_experiment(self.id)
+            try:
+                release_web_port(store)
+            finally:
+                store.close()
         self.port = None
 
     def view(self, port: int = 8080, non_blocking: bool = False) -> Experiment:
@@ -215,8 +240,10 @@ class Experiment:
 
     @classmethod
     def connect(cls, port: int) -> Experiment:
-        """The running experiment that reports to the Prefect server on ``port``. Raises
-        ``ExperimentNotFound`` when none does, or several do (naming them: ``Experiment(None, id=...)``
+        """The experiment on ``port``: the port :meth:`start`, :meth:`run` or :meth:`resume` was given
+        (also after the experiment's end, while the process that started it has not stopped it, as NNI's
+        manager keeps its port), or the port of the Prefect server a running one reports to. Raises
+        ``ExperimentNotFound`` when none is, or several are (naming them: ``Experiment(None, id=...)``
         takes one)."""
         from ..experiments import the_one_on_port
 
@@ -242,16 +269,53 @@ class Experiment:
         print(f"experiment id: {experiment_id}  directory: {exp_dir}")
         return exp_dir.parent
 
+    def _take_port(self, root: Path, port: int) -> None:
+        """``port``, NNI's web UI port, becomes the experiment's address for :meth:`connect` and `trialflow
+        stop --port`, held by this process: while the experiment runs, and after its end until this process
+        stops it or exits (nothing listens on it: the Prefect UI is the web UI)."""
+        import os
+
+        from ..experiments import open_store
+        from ..records.store_records import Control
+        from ..trial.procs import process_start_time
+
+        store = open_store(root, self.id)
+        try:
+            pid = os.getpid()
+            store.set_control(Control.WEB_PORT, {"port": port, "pid": pid, "start_time": process_start_time(pid)})
+        finally:
+            store.close()
+        self.port = port
+
     def _in_background(self, root: Path, earlier_run: str | None, run_mode: RunMode) -> None:
+        from ..trial.procs import process_start_time
         from .controller_launch import wait_for_run_page
         from .spare_controller import take_controller
 
         controller = take_controller()
         controller.run(self.id, root, None)
+        self._controller = (controller.pid, process_start_time(controller.pid))
         if run_mode is not RunMode.Detach:
             atexit.register(self.stop)
         page, _ = wait_for_run_page(controller, self.id, root, earlier_run)
+        # a resumed run reads as it ended until its controller has opened it
+        self._wait_while(lambda: self.get_status() not in EXPERIMENT_LIVE and self._launched_runs())
         print(f"experiment {self.id} started in the background (pid {controller.pid})\n  Prefect UI: {page}")
+
+    def _launched_runs(self) -> bool:
+        """The background controller this object began last still runs."""
+        from ..trial.procs import pid_alive
+
+        return self._controller is not None and pid_alive(*self._controller)
+
+    @staticmethod
+    def _wait_while(condition: Any, timeout: float = 60.0) -> None:
+        """Return once ``condition()`` is false, or after ``timeout`` seconds."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while condition() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _outcome(self, run: Any) -> bool | None:
         try:
@@ -349,14 +413,35 @@ class Experiment:
         update_experiment(self.id, "concurrency", value)
 
     def update_max_trial_number(self, value: int) -> None:
-        from .api import update_experiment
-
-        update_experiment(self.id, "trialnum", value)
+        """As :meth:`_update_budget` says. Raises ``ExperimentNotFound`` and ``UpdateError``."""
+        self._update_budget("trialnum", value)
 
     def update_max_experiment_duration(self, value: str | int) -> None:
-        from .api import update_experiment
+        """As :meth:`_update_budget` says. Raises ``ExperimentNotFound`` and ``UpdateError``."""
+        self._update_budget("duration", value)
 
-        update_experiment(self.id, "duration", value)
+    def _update_budget(self, what: str, value: str | int) -> None:
+        """Set the budget ``what`` (``trialnum`` or ``duration``) as ``trialflow update`` does. An
+        experiment that ended DONE and is still on its web port (the process that started it holds it, as
+        NNI's manager stays up after DONE) runs on in the background when the budget lets more run, as
+        NNI's manager does; the budget of any other ended experiment waits for :meth:`resume`."""
+        from ..experiments import web_port
+        from .api import update_experiment
+        from .control import UpdateError
+
+        with self._records() as (_, records):
+            record = records.experiment()
+        port = web_port(record)
+        if record.status == ExperimentStatus.DONE and port is not None:
+            try:
+                budget = {"trialnum": int(value)} if what == "trialnum" else {"duration": value}
+                base, earlier_run = self._prepare_resume(port, **budget)
+            except (UpdateError, ValueError):
+                pass  # nothing more would run, or a bad value: set (or refused) as for any experiment
+            else:
+                self._in_background(base, earlier_run, RunMode.Background)
+                return
+        update_experiment(self.id, what, value)
 
     def update_search_space(self, value: dict[str, Any]) -> None:
         from .api import update_search_space

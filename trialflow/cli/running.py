@@ -172,11 +172,12 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
          all_: Annotated[bool, typer.Option("--all", "-a", help="stop every running experiment")] = False,
          root: RootOpt = None,
          wait: Annotated[float, typer.Option(help="seconds to wait for the controller")] = 60.0,
-         port: Annotated[int | None, typer.Option("--port", "-p", help="the running experiment that reports to "
-                                                  "the Prefect server on this port (nnictl's web UI port)")] = None,
+         port: Annotated[int | None, typer.Option("--port", "-p", help="the running experiment on this port "
+                                                  "(nnictl's web UI port): its Prefect server's, or the one "
+                                                  "NNI's Python API started it on")] = None,
          ) -> None:
     """Stop an experiment (default: the only running one; `all` or --all: every running one; --port: the
-    one whose Prefect server is on that port): running trials are cancelled (USER_CANCELED), status STOPPED."""
+    one on that port): running trials are cancelled (USER_CANCELED), status STOPPED."""
     all_ = all_ or experiment_id == "all"  # nnictl stop all
     if all_ and experiment_id not in (None, "all"):
         raise CliError("give an experiment id or --all, not both")

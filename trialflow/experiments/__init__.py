@@ -380,20 +380,44 @@ def _api_port(api: str | None) -> int | None:
         return None
 
 
+def web_port(record: ExperimentRecord) -> int | None:
+    """The web UI port NNI's Python API gave the experiment (``start(8080)``), while the experiment is
+    on it: while it runs, and after its end while the process that started it lives and has not stopped
+    it, as NNI's manager keeps its port until it is stopped."""
+    from ..trial.procs import pid_alive
+
+    held = record.controls.get(Control.WEB_PORT)
+    if not isinstance(held, dict) or not isinstance(held.get("port"), int):
+        return None
+    if record.status in EXPERIMENT_LIVE:
+        return held["port"]
+    pid = held.get("pid")
+    return held["port"] if isinstance(pid, int) and pid_alive(pid, held.get("start_time")) else None
+
+
+def _ports(record: ExperimentRecord) -> set[int]:
+    """The ports an experiment is on now: while it runs, its Prefect API's; and its web UI port."""
+    ports = {web_port(record), _api_port(record.prefect_api) if record.status in EXPERIMENT_LIVE else None}
+    return {p for p in ports if p is not None}
+
+
 def the_one_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> ExperimentEntry:
-    """The one running experiment (under ``root``, or the known roots) that reports to a Prefect API on
-    ``port`` of its host (nnictl's web UI port); ``unreadable`` as :func:`list_experiments`. Raises
-    :class:`ExperimentNotFound` when none does (naming the ports running ones report to), or several do
-    (naming them)."""
-    running = [e for e in list_experiments(root, unreadable) if e.record.status in EXPERIMENT_LIVE]
-    on_port = [e for e in running if _api_port(e.record.prefect_api) == port]
+    """The one experiment (under ``root``, or the known roots) on ``port``, nnictl's web UI port: a
+    running experiment's Prefect API port on its host, or the port NNI's Python API started it on
+    (``Experiment.start(8080)``; after its end too, while the process that started it holds it), a
+    running one first; ``unreadable`` as :func:`list_experiments`. Raises :class:`ExperimentNotFound`
+    when none is (naming the ports in use), or several are (naming them)."""
+    known = [(e, _ports(e.record)) for e in list_experiments(root, unreadable)]
+    on_port = [e for e, ports in known if port in ports]
+    if len(on_port) > 1:  # a running one before those its starter still holds after their end
+        on_port = [e for e in on_port if e.record.status in EXPERIMENT_LIVE] or on_port
     if len(on_port) > 1:
-        raise ExperimentNotFound(f"{len(on_port)} running experiments report to the Prefect server on port {port} "
+        raise ExperimentNotFound(f"{len(on_port)} experiments are on port {port} "
                                  f"({', '.join(e.id for e in on_port)}): give the id of one")
     if not on_port:
-        others = sorted({str(p) for e in running if (p := _api_port(e.record.prefect_api)) is not None})
-        where = f" (running ones report to port {', '.join(others)})" if others else ""
-        raise ExperimentNotFound(f"no running experiment reports to a Prefect server on port {port}{where}: "
+        in_use = sorted({p for _, ports in known for p in ports})
+        where = f" (ports in use: {', '.join(map(str, in_use))})" if in_use else ""
+        raise ExperimentNotFound(f"no experiment is on port {port}{where}: "
                                  "`trialflow experiment list` shows the running ones")
     return on_port[0]
 

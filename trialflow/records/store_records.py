@@ -37,6 +37,7 @@ class Control(str, Enum):
     SEARCH_SPACE = "search_space"  # update searchspace: replaces searchSpace
     ELAPSED_SECONDS = "elapsed_seconds"  # the run time spent by earlier runs (maxExperimentDuration counts it)
     DASHBOARD_URL = "dashboard_url"  # set by trialflow dashboard while one serves
+    WEB_PORT = "web_port"  # {port, pid, start_time}: NNI's web UI port, held by the process that started it
     CHANGED_FIELDS = "changed_fields"  # top-level config fields trialflow set itself (update, overrides)
 
 
