@@ -228,7 +228,15 @@ def test_file_errors(tmp_path):
     data = minimal(tmp_path, searchSpaceFile=str(tmp_path / "ss.json"))
     del data["searchSpace"]
     (tmp_path / "ss.json").write_text("{not: json: [")
-    assert any("neither valid JSON nor YAML" in p for p in problems(data))
+    assert any("neither valid JSON" in p for p in problems(data))
+    # NNI's test/ut/experiment/assets/ss_tab_comma.json, which NNI cannot read either: where each reader
+    # stopped, on one line
+    (tmp_path / "ss.json").write_text('{\n\t"pool_type": {\n\t\t"_type": "choice",\n\t"_value": [ "max", "min" ],\n'
+                                      '\t},\n}\n')
+    assert [p.split(": ", 1)[1] for p in problems(data) if "searchSpaceFile" in p] == [
+        f'searchSpaceFile "{tmp_path / "ss.json"}" is neither valid JSON (Expecting property name enclosed in double '
+        "quotes at line 5, column 2) nor YAML (found character '\\t' that cannot start any token at line 2, column "
+        "1): mend it at one of those places"]
 
 
 # ---- the example configs of reference §2 ---------------------------------------------------

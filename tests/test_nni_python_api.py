@@ -321,3 +321,99 @@ def test_a_port_names_its_running_experiment_before_ended_ones_their_starters_st
     assert sorted(named.split(", ")) == sorted([held, other])
     release_web_port(held_store)  # its stop(): the port is given up
     assert the_one_on_port(8080, root).id == other
+
+
+def test_every_platforms_config_object_nni_gives_makes_the_section_its_yaml_would(tmp_path):
+    """``nni.experiment.config``'s objects for the job platforms (``KubeflowConfig`` with its roles and
+    Kubernetes storage, ``FrameworkControllerConfig``, ``OpenpaiConfig``, ``AmlConfig``, ``DlcConfig``) and
+    shared storage (``NfsConfig``), imported where NNI's code imports them: the mapping each gives is the
+    section of the README's example configs, and an experiment config made from them loads."""
+    from nni.experiment.config import (
+        AlgorithmConfig,
+        AmlConfig,
+        DlcConfig,
+        FrameworkAttemptCompletionPolicy,
+        FrameworkControllerConfig,
+        FrameworkControllerRoleConfig,
+        K8sNfsConfig,
+        KubeflowConfig,
+        KubeflowRoleConfig,
+        NfsConfig,
+        OpenpaiConfig,
+    )
+
+    from tests.test_config import _examples
+
+    examples = _examples(tmp_path)
+    nfs = K8sNfsConfig(server="10.0.0.1", path="/exports/nni")
+    kubeflow = KubeflowConfig(operator="tf-operator", api_version="v1", storage=nfs, worker=KubeflowRoleConfig(
+        replicas=2, command="python3 trial.py", gpu_number=0, cpu_number=1, memory_size="2gb",
+        docker_image="msranni/nni"))
+    kubeflow.ps = KubeflowRoleConfig(replicas=1, command="python3 ps.py", cpu_number=1, memory_size=1024)
+    framework = FrameworkControllerConfig(storage=nfs, service_account_name="frameworkbarrier")
+    framework.task_roles.append(FrameworkControllerRoleConfig(
+        name="worker", task_number=1, command="python3 t.py", gpu_number=0, cpu_number=1, memory_size="4gb",
+        framework_attempt_completion_policy=FrameworkAttemptCompletionPolicy(min_failed_task_count=1,
+                                                                              min_succeed_task_count=1)))
+    made = {
+        "kubeflow": kubeflow, "frameworkcontroller": framework,
+        "openpai": OpenpaiConfig(host="pai.example.com", username="u", token="t", trial_cpu_number=2,
+                                 trial_memory_size="8GB", storage_config_name="confignfs",
+                                 local_storage_mount_point=tmp_path / "mnt",
+                                 container_storage_mount_point="/mnt/confignfs", virtual_cluster="default"),
+        "aml": AmlConfig(subscription_id="sub", resource_group="rg", workspace_name="ws", compute_target="gpu-cluster"),
+        "dlc": DlcConfig(type="Worker", image="registry/pai-dlc/tf:1.15", job_type="TFJob", pod_count=1,
+                         ecs_spec="ecs.c6.large", region="cn-hangzhou", workspace_id="None",
+                         nas_data_source_id="ds1", access_key_id="id", access_key_secret="dlc-s3cr3t-value",
+                         local_storage_mount_point="/home/admin/workspace/",
+                         container_storage_mount_point="/root/data/"),
+    }
+    for platform, section in made.items():
+        assert section.json() == examples[platform], platform
+        assert "dlc-s3cr3t-value" not in repr(section) and "token='t'" not in repr(section)
+        config = ExperimentConfig(platform, search_space={"x": {"_type": "uniform", "_value": [0, 1]}},
+                                  trial_command="python3 trial.py", trial_concurrency=1,
+                                  tuner=AlgorithmConfig(name="Random"))
+        config.trial_gpu_number = 0 if platform == "openpai" else None  # as the README's example has it
+        assert type(config.training_service) is type(section)  # Experiment('kubeflow') gives NNI's class
+        config.training_service = section
+        assert parse_config(config.json()).services[0].platform == platform
+    shared = NfsConfig(local_mount_point=str(tmp_path / "mnt"), remote_mount_point="/tmp/nni",
+                       local_mounted="usermount", nfs_server="10.0.0.1", exported_directory="/exports")
+    assert shared.json() == {"storageType": "NFS", "localMountPoint": str(tmp_path / "mnt"),
+                             "remoteMountPoint": "/tmp/nni", "localMounted": "usermount", "nfsServer": "10.0.0.1",
+                             "exportedDirectory": "/exports"}
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_run_or_resume_has_checkpoint_load_checkpoint_and_nni_2s_view_of_an_id(tmp_path):
+    """NNI 3's ``run_or_resume`` runs a new experiment and resumes a known one (``has_checkpoint``), as
+    NNI's own ``test_experiment_resume_with_id`` does; ``load_checkpoint`` gives an object made from an id
+    the experiment's config; NNI 2's ``Experiment.view(id)`` and ``Experiment.resume(id)`` still work."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    out = _python(tmp_path, _quickstart(tmp_path, f"""\
+        import os, time
+        print("HAS", experiment.has_checkpoint())
+        experiment.run_or_resume(8080, wait_completion=False)  # none yet: run
+        while [j.status for j in experiment.list_trial_jobs()] != ["RUNNING"] * 2:
+            time.sleep(0.1)
+        experiment.stop()
+        again = Experiment(None, id=experiment.id)
+        print("HAS", again.has_checkpoint())
+        again.load_checkpoint()
+        print("CONFIG", again.config["maxTrialNumber"], again.config["trialConcurrency"])
+        os.remove({str(hold)!r})
+        print("RESUMED", again.run_or_resume())  # known: resumed, here, to its end
+        print("STATUS", again.get_status(), len(again.export_data()))
+        Experiment.view(again.id)
+        print("RESUMED", Experiment.resume(again.id))  # nothing left to run
+        """, hold=hold))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert [x for x in lines if x.startswith(("HAS", "CONFIG", "RESUMED", "STATUS"))] == [
+        "HAS False", "HAS True", "CONFIG 4 2", "RESUMED True", "STATUS DONE 2", "RESUMED True"]
+    exp_id = next(x for x in lines if x.startswith("experiment id: ")).split()[2]
+    assert any(x.startswith(f"experiment {exp_id} DONE; Prefect UI: http") for x in lines)
+    store = open_store(tmp_path / "w", exp_id)
+    assert sorted(t.status for t in store.trials()) == ["SUCCEEDED", "SUCCEEDED", "USER_CANCELED", "USER_CANCELED"]

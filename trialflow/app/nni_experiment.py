@@ -24,6 +24,7 @@ the config) with one line naming what is wrong.
 from __future__ import annotations
 
 import atexit
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,10 +34,23 @@ from typing import Any
 
 from ..config.nni_objects import (
     AlgorithmConfig,
+    AmlConfig,
+    AzureBlobConfig,
     ConfigObject,
     CustomAlgorithmConfig,
+    DlcConfig,
     ExperimentConfig,
+    FrameworkAttemptCompletionPolicy,
+    FrameworkControllerConfig,
+    FrameworkControllerRoleConfig,
+    K8sAzureStorageConfig,
+    K8sNfsConfig,
+    K8sStorageConfig,
+    KubeflowConfig,
+    KubeflowRoleConfig,
     LocalConfig,
+    NfsConfig,
+    OpenpaiConfig,
     RemoteConfig,
     RemoteMachineConfig,
     SharedStorageConfig,
@@ -46,7 +60,10 @@ from ..foundation.status import EXPERIMENT_LIVE, ExperimentStatus
 from ..foundation.user_errors import UserError
 
 # what ``nni.experiment`` gives (the config objects with the experiment)
-__all__ = ["AlgorithmConfig", "CustomAlgorithmConfig", "Experiment", "ExperimentConfig", "LocalConfig", "RemoteConfig",
+__all__ = ["AlgorithmConfig", "AmlConfig", "AzureBlobConfig", "CustomAlgorithmConfig", "DlcConfig", "Experiment",
+           "ExperimentConfig", "FrameworkAttemptCompletionPolicy", "FrameworkControllerConfig",
+           "FrameworkControllerRoleConfig", "K8sAzureStorageConfig", "K8sNfsConfig", "K8sStorageConfig",
+           "KubeflowConfig", "KubeflowRoleConfig", "LocalConfig", "NfsConfig", "OpenpaiConfig", "RemoteConfig",
            "RemoteMachineConfig", "RunMode", "SharedStorageConfig", "TrainingServiceConfig", "TrialHyperParameters",
            "TrialJob", "TrialMetricData", "TrialResult"]
 
@@ -172,6 +189,9 @@ class Experiment:
         """Resume the experiment ``id`` names (stopped or crashed: its counts kept, running trials
         re-attached), in this process or (``wait_completion=False``) in the background; returns as
         :meth:`run`. Raises ``ExperimentNotFound`` and ``ExperimentRunning``."""
+        named: Any = self
+        if isinstance(named, str):  # NNI 2's Experiment.resume(id), which NNI 3 still takes
+            return Experiment(None, id=named).resume(port, wait_completion, debug)
         base, earlier_run = self._prepare_resume(port)
         if not wait_completion:
             self._in_background(base, earlier_run, RunMode.Background)
@@ -179,6 +199,49 @@ class Experiment:
         from .api import run_to_its_end
 
         return self._outcome(lambda: run_to_its_end(None, self.id, base))
+
+    def run_or_resume(self, port: int = 8080, wait_completion: bool = True, debug: bool = False) -> bool | None:
+        """:meth:`resume` when an experiment with this id exists (:meth:`has_checkpoint`), else :meth:`run`;
+        returns and raises as they do."""
+        if self.has_checkpoint():
+            return self.resume(port, wait_completion, debug)
+        return self.run(port, wait_completion, debug)
+
+    def has_checkpoint(self) -> bool:
+        """An experiment with this id is known here (it can be resumed and viewed)."""
+        from ..experiments import ExperimentNotFound
+
+        try:
+            with self._records():
+                return True
+        except ExperimentNotFound:
+            return False
+
+    def load_checkpoint(self) -> None:
+        """The known experiment's config, as in force, becomes this object's when it has none; a config it
+        has is kept, with a warning when it differs (:meth:`resume` runs the experiment's own). Raises
+        ``ExperimentNotFound``."""
+        from ..records.store_records import config_in_force
+
+        with self._records() as (_, records):
+            stored = config_in_force(records.experiment())[0]
+        if self.config is None:
+            self.config = stored
+            return
+        from ..config import ConfigError, parse_config
+
+        mine = self.config.json() if isinstance(self.config, ConfigObject) else self.config
+        try:
+            ours = mine if not isinstance(mine, dict) else parse_config(mine)
+            differs = ours.model_dump() != parse_config(stored).model_dump()
+        except (ConfigError, TypeError, ValueError):
+            differs = True
+        if differs:
+            warnings.warn(f"experiment {self.id} has a stored config other than this object's; resume() runs the "
+                          "stored one (`trialflow experiment show` prints it)", stacklevel=2)
+
+    def save_checkpoint(self) -> None:
+        """Nothing to do: the experiment's record is saved as it runs."""
 
     def _prepare_resume(self, port: int, trialnum: int | None = None,
                         duration: str | int | None = None) -> tuple[Path, str | None]:
@@ -231,6 +294,10 @@ class Experiment:
         """Print where the experiment's runs are in the Prefect UI (any experiment, running or ended, is
         viewable there) and its status; returns this object. Raises ``ExperimentNotFound``."""
         from ..server.prefect_ui_pages import flow_run_page
+
+        named: Any = self
+        if isinstance(named, str):  # NNI 2's Experiment.view(id), which NNI 3 still takes
+            return Experiment(None, id=named).view(port, non_blocking)
 
         with self._records() as (_, records):
             record = records.experiment()

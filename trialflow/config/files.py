@@ -75,14 +75,22 @@ def load_search_space_file(path: Path) -> Any:
         raise ValueError(f'searchSpaceFile "{path}" is {len(text)} bytes; the limit is {MAX_CONFIG_BYTES}')
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
-        pass
+    except json.JSONDecodeError as exc:
+        as_json = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
     except RecursionError:
         raise ValueError(_too_deep(f'searchSpaceFile "{path}"')) from None
     try:
         return _load_yaml(text, f'searchSpaceFile "{path}"')
     except yaml.YAMLError as exc:
-        raise ValueError(f'searchSpaceFile "{path}" is neither valid JSON nor YAML: {exc}') from None
+        raise ValueError(f'searchSpaceFile "{path}" is neither valid JSON ({as_json}) nor YAML '
+                         f"({''.join(_yaml_problem(exc))}): mend it at one of those places") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
+    """What PyYAML found wrong, on one line, and where (`` at line L, column C``, or nothing)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return getattr(exc, "problem", None) or str(exc).splitlines()[0], where
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
@@ -99,7 +107,5 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, Path]:
     except ValueError as exc:
         raise ConfigError([str(exc)], str(file)) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem, where = _yaml_problem(exc)
         raise ConfigError([f"not valid YAML{where}: {problem}"], str(file)) from None

@@ -18,9 +18,11 @@ import os
 import re
 from typing import Any
 
-__all__ = ["AlgorithmConfig", "ConfigObject", "CustomAlgorithmConfig", "ExperimentConfig", "LocalConfig",
-           "RemoteConfig", "RemoteMachineConfig", "SharedStorageConfig", "TrainingServiceConfig",
-           "camel_case"]
+__all__ = ["AlgorithmConfig", "AmlConfig", "AzureBlobConfig", "ConfigObject", "CustomAlgorithmConfig", "DlcConfig",
+           "ExperimentConfig", "FrameworkAttemptCompletionPolicy", "FrameworkControllerConfig",
+           "FrameworkControllerRoleConfig", "K8sAzureStorageConfig", "K8sNfsConfig", "K8sStorageConfig",
+           "KubeflowConfig", "KubeflowRoleConfig", "LocalConfig", "NfsConfig", "OpenpaiConfig", "RemoteConfig",
+           "RemoteMachineConfig", "SharedStorageConfig", "TrainingServiceConfig", "camel_case"]
 
 
 _SECRET = re.compile(r"password|passphrase|secret|token|key$")  # a field whose value is a secret
@@ -116,11 +118,92 @@ class RemoteConfig(TrainingServiceConfig):
         super().__init__("remote", machine_list=[] if machine_list is None else machine_list, **fields)
 
 
+class _PlatformConfig(TrainingServiceConfig):
+    """The section of the training service :attr:`PLATFORM` names."""
+
+    PLATFORM = ""
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(self.PLATFORM, **fields)
+
+
+class OpenpaiConfig(_PlatformConfig):
+    PLATFORM = "openpai"
+
+
+class KubeflowConfig(_PlatformConfig):
+    """Kubeflow's section: ``operator``, ``api_version``, ``storage`` (a :class:`K8sStorageConfig`) and
+    the ``worker``, ``ps`` or ``master`` roles (:class:`KubeflowRoleConfig`)."""
+
+    PLATFORM = "kubeflow"
+
+
+class FrameworkControllerConfig(_PlatformConfig):
+    """FrameworkController's section; ``task_roles`` starts empty for ``task_roles.append(...)``."""
+
+    PLATFORM = "frameworkcontroller"
+
+    def __init__(self, task_roles: list[Any] | None = None, **fields: Any) -> None:
+        super().__init__(task_roles=[] if task_roles is None else task_roles, **fields)
+
+
+class AmlConfig(_PlatformConfig):
+    PLATFORM = "aml"
+
+
+class DlcConfig(_PlatformConfig):
+    PLATFORM = "dlc"
+
+
+class KubeflowRoleConfig(ConfigObject):
+    """A Kubeflow role: ``replicas``, ``command``, ``gpu_number``, ``cpu_number``, ``memory_size``, ..."""
+
+
+class FrameworkControllerRoleConfig(ConfigObject):
+    """A FrameworkController task role: ``name``, ``task_number``, ``command``, ...,
+    ``framework_attempt_completion_policy``."""
+
+
+class FrameworkAttemptCompletionPolicy(ConfigObject):
+    """``min_failed_task_count`` and ``min_succeed_task_count`` of a task role."""
+
+
+class _DefaultStorageType(ConfigObject):
+    """A storage section whose ``storage_type`` is :attr:`STORAGE_TYPE` unless given."""
+
+    STORAGE_TYPE = ""
+
+    def __init__(self, storage_type: str | None = None, **fields: Any) -> None:
+        super().__init__(storage_type=self.STORAGE_TYPE if storage_type is None else storage_type, **fields)
+
+
+class K8sStorageConfig(ConfigObject):
+    """The storage of a Kubernetes service: ``storage_type`` and its fields."""
+
+
+class K8sNfsConfig(_DefaultStorageType, K8sStorageConfig):
+    STORAGE_TYPE = "nfs"
+
+
+class K8sAzureStorageConfig(_DefaultStorageType, K8sStorageConfig):
+    STORAGE_TYPE = "azureStorage"
+
+
 class SharedStorageConfig(ConfigObject):
     """The top-level ``shared_storage`` section (``storage_type``, ``local_mount_point``, ...)."""
 
 
-_SERVICES = {"local": LocalConfig, "remote": RemoteConfig}
+class NfsConfig(_DefaultStorageType, SharedStorageConfig):
+    STORAGE_TYPE = "NFS"
+
+
+class AzureBlobConfig(_DefaultStorageType, SharedStorageConfig):
+    STORAGE_TYPE = "AzureBlob"
+
+
+_SERVICES: dict[str, type[TrainingServiceConfig]] = {
+    "local": LocalConfig, "remote": RemoteConfig, **{c.PLATFORM: c for c in (
+        OpenpaiConfig, KubeflowConfig, FrameworkControllerConfig, AmlConfig, DlcConfig)}}
 
 
 def training_service_config(platform: str) -> TrainingServiceConfig:
