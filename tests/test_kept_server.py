@@ -994,7 +994,8 @@ PREFIXED_PAGE = re.compile(r"Prefect UI: (http://127\.0\.0\.1:(\d+)/team/nni/v2/
 
 def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_path, home):
     """nnictl create/resume --port and --url_prefix (its web UI's port and path: the local Prefect
-    server's here), --debug, resume/view -e/--experiment_dir and stop --port, as NNI spells them."""
+    server's here, when it starts; a second experiment's own port, its address, while it runs on
+    another), --debug, resume/view -e/--experiment_dir and stop --port, as NNI spells them."""
     port, other = free_port(), free_port()
     hold = tmp_path / "hold"
     hold.touch()
@@ -1015,17 +1016,24 @@ def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_pa
     assert store.experiment().config["logLevel"] == "debug"
     wait_for(lambda: " DEBUG " in (tmp_path / "w" / exp_id / "log" / "experiment.log").read_text(), timeout=60)
 
-    busy = _cli(home, "create", "--config", str(config), "-p", str(other))  # the server runs on `port`
-    assert busy.returncode == 1 and busy.stdout.strip() == (
-        f"error: the local Prefect server already runs on port {port}: `trialflow server stop`, then "
-        f"`trialflow server start --port {other}`")
+    # nnictl's habit: a second experiment on a port of its own, while the server runs on `port`
+    second = _cli(home, "create", "--config", str(config), "-p", str(other))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert (f"the local Prefect server runs on port {port}: its UI shows this experiment there, and `trialflow "
+            f"stop --port {other}` finds it on port {other}") in " ".join(second.stdout.split())
+    second_id = second.stdout.split("experiment id: ")[1].split()[0]
+    assert f"http://127.0.0.1:{port}/team/nni/v2/runs/flow-run/" in second.stdout  # its page, where the UI is
     elsewhere_in_ui = _cli(home, "create", "--config", str(config), "-u", "other")
     assert elsewhere_in_ui.returncode == 1 and elsewhere_in_ui.stdout.strip() == (
         f"error: the local Prefect server already serves its UI at http://127.0.0.1:{port}/team/nni: `trialflow "
         "server stop`, then `trialflow server start --url_prefix /other`")
-    assert _cli(home, "stop", "--port", str(other)).stdout.strip() == (
-        f"error: no experiment is on port {other} (ports in use: {port}): `trialflow experiment list` shows the "
-        "running ones")
+    unused = free_port()
+    assert _cli(home, "stop", "--port", str(unused)).stdout.strip() == (
+        f"error: no experiment is on port {unused} (ports in use: {', '.join(map(str, sorted({port, other})))}): "
+        "`trialflow experiment list` shows the running ones")
+    stopped_second = _cli(home, "stop", "-p", str(other))
+    assert stopped_second.stdout.strip().endswith(f"experiment {second_id} stopped"), stopped_second.stdout
+    assert store.experiment().status == "RUNNING"  # the first goes on
     stopped = _cli(home, "stop", "-p", str(port))
     assert stopped.returncode == 0 and stopped.stdout.strip().endswith(f"experiment {exp_id} stopped"), stopped.stdout
     assert store.experiment().status == "STOPPED"

@@ -321,6 +321,14 @@ def test_a_port_names_its_running_experiment_before_ended_ones_their_starters_st
     assert sorted(named.split(", ")) == sorted([held, other])
     release_web_port(held_store)  # its stop(): the port is given up
     assert the_one_on_port(8080, root).id == other
+    # `create --port 8081` while the server runs on 8080: both run there, 8080 is the first one's own
+    on_server, on_server_store = experiment({**here, "port": 8080}, "INITIALIZED")
+    second, second_store = experiment({**here, "port": 8081}, "INITIALIZED")
+    for store in (on_server_store, second_store):
+        store.set_experiment(prefect_api="http://127.0.0.1:8080/api")
+    assert (the_one_on_port(8080, root).id, the_one_on_port(8081, root).id) == (on_server, second)
+    for store in (on_server_store, second_store):
+        store.set_experiment(status="STOPPED", end_time=time.time())
 
 
 def test_every_platforms_config_object_nni_gives_makes_the_section_its_yaml_would(tmp_path):

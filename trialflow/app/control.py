@@ -225,6 +225,16 @@ def stop_experiment(store: ExperimentStore, base: Path, wait: float = 60.0) -> l
     return warnings
 
 
+def hold_web_port(store: ExperimentStore, port: int) -> None:
+    """``port``, NNI's web UI port, becomes the experiment's address for `trialflow stop --port` and
+    ``Experiment.connect(port)``, held by this process: while the experiment runs, and after its end
+    until this process stops it or exits. Nothing listens on it."""
+    from ..trial.procs import process_start_time
+
+    pid = os.getpid()
+    store.set_control(Control.WEB_PORT, {"port": port, "pid": pid, "start_time": process_start_time(pid)})
+
+
 def release_web_port(store: ExperimentStore) -> None:
     """The experiment is on no web UI port any more (NNI's manager frees its port when it stops)."""
     if store.controls().get(Control.WEB_PORT) is not None:

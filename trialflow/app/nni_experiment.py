@@ -337,19 +337,13 @@ class Experiment:
         return exp_dir.parent
 
     def _take_port(self, root: Path, port: int) -> None:
-        """``port``, NNI's web UI port, becomes the experiment's address for :meth:`connect` and `trialflow
-        stop --port`, held by this process: while the experiment runs, and after its end until this process
-        stops it or exits (nothing listens on it: the Prefect UI is the web UI)."""
-        import os
-
+        """``port`` becomes the experiment's address, held by this process (``hold_web_port``)."""
         from ..experiments import open_store
-        from ..records.store_records import Control
-        from ..trial.procs import process_start_time
+        from .control import hold_web_port
 
         store = open_store(root, self.id)
         try:
-            pid = os.getpid()
-            store.set_control(Control.WEB_PORT, {"port": port, "pid": pid, "start_time": process_start_time(pid)})
+            hold_web_port(store, port)
         finally:
             store.close()
         self.port = port

@@ -136,22 +136,28 @@ class StopSignals:
         return self.signum is not None
 
 
-def use_kept_server(port: int | None = None, url_prefix: str | None = None) -> None:
+def use_kept_server(port: int | None = None, url_prefix: str | None = None) -> int | None:
     """Without a configured Prefect API, this process and the controllers it starts use the kept local
     server (started now when none runs, without waiting: it comes up while the controller imports);
-    ``port`` and ``url_prefix`` (nnictl's ``--port`` and ``--url_prefix``): the port it must listen on
-    and the path it must serve its UI under."""
-    from ..server.api_choice import point_this_process_at_kept_server, wants_temporary_server
-    from ..server.kept_server import SERVER_SETTING
+    ``port`` and ``url_prefix`` (nnictl's ``--port`` and ``--url_prefix``): the port it starts on and
+    the path it must serve its UI under. Returns the server's port, or None for another API. A server
+    running on another port than ``port`` serves this experiment too (one server for all experiments):
+    the caller gives the experiment ``port`` as its address (``hold_web_port``)."""
+    from ..server.api_choice import point_this_process_at_kept_server, uses_kept_server, wants_temporary_server
+    from ..server.kept_server import SERVER_SETTING, running_server
 
     chosen = [flag for flag, value in (("--port", port), ("--url_prefix", url_prefix)) if value is not None]
     if chosen and os.environ.get("PREFECT_API_URL"):
         raise CliError(f"{chosen[0]} is for the local Prefect server, but PREFECT_API_URL is set to "
                        f"{os.environ['PREFECT_API_URL']} (experiments report there): leave {chosen[0]} out, or "
                        "unset it")
-    if point_this_process_at_kept_server(port=port, url_prefix=url_prefix) is None and chosen:
+    if port is not None and uses_kept_server() and (running := running_server()) is not None and running.port != port:
+        port = None  # nnictl's one port per experiment: this one's address only
+    server = point_this_process_at_kept_server(port=port, url_prefix=url_prefix)
+    if server is None and chosen:
         why = (f"{SERVER_SETTING}={os.environ[SERVER_SETTING]} asks for Prefect's temporary server, which has no UI"
                if wants_temporary_server() else "your Prefect profiles set PREFECT_API_URL (`prefect config "
                "view` shows the active one)")
         raise CliError(f"{chosen[0]} is for trialflow's local Prefect server, but {why}: leave {chosen[0]} out")
+    return None if server is None else server.port
 

@@ -118,7 +118,7 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     live_port = dashboard_port_of(dashboard, dashboard_port)
     # the kept server (when it must start) and a background controller start at once: their start-up
     # overlaps the config's checks here
-    use_kept_server(port, url_prefix)
+    server_port = use_kept_server(port, url_prefix)
     controller = None if foreground else take_controller()
     overrides = {"logLevel": "debug"} if debug else {}
     notes: list[str] = []
@@ -136,7 +136,22 @@ def create(config: Annotated[Path, typer.Option("--config", "-c", help="experime
     console.print(f"experiment id: [bold]{experiment_id}[/]  directory: {escape(str(exp_dir))}", markup=True)
     for line in notes:
         console.print(line, highlight=False)
+    if port is not None:
+        store = _experiments.open_store(exp_dir.parent, experiment_id)
+        try:
+            _take_web_port(store, port, server_port)
+        finally:
+            store.close()
     launch(experiment_id, exp_dir.parent, str(config.resolve()), foreground, dashboard, live_port, controller)
+
+
+def _take_web_port(store: _experiments.ExperimentStore, port: int, server_port: int | None) -> None:
+    """nnictl's ``--port``: the experiment's address (``hold_web_port``); where the kept server runs on
+    another port, this experiment is shown there, and the line says so."""
+    _control.hold_web_port(store, port)
+    if server_port is not None and server_port != port:
+        console.print(f"the local Prefect server runs on port {server_port}: its UI shows this experiment there, "
+                      f"and `trialflow stop --port {port}` finds it on port {port}", highlight=False)
 
 
 def resume(experiment_id: str, root: RootOpt = None,
@@ -155,7 +170,9 @@ def resume(experiment_id: str, root: RootOpt = None,
     for line in _control.prepare_resume(store, trialnum, duration):
         console.print(line, highlight=False)
     if port is not None or url_prefix is not None:
-        use_kept_server(port, url_prefix)
+        server_port = use_kept_server(port, url_prefix)
+        if port is not None:
+            _take_web_port(store, port, server_port)
     if debug:
         _experiments.set_stored_fields(store, {"logLevel": "debug"})
     launch(experiment_id, base, None, foreground, dashboard, live_port, earlier_run=store.experiment().flow_run_id)

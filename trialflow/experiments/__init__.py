@@ -404,13 +404,16 @@ def _ports(record: ExperimentRecord) -> set[int]:
 def the_one_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> ExperimentEntry:
     """The one experiment (under ``root``, or the known roots) on ``port``, nnictl's web UI port: a
     running experiment's Prefect API port on its host, or the port NNI's Python API started it on
-    (``Experiment.start(8080)``; after its end too, while the process that started it holds it), a
-    running one first; ``unreadable`` as :func:`list_experiments`. Raises :class:`ExperimentNotFound`
+    (``Experiment.start(8080)``, ``create --port``; after its end too, while the process that started it
+    holds it), a running one first, then the one whose own address it is; ``unreadable`` as
+    :func:`list_experiments`. Raises :class:`ExperimentNotFound`
     when none is (naming the ports in use), or several are (naming them)."""
     known = [(e, _ports(e.record)) for e in list_experiments(root, unreadable)]
     on_port = [e for e, ports in known if port in ports]
     if len(on_port) > 1:  # a running one before those its starter still holds after their end
         on_port = [e for e in on_port if e.record.status in EXPERIMENT_LIVE] or on_port
+    if len(on_port) > 1:  # then the one whose own address it is before those whose server is there
+        on_port = [e for e in on_port if web_port(e.record) == port] or on_port
     if len(on_port) > 1:
         raise ExperimentNotFound(f"{len(on_port)} experiments are on port {port} "
                                  f"({', '.join(e.id for e in on_port)}): give the id of one")
