@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..foundation.status import EXPERIMENT_LIVE, LIVE, STOPPED_BY_US, ExperimentStatus, TrialStatus
 from ..foundation.user_errors import UserError
 from ..records.store import Control
-from ..trial.procs import pid_alive
+from ..trial.procs import pid_alive, process_start_time
 
 if TYPE_CHECKING:
     from ..platforms import TrainingService
@@ -229,8 +229,6 @@ def hold_web_port(store: ExperimentStore, port: int) -> None:
     """``port``, NNI's web UI port, becomes the experiment's address for `trialflow stop --port` and
     ``Experiment.connect(port)``, held by this process: while the experiment runs, and after its end
     until this process stops it or exits. Nothing listens on it."""
-    from ..trial.procs import process_start_time
-
     pid = os.getpid()
     store.set_control(Control.WEB_PORT, {"port": port, "pid": pid, "start_time": process_start_time(pid)})
 

@@ -250,16 +250,17 @@ class Experiment:
         flow run. Raises ``ExperimentNotFound``, ``ExperimentRunning`` and ``UpdateError``, each with
         nothing changed."""
         from ..experiments import find_experiment
-        from .control import prepare_resume
+        from .control import hold_web_port, prepare_resume
 
         base, store = find_experiment(self.id)
         try:
             earlier_run = store.experiment().flow_run_id
             for line in prepare_resume(store, trialnum, duration):
                 print(line)
+            hold_web_port(store, port)
         finally:
             store.close()
-        self._take_port(base, port)
+        self.port = port
         return base, earlier_run
 
     def stop(self) -> None:

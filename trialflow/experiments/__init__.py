@@ -381,9 +381,9 @@ def _api_port(api: str | None) -> int | None:
 
 
 def web_port(record: ExperimentRecord) -> int | None:
-    """The web UI port NNI's Python API gave the experiment (``start(8080)``), while the experiment is
-    on it: while it runs, and after its end while the process that started it lives and has not stopped
-    it, as NNI's manager keeps its port until it is stopped."""
+    """The web UI port the experiment was given as its address (NNI's Python API's ``start(8080)``,
+    ``create --port``), while the experiment is on it: while it runs, and after its end while the process
+    that gave it lives and has not stopped it, as NNI's manager keeps its port until it is stopped."""
     from ..trial.procs import pid_alive
 
     held = record.controls.get(Control.WEB_PORT)
@@ -403,11 +403,9 @@ def _ports(record: ExperimentRecord) -> set[int]:
 
 def the_one_on_port(port: int, root: Path | None = None, unreadable: list[str] | None = None) -> ExperimentEntry:
     """The one experiment (under ``root``, or the known roots) on ``port``, nnictl's web UI port: a
-    running experiment's Prefect API port on its host, or the port NNI's Python API started it on
-    (``Experiment.start(8080)``, ``create --port``; after its end too, while the process that started it
-    holds it), a running one first, then the one whose own address it is; ``unreadable`` as
-    :func:`list_experiments`. Raises :class:`ExperimentNotFound`
-    when none is (naming the ports in use), or several are (naming them)."""
+    running experiment's Prefect API port on its host, or its :func:`web_port`; a running one first,
+    then the one whose own address it is. ``unreadable`` as :func:`list_experiments`. Raises
+    :class:`ExperimentNotFound` when none is (naming the ports in use), or several are (naming them)."""
     known = [(e, _ports(e.record)) for e in list_experiments(root, unreadable)]
     on_port = [e for e, ports in known if port in ports]
     if len(on_port) > 1:  # a running one before those its starter still holds after their end
