@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, write_trial
+from tests.conftest import base_config, wait_for, write_trial
 from tests.test_cli import cli
 from trialflow import resume_experiment, run_experiment
-from trialflow.app.control import UpdateError
+from trialflow.app.control import UpdateError, controller_alive
 from trialflow.experiments import list_experiments, open_store
 
 SERVER = pytest.mark.usefixtures("prefect_server")  # the tests that run experiments
@@ -60,12 +60,13 @@ def test_a_finished_experiment_continues_from_the_cli_with_a_larger_budget_and_r
     assert sorted(_runs(tmp_path)) == sorted(t.id for t in trials)  # each trial ran once
     assert sorted(t.parameters["x"] for t in trials) == [1, 2, 3, 4]  # the grid went on where it stopped
 
-    # update on a finished experiment says when it applies; a plain resume then runs the new budget
+    # nnictl's update of a DONE experiment's budget runs it on in the background, as NNI's manager does
     update = cli("update", "trialnum", exp_id, "5", "--root", str(tmp_path / "w"))
-    assert update.returncode == 0 and f"trialflow resume {exp_id}" in update.stdout
-    again = cli("resume", exp_id, "--foreground", "--root", str(tmp_path / "w"))
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert store.count_trials() == 5 and len(_runs(tmp_path)) == 5
+    assert update.returncode == 0 and f"maxTrialNumber of {exp_id} set to 5 (4 run before)" in update.stdout
+    assert f"experiment {exp_id} started in the background" in update.stdout
+    wait_for(lambda: store.count_trials() == 5 and store.experiment().status == "DONE"
+             and not controller_alive(store), timeout=120)
+    assert len(_runs(tmp_path)) == 5
 
     shown = json.loads(cli("experiment", "show", exp_id, "--root", str(tmp_path / "w")).stdout)
     assert shown["config"]["maxTrialNumber"] == 5 and "max_trial_number" not in shown["controls"]

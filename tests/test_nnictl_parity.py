@@ -95,6 +95,13 @@ def test_nnictl_commands_on_a_running_then_stopped_experiment(tmp_path, prefect_
     listing = ok("experiment", "list", env=env)
     assert exp_id not in listing and "no experiment is running" in listing and "--all" in listing
     assert exp_id in ok("experiment", "list", "--all", env=env)
+    # nnictl's habit with a DONE experiment: a larger trial budget runs it on, as NNI's manager does
+    raised = ok("update", "trialnum", exp_id, "-v", "5", env=env)
+    assert f"maxTrialNumber of {exp_id} set to 5 (4 run before)" in raised and "started in the background" in raised
+    wait_for(lambda: store.count_trials() == 5 and store.experiment().status == "DONE", timeout=120)
+    assert max(store.trials(), key=lambda t: t.sequence).status == "SUCCEEDED"
+    spent = ok("update", "duration", exp_id, "-v", "2h", env=env)  # the trial budget is spent: only set
+    assert "takes effect when the experiment runs again" in spent and store.experiment().status == "DONE"
 
     # save, and load as another machine would (its own TRIALFLOW_HOME), code included; here, where the
     # experiment is known, a second copy is refused
@@ -191,9 +198,8 @@ def test_an_update_made_through_trialflow_is_no_edit_of_the_config_file(tmp_path
     (tmp_path / "new_space.json").write_text('{"x": {"_type": "choice", "_value": [7]}}')
     ok("update", "searchspace", exp_id, "-f", str(tmp_path / "new_space.json"), env=env)
     outputs = []
-    for budget in ("2", "3"):
-        ok("update", "trialnum", exp_id, "-v", budget, env=env)
-        resumed = nnictl("resume", exp_id, "--foreground", env=env)
+    for budget in ("2", "3"):  # (`update trialnum` would run the DONE experiment on in the background)
+        resumed = nnictl("resume", exp_id, "--trialnum", budget, "--foreground", env=env)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         outputs.append(resumed.stdout + resumed.stderr)
     store = open_store(tmp_path / "w", exp_id)
@@ -204,8 +210,7 @@ def test_an_update_made_through_trialflow_is_no_edit_of_the_config_file(tmp_path
     assert [t.parameters["x"] for t in trials] == [1, 7, 7]
     config["maxTrialDuration"] = "1h"  # an edit of the file: said once, when the experiment runs
     path.write_text(yaml.safe_dump(config))
-    ok("update", "trialnum", exp_id, "-v", "4", env=env)
-    edited = nnictl("resume", exp_id, "--foreground", env=env)
+    edited = nnictl("resume", exp_id, "--trialnum", "4", "--foreground", env=env)
     assert "changed since it was created (maxTrialDuration)" in edited.stdout + edited.stderr
     assert store.trials()[-1].parameters["x"] == 7
 

@@ -76,10 +76,11 @@ def clear_run_requests(store: ExperimentStore) -> None:
 RESUMED_VIA = "trialflow resume"  # the update history's name for resume's --trialnum and --duration
 
 
-def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | int | None) -> list[str]:
+def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | int | None,
+                  via: str = RESUMED_VIA) -> list[str]:
     """What ``resume --trialnum/--duration`` sets before the run: a larger ``maxTrialNumber`` (more than
     the trials the experiment has) and a ``maxExperimentDuration`` (more than the run time it spent),
-    each recorded in the update history. Returns a line per change saying it. Raises
+    each recorded in the update history as made ``via``. Returns a line per change saying it. Raises
     :class:`UpdateError` (nothing set) for a budget that would let nothing more run."""
     lines = []
     spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
@@ -99,10 +100,10 @@ def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | 
             raise UpdateError(f"--duration {duration} is not more than the {spent:.0f} s experiment "
                               f"{store.experiment_id} has run: give a longer time ('2h', seconds) to run on")
     if trialnum is not None:
-        update_experiment(store, "trialnum", trialnum, RESUMED_VIA)
+        update_experiment(store, "trialnum", trialnum, via)
         lines.append(f"maxTrialNumber of {store.experiment_id} set to {trialnum} ({count} run before)")
     if duration is not None:
-        seconds = update_experiment(store, "duration", duration, RESUMED_VIA)
+        seconds = update_experiment(store, "duration", duration, via)
         lines.append(f"maxExperimentDuration of {store.experiment_id} set to {seconds} s "
                      f"({spent:.0f} s run before)")
     return lines
@@ -136,7 +137,7 @@ def ensure_not_running(store: ExperimentStore) -> None:
 
 
 def prepare_resume(store: ExperimentStore, trialnum: int | None = None,
-                   duration: str | int | None = None) -> list[str]:
+                   duration: str | int | None = None, via: str = RESUMED_VIA) -> list[str]:
     """Ready a stored experiment for its next run (``trialflow resume``, the Python API's
     ``resume_experiment``): refused while its controller runs; a larger budget when asked
     (:func:`extend_budget`, whose lines it returns); the stop and kills asked of the run before
@@ -144,9 +145,39 @@ def prepare_resume(store: ExperimentStore, trialnum: int | None = None,
     if controller_alive(store):
         raise ExperimentRunning(f"experiment {store.experiment_id} is still running (pid "
                                 f"{store.experiment().controller_pid})")
-    lines = extend_budget(store, trialnum, duration)
+    lines = extend_budget(store, trialnum, duration, via)
     clear_run_requests(store)
     return lines
+
+
+def run_on_budget(store: ExperimentStore, what: str, value: str | int) -> list[str] | None:
+    """A larger budget for a DONE experiment, as NNI's manager takes it: ``nnictl update trialnum`` or
+    ``duration`` of an experiment that ended DONE and was not stopped sets it RUNNING again when the
+    budget lets more run. Readies the experiment's next run with the budget ``what`` (``trialnum`` or
+    ``duration``) set to ``value`` (:func:`prepare_resume`; the history names ``update``) and returns
+    its lines, for the caller to run it. None, with nothing changed, when the experiment did not end
+    DONE, its controller still runs, the value is bad or not larger than what it spent, or the other
+    budget is spent: the caller sets the value as for any experiment (and says why a bad one is)."""
+    from ..config import parse_duration
+    from ..records.store_records import config_in_force
+
+    record = store.experiment()
+    if record.status != ExperimentStatus.DONE or what not in ("trialnum", "duration"):
+        return None
+    in_force, _ = config_in_force(record)
+    try:
+        if what == "trialnum":
+            limit = in_force.get("maxExperimentDuration")
+            spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
+            if limit is None or parse_duration(limit) > spent:
+                return prepare_resume(store, trialnum=int(value), via=UPDATED_VIA)
+        else:
+            limit = in_force.get("maxTrialNumber")
+            if limit is None or store.count_trials() < int(limit):
+                return prepare_resume(store, duration=value, via=UPDATED_VIA)
+    except (ExperimentRunning, ValueError):  # UpdateError is a ValueError
+        pass
+    return None
 
 
 def delete_experiment(store: ExperimentStore, base: Path) -> Path:

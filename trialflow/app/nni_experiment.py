@@ -127,11 +127,11 @@ def _ms(seconds: float | None) -> int | None:
 
 
 def _metadata(root: Path, record: Any) -> dict[str, Any]:
-    services = record.config.get("trainingService")
-    platform = "hybrid" if isinstance(services, list) else (services or {}).get("platform")
-    return {"id": record.id, "experimentName": record.name, "status": record.status, "platform": platform,
-            "logDir": str(root / record.id), "startTime": _ms(record.start_time), "endTime": _ms(record.end_time),
-            "pid": record.controller_pid if record.status in EXPERIMENT_LIVE else None}
+    from ..experiments import platform_of, shown_port
+
+    return {"id": record.id, "experimentName": record.name, "status": record.status, "port": shown_port(record),
+            "platform": platform_of(record), "logDir": str(root / record.id), "startTime": _ms(record.start_time),
+            "endTime": _ms(record.end_time), "pid": record.controller_pid if record.status in EXPERIMENT_LIVE else None}
 
 
 def _metrics_by_trial(trials: list[Any], metrics: list[Any]) -> dict[str, list[TrialMetricData]]:
@@ -243,11 +243,9 @@ class Experiment:
     def save_checkpoint(self) -> None:
         """Nothing to do: the experiment's record is saved as it runs."""
 
-    def _prepare_resume(self, port: int, trialnum: int | None = None,
-                        duration: str | int | None = None) -> tuple[Path, str | None]:
-        """Ready the experiment's next run on ``port`` (``prepare_resume``: with ``trialnum`` or
-        ``duration``, a larger budget; its lines printed); returns its working directory and its earlier
-        flow run. Raises ``ExperimentNotFound``, ``ExperimentRunning`` and ``UpdateError``, each with
+    def _prepare_resume(self, port: int) -> tuple[Path, str | None]:
+        """Ready the experiment's next run on ``port`` (``prepare_resume``); returns its working directory
+        and its earlier flow run. Raises ``ExperimentNotFound`` and ``ExperimentRunning``, each with
         nothing changed."""
         from ..experiments import find_experiment
         from .control import hold_web_port, prepare_resume
@@ -255,8 +253,7 @@ class Experiment:
         base, store = find_experiment(self.id)
         try:
             earlier_run = store.experiment().flow_run_id
-            for line in prepare_resume(store, trialnum, duration):
-                print(line)
+            prepare_resume(store)
             hold_web_port(store, port)
         finally:
             store.close()
@@ -451,7 +448,8 @@ class Experiment:
 
     def get_all_experiments_metadata(self) -> list[dict[str, Any]]:
         """Every experiment trialflow knows here (as ``trialflow experiment list --all``): id, name,
-        status, platform, folder, start and end (ms) and the controller's pid while it runs."""
+        status, port (as nnictl's listing), platform, folder, start and end (ms) and the controller's pid
+        while it runs."""
         from ..experiments import list_experiments
 
         return [_metadata(entry.root, entry.record) for entry in list_experiments()]
@@ -486,24 +484,28 @@ class Experiment:
         """Set the budget ``what`` (``trialnum`` or ``duration``) as ``trialflow update`` does. An
         experiment that ended DONE and is still on its web port (the process that started it holds it, as
         NNI's manager stays up after DONE) runs on in the background when the budget lets more run, as
-        NNI's manager does; the budget of any other ended experiment waits for :meth:`resume`."""
-        from ..experiments import web_port
+        NNI's manager does (``run_on_budget``); the budget of any other ended experiment waits for
+        :meth:`resume`."""
+        from ..experiments import find_experiment, web_port
         from .api import update_experiment
-        from .control import UpdateError
+        from .control import hold_web_port, run_on_budget
 
-        with self._records() as (_, records):
-            record = records.experiment()
-        port = web_port(record)
-        if record.status == ExperimentStatus.DONE and port is not None:
-            try:
-                budget = {"trialnum": int(value)} if what == "trialnum" else {"duration": value}
-                base, earlier_run = self._prepare_resume(port, **budget)
-            except (UpdateError, ValueError):
-                pass  # nothing more would run, or a bad value: set (or refused) as for any experiment
-            else:
-                self._in_background(base, earlier_run, RunMode.Background)
-                return
-        update_experiment(self.id, what, value)
+        base, store = find_experiment(self.id)
+        try:
+            record = store.experiment()
+            port = web_port(record)
+            lines = run_on_budget(store, what, value) if port is not None else None
+            if port is not None and lines is not None:
+                for line in lines:
+                    print(line)
+                hold_web_port(store, port)
+        finally:
+            store.close()
+        if port is None or lines is None:
+            update_experiment(self.id, what, value)
+            return
+        self.port = port
+        self._in_background(base, record.flow_run_id, RunMode.Background)
 
     def update_search_space(self, value: dict[str, Any]) -> None:
         from .api import update_search_space

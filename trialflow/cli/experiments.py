@@ -39,10 +39,13 @@ experiment_app = typer.Typer(help="List, show, export, import and delete experim
 def experiment_list(root: RootOpt = None,
                     all_: Annotated[bool, typer.Option("--all", help="every experiment, not only running "
                                                        "ones")] = False) -> None:
-    """Running experiments with their status (as nnictl); --all: every known experiment."""
-    from rich.table import Table
+    """Running experiments with their status, port and platform (as nnictl); --all: every known
+    experiment."""
+    from rich.table import Column, Table
 
-    table = Table("id", "name", "status", "trials", "started", "directory")
+    # on a narrow terminal the other columns give way to the id, status and port, which stay whole
+    table = Table(Column("id", no_wrap=True), "name", Column("status", no_wrap=True), Column("port", no_wrap=True),
+                  "platform", "trials", "started", "directory")
     unreadable: list[str] = []
     for e in _experiments.list_experiments(root, unreadable):
         if not all_ and e.record.status not in EXPERIMENT_LIVE:
@@ -51,7 +54,9 @@ def experiment_list(root: RootOpt = None,
         count = store.count_trials()
         store.close()
         started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
-        table.add_row(e.id, e.record.name or "", e.record.status, str(count), started, str(e.root / e.id))
+        port = _experiments.shown_port(e.record)
+        table.add_row(e.id, e.record.name or "", e.record.status, "-" if port is None else str(port),
+                      _experiments.platform_of(e.record) or "-", str(count), started, str(e.root / e.id))
     if table.row_count:
         console.print(table)
     elif not all_:  # as nnictl says it, instead of an empty table
@@ -236,7 +241,15 @@ def _when_applied(store: ExperimentStore) -> str:
 
 
 def _update(experiment_id: str | None, what: str, value: str, root: Path | None) -> None:
-    _, store = find_store(experiment_id, root)
+    base, store = find_store(experiment_id, root)
+    lines = _control.run_on_budget(store, what, value)
+    if lines is not None:  # it ended DONE: it runs on with the larger budget, as NNI's manager does
+        from .running import launch
+
+        for line in lines:
+            console.print(line, highlight=False)
+        launch(store.experiment_id, base, None, False, earlier_run=store.experiment().flow_run_id)
+        return
     number = _control.update_experiment(store, what, value)
     if what == "duration":
         console.print(f"maxExperimentDuration of {store.experiment_id} set to {number} s{_when_applied(store)}")
@@ -260,14 +273,14 @@ def update_concurrency(experiment_id: ExpIdArg = None, value: ValueArg = None, v
 @update_app.command("trialnum")
 def update_trialnum(experiment_id: ExpIdArg = None, value: ValueArg = None, value_opt: ValueOpt = None,
                     root: RootOpt = None) -> None:
-    """Set maxTrialNumber."""
+    """Set maxTrialNumber (a larger one runs a DONE experiment on, as NNI's manager does)."""
     _update(experiment_id, "trialnum", _value_of(value, value_opt), root)
 
 
 @update_app.command("duration")
 def update_duration(experiment_id: ExpIdArg = None, value: ValueArg = None, value_opt: ValueOpt = None,
                     root: RootOpt = None) -> None:
-    """Set maxExperimentDuration ('30m', '2h', seconds)."""
+    """Set maxExperimentDuration ('30m', '2h', seconds; a longer one runs a DONE experiment on)."""
     _update(experiment_id, "duration", _value_of(value, value_opt), root)
 
 

@@ -395,6 +395,25 @@ def web_port(record: ExperimentRecord) -> int | None:
     return held["port"] if isinstance(pid, int) and pid_alive(pid, held.get("start_time")) else None
 
 
+def shown_port(record: ExperimentRecord) -> int | None:
+    """The one port nnictl's listing would show for the experiment, which ``trialflow stop --port``
+    finds it on: its own web port (:func:`web_port`), else its Prefect API's while it runs; None when
+    it is on none."""
+    own = web_port(record)
+    if own is not None:
+        return own
+    return _api_port(record.prefect_api) if record.status in EXPERIMENT_LIVE else None
+
+
+def platform_of(record: ExperimentRecord) -> str | None:
+    """The experiment's platform as its stored config names it: ``hybrid`` for several sections, None
+    for a config without one."""
+    services = record.config.get("trainingService")
+    if isinstance(services, list):
+        return "hybrid"
+    return services.get("platform") if isinstance(services, dict) else None
+
+
 def _ports(record: ExperimentRecord) -> set[int]:
     """The ports an experiment is on now: while it runs, its Prefect API's; and its web UI port."""
     ports = {web_port(record), _api_port(record.prefect_api) if record.status in EXPERIMENT_LIVE else None}
