@@ -88,8 +88,11 @@ class TestKubernetesInterruptions(InterruptionContract):
     def interrupt(self, service, k8s):
         def disrupt(handle):
             selector = service.pod_selector(handle.data["job"])
-            [pod] = [p["metadata"]["name"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
-                     and match_labels(p["metadata"]["labels"], selector)]
+            running = [p["metadata"] for p in k8s.objects("pods") if p["status"]["phase"] == "Running"
+                       and match_labels(p["metadata"]["labels"], selector)]
+            # a PyTorchJob's trial is its master; its worker replica (which only echoes) may still run
+            masters = [m for m in running if m["labels"].get("training.kubeflow.org/replica-type") == "master"]
+            [pod] = [m["name"] for m in masters or running]
             k8s.disrupt(pod, reason=service.disruption, message="emulated")
             if service.platform == "kubeflow":  # the operator creates the stopped replica again in place;
                 # a poll before that finds the disrupted pod itself
