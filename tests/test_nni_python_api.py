@@ -397,7 +397,8 @@ def test_every_platforms_config_object_nni_gives_makes_the_section_its_yaml_woul
 def test_run_or_resume_has_checkpoint_load_checkpoint_and_nni_2s_view_of_an_id(tmp_path):
     """NNI 3's ``run_or_resume`` runs a new experiment and resumes a known one (``has_checkpoint``), as
     NNI's own ``test_experiment_resume_with_id`` does; ``load_checkpoint`` gives an object made from an id
-    the experiment's config; NNI 2's ``Experiment.view(id)`` and ``Experiment.resume(id)`` still work."""
+    the experiment's config; NNI 2's ``Experiment.view(id)`` and ``Experiment.resume(id)`` still work; an
+    object viewing an ended experiment (``view(non_blocking=True)``) says VIEWED until its ``stop()``."""
     hold = tmp_path / "hold"
     hold.touch()
     out = _python(tmp_path, _quickstart(tmp_path, f"""\
@@ -415,12 +416,17 @@ def test_run_or_resume_has_checkpoint_load_checkpoint_and_nni_2s_view_of_an_id(t
         print("RESUMED", again.run_or_resume())  # known: resumed, here, to its end
         print("STATUS", again.get_status(), len(again.export_data()))
         Experiment.view(again.id)
+        viewer = Experiment(None, id=again.id).view(non_blocking=True)  # NNI's test_experiment's view
+        print("STATUS", viewer.get_status(), again.get_status())
+        viewer.stop()
+        print("STATUS", viewer.get_status())
         print("RESUMED", Experiment.resume(again.id))  # nothing left to run
         """, hold=hold))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert [x for x in lines if x.startswith(("HAS", "CONFIG", "RESUMED", "STATUS"))] == [
-        "HAS False", "HAS True", "CONFIG 4 2", "RESUMED True", "STATUS DONE 2", "RESUMED True"]
+        "HAS False", "HAS True", "CONFIG 4 2", "RESUMED True", "STATUS DONE 2", "STATUS VIEWED DONE", "STATUS DONE",
+        "RESUMED True"]
     exp_id = next(x for x in lines if x.startswith("experiment id: ")).split()[2]
     assert any(x.startswith(f"experiment {exp_id} DONE; Prefect UI: http") for x in lines)
     store = open_store(tmp_path / "w", exp_id)

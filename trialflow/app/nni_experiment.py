@@ -160,6 +160,7 @@ class Experiment:
         self.id = id if id is not None else new_experiment_id()
         self.port: int | None = None
         self._controller: tuple[int, int | None] | None = None  # the background controller begun here (pid, start)
+        self._viewing = False  # view(non_blocking=True) until stop() or a run: NNI's VIEWED
 
     # -- running --------------------------------------------------------------------------------------
 
@@ -258,6 +259,7 @@ class Experiment:
         finally:
             store.close()
         self.port = port
+        self._viewing = False  # a run ends the view
         return base, earlier_run
 
     def stop(self) -> None:
@@ -268,6 +270,7 @@ class Experiment:
         from .api import stop_experiment
 
         atexit.unregister(self.stop)
+        self._viewing = False
         try:
             status = self.get_status()
         except ExperimentNotFound:
@@ -290,7 +293,9 @@ class Experiment:
 
     def view(self, port: int = 8080, non_blocking: bool = False) -> Experiment:
         """Print where the experiment's runs are in the Prefect UI (any experiment, running or ended, is
-        viewable there) and its status; returns this object. Raises ``ExperimentNotFound``."""
+        viewable there) and its status; returns this object, which with ``non_blocking`` is viewing it as
+        NNI's is: its :meth:`get_status` is ``VIEWED`` while the experiment does not run, until
+        :meth:`stop` or a run. Raises ``ExperimentNotFound``."""
         from ..server.prefect_ui_pages import flow_run_page
 
         named: Any = self
@@ -301,6 +306,7 @@ class Experiment:
             record = records.experiment()
         page = flow_run_page(record.prefect_api, record.flow_run_id) if record.flow_run_id else None
         print(f"experiment {self.id} {record.status}; Prefect UI: {page or 'no run recorded'}")
+        self._viewing = non_blocking
         return self
 
     @classmethod
@@ -345,6 +351,7 @@ class Experiment:
         finally:
             store.close()
         self.port = port
+        self._viewing = False  # a run ends the view
 
     def _in_background(self, root: Path, earlier_run: str | None, run_mode: RunMode) -> None:
         from ..trial.procs import process_start_time
@@ -399,9 +406,11 @@ class Experiment:
             records.close()
 
     def get_status(self) -> str:
-        """INITIALIZED, RUNNING, DONE, STOPPED or ERROR. Raises ``ExperimentNotFound``."""
+        """INITIALIZED, RUNNING, DONE, STOPPED or ERROR; VIEWED on an object viewing an experiment that does
+        not run (:meth:`view`). Raises ``ExperimentNotFound``."""
         with self._records() as (_, records):
-            return str(records.experiment().status)
+            status = str(records.experiment().status)
+        return "VIEWED" if self._viewing and status not in EXPERIMENT_LIVE else status
 
     def get_experiment_profile(self) -> dict[str, Any]:
         """Its id, status, config (``params``: NNI's v2 fields, as in force), start and end (ms), run
