@@ -185,6 +185,27 @@ def test_an_update_shows_once_as_the_value_in_force(finished):
         shown["controls"])
 
 
+def test_a_stop_of_an_ended_experiment_says_it_had_ended_and_gives_up_a_port_it_held(finished):
+    """`stop` of a DONE experiment leaves it DONE and says so; one still on its port (here: held by this
+    process, as a Python API kernel holds it after DONE) gives the port up, and `stop --port` finds it."""
+    from trialflow.app.control import hold_web_port
+
+    tmp_path, env, exp_id, _ = finished
+    store = open_store(tmp_path / "w", exp_id)
+    port = free_port()
+    try:
+        hold_web_port(store, port)
+        by_port = cli("stop", "--port", str(port), env=env)
+        assert by_port.returncode == 0 and by_port.stdout.strip() == (
+            f"experiment {exp_id} had already ended DONE: port {port} is given up")
+        again = cli("stop", exp_id, env=env)
+        assert again.returncode == 0 and again.stdout.strip() == (
+            f"experiment {exp_id} had already ended DONE: nothing to stop")
+        assert store.experiment().status == "DONE"
+    finally:
+        store.close()
+
+
 def test_stop_all_with_nothing_running_says_so(finished):
     _, env, _, _ = finished
     proc = cli("stop", "--all", env=env)

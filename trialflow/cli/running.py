@@ -214,8 +214,15 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
     if not targets:
         console.print("no experiment is running: nothing to stop")
     for base, store in targets:
+        before = store.experiment()
+        held = _experiments.web_port(before)
         print_warnings(_control.stop_experiment(store, base, wait))
-        console.print(f"experiment {store.experiment_id} stopped")
+        after = store.experiment().status
+        if before.status in EXPERIMENT_LIVE or after != before.status:
+            console.print(f"experiment {store.experiment_id} stopped")
+        else:  # it stays as it ended, as NNI's manager stopped after DONE leaves its trials
+            done = f"port {held} is given up" if held is not None else "nothing to stop"
+            console.print(f"experiment {store.experiment_id} had already ended {after}: {done}")
 
 
 def top(interval: Annotated[int, typer.Option("--time", "-t", help="seconds between refreshes")] = 3,
