@@ -220,7 +220,7 @@ def stop(experiment_id: Annotated[str | None, typer.Argument()] = None,
         after = store.experiment().status
         if before.status in EXPERIMENT_LIVE or after != before.status:
             console.print(f"experiment {store.experiment_id} stopped")
-        else:  # it stays as it ended, as NNI's manager stopped after DONE leaves its trials
+        else:  # its record keeps how its run ended
             done = f"port {held} is given up" if held is not None else "nothing to stop"
             console.print(f"experiment {store.experiment_id} had already ended {after}: {done}")
 
