@@ -76,6 +76,11 @@ def clear_run_requests(store: ExperimentStore) -> None:
 RESUMED_VIA = "trialflow resume"  # the update history's name for resume's --trialnum and --duration
 
 
+def _spent_seconds(store: ExperimentStore) -> float:
+    """The run time the experiment's runs have spent so far (what ``maxExperimentDuration`` counts)."""
+    return float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
+
+
 def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | int | None,
                   via: str = RESUMED_VIA) -> list[str]:
     """What ``resume --trialnum/--duration`` sets before the run: a larger ``maxTrialNumber`` (more than
@@ -83,7 +88,7 @@ def extend_budget(store: ExperimentStore, trialnum: int | None, duration: str | 
     each recorded in the update history as made ``via``. Returns a line per change saying it. Raises
     :class:`UpdateError` (nothing set) for a budget that would let nothing more run."""
     lines = []
-    spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
+    spent = _spent_seconds(store)
     if trialnum is not None:
         count = store.count_trials()
         if trialnum <= count:
@@ -168,8 +173,7 @@ def run_on_budget(store: ExperimentStore, what: str, value: str | int) -> list[s
     try:
         if what == "trialnum":
             limit = in_force.get("maxExperimentDuration")
-            spent = float(store.controls().get(Control.ELAPSED_SECONDS, 0.0))
-            if limit is None or parse_duration(limit) > spent:
+            if limit is None or parse_duration(limit) > _spent_seconds(store):
                 return prepare_resume(store, trialnum=int(value), via=UPDATED_VIA)
         else:
             limit = in_force.get("maxTrialNumber")

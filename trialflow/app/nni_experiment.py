@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.nni_objects import (
     AlgorithmConfig,
@@ -58,6 +58,9 @@ from ..config.nni_objects import (
 )
 from ..foundation.status import EXPERIMENT_LIVE, ExperimentStatus
 from ..foundation.user_errors import UserError
+
+if TYPE_CHECKING:
+    from ..records.store import ExperimentStore
 
 # what ``nni.experiment`` gives (the config objects with the experiment)
 __all__ = ["AlgorithmConfig", "AmlConfig", "AzureBlobConfig", "CustomAlgorithmConfig", "DlcConfig", "Experiment",
@@ -249,17 +252,15 @@ class Experiment:
         and its earlier flow run. Raises ``ExperimentNotFound`` and ``ExperimentRunning``, each with
         nothing changed."""
         from ..experiments import find_experiment
-        from .control import hold_web_port, prepare_resume
+        from .control import prepare_resume
 
         base, store = find_experiment(self.id)
         try:
             earlier_run = store.experiment().flow_run_id
             prepare_resume(store)
-            hold_web_port(store, port)
+            self._hold_port(store, port)
         finally:
             store.close()
-        self.port = port
-        self._viewing = False  # a run ends the view
         return base, earlier_run
 
     def stop(self) -> None:
@@ -341,17 +342,23 @@ class Experiment:
         return exp_dir.parent
 
     def _take_port(self, root: Path, port: int) -> None:
-        """``port`` becomes the experiment's address, held by this process (``hold_web_port``)."""
+        """:meth:`_hold_port` for the experiment made under ``root``."""
         from ..experiments import open_store
-        from .control import hold_web_port
 
         store = open_store(root, self.id)
         try:
-            hold_web_port(store, port)
+            self._hold_port(store, port)
         finally:
             store.close()
+
+    def _hold_port(self, store: ExperimentStore, port: int) -> None:
+        """``port`` becomes the experiment's address, held by this process (``hold_web_port``), before a
+        run through this object, which ends a :meth:`view`."""
+        from .control import hold_web_port
+
+        hold_web_port(store, port)
         self.port = port
-        self._viewing = False  # a run ends the view
+        self._viewing = False
 
     def _in_background(self, root: Path, earlier_run: str | None, run_mode: RunMode) -> None:
         from ..trial.procs import process_start_time
@@ -497,23 +504,22 @@ class Experiment:
         :meth:`resume`."""
         from ..experiments import find_experiment, web_port
         from .api import update_experiment
-        from .control import hold_web_port, run_on_budget
+        from .control import run_on_budget
 
         base, store = find_experiment(self.id)
+        lines = None
         try:
             record = store.experiment()
             port = web_port(record)
-            lines = run_on_budget(store, what, value) if port is not None else None
-            if port is not None and lines is not None:
+            if port is not None and (lines := run_on_budget(store, what, value)) is not None:
                 for line in lines:
                     print(line)
-                hold_web_port(store, port)
+                self._hold_port(store, port)
         finally:
             store.close()
-        if port is None or lines is None:
+        if lines is None:
             update_experiment(self.id, what, value)
             return
-        self.port = port
         self._in_background(base, record.flow_run_id, RunMode.Background)
 
     def update_search_space(self, value: dict[str, Any]) -> None:

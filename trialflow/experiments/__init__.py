@@ -400,9 +400,7 @@ def shown_port(record: ExperimentRecord) -> int | None:
     finds it on: its own web port (:func:`web_port`), else its Prefect API's while it runs; None when
     it is on none."""
     own = web_port(record)
-    if own is not None:
-        return own
-    return _api_port(record.prefect_api) if record.status in EXPERIMENT_LIVE else None
+    return own if own is not None else _live_api_port(record)
 
 
 def platform_of(record: ExperimentRecord) -> str | None:
@@ -414,9 +412,14 @@ def platform_of(record: ExperimentRecord) -> str | None:
     return services.get("platform") if isinstance(services, dict) else None
 
 
+def _live_api_port(record: ExperimentRecord) -> int | None:
+    """The port of the Prefect API the experiment reports to, while it runs."""
+    return _api_port(record.prefect_api) if record.status in EXPERIMENT_LIVE else None
+
+
 def _ports(record: ExperimentRecord) -> set[int]:
     """The ports an experiment is on now: while it runs, its Prefect API's; and its web UI port."""
-    ports = {web_port(record), _api_port(record.prefect_api) if record.status in EXPERIMENT_LIVE else None}
+    ports = {web_port(record), _live_api_port(record)}
     return {p for p in ports if p is not None}
 
 
