@@ -201,10 +201,12 @@ def test_a_submission_killed_while_detaching_can_be_submitted_again(tmp_path):
 
 
 SAVES_ON_SIGINT = """
-import signal, sys, time
+import os, signal, sys, time
 signal.signal(signal.SIGINT, lambda *_: sys.exit(1))  # saves its work and exits 1 on Ctrl-C
 open("ready", "w").close()
-time.sleep(float(sys.argv[1]))
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline and not os.path.exists("go"):  # ends by itself when the test says so
+    time.sleep(0.01)
 sys.exit(3)
 """
 
@@ -237,9 +239,8 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
     from trialflow.trial.keeper import claim, kill_trial, write_trial_files
 
     (tmp_path / "trial.py").write_text(SAVES_ON_SIGINT)
-    linger = 0.2 if signalled == "after-it-exited" else 30
     trial_dir = Path(write_trial_files({"trial_dir": str(tmp_path / "t"), "parameter": "{}", "keeper": {
-        "command": f"exec {sys.executable} -S trial.py {linger}", "cwd": str(tmp_path), "env": {}}}))
+        "command": f"exec {sys.executable} -S trial.py 30", "cwd": str(tmp_path), "env": {}}}))
     assert claim(str(trial_dir))  # as a detached keeper does: the kill then stops it instead of its start
     keeper = subprocess.Popen([sys.executable, "-S", "-m", "trialflow.trial.keeper", str(trial_dir)],
                               env={**os.environ, "PYTHONPATH": RUNTIME_ROOT}, start_new_session=True)
@@ -268,6 +269,7 @@ def test_a_stop_signal_counts_only_when_it_reached_the_running_trial(tmp_path, s
                 time.sleep(0.02)
         elif signalled == "after-it-exited":
             stop_process(keeper.pid)  # the keeper, descheduled, has not seen the exit yet
+            (tmp_path / "go").touch()  # the trial ends by itself only now: the keeper cannot have reaped it
             while process_state(trial_pid) != "Z" and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:
