@@ -22,9 +22,9 @@ HELD = ("import os, time, nni\np = nni.get_next_parameter()\nwhile os.path.exist
         "nni.report_intermediate_result(p['x'])\nnni.report_final_result(p['x'])\n")
 
 
-def nnictl(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+def nnictl(*args: str, env: dict, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trialflow.cli", *args], capture_output=True, text=True,
-                          env={**env, "COLUMNS": "200"}, timeout=timeout)
+                          env={**env, "COLUMNS": "200"}, timeout=timeout, cwd=cwd)
 
 
 def ok(*args: str, env: dict) -> str:
@@ -179,6 +179,50 @@ def test_version_algo_package_and_ss_gen(tmp_path):
     assert "bohb: needs statsmodels (pip install 'trialflow[bohb]')" in ok("package", "show", env=env)
     gen = nnictl("ss_gen", "-t", "python3 trial.py", env=env)
     assert gen.returncode == 1 and "annotations, which NNI 3.0 removed" in gen.stdout
+    for action in ("install", "uninstall"):  # NNI's JupyterLab tab: one line saying where the UI is instead
+        jupyter = nnictl("jupyter-extension", action, env=env)
+        assert jupyter.returncode == 1 and jupyter.stdout.count("\n") == 1 and "trialflow webui url" in jupyter.stdout
+
+
+def test_nnictl_hello_writes_an_experiment_that_runs_as_written_and_never_writes_over_a_path(tmp_path,
+                                                                                          prefect_server):
+    """NNI's first command: ``hello`` writes nni_hello_hpo/, whose main.py (NNI's Python API) runs ten
+    trials that each report five epochs; a second hello, or a link already named so, is refused and
+    nothing is written over or through it."""
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "TRIALFLOW_HOME": str(tmp_path / "w")}
+    here = tmp_path / "here"
+    here.mkdir()
+    made = nnictl("hello", env=env, cwd=here)
+    assert made.returncode == 0 and 'Please run "python3 nni_hello_hpo/main.py"' in made.stdout, made.stdout
+    assert sorted(p.name for p in (here / "nni_hello_hpo").iterdir()) == ["main.py", "model.py"]
+    ran = subprocess.run([sys.executable, "nni_hello_hpo/main.py"], cwd=here, env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    (record,) = list_experiments(tmp_path / "w")
+    store = open_store(tmp_path / "w", record.id)
+    try:
+        assert store.experiment().status == "DONE"
+        trials = store.trials()
+        assert len(trials) == 10 and {t.status for t in trials} == {"SUCCEEDED"}
+        finals = {m.trial_id: m.value for m in store.metrics() if m.type == "FINAL"}
+        epochs = [m.trial_id for m in store.metrics() if m.type == "PERIODICAL"]
+        assert all(epochs.count(t.id) == 5 and 0 < finals[t.id] <= 1 for t in trials)
+        best = ran.stdout.split("best accuracy ")[1].split()  # "0.870", "from", "trial", "<id>:"
+        assert best[0] == f"{max(finals.values()):.3f}" == f"{finals[best[3].rstrip(':')]:.3f}", ran.stdout
+        assert min(finals.values()) < max(finals.values())  # its hyperparameters matter
+    finally:
+        store.close()
+
+    main = (here / "nni_hello_hpo" / "main.py").read_bytes()
+    again = nnictl("hello", env=env, cwd=here)
+    assert again.returncode == 1 and again.stdout.count("\n") == 1 and "nni_hello_hpo already exists" in again.stdout
+    assert (here / "nni_hello_hpo" / "main.py").read_bytes() == main
+    shared = tmp_path / "shared"  # a folder others write to, where someone left a link named so
+    shared.mkdir()
+    (shared / "nni_hello_hpo").symlink_to(tmp_path / "theirs")
+    linked = nnictl("hello", env=env, cwd=shared)
+    assert linked.returncode == 1 and "nni_hello_hpo already exists" in linked.stdout
+    assert not (tmp_path / "theirs").exists()
 
 
 def test_an_update_made_through_trialflow_is_no_edit_of_the_config_file(tmp_path, prefect_server):

@@ -83,3 +83,27 @@ def test_a_config_naming_no_installed_platform_still_gets_one_line(tmp_path):
     assert done.returncode != 0 and "platform must be one of" in done.stdout + done.stderr
     assert "nice (plugin)" in done.stdout + done.stderr  # the installed plugin is among the choices
     assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())
+
+
+def test_nnictls_trainingservice_commands_list_the_installed_plugin_and_say_how_it_is_registered(tmp_path):
+    def trialflow(*args: str, env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trialflow.cli", "trainingservice", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    bare = {**os.environ, "COLUMNS": "200"}
+    assert trialflow("list", env=bare).stdout.split() == []
+    env = _install(tmp_path / "site")
+    listed = trialflow("list", env=env)
+    assert (listed.returncode, listed.stdout.split()) == (0, ["nice"])
+    for package in ("trialflow-nice", "trialflow_nice"):  # pip's name and its module's
+        registered = trialflow("register", "--package", package, env=env)
+        assert registered.returncode == 0 and f"{package} is registered: platform nice" in registered.stdout
+    unregistered = trialflow("unregister", "--package", "trialflow_nice", env=env)
+    assert unregistered.returncode == 1 and unregistered.stdout.count("\n") == 1
+    assert "while it is installed: pip uninstall trialflow-nice" in unregistered.stdout
+    assert trialflow("list", env=env).stdout.split() == ["nice"]  # nothing was changed
+    for command in ("register", "unregister"):
+        built_in = trialflow(command, "--package", "remote", env=env)
+        assert built_in.returncode == 1 and "remote is a built-in training service" in built_in.stdout
+        other = trialflow(command, "--package", "requests", env=env)  # installed, but no platform of its own
+        assert other.returncode == 1 and other.stdout.count("\n") == 1 and other.stdout.startswith("error: requests")

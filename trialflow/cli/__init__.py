@@ -19,7 +19,7 @@ from rich.markup import escape
 from ..foundation.startup_gc import no_collection_at_exit
 from ..foundation.user_errors import UserError
 from ..records.disk_space import no_space
-from . import algorithms, experiments, platform_clean, running, server, trials, watching
+from . import algorithms, experiments, hello, platform_clean, running, server, training_services, trials, watching
 from .common import CliError, _config, console
 
 __all__ = ["CliError", "app", "main"]
@@ -34,12 +34,15 @@ app.command("dashboard")(watching.dashboard_command)
 app.command()(running.stop)
 app.command()(running.top)
 app.command("ss_gen")(algorithms.ss_gen)
+app.command()(hello.hello)
 for _name, _group in (("experiment", experiments.experiment_app), ("trial", trials.trial_app),
                       ("log", trials.log_app), ("update", experiments.update_app),
                       ("config", experiments.config_app), ("algo", algorithms.algo_app),
                       ("tensorboard", watching.tensorboard_app), ("server", server.server_app),
                       ("platform", platform_clean.platform_app), ("webui", watching.webui_app),
-                      ("package", algorithms.package_app)):
+                      ("package", algorithms.package_app),
+                      ("trainingservice", training_services.training_service_app),
+                      ("jupyter-extension", watching.jupyter_app)):
     app.add_typer(_group, name=_name)
 
 

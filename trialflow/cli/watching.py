@@ -1,5 +1,5 @@
 """Commands that show an experiment without changing it: ``view``, the live ``dashboard``, ``webui
-url`` (its Prefect UI page) and ``tensorboard``."""
+url`` (its Prefect UI page) and ``tensorboard``; and NNI's ``jupyter-extension``, which says where the UI is."""
 
 from __future__ import annotations
 
@@ -123,6 +123,25 @@ def webui_url(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
     dashboard = record.controls.get(Control.DASHBOARD_URL)
     console.print(f"dashboard: {dashboard}" if dashboard else
                   f"dashboard: none serving (trialflow dashboard {record.id})", soft_wrap=True)
+
+
+jupyter_app = typer.Typer(help="NNI's JupyterLab extension, which trialflow has no need of: see webui url.",
+                          no_args_is_help=True)
+NO_JUPYTER_EXTENSION = ("trialflow has no JupyterLab extension to install or uninstall: its web UI is Prefect's, a "
+                        "page of its own (trialflow webui url ID; any browser tab, JupyterLab's too), and the live "
+                        "dashboard (trialflow dashboard ID)")
+
+
+@jupyter_app.command("install")
+def jupyter_install() -> None:
+    """NNI's JupyterLab tab for its web UI: trialflow's UI is Prefect's own page (webui url)."""
+    raise CliError(NO_JUPYTER_EXTENSION)
+
+
+@jupyter_app.command("uninstall")
+def jupyter_uninstall() -> None:
+    """NNI's JupyterLab tab for its web UI: trialflow installs none."""
+    raise CliError(NO_JUPYTER_EXTENSION)
 
 
 tensorboard_app = typer.Typer(help="Serve trials' TensorBoard logs ($NNI_OUTPUT_DIR/tensorboard).",
