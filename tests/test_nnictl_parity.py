@@ -212,6 +212,8 @@ def test_nnictl_hello_writes_an_experiment_that_runs_as_written_and_never_writes
         assert min(finals.values()) < max(finals.values())  # its hyperparameters matter
     finally:
         store.close()
+    printed = nnictl("log", "stderr", record.id, env=env)  # no background controller: it ran in main.py
+    assert printed.returncode == 0 and "has run in the foreground only" in printed.stdout, printed.stdout
 
     main = (here / "nni_hello_hpo" / "main.py").read_bytes()
     again = nnictl("hello", env=env, cwd=here)

@@ -135,5 +135,13 @@ def log_stdout(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailO
 @log_app.command("stderr")
 def log_stderr(experiment_id: ExpIdArg = None, head: HeadOpt = None, tail: TailOpt = None, path: PathOpt = False,
                root: RootOpt = None) -> None:
-    """What a background controller printed besides its log (log/controller.out: tracebacks, warnings)."""
-    _print_log(_log_file(experiment_id, root, CONTROLLER_OUTPUT), head, tail, path)
+    """What a background controller printed besides its log (log/controller.out: tracebacks, warnings).
+    An experiment only ever run in the foreground has none: its controller printed where it ran."""
+    output = _log_file(experiment_id, root, CONTROLLER_OUTPUT)
+    if not path and not output.is_file():
+        experiment = output.parent.parent.name
+        console.print(f"experiment {experiment} has run in the foreground only (a terminal, notebook or script), "
+                      f"where its controller printed; its log: trialflow log stdout {experiment}", highlight=False,
+                      soft_wrap=True)
+        return
+    _print_log(output, head, tail, path)
