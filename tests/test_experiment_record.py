@@ -313,8 +313,9 @@ def test_all_trials_failed_is_done_but_the_run_fails_and_the_cli_exits_1(tmp_pat
     assert store.experiment().status == "DONE"  # NNI's status
     assert state.is_failed() and "no trial succeeded, 3 failed" in state.message
     last = store.trials()[-1]  # what it said, and where to read the rest
-    assert (f"(trial {last.id}: {last.message}; ValueError: lr too high); its output: trialflow log trial {exp_id} "
-            f"{last.id}") in state.message
+    assert last.message == "exit code 3; stderr tail:\nValueError: lr too high"  # on one line, and once:
+    assert (f"(trial {last.id}: exit code 3; stderr: ValueError: lr too high); its output: trialflow log trial "
+            f"{exp_id} {last.id}") in state.message
     assert final_status(state, exp_id, tmp_path / "w") == "DONE"
     # the API's copy of that state (no data), which Prefect's engine hands back when the final state was
     # sent twice (its first answer lost to an API that stalled past the client's timeout): the record says
@@ -326,6 +327,9 @@ def test_all_trials_failed_is_done_but_the_run_fails_and_the_cli_exits_1(tmp_pat
     assert proc.returncode == 1
     assert "2 trials: 2 FAILED" in proc.stdout
     assert "error: experiment" in proc.stdout and "no trial succeeded, 2 failed" in proc.stdout
+    (error,) = [line for line in proc.stdout.splitlines() if "no trial succeeded" in line]  # one line, the tail once
+    assert error.startswith("error: experiment") and error.count("ValueError: lr too high") == 1
+    assert "; stderr: ValueError: lr too high); its output: trialflow log trial" in error
 
 
 def test_a_notebook_run_where_nothing_succeeded_still_returns_its_result(tmp_path):

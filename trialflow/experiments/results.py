@@ -129,7 +129,8 @@ def nothing_succeeded(trials: list[TrialRecord], experiment_id: str | None = Non
     """The failure message of an experiment whose trials all ended without success (None otherwise, and
     for an experiment without trials): ``"no trial succeeded, 3 failed, 1 early-stopped"``; given the
     experiment's id, also what the last failed trial said (its message and the last line of its
-    stderr, when its folder is on this machine) and the command that shows its output."""
+    stderr, from its folder when that is on this machine, else from the stderr tail its message carries;
+    one line) and the command that shows its output."""
     if not trials or any(t.status == TrialStatus.SUCCEEDED for t in trials):
         return None
     counts = outcome_counts(trials)
@@ -139,7 +140,10 @@ def nothing_succeeded(trials: list[TrialRecord], experiment_id: str | None = Non
     if experiment_id is None or not failed:
         return line
     last = failed[-1]
-    said = "; ".join(x for x in (last.message, _last_stderr_line(last)) if x)
+    # a message such as "exit code 3; stderr tail:\n<lines>": its first line, and the stderr's last line once
+    head, _, tail = (last.message or "").partition("\n")
+    stderr = _last_stderr_line(last) or _last_line(tail)
+    said = "; ".join(x for x in (head.removesuffix("; stderr tail:"), stderr and f"stderr: {stderr}") if x)
     return (f"{line} (trial {last.id}: {said or 'no message'}); its output: "
             f"trialflow log trial {experiment_id} {last.id}")
 
@@ -152,11 +156,15 @@ def _last_stderr_line(trial: TrialRecord, limit: int = 4096) -> str | None:
         with open(f"{trial.log_dir}/{STDERR_FILE}", "rb") as stream:
             stream.seek(0, 2)
             stream.seek(max(stream.tell() - limit, 0))
-            lines = stream.read().decode("utf-8", "replace").splitlines()
+            return _last_line(stream.read().decode("utf-8", "replace"))
     except OSError:
         return None
-    text = next((x.strip() for x in reversed(lines) if x.strip()), None)
-    return text[:200] if text else None
+
+
+def _last_line(text: str) -> str | None:
+    """The last non-empty line of ``text``, stripped and cut to 200 characters."""
+    line = next((x.strip() for x in reversed(text.splitlines()) if x.strip()), None)
+    return line[:200] if line else None
 
 
 def expected_best(record: ExperimentRecord, trials: list[TrialRecord]) -> str | None:
