@@ -383,6 +383,7 @@ def test_csv_export_with_intermediate_results(tmp_path):
     for row in rows:
         x = float(row["x"])
         assert json.loads(row["intermediate"]) == pytest.approx([x, x + 1, x + 2])
+        assert " " not in row["intermediate"]  # nnictl's "[" + ",".join(results) + "]"
         assert float(row["reward"]) == pytest.approx(x)
     plain = tmp_path / "plain.csv"
     assert cli("experiment", "export", exp_id, "-f", str(plain), "-t", "csv", env=env).returncode == 0
@@ -402,7 +403,7 @@ def test_export_holds_every_trial_with_its_status_and_imports_back(tmp_path):
     out = tmp_path / "out.json"
     assert cli("experiment", "export", exp_id, "-f", str(out), "-i", env=env).returncode == 0
     rows = {r["parameter"]["x"]: r for r in json.loads(out.read_text())}
-    assert (rows[0.2]["status"], rows[0.2]["value"], rows[0.2]["intermediate"]) == ("EARLY_STOPPED", None, [0.2])
+    assert (rows[0.2]["status"], rows[0.2]["value"], rows[0.2]["intermediate"]) == ("EARLY_STOPPED", None, ["0.2"])
     assert (rows[0.8]["status"], json.loads(rows[0.8]["value"])) == ("SUCCEEDED", 0.8)
     csv_out = tmp_path / "out.csv"
     assert cli("experiment", "export", exp_id, "-f", str(csv_out), "-t", "csv", env=env).returncode == 0

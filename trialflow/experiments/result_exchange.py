@@ -3,8 +3,10 @@
 Export: a JSON row ``{parameter, value, trialJobId, status}`` per trial, early-stopped and failed
 ones included (``value`` null without a final result; plus ``trainingService`` on hybrid experiments
 and ``intermediate`` on request; ``pareto``, whether the trial is in the Pareto set, on multi-objective
-ones); CSV columns are the parameters, then ``reward`` or the dict metric's keys (every objective and
-constraint), then ``trialJobId``, ``status`` and ``pareto``. Import: NNI's importData, ``[{parameter, value}]``,
+ones). As nnictl's, ``value`` and each intermediate result are the result as its JSON text (``"0.93"``,
+``"{\"default\": 0.93, ...}"``). CSV columns are the parameters, then ``reward`` or the dict metric's keys
+(every objective and constraint), then ``trialJobId``, ``status``, ``pareto`` and, on request,
+``intermediate`` (nnictl's ``[0.9,0.93]``). Import: NNI's importData, ``[{parameter, value}]``,
 told to the tuner on every (re)start and never counted as trials; an exported row of a trial that
 ended without a result is passed over. Import is all or nothing."""
 
@@ -33,7 +35,7 @@ def export_rows(store: RecordSource, intermediate: bool) -> list[dict[str, Any]]
     per_trial: dict[str, list[Any]] = {}
     if intermediate:
         for m in store.metrics(type="PERIODICAL"):
-            per_trial.setdefault(m.trial_id, []).append(m.value)
+            per_trial.setdefault(m.trial_id, []).append(json.dumps(m.value))
     trials = store.trials()
     objectives = multi_objective(store.experiment())
     front = None if objectives is None else {t.id for t in pareto_set(trials, objectives)}
@@ -70,7 +72,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         flat.append({**{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row["parameter"].items()},
                      **metric, "trialJobId": row["trialJobId"], "status": row["status"],
                      **({"pareto": row["pareto"]} if "pareto" in row else {}),
-                     **({"intermediate": json.dumps(row["intermediate"])} if "intermediate" in row else {})})
+                     **({"intermediate": "[" + ",".join(row["intermediate"]) + "]"} if "intermediate" in row else {})})
     columns: list[str] = []
     for r in flat:
         columns.extend(k for k in r if k not in columns)
