@@ -232,6 +232,33 @@ def test_export_json_and_csv_and_trial_listing(finished):
     assert bad.returncode == 1 and "use json or csv" in bad.stdout
 
 
+def test_trial_ls_json_prints_nnictls_trial_jobs(finished):
+    """``--json``: what ``nnictl trial ls`` prints, NNI's REST trial jobs (parameters and results as the
+    JSON text NNI's manager keeps, times as nnictl formats them), which NNI users' scripts read."""
+    import datetime
+
+    tmp_path, env, exp_id, _ = finished
+    listed = cli("trial", "ls", exp_id, "--json", env=env)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    jobs = json.loads(listed.stdout)
+    store = open_store(tmp_path / "w", exp_id)
+    try:
+        trials = store.trials()
+    finally:
+        store.close()
+    assert [job["trialJobId"] for job in jobs] == [t.id for t in trials] and len(jobs) == 4
+    for job, trial in zip(jobs, trials, strict=True):
+        assert (job["status"], job["sequenceId"], job["logPath"]) == ("SUCCEEDED", trial.sequence, trial.log_dir)
+        (parameters,) = [json.loads(p) for p in job["hyperParameters"]]
+        assert parameters["parameters"] == trial.parameters and parameters["parameter_id"] == trial.parameter_id
+        (final,) = job["finalMetricData"]
+        assert final["type"] == "FINAL" and json.loads(json.loads(final["data"])) == trial.final  # as nnictl reads it
+        start, end = (datetime.datetime.strptime(job[k], "%Y/%m/%d %H:%M:%S") for k in ("startTime", "endTime"))
+        assert start <= end
+    best = json.loads(cli("trial", "ls", exp_id, "--json", "--head", "1", env=env).stdout)
+    assert [job["trialJobId"] for job in best] == [max(trials, key=lambda t: t.final).id]
+
+
 def test_trial_kill_and_log_of_finished_trial(finished):
     tmp_path, env, exp_id, _ = finished
     out = tmp_path / "kill-export.json"

@@ -24,6 +24,7 @@ the config) with one line naming what is wrong.
 from __future__ import annotations
 
 import atexit
+import json
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,25 +126,27 @@ class TrialJob:
     message: str | None
 
 
-def _ms(seconds: float | None) -> int | None:
-    return None if seconds is None else int(seconds * 1000)
-
-
 def _metadata(root: Path, record: Any) -> dict[str, Any]:
     from ..experiments import platform_of, shown_port
+    from ..experiments.trial_jobs import ms
 
     return {"id": record.id, "experimentName": record.name, "status": record.status, "port": shown_port(record),
-            "platform": platform_of(record), "logDir": str(root / record.id), "startTime": _ms(record.start_time),
-            "endTime": _ms(record.end_time), "pid": record.controller_pid if record.status in EXPERIMENT_LIVE else None}
+            "platform": platform_of(record), "logDir": str(root / record.id), "startTime": ms(record.start_time),
+            "endTime": ms(record.end_time), "pid": record.controller_pid if record.status in EXPERIMENT_LIVE else None}
 
 
-def _metrics_by_trial(trials: list[Any], metrics: list[Any]) -> dict[str, list[TrialMetricData]]:
-    parameter_ids = {t.id: t.parameter_id for t in trials}
-    out: dict[str, list[TrialMetricData]] = {}
-    for m in sorted(metrics, key=lambda m: (m.time, m.type == "FINAL", m.sequence)):  # in report order
-        out.setdefault(m.trial_id, []).append(TrialMetricData(
-            _ms(m.time) or 0, m.trial_id, parameter_ids[m.trial_id], m.type, m.sequence, m.value))
-    return out
+def _metric_data(record: dict[str, Any]) -> TrialMetricData:
+    """One of :func:`~trialflow.experiments.trial_jobs.metric_records`' results, decoded as NNI's API does."""
+    return TrialMetricData(**{**record, "data": json.loads(json.loads(record["data"]))})
+
+
+def _trial_job(job: dict[str, Any]) -> TrialJob:
+    """One of :func:`~trialflow.experiments.trial_jobs.trial_jobs`, decoded as NNI's API does."""
+    return TrialJob(job["trialJobId"], job["status"], [TrialHyperParameters(**json.loads(p))
+                                                       for p in job["hyperParameters"]],
+                    job.get("logPath"), job.get("startTime"), job.get("endTime"),
+                    [_metric_data(m) for m in job.get("finalMetricData", [])], job.get("stderrPath"),
+                    job["sequenceId"], job.get("message"))
 
 
 class Experiment:
@@ -424,13 +427,14 @@ class Experiment:
         time so far (s), folder and the next trial's sequence number."""
         import time
 
+        from ..experiments.trial_jobs import ms
         from ..records.store_records import config_in_force
 
         with self._records() as (base, records):
             record = records.experiment()
         began = record.start_time
-        return {"id": record.id, "status": record.status, "params": config_in_force(record)[0], "startTime": _ms(began),
-                "endTime": _ms(record.end_time), "logDir": str(base / record.id),
+        return {"id": record.id, "status": record.status, "params": config_in_force(record)[0], "startTime": ms(began),
+                "endTime": ms(record.end_time), "logDir": str(base / record.id),
                 "nextSequenceId": record.next_sequence,
                 "execDuration": 0 if began is None else int((record.end_time or time.time()) - began)}
 
@@ -441,18 +445,19 @@ class Experiment:
 
     def get_job_metrics(self, trial_job_id: str | None = None) -> dict[str, list[TrialMetricData]]:
         """Every reported result by trial id (of one trial with ``trial_job_id``), in report order."""
+        from ..experiments.trial_jobs import metric_records
+
         with self._records() as (_, records):
-            return _metrics_by_trial(records.trials(), records.metrics(trial_job_id))
+            by_trial = metric_records(records.trials(), records.metrics(trial_job_id))
+        return {trial: [_metric_data(m) for m in reported] for trial, reported in by_trial.items()}
 
     def list_trial_jobs(self) -> list[TrialJob]:
         """Every trial, in submission order."""
+        from ..experiments.trial_jobs import trial_jobs
+
         with self._records() as (_, records):
-            trials = records.trials()
-            finals = _metrics_by_trial(trials, records.metrics(type="FINAL"))
-        return [TrialJob(t.id, t.status, [TrialHyperParameters(t.parameter_id, "algorithm", t.parameters, 0)],
-                         t.log_dir, _ms(t.start_time), _ms(t.end_time), finals.get(t.id, []),
-                         f"{t.log_dir}/trial.stderr" if t.log_dir else None, t.sequence, t.message)
-                for t in trials]
+            jobs = trial_jobs(records.trials(), records.metrics(type="FINAL"))
+        return [_trial_job(job) for job in jobs]
 
     def get_job_statistics(self) -> list[dict[str, Any]]:
         """How many trials are in each status: ``[{"trialJobStatus": ..., "trialJobNumber": ...}]``."""

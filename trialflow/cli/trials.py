@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -31,15 +32,32 @@ log_app = typer.Typer(help="Show trial logs.", no_args_is_help=True)
 
 @trial_app.command("ls")
 def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.Option("--head")] = None,
-             tail: Annotated[int | None, typer.Option("--tail")] = None, root: RootOpt = None) -> None:
-    """Trials with status and final metric; --head/--tail N sort by metric (best/worst first)."""
+             tail: Annotated[int | None, typer.Option("--tail")] = None, root: RootOpt = None,
+             as_json: Annotated[bool, typer.Option("--json", help="nnictl's output: the trial jobs as JSON, as NNI's "
+                                                   "REST API gives them")] = False) -> None:
+    """Trials with status and final metric; --head/--tail N sort by metric (best/worst first); --json
+    prints them as nnictl trial ls does."""
     if head is not None and tail is not None:
         raise CliError("use either --head or --tail")
     _, store = find_records(experiment_id, root)
     trials = store.trials()
     if head is not None or tail is not None:
         trials = _views.sort_trials(trials, store, head, tail)
+    if as_json:
+        from ..experiments.trial_jobs import trial_jobs
+
+        jobs = trial_jobs(trials, store.metrics(type="FINAL"))
+        typer.echo(json.dumps([_nnictl_times(job) for job in jobs], indent=4, sort_keys=True, separators=(",", ":")))
+        return
     _views.print_trials(console, trials, _results.multi_objective(store.experiment()))
+
+
+def _nnictl_times(job: dict) -> dict:
+    """``job`` with its start and end as nnictl prints them: local time, ``%Y/%m/%d %H:%M:%S``."""
+    from datetime import datetime
+
+    return {**job, **{key: datetime.fromtimestamp(job[key] // 1000).strftime("%Y/%m/%d %H:%M:%S")
+                      for key in ("startTime", "endTime") if key in job}}
 
 
 def _ids(experiment_id: str | None, trial: str | None, trial_id: str | None) -> tuple[str | None, str]:

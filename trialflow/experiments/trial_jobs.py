@@ -1,0 +1,49 @@
+"""Trials and their reported results in the shape of NNI's REST API (its manager's ``/trial-jobs`` and
+``/metric-data``), which ``nnictl trial ls`` prints and NNI's Python API decodes: times in milliseconds,
+each parameter set as its JSON text, and each result's ``data`` as the JSON text of the text the trial
+sent (NNI's manager stores ``JSON.stringify`` of the trial's ``nni.dump(metric)``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..trial.protocol import STDERR_FILE
+
+
+def ms(seconds: float | None) -> int | None:
+    """A time in seconds as NNI's milliseconds (None stays None)."""
+    return None if seconds is None else int(seconds * 1000)
+
+
+def metric_records(trials: list[Any], metrics: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each of ``trials``' reported results (of ``metrics``, store records), in report order, keyed by
+    trial id."""
+    parameter_ids = {t.id: t.parameter_id for t in trials}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in sorted(metrics, key=lambda m: (m.time, m.type == "FINAL", m.sequence)):
+        if m.trial_id not in parameter_ids:
+            continue
+        out.setdefault(m.trial_id, []).append({
+            "timestamp": ms(m.time) or 0, "trialJobId": m.trial_id, "parameterId": parameter_ids[m.trial_id],
+            "type": m.type, "sequence": m.sequence, "data": json.dumps(json.dumps(m.value))})
+    return out
+
+
+def trial_jobs(trials: list[Any], finals: list[Any]) -> list[dict[str, Any]]:
+    """The trials (store records, in submission order) as NNI's trial jobs, with their final results
+    (``finals``); a field NNI leaves out while it has no value (times, paths, message, final result) is
+    left out too."""
+    final = metric_records(trials, finals)
+    jobs = []
+    for t in trials:
+        parameters = {"parameter_id": t.parameter_id, "parameter_source": "algorithm", "parameters": t.parameters,
+                      "parameter_index": 0}
+        job: dict[str, Any] = {"trialJobId": t.id, "sequenceId": t.sequence, "status": t.status,
+                               "hyperParameters": [json.dumps(parameters)]}
+        optional = {"message": t.message, "startTime": ms(t.start_time), "endTime": ms(t.end_time),
+                    "logPath": t.log_dir, "stderrPath": f"{t.log_dir}/{STDERR_FILE}" if t.log_dir else None,
+                    "finalMetricData": final.get(t.id)}
+        job.update((k, v) for k, v in optional.items() if v is not None)
+        jobs.append(job)
+    return jobs
