@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..foundation.status import TrialStatus
 from ..records.store_records import ExperimentRecord, TrialRecord
-from ..trial.protocol import STDERR_FILE
+from ..trial.protocol import STDERR_FILE, STDERR_TAIL
 from ..tuners import scalar_or_none
 from ..tuners.objectives import MultiResult, Objectives
 
@@ -140,10 +140,11 @@ def nothing_succeeded(trials: list[TrialRecord], experiment_id: str | None = Non
     if experiment_id is None or not failed:
         return line
     last = failed[-1]
-    # a message such as "exit code 3; stderr tail:\n<lines>": its first line, and the stderr's last line once
+    # a message with_stderr_tail made ("exit code 3; stderr tail:\n<lines>"): its first line, and the
+    # stderr's last line once
     head, _, tail = (last.message or "").partition("\n")
     stderr = _last_stderr_line(last) or _last_line(tail)
-    said = "; ".join(x for x in (head.removesuffix("; stderr tail:"), stderr and f"stderr: {stderr}") if x)
+    said = "; ".join(x for x in (head.removesuffix(STDERR_TAIL), stderr and f"stderr: {stderr}") if x)
     return (f"{line} (trial {last.id}: {said or 'no message'}); its output: "
             f"trialflow log trial {experiment_id} {last.id}")
 

@@ -52,6 +52,7 @@ from ..trial.protocol import (
     STATE,
     STDERR_FILE,
     STDOUT_FILE,
+    with_stderr_tail,
 )
 from ..trial.records import MetricRecord
 from .base import (
@@ -288,8 +289,8 @@ class JobPlatformService(JobPlatformHooks, TrainingService[ConfigT]):
         exit_code = recorded_exit_code(state)
         if status == TrialStatus.FAILED:
             tail = tail_text(self._trial_dir(handle) / STDERR_FILE)
-            message = (f"exit code {exit_code}; " if exit_code is not None else "") + (message or "failed") + \
-                (f"; stderr tail:\n{tail}" if tail else "")
+            message = with_stderr_tail((f"exit code {exit_code}; " if exit_code is not None else "") +
+                                       (message or "failed"), tail)
         self._finish(handle)
         return TrialUpdate(status, records, cursor, exit_code, message, errors)
 

@@ -59,7 +59,7 @@ from typing import Any
 from .. import __version__
 from ..blocks import SSHCredentials
 from ..config.sections.slurm import SlurmConfig
-from ..trial.protocol import META_DIR, STARTED, WORKER_IDLE_TIMEOUT
+from ..trial.protocol import META_DIR, STARTED, WORKER_IDLE_TIMEOUT, with_stderr_tail
 from .base import (
     CodeRef,
     LostHandleError,
@@ -297,8 +297,8 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         stderr = tail_text(posixpath.join(handle.data.get("trial_dir", ""), "trial.stderr"), fs=self.login.fs)
         tail = stderr or log_tail
         return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code,
-                           (f"exit code {code}; " if code is not None else "") + why +
-                           (f"; stderr tail:\n{tail}" if tail else ""), errors)
+                           with_stderr_tail((f"exit code {code}; " if code is not None else "") + why, tail),
+                           errors)
 
     def _ended(self, handle: TrialHandle, update: TrialUpdate | None) -> TrialUpdate:
         """Free the trial's environment (reuse) once its end is known; ``None``: the environment itself

@@ -34,6 +34,7 @@ from ..trial.protocol import (
     STOP,
     TAKEN,
     WORKER_INFO,
+    with_stderr_tail,
 )
 from ..trial.records import MetricRecord, parse_file_frames
 from .base import PlatformError, TrialStatus, TrialUpdate
@@ -63,7 +64,7 @@ def ended_update(state: dict[str, Any], records: list[MetricRecord], cursor: dic
                            f"exit code {code} after a stop signal", errors)
     if code == 0:
         return TrialUpdate(TrialStatus.SUCCEEDED, records, cursor, 0, None, errors)
-    message = f"exit code {code}" + (f"; stderr tail:\n{stderr_tail}" if stderr_tail else "")
+    message = with_stderr_tail(f"exit code {code}", stderr_tail)
     return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code, message, errors)
 
 

@@ -23,6 +23,7 @@ STDOUT_FILE = "trial.stdout"
 STDERR_FILE = "trial.stderr"
 TRIAL_LOG_FILE = "trial.log"
 LOG_FILES = (STDOUT_FILE, STDERR_FILE, TRIAL_LOG_FILE)
+STDERR_TAIL = "; stderr tail:"  # in a failed trial's message, before the last lines of its stderr
 OUTPUT_FILES = (STDOUT_FILE, STDERR_FILE)  # what the trial's command printed
 META_DIR = ".nni"
 KEEPER_SPEC = "keeper.json"
@@ -57,3 +58,9 @@ STOP = "stop"
 # ---- timings ----
 HEARTBEAT_SECONDS = 10.0  # the controller touches ``heartbeat`` at most this often
 WORKER_IDLE_TIMEOUT = 900.0  # a worker whose heartbeat is older than this leaves
+
+
+def with_stderr_tail(message: str, tail: str | None) -> str:
+    """A failed trial's message: ``message``, then (when its stderr ends with something) :data:`STDERR_TAIL`
+    and, on the lines after it, ``tail``."""
+    return message + (f"{STDERR_TAIL}\n{tail}" if tail else "")
