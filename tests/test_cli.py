@@ -178,7 +178,15 @@ def test_an_update_shows_once_as_the_value_in_force(finished):
     assert cli("update", "searchspace", exp_id, "-f", str(space), env=env).returncode == 0
     shown = json.loads(cli("experiment", "show", exp_id, env=env).stdout)
     config = yaml.safe_load(cli("config", "show", exp_id, env=env).stdout)
-    assert shown["config"] == config
+    assert shown["params"] == config
+    # the rest of NNI's experiment profile, as nnictl experiment show prints it, for scripts that read it
+    import datetime
+
+    assert (shown["id"], shown["status"], shown["logDir"]) == (exp_id, "DONE", str(tmp_path / "w" / exp_id))
+    start, end = (datetime.datetime.strptime(shown[k], "%Y/%m/%d %H:%M:%S") for k in ("startTime", "endTime"))
+    # the run time its run spent (what maxExperimentDuration counts), within its start and end
+    assert start <= end and 0 <= shown["execDuration"] <= (end - start).total_seconds() + 1
+    assert shown["nextSequenceId"] == 4  # the four trials run
     assert (config["maxTrialNumber"], config["trialConcurrency"], config["maxExperimentDuration"]) == (3, 3, 7200)
     assert config["searchSpace"] == {"x": {"_type": "choice", "_value": [5]}}
     assert not {"max_trial_number", "trial_concurrency", "max_experiment_duration", "search_space"} & set(

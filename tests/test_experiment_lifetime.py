@@ -69,7 +69,7 @@ def test_a_finished_experiment_continues_from_the_cli_with_a_larger_budget_and_r
     assert len(_runs(tmp_path)) == 5
 
     shown = json.loads(cli("experiment", "show", exp_id, "--root", str(tmp_path / "w")).stdout)
-    assert shown["config"]["maxTrialNumber"] == 5 and "max_trial_number" not in shown["controls"]
+    assert shown["params"]["maxTrialNumber"] == 5 and "max_trial_number" not in shown["controls"]
     assert [(u["field"], u["value"], u["via"]) for u in shown["updates"]] == [
         ("maxTrialNumber", 4, "trialflow resume"), ("maxTrialNumber", 5, "trialflow update")]
 

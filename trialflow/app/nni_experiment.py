@@ -423,20 +423,14 @@ class Experiment:
         return "VIEWED" if self._viewing and status not in EXPERIMENT_LIVE else status
 
     def get_experiment_profile(self) -> dict[str, Any]:
-        """Its id, status, config (``params``: NNI's v2 fields, as in force), start and end (ms), run
-        time so far (s), folder and the next trial's sequence number."""
-        import time
-
-        from ..experiments.trial_jobs import ms
-        from ..records.store_records import config_in_force
+        """NNI's experiment profile and the status: its id, config (``params``: NNI's v2 fields, as in
+        force), start and end (ms; no end while it has none), run time so far (s), folder and the next
+        trial's sequence number."""
+        from ..experiments.trial_jobs import experiment_profile
 
         with self._records() as (base, records):
             record = records.experiment()
-        began = record.start_time
-        return {"id": record.id, "status": record.status, "params": config_in_force(record)[0], "startTime": ms(began),
-                "endTime": ms(record.end_time), "logDir": str(base / record.id),
-                "nextSequenceId": record.next_sequence,
-                "execDuration": 0 if began is None else int((record.end_time or time.time()) - began)}
+        return {**experiment_profile(record, str(base / record.id)), "status": record.status}
 
     def export_data(self) -> list[TrialResult]:
         """Each trial with a final result: its parameters, that result and its id."""

@@ -68,20 +68,23 @@ def experiment_list(root: RootOpt = None,
 
 @experiment_app.command("show")
 def experiment_show(experiment_id: ExpIdArg = None, root: RootOpt = None) -> None:
-    """The experiment's status and config as JSON: each value once, as in force (`update` and
-    `resume --trialnum/--duration` included), then the history of those changes and where the tuner's
-    imported results came from."""
-    _, store = find_store(experiment_id, root)
+    """What nnictl experiment show prints, NNI's experiment profile as JSON (the config in force as
+    `params`, `update` and `resume --trialnum/--duration` included; start, end, run time, folder), then
+    the status, the history of those changes and where the tuner's imported results came from."""
+    from ..experiments.trial_jobs import experiment_profile, nnictl_dates
+
+    base, store = find_store(experiment_id, root)
     record = store.experiment()
-    config, controls = _records.config_in_force(record)
+    controls = _records.config_in_force(record)[1]
     history = [{"time": datetime.fromtimestamp(u.time, timezone.utc).isoformat(timespec="seconds"),
                 "field": _records.CONTROLLED_FIELDS.get(u.control, u.control), "value": u.value, "via": u.via}
                for u in store.updates()]
     imported = [{"source": source or "experiment import", "results": count}
                 for source, count in store.imported_sources().items()]
-    typer.echo(json.dumps({"id": record.id, "status": record.status, "message": record.message,
-                           "config": config, "controls": controls, "updates": history, "imported": imported},
-                          indent=2))
+    typer.echo(json.dumps({**nnictl_dates(experiment_profile(record, str(base / record.id))),
+                           "status": record.status, "message": record.message, "controls": controls,
+                           "updates": history, "imported": imported},
+                          indent=4, sort_keys=True, separators=(",", ":")))
 
 
 @experiment_app.command("export")

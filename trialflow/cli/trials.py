@@ -44,20 +44,12 @@ def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.O
     if head is not None or tail is not None:
         trials = _views.sort_trials(trials, store, head, tail)
     if as_json:
-        from ..experiments.trial_jobs import trial_jobs
+        from ..experiments.trial_jobs import nnictl_dates, trial_jobs
 
         jobs = trial_jobs(trials, store.metrics(type="FINAL"))
-        typer.echo(json.dumps([_nnictl_times(job) for job in jobs], indent=4, sort_keys=True, separators=(",", ":")))
+        typer.echo(json.dumps([nnictl_dates(job) for job in jobs], indent=4, sort_keys=True, separators=(",", ":")))
         return
     _views.print_trials(console, trials, _results.multi_objective(store.experiment()))
-
-
-def _nnictl_times(job: dict) -> dict:
-    """``job`` with its start and end as nnictl prints them: local time, ``%Y/%m/%d %H:%M:%S``."""
-    from datetime import datetime
-
-    return {**job, **{key: datetime.fromtimestamp(job[key] // 1000).strftime("%Y/%m/%d %H:%M:%S")
-                      for key in ("startTime", "endTime") if key in job}}
 
 
 def _ids(experiment_id: str | None, trial: str | None, trial_id: str | None) -> tuple[str | None, str]:

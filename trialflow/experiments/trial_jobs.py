@@ -1,11 +1,14 @@
-"""Trials and their reported results in the shape of NNI's REST API (its manager's ``/trial-jobs`` and
-``/metric-data``), which ``nnictl trial ls`` prints and NNI's Python API decodes: times in milliseconds,
-each parameter set as its JSON text, and each result's ``data`` as the JSON text of the text the trial
-sent (NNI's manager stores ``JSON.stringify`` of the trial's ``nni.dump(metric)``)."""
+"""An experiment, its trials and their reported results in the shape of NNI's REST API (its manager's
+``/experiment``, ``/trial-jobs`` and ``/metric-data``), which ``nnictl experiment show`` and ``nnictl trial
+ls`` print and NNI's Python API decodes: times in milliseconds, each parameter set as its JSON text, and
+each result's ``data`` as the JSON text of the text the trial sent (NNI's manager stores
+``JSON.stringify`` of the trial's ``nni.dump(metric)``)."""
 
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime
 from typing import Any
 
 from ..trial.protocol import STDERR_FILE
@@ -14,6 +17,34 @@ from ..trial.protocol import STDERR_FILE
 def ms(seconds: float | None) -> int | None:
     """A time in seconds as NNI's milliseconds (None stays None)."""
     return None if seconds is None else int(seconds * 1000)
+
+
+def nnictl_dates(content: dict[str, Any]) -> dict[str, Any]:
+    """``content`` with its ``startTime`` and ``endTime`` (milliseconds) as nnictl prints them: local
+    time, ``%Y/%m/%d %H:%M:%S``."""
+    return {**content, **{key: datetime.fromtimestamp(content[key] // 1000).strftime("%Y/%m/%d %H:%M:%S")
+                          for key in ("startTime", "endTime") if content.get(key)}}
+
+
+def experiment_profile(record: Any, log_dir: str) -> dict[str, Any]:
+    """The experiment (its store record) as NNI's experiment profile: the config in force as ``params``
+    (NNI's v2 fields, updates included), start and end in milliseconds (no end while it has none), the
+    seconds it has run (``execDuration``: of an ended experiment, the run time its runs spent, which
+    ``maxExperimentDuration`` counts; of a live one, the time since its start), its folder ``log_dir`` and
+    the next trial's sequence number."""
+    from ..foundation.status import EXPERIMENT_LIVE
+    from ..records.store_records import Control, config_in_force
+
+    began, spent = record.start_time, record.controls.get(Control.ELAPSED_SECONDS)
+    if record.status not in EXPERIMENT_LIVE and spent is not None:
+        duration = int(spent)
+    else:
+        duration = 0 if began is None else int((record.end_time or time.time()) - began)
+    profile = {"id": record.id, "params": config_in_force(record)[0], "startTime": ms(began), "logDir": log_dir,
+               "nextSequenceId": record.next_sequence, "execDuration": duration}
+    if record.end_time is not None:
+        profile["endTime"] = ms(record.end_time)
+    return profile
 
 
 def metric_records(trials: list[Any], metrics: list[Any]) -> dict[str, list[dict[str, Any]]]:
