@@ -10,11 +10,12 @@ stopped. Trials continue from a checkpoint where the method hands one over (PBT,
 trials); NNI's Hyperband and BOHB restart a promoted configuration at its larger budget, as their
 trial contract says.
 
-Per method, medians over ``--seeds`` seeds: the best value any step reached, the wall time until the
-budget was spent (from the method's own start command: ``trialflow create``, ``nnictl create``,
-``ray.init``), and the time until a step first reached ``--target``; each beside trialflow's
-counterpart (Ray's and NNI's ASHA / Hyperband / BOHB against trialflow's TPE + ASHA / Hyperband /
-BOHB; trialflow's own rows against its Random) as a ratio.
+trialflow's tuners and Ray's random search and BOHB draw from the seed, so a seed draws the same
+configurations in every run (NNI's advisors take no seed). Per method, medians over ``--seeds`` seeds:
+the best value any step reached, the wall time until the budget was spent (from the method's own
+start command: ``trialflow create``, ``nnictl create``, ``ray.init``), and the time until a step first
+reached ``--target``; each beside trialflow's counterpart (Ray's and NNI's ASHA / Hyperband / BOHB
+against trialflow's TPE + ASHA / Hyperband / BOHB; trialflow's own rows against its Random) as a ratio.
 
     python benchmarks/multifidelity.py [--seeds 5] [--budget 240] [--concurrency 4]
         [--ray-venv DIR [--install-ray]] [--nni-venv DIR [--install-nni]] [--only hyperband,bohb,...]
@@ -155,7 +156,10 @@ class Budget(tune.Stopper):
 
 
 space = {"lr": tune.loguniform(1e-4, 1.0), "momentum": tune.uniform(0.0, 1.0), "batch": tune.choice([16, 32, 64, 128])}
-search = None
+# Ray's random search as Tuner makes it (at most `concurrency` trials at once), seeded as trialflow's tuners
+# are: a seed's draws are the same in every run
+from ray.tune.search import BasicVariantGenerator
+search = BasicVariantGenerator(max_concurrent=concurrency, random_state=RUN["seed"])
 if method == "asha":
     scheduler = tune.schedulers.ASHAScheduler(max_t=MAX_STEPS, grace_period=RUN["asha_grace"], reduction_factor=3)
 elif method == "hyperband":
