@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,11 @@ def finished(tmp_path_factory, prefect_server):
     return tmp_path, env, exp_id, proc.stdout
 
 
+def _nnictl_time(text: str) -> datetime:
+    """A time as nnictl prints it (``%Y/%m/%d %H:%M:%S``); raises ValueError for any other form."""
+    return datetime.strptime(text, "%Y/%m/%d %H:%M:%S")
+
+
 def test_create_foreground_runs_to_done_and_prints_best(finished):
     _, env, exp_id, out = finished
     assert "DONE" in out and "best trial" in out
@@ -180,10 +186,8 @@ def test_an_update_shows_once_as_the_value_in_force(finished):
     config = yaml.safe_load(cli("config", "show", exp_id, env=env).stdout)
     assert shown["params"] == config
     # the rest of NNI's experiment profile, as nnictl experiment show prints it, for scripts that read it
-    import datetime
-
     assert (shown["id"], shown["status"], shown["logDir"]) == (exp_id, "DONE", str(tmp_path / "w" / exp_id))
-    start, end = (datetime.datetime.strptime(shown[k], "%Y/%m/%d %H:%M:%S") for k in ("startTime", "endTime"))
+    start, end = (_nnictl_time(shown[k]) for k in ("startTime", "endTime"))
     # the run time its run spent (what maxExperimentDuration counts), within its start and end
     assert start <= end and 0 <= shown["execDuration"] <= (end - start).total_seconds() + 1
     assert shown["nextSequenceId"] == 4  # the four trials run
@@ -243,8 +247,6 @@ def test_export_json_and_csv_and_trial_listing(finished):
 def test_trial_ls_json_prints_nnictls_trial_jobs(finished):
     """``--json``: what ``nnictl trial ls`` prints, NNI's REST trial jobs (parameters and results as the
     JSON text NNI's manager keeps, times as nnictl formats them), which NNI users' scripts read."""
-    import datetime
-
     tmp_path, env, exp_id, _ = finished
     listed = cli("trial", "ls", exp_id, "--json", env=env)
     assert listed.returncode == 0, listed.stdout + listed.stderr
@@ -261,7 +263,7 @@ def test_trial_ls_json_prints_nnictls_trial_jobs(finished):
         assert parameters["parameters"] == trial.parameters and parameters["parameter_id"] == trial.parameter_id
         (final,) = job["finalMetricData"]
         assert final["type"] == "FINAL" and json.loads(json.loads(final["data"])) == trial.final  # as nnictl reads it
-        start, end = (datetime.datetime.strptime(job[k], "%Y/%m/%d %H:%M:%S") for k in ("startTime", "endTime"))
+        start, end = (_nnictl_time(job[k]) for k in ("startTime", "endTime"))
         assert start <= end
     best = json.loads(cli("trial", "ls", exp_id, "--json", "--head", "1", env=env).stdout)
     assert [job["trialJobId"] for job in best] == [max(trials, key=lambda t: t.final).id]
