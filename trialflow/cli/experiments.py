@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +42,8 @@ def experiment_list(root: RootOpt = None,
     experiment."""
     from rich.table import Column, Table
 
+    from ..experiments.trial_jobs import nnictl_time
+
     # on a narrow terminal the other columns give way to the id, status and port, which stay whole
     table = Table(Column("id", no_wrap=True), "name", Column("status", no_wrap=True), Column("port", no_wrap=True),
                   "platform", "trials", "started", "directory")
@@ -53,7 +54,7 @@ def experiment_list(root: RootOpt = None,
         store = _experiments.open_records(e.root, e.id)
         count = store.count_trials()
         store.close()
-        started = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(e.record.start_time or 0))
+        started = nnictl_time(e.record.start_time or 0)
         port = _experiments.shown_port(e.record)
         table.add_row(e.id, e.record.name or "", e.record.status, "-" if port is None else str(port),
                       _experiments.platform_of(e.record) or "-", str(count), started, str(e.root / e.id))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 from typing import Any
 
 from ..trial.protocol import STDERR_FILE
@@ -19,11 +18,16 @@ def ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1000)
 
 
+def nnictl_time(seconds: float) -> str:
+    """A time (seconds since the epoch) as nnictl prints one: local time, ``%Y/%m/%d %H:%M:%S``."""
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
+
+
 def nnictl_dates(content: dict[str, Any]) -> dict[str, Any]:
-    """``content`` with its ``startTime`` and ``endTime`` (milliseconds) as nnictl prints them: local
-    time, ``%Y/%m/%d %H:%M:%S``."""
-    return {**content, **{key: datetime.fromtimestamp(content[key] // 1000).strftime("%Y/%m/%d %H:%M:%S")
-                          for key in ("startTime", "endTime") if content.get(key)}}
+    """``content`` with its ``startTime`` and ``endTime`` (milliseconds) as nnictl prints them
+    (:func:`nnictl_time`)."""
+    return {**content, **{key: nnictl_time(content[key] // 1000) for key in ("startTime", "endTime")
+                          if content.get(key)}}
 
 
 def experiment_profile(record: Any, log_dir: str) -> dict[str, Any]:

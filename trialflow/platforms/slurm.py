@@ -59,7 +59,15 @@ from typing import Any
 from .. import __version__
 from ..blocks import SSHCredentials
 from ..config.sections.slurm import SlurmConfig
-from ..trial.protocol import META_DIR, STARTED, WORKER_IDLE_TIMEOUT, with_stderr_tail
+from ..trial.protocol import (
+    LOG_FILES,
+    META_DIR,
+    OUTPUT_FILES,
+    STARTED,
+    STDERR_FILE,
+    WORKER_IDLE_TIMEOUT,
+    with_stderr_tail,
+)
 from .base import (
     CodeRef,
     LostHandleError,
@@ -294,7 +302,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
             why = job.describe()
         log_tail = tail_text(posixpath.join(handle.data.get("trial_dir", ""), META_DIR,
                                             f"slurm-{handle.data.get('attempt', 0)}.log"), fs=self.login.fs)
-        stderr = tail_text(posixpath.join(handle.data.get("trial_dir", ""), "trial.stderr"), fs=self.login.fs)
+        stderr = tail_text(posixpath.join(handle.data.get("trial_dir", ""), STDERR_FILE), fs=self.login.fs)
         tail = stderr or log_tail
         return TrialUpdate(cancelled or TrialStatus.FAILED, records, cursor, code,
                            with_stderr_tail((f"exit code {code}; " if code is not None else "") + why, tail),
@@ -340,7 +348,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
         login = self._ensure_login()
         local_dir = self.experiment_dir / "trials" / handle.trial_id
         local_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("trial.stdout", "trial.stderr", "trial.log"):
+        for name in LOG_FILES:
             source = posixpath.join(handle.data["trial_dir"], name)
             if isinstance(login.fs, LocalFS):
                 if Path(source).is_file():
@@ -353,7 +361,7 @@ class SlurmTrainingService(TrainingService[SlurmConfig]):
 
     def read_output(self, handle: TrialHandle, offsets: dict[str, int]) -> dict[str, bytes]:
         out = {}
-        for name in ("trial.stdout", "trial.stderr"):
+        for name in OUTPUT_FILES:
             data = self.login.fs.read(posixpath.join(handle.data["trial_dir"], name), offsets.get(name, 0))
             if data:
                 out[name] = data

@@ -25,6 +25,7 @@ from ..experiments.results import (
     ranked,
     trial_value,
 )
+from ..experiments.trial_jobs import nnictl_time
 from ..foundation.status import EXPERIMENT_LIVE, TrialStatus
 from ..platforms import service_name
 from ..platforms.base import stored_attempt
@@ -41,7 +42,7 @@ def is_maximize_stored(store: RecordSource) -> bool:
 
 
 def _when(ts: float | None) -> str:
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(ts)) if ts else ""
+    return nnictl_time(ts) if ts else ""
 
 
 def print_experiment(console: Console, store: RecordSource) -> None:
