@@ -138,11 +138,10 @@ def _main() -> int:
     except ServerError as exc:
         problem = exc
     reader = _await_job(spool)  # after the server's start: a refused config never interrupts that
-    from ..foundation.startup_gc import collector_paused, set_aside
+    from ..foundation.startup_gc import long_lived_imports
 
-    with collector_paused():
+    with long_lived_imports():
         from ..flows import experiment  # noqa: F401 -- imported while `create` checks the config
-    set_aside(collect_first=False)  # the run never walks the imports' objects
 
     reader.join()
     return run_job(json.loads(_JOB[0]), spool, problem)
@@ -181,8 +180,10 @@ def run_to_exit_code(experiment_id: str, root: Path, config_path: str | None) ->
     """Run (or resume) the stored experiment in this process; 1 when its run Failed (no trial
     succeeded: cron and automations see a non-zero exit), else 0. Raises what ended a run that could
     not go on."""
-    from ..flows.experiment import final_status, run_experiment_flow
+    from ..foundation.startup_gc import long_lived_imports
 
+    with long_lived_imports():
+        from ..flows.experiment import final_status, run_experiment_flow
     state = run_experiment_flow(config_path, experiment_id, str(root))
     final_status(state, experiment_id, root)
     return 1 if state.is_failed() else 0

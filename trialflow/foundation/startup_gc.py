@@ -5,8 +5,10 @@ start a collection that finds next to nothing to free (Prefect's server imports 
 them: benchmarks/README.md). Imports made under
 :func:`collector_paused` skip those collections; afterwards the collector runs as before and finds
 whatever garbage the imports left. (The kept Prefect server keeps it paused through its whole start:
-:mod:`trialflow.server.kept_server_app`.) :func:`no_collection_at_exit` spares a process that ran an
-experiment the interpreter's last collection.
+:mod:`trialflow.server.kept_server_app`.) A process that goes on to run an experiment imports what the
+run needs under :func:`long_lived_imports`, which also sets those objects aside from every later
+collection, each of which would walk them again. :func:`no_collection_at_exit` spares a process that ran
+an experiment the interpreter's last collection.
 
 Standard library only.
 """
@@ -40,6 +42,22 @@ def set_aside(collect_first: bool) -> None:
     if collect_first:
         gc.collect()
     gc.freeze()
+
+
+@contextmanager
+def long_lived_imports() -> Iterator[None]:
+    """Run the block (the imports a run needs) with the collector paused, then set aside every object
+    alive from all later collections (as :func:`set_aside` without a collection first), however the block
+    ends: the run's collections never walk the imports' objects. Use where the process goes on to run an
+    experiment; the garbage the imports left (a few thousand objects) is kept for good."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()  # before the collector runs again, whose first pass would walk them all once
+        if enabled:
+            gc.enable()
 
 
 def no_collection_at_exit() -> None:

@@ -35,7 +35,7 @@ from ..experiments.results import (
     trial_value,
 )
 from ..flows.run_control import clear_interrupt, interrupt, interrupted
-from ..foundation.startup_gc import collector_paused
+from ..foundation.startup_gc import long_lived_imports
 from ..foundation.status import TrialStatus
 from ..records.changed_trials import KeptTrials
 from ..records.store import Control, ExperimentRecord, TrialRecord
@@ -236,7 +236,7 @@ def _run_shown(view: _LiveView, config_path: str | None, console: Console) -> tu
     """Run the flow here under the live table, refreshed once a second; (final status, the run's failure
     message when no trial succeeded, the failed call to the Prefect API that ended it, if one did).
     Raises what else ended a run that could not go on."""
-    with collector_paused():
+    with long_lived_imports():
         from ..flows.api_outage import api_failure_line
         from ..flows.experiment import final_status, run_experiment_flow
 
