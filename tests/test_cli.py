@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pty
+import re
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 
@@ -137,6 +140,36 @@ def test_create_foreground_runs_to_done_and_prints_best(finished):
     assert "DONE" in out and "best trial" in out
     listing = cli("experiment", "list", "--all", env=env)
     assert exp_id in listing.stdout and "DONE" in listing.stdout
+
+
+def test_experiment_list_into_a_pipe_is_nnictls_lines_with_every_value_whole_and_a_table_on_a_terminal(finished):
+    """A script reads `experiment list` as it read nnictl's (`Id: ...    Name: ...` lines), nothing cut
+    to the 80 columns a pipe gets; a person at a terminal gets the table."""
+    tmp_path, env, exp_id, _ = finished
+    piped = cli("experiment", "list", "--all", env={**env, "COLUMNS": ""})  # no width given: 80
+    assert piped.returncode == 0 and piped.stdout.startswith("-" * 88 + "\n                Experiment information\n")
+    listed = {fields["Id"]: fields for line in piped.stdout.splitlines() if line.startswith("Id: ")
+              for fields in [dict(field.split(": ", 1) for field in line.split("    "))]}
+    shown = listed[exp_id]
+    assert list(shown) == ["Id", "Name", "Status", "Port", "Platform", "StartTime", "EndTime", "Trials", "Directory"]
+    assert (shown["Status"], shown["Port"], shown["Platform"], shown["Trials"]) == ("DONE", "N/A", "local", "4")
+    assert shown["Directory"] == str(tmp_path / "w" / exp_id)  # whole, where a table cut it
+    start, end = (datetime.strptime(shown[key], "%Y-%m-%d %H:%M:%S") for key in ("StartTime", "EndTime"))
+    assert start <= end <= datetime.now()
+
+    leader, follower = pty.openpty()
+    on_terminal = subprocess.run([sys.executable, "-m", "trialflow.cli", "experiment", "list", "--all"],
+                                 stdout=follower, stderr=subprocess.PIPE, env={**os.environ, **env, "COLUMNS": "200"},
+                                 timeout=60)
+    os.close(follower)
+    output = b""
+    with suppress(OSError):  # the terminal read to its end
+        while chunk := os.read(leader, 65536):
+            output += chunk
+    os.close(leader)
+    table = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode())
+    assert on_terminal.returncode == 0 and "Id: " not in table
+    assert re.search(r"┃ id +┃ name +┃ status", table) and re.search(rf"│ {exp_id} +│ .* +│ DONE +│", table), table
 
 
 def test_experiment_list_with_nothing_to_list_says_so_in_a_line(tmp_path):

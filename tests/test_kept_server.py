@@ -1032,9 +1032,10 @@ def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_pa
         f"error: no experiment is on port {unused} (ports in use: {', '.join(map(str, sorted({port, other})))}): "
         "`trialflow experiment list` shows the running ones")
     # and that listing shows each running experiment's port and platform, as nnictl's does
-    rows = {cells[0]: cells[1:] for line in _cli(home, "experiment", "list").stdout.splitlines()
-            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) > 4}
-    assert rows[exp_id][1:4] == ["RUNNING", str(port), "local"] and rows[second_id][1:4] == [
+    rows = {fields["Id"]: [fields["Status"], fields["Port"], fields["Platform"]]
+            for line in _cli(home, "experiment", "list").stdout.splitlines() if line.startswith("Id: ")
+            for fields in [dict(field.split(": ", 1) for field in line.split("    "))]}
+    assert rows[exp_id] == ["RUNNING", str(port), "local"] and rows[second_id] == [
         "RUNNING", str(other), "local"], rows
     stopped_second = _cli(home, "stop", "-p", str(other))
     assert stopped_second.stdout.strip().endswith(f"experiment {second_id} stopped"), stopped_second.stdout

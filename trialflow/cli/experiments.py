@@ -39,14 +39,16 @@ def experiment_list(root: RootOpt = None,
                     all_: Annotated[bool, typer.Option("--all", help="every experiment, not only running "
                                                        "ones")] = False) -> None:
     """Running experiments with their status, port and platform (as nnictl); --all: every known
-    experiment."""
+    experiment. A table on a terminal; into a pipe or a file, nnictl's own lines (`Id: ...    Name: ...`,
+    then the trial count and the folder), each value whole."""
     from rich.table import Column, Table
 
-    from ..experiments.trial_jobs import nnictl_time
+    from ..experiments.trial_jobs import NNICTL_LIST_FRAME, nnictl_list_line, nnictl_time
 
     # on a narrow terminal the other columns give way to the id, status and port, which stay whole
     table = Table(Column("id", no_wrap=True), "name", Column("status", no_wrap=True), Column("port", no_wrap=True),
                   "platform", "trials", "started", "directory")
+    lines: list[str] = []
     unreadable: list[str] = []
     for e in _experiments.list_experiments(root, unreadable):
         if not all_ and e.record.status not in EXPERIMENT_LIVE:
@@ -54,11 +56,14 @@ def experiment_list(root: RootOpt = None,
         store = _experiments.open_records(e.root, e.id)
         count = store.count_trials()
         store.close()
-        started = nnictl_time(e.record.start_time or 0)
         port = _experiments.shown_port(e.record)
+        platform = _experiments.platform_of(e.record)
         table.add_row(e.id, e.record.name or "", e.record.status, "-" if port is None else str(port),
-                      _experiments.platform_of(e.record) or "-", str(count), started, str(e.root / e.id))
-    if table.row_count:
+                      platform or "-", str(count), nnictl_time(e.record.start_time or 0), str(e.root / e.id))
+        lines.append(nnictl_list_line(e.record, port, platform, count, e.root / e.id))
+    if lines and not console.is_terminal:  # a script reads what nnictl prints, nothing cut to the width
+        print(NNICTL_LIST_FRAME % "".join(lines))
+    elif lines:
         console.print(table)
     elif not all_:  # as nnictl says it, instead of an empty table
         console.print("no experiment is running: `trialflow experiment list --all` lists all", soft_wrap=True)

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..trial.protocol import STDERR_FILE
+
+if TYPE_CHECKING:
+    from ..records.store_records import ExperimentRecord
+
+# what nnictl experiment list prints around its lines (%s: the lines), and the form of its times
+NNICTL_LIST_FRAME = "-" * 88 + "\n                Experiment information\n%s\n" + "-" * 88 + "\n"
+NNICTL_LIST_TIME = "%Y-%m-%d %H:%M:%S"
 
 
 def ms(seconds: float | None) -> int | None:
@@ -21,6 +29,21 @@ def ms(seconds: float | None) -> int | None:
 def nnictl_time(seconds: float) -> str:
     """A time (seconds since the epoch) as nnictl prints one: local time, ``%Y/%m/%d %H:%M:%S``."""
     return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(seconds))
+
+
+def nnictl_list_line(record: ExperimentRecord, port: int | None, platform: str | None, trials: int,
+                     folder: Path) -> str:
+    """An experiment's line as nnictl experiment list prints it (id, name, status, port, platform, start
+    and end as local times, ``N/A`` for what it lacks), then its trial count and folder, each value
+    whole."""
+    def when(seconds: float | None) -> str:
+        return "N/A" if seconds is None else time.strftime(NNICTL_LIST_TIME, time.localtime(seconds))
+
+    shown = (("Id", record.id), ("Name", record.name or "N/A"), ("Status", record.status),
+             ("Port", "N/A" if port is None else port), ("Platform", platform or "N/A"),
+             ("StartTime", when(record.start_time)), ("EndTime", when(record.end_time)), ("Trials", trials),
+             ("Directory", folder))
+    return "    ".join(f"{key}: {value}" for key, value in shown) + "\n"
 
 
 def nnictl_dates(content: dict[str, Any]) -> dict[str, Any]:
