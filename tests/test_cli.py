@@ -647,3 +647,17 @@ def test_a_foreground_run_keeps_prefect_s_outage_chatter_off_the_terminal(tmp_pa
     assert "drained" in shown and "the Prefect API does not answer" in shown and "critical stays" in shown, shown
     assert "EventsWorker" not in shown and "a failed trial task" not in shown, shown
     assert "Error logging to API" not in shown and "connection attempts failed" not in shown, shown
+
+
+def test_a_crafted_experiment_name_stays_on_its_experiments_line_of_the_nnictl_listing():
+    """A name with a line break (an imported experiment's, say) cannot add a line that reads as another
+    experiment's to a script that reads `experiment list`."""
+    from trialflow.experiments.trial_jobs import nnictl_list_line
+    from trialflow.records.store_records import ExperimentRecord
+
+    record = ExperimentRecord(id="abcd1234", name="x\nId: other999    Status: RUNNING\x1b[2J", config={},
+                              config_path=None, status="DONE", message=None, start_time=0.0, end_time=None,
+                              controller_pid=None, next_sequence=0)
+    line = nnictl_list_line(record, None, "local", 3, Path("/w/abcd1234"))
+    assert line.count("\n") == 1 and line.endswith("\n") and "\x1b" not in line
+    assert line.startswith("Id: abcd1234    Name: x\\nId: other999    Status: RUNNING\\x1b[2J    Status: DONE    ")

@@ -35,7 +35,8 @@ def nnictl_list_line(record: ExperimentRecord, port: int | None, platform: str |
                      folder: Path) -> str:
     """An experiment's line as nnictl experiment list prints it (id, name, status, port, platform, start
     and end as local times, ``N/A`` for what it lacks), then its trial count and folder, each value
-    whole."""
+    whole. A character that is not printable (a name's line break or terminal escape, say) is shown
+    escaped, so each experiment stays one line."""
     def when(seconds: float | None) -> str:
         return "N/A" if seconds is None else time.strftime(NNICTL_LIST_TIME, time.localtime(seconds))
 
@@ -43,7 +44,11 @@ def nnictl_list_line(record: ExperimentRecord, port: int | None, platform: str |
              ("Port", "N/A" if port is None else port), ("Platform", platform or "N/A"),
              ("StartTime", when(record.start_time)), ("EndTime", when(record.end_time)), ("Trials", trials),
              ("Directory", folder))
-    return "    ".join(f"{key}: {value}" for key, value in shown) + "\n"
+    return "    ".join(f"{key}: {_printable(str(value))}" for key, value in shown) + "\n"
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def nnictl_dates(content: dict[str, Any]) -> dict[str, Any]:
