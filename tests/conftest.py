@@ -324,6 +324,14 @@ def base_config(code_dir: Path, workdir: Path, **overrides) -> dict:
     return config
 
 
+def nnictl_list_rows(listing: str) -> dict[str, dict[str, str]]:
+    """The experiments in ``experiment list``'s output into a pipe, read as a script reads nnictl's
+    (``Id: X    Name: Y    ...`` lines): each one's fields by name, under its id."""
+    rows = (dict(field.split(": ", 1) for field in line.split("    "))
+            for line in listing.splitlines() if line.startswith("Id: "))
+    return {row["Id"]: row for row in rows}
+
+
 def wait_for(predicate, timeout=90.0, interval=0.1):
     """Poll ``predicate`` until it returns something truthy; returns it."""
     deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import base_config, write_trial
+from tests.conftest import base_config, nnictl_list_rows, write_trial
 from trialflow.experiments import open_store
 from trialflow.testing.ports import free_port
 
@@ -148,9 +148,7 @@ def test_experiment_list_into_a_pipe_is_nnictls_lines_with_every_value_whole_and
     tmp_path, env, exp_id, _ = finished
     piped = cli("experiment", "list", "--all", env={**env, "COLUMNS": ""})  # no width given: 80
     assert piped.returncode == 0 and piped.stdout.startswith("-" * 88 + "\n                Experiment information\n")
-    listed = {fields["Id"]: fields for line in piped.stdout.splitlines() if line.startswith("Id: ")
-              for fields in [dict(field.split(": ", 1) for field in line.split("    "))]}
-    shown = listed[exp_id]
+    shown = nnictl_list_rows(piped.stdout)[exp_id]
     assert list(shown) == ["Id", "Name", "Status", "Port", "Platform", "StartTime", "EndTime", "Trials", "Directory"]
     assert (shown["Status"], shown["Port"], shown["Platform"], shown["Trials"]) == ("DONE", "N/A", "local", "4")
     assert shown["Directory"] == str(tmp_path / "w" / exp_id)  # whole, where a table cut it

@@ -29,6 +29,7 @@ from tests.conftest import (
     as_other_user,
     base_config,
     migrates_on_start,
+    nnictl_list_rows,
     only_experiment,
     raw_request,
     signed_in,
@@ -1032,9 +1033,8 @@ def test_nnictls_port_url_prefix_debug_experiment_dir_and_stop_port_flags(tmp_pa
         f"error: no experiment is on port {unused} (ports in use: {', '.join(map(str, sorted({port, other})))}): "
         "`trialflow experiment list` shows the running ones")
     # and that listing shows each running experiment's port and platform, as nnictl's does
-    rows = {fields["Id"]: [fields["Status"], fields["Port"], fields["Platform"]]
-            for line in _cli(home, "experiment", "list").stdout.splitlines() if line.startswith("Id: ")
-            for fields in [dict(field.split(": ", 1) for field in line.split("    "))]}
+    rows = {exp: [row["Status"], row["Port"], row["Platform"]]
+            for exp, row in nnictl_list_rows(_cli(home, "experiment", "list").stdout).items()}
     assert rows[exp_id] == ["RUNNING", str(port), "local"] and rows[second_id] == [
         "RUNNING", str(other), "local"], rows
     stopped_second = _cli(home, "stop", "-p", str(other))
