@@ -48,6 +48,7 @@ def experiment_list(root: RootOpt = None,
     # on a narrow terminal the other columns give way to the id, status and port, which stay whole
     table = Table(Column("id", no_wrap=True), "name", Column("status", no_wrap=True), Column("port", no_wrap=True),
                   "platform", "trials", "started", "directory")
+    piped = not console.is_terminal  # a script reads what nnictl prints, nothing cut to the width
     lines: list[str] = []
     unreadable: list[str] = []
     for e in _experiments.list_experiments(root, unreadable):
@@ -58,12 +59,14 @@ def experiment_list(root: RootOpt = None,
         store.close()
         port = _experiments.shown_port(e.record)
         platform = _experiments.platform_of(e.record)
-        table.add_row(e.id, e.record.name or "", e.record.status, "-" if port is None else str(port),
-                      platform or "-", str(count), nnictl_time(e.record.start_time or 0), str(e.root / e.id))
-        lines.append(nnictl_list_line(e.record, port, platform, count, e.root / e.id))
-    if lines and not console.is_terminal:  # a script reads what nnictl prints, nothing cut to the width
+        if piped:
+            lines.append(nnictl_list_line(e.record, port, platform, count, e.root / e.id))
+        else:
+            table.add_row(e.id, e.record.name or "", e.record.status, "-" if port is None else str(port),
+                          platform or "-", str(count), nnictl_time(e.record.start_time or 0), str(e.root / e.id))
+    if lines:
         print(NNICTL_LIST_FRAME % "".join(lines))
-    elif lines:
+    elif table.row_count:
         console.print(table)
     elif not all_:  # as nnictl says it, instead of an empty table
         console.print("no experiment is running: `trialflow experiment list --all` lists all", soft_wrap=True)

@@ -17,21 +17,28 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause the collector for the block, when it runs (a nested block leaves it to the outer one); it
-    runs again after the block, however the block ends."""
-    if not gc.isenabled():
-        yield
-        return
+def _paused(set_aside_after: bool) -> Iterator[None]:
+    """The collector paused for the block (a block inside another pause leaves it to the outer one) and,
+    with ``set_aside_after``, every object alive set aside before it runs again; however the block ends."""
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if set_aside_after:
+            gc.freeze()  # before the collector runs again, whose first pass would walk them all once
+        if enabled:
+            gc.enable()
+
+
+def collector_paused() -> AbstractContextManager[None]:
+    """Pause the collector for the block, when it runs (a nested block leaves it to the outer one); it
+    runs again after the block, however the block ends."""
+    return _paused(set_aside_after=False)
 
 
 def set_aside(collect_first: bool) -> None:
@@ -44,20 +51,12 @@ def set_aside(collect_first: bool) -> None:
     gc.freeze()
 
 
-@contextmanager
-def long_lived_imports() -> Iterator[None]:
+def long_lived_imports() -> AbstractContextManager[None]:
     """Run the block (the imports a run needs) with the collector paused, then set aside every object
     alive from all later collections (as :func:`set_aside` without a collection first), however the block
     ends: the run's collections never walk the imports' objects. Use where the process goes on to run an
     experiment; the garbage the imports left (a few thousand objects) is kept for good."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()  # before the collector runs again, whose first pass would walk them all once
-        if enabled:
-            gc.enable()
+    return _paused(set_aside_after=True)
 
 
 def no_collection_at_exit() -> None:
