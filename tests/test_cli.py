@@ -201,6 +201,26 @@ def test_usage_errors_are_reported(finished):
     assert proc.returncode == 2 and "No such option: -1" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args, option, allowed", [
+    (["trial", "ls", "{exp}", "--head", "-2"], "'--head'", "x>=1"),
+    (["trial", "ls", "{exp}", "--tail", "0"], "'--tail'", "x>=1"),
+    (["log", "stdout", "{exp}", "--tail", "0"], "'--tail' / '-T'", "x>=1"),
+    (["log", "stderr", "{exp}", "-H", "-1"], "'--head' / '-H'", "x>=1"),
+    (["log", "trial", "{exp}", "ZZZZZ", "--tail", "-5"], "'--tail'", "x>=1"),
+    (["dashboard", "{exp}", "--port", "70000"], "'--port' / '-p'", "0<=x<=65535"),
+    (["view", "{exp}", "--dashboard", "--dashboard-port", "-1"], "'--dashboard-port'", "0<=x<=65535"),
+    (["tensorboard", "start", "{exp}", "--port", "70000"], "'--port'", "0<=x<=65535"),
+])
+def test_a_number_out_of_its_range_is_a_usage_error_naming_the_option(finished, args, option, allowed):
+    """A count of 0 or less had listed everything (0) or all but N (-N), Python's slices; a port out of
+    range had ended in a traceback from the socket's bind."""
+    _, env, exp_id, _ = finished
+    proc = cli(*[a.format(exp=exp_id) for a in args], env=env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert f"Invalid value for {option}" in proc.stderr and f"is not in the range {allowed}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_an_update_shows_once_as_the_value_in_force(finished):
     """`experiment show` and `config show` agree after `update`: the new values, each said once."""
     tmp_path, env, exp_id, _ = finished

@@ -41,8 +41,8 @@ TrialIdOpt = Annotated[str | None, typer.Option("--trial_id", "-T", help="the tr
                                                 "experiment id)")]
 DashboardOpt = Annotated[bool, typer.Option("--dashboard", help="also serve a live optuna-dashboard of it "
                                             "(until Ctrl-C)")]
-DashboardPortOpt = Annotated[int | None, typer.Option("--dashboard-port", help="the dashboard's port (default "
-                                                      "8080; 0: any free one; with --dashboard)")]
+DashboardPortOpt = Annotated[int | None, typer.Option("--dashboard-port", min=0, max=65535, help="the dashboard's "
+                                                      "port (default 8080; 0: any free one; with --dashboard)")]
 UiPortOpt = Annotated[int | None, typer.Option("--port", "-p", min=1, max=65535, help="the port of the local Prefect "
                                                "server, whose UI is NNI's web UI here (kept for its later starts)")]
 UrlPrefixOpt = Annotated[str | None, typer.Option("--url_prefix", "--url-prefix", "-u", help="the path the local "

@@ -31,8 +31,10 @@ log_app = typer.Typer(help="Show trial logs.", no_args_is_help=True)
 
 
 @trial_app.command("ls")
-def trial_ls(experiment_id: ExpIdArg = None, head: Annotated[int | None, typer.Option("--head")] = None,
-             tail: Annotated[int | None, typer.Option("--tail")] = None, root: RootOpt = None,
+def trial_ls(experiment_id: ExpIdArg = None,
+             head: Annotated[int | None, typer.Option("--head", min=1, help="the N best trials")] = None,
+             tail: Annotated[int | None, typer.Option("--tail", min=1, help="the N worst trials")] = None,
+             root: RootOpt = None,
              as_json: Annotated[bool, typer.Option("--json", help="nnictl's output: the trial jobs as JSON, as NNI's "
                                                    "REST API gives them")] = False) -> None:
     """Trials with status and final metric; --head/--tail N sort by metric (best/worst first); --json
@@ -85,7 +87,8 @@ def trial_kill(experiment_id: ExpIdArg = None,
 def log_trial(experiment_id: ExpIdArg = None,
               trial_arg: Annotated[str | None, typer.Argument(metavar="[TRIAL]", show_default=False)] = None,
               trial_id: TrialIdOpt = None, root: RootOpt = None,
-              tail: Annotated[int | None, typer.Option("--tail", help="last N bytes of each log")] = None) -> None:
+              tail: Annotated[int | None, typer.Option("--tail", min=1, help="last N bytes of each log")] = None
+              ) -> None:
     """Print a trial's stdout, stderr and trial.log (fetched from the worker for remote trials); without
     a trial, as nnictl, each trial's id, status and log folder."""
     if trial_arg is None and trial_id is None and (experiment_id is None or looks_like_experiment_id(experiment_id)):
@@ -114,8 +117,9 @@ def log_trial(experiment_id: ExpIdArg = None,
         typer.echo(text)
 
 
-HeadOpt = Annotated[int | None, typer.Option("--head", "-H", help="the first N lines")]
-TailOpt = Annotated[int | None, typer.Option("--tail", "-T", help="the last N lines")]
+# every count is 1 or more: Python's slices read 0 as "all" and -N as "all but N"
+HeadOpt = Annotated[int | None, typer.Option("--head", "-H", min=1, help="the first N lines")]
+TailOpt = Annotated[int | None, typer.Option("--tail", "-T", min=1, help="the last N lines")]
 PathOpt = Annotated[bool, typer.Option("--path", help="print the file's path only")]
 
 

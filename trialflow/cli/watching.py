@@ -82,7 +82,7 @@ def view(experiment_id: str, root: RootOpt = None, dashboard: DashboardOpt = Fal
 
 
 def dashboard_command(experiment_id: str, port: Annotated[int | None, typer.Option(
-                          "--port", "-p", help="its port (default 8080; 0: any free one)")] = None,
+                          "--port", "-p", min=0, max=65535, help="its port (default 8080; 0: any free one)")] = None,
                       host: Annotated[str, typer.Option("--host", help="address to bind; anyone who can reach "
                                                         "it can read and edit the study")] = "127.0.0.1",
                       storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL for "
@@ -152,7 +152,7 @@ tensorboard_app = typer.Typer(help="Serve trials' TensorBoard logs ($NNI_OUTPUT_
 def tensorboard_start(experiment_id: str, root: RootOpt = None,
                       trials: Annotated[str | None, typer.Option("--trials", "--trial_id", help="trial ids, comma "
                                                                  "separated (default: every trial)")] = None,
-                      port: Annotated[int, typer.Option("--port", help="0: any free port")] = 6006,
+                      port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0: any free port")] = 6006,
                       host: Annotated[str, typer.Option("--host")] = "127.0.0.1") -> None:
     """Start a TensorBoard over the trials' logs; it serves until `tensorboard stop`. Remote
     trials' logs are copied here first (run start again to refresh them)."""
