@@ -221,6 +221,17 @@ def test_a_number_out_of_its_range_is_a_usage_error_naming_the_option(finished, 
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("kind, target, why", [("csv", "missing/results.csv", "No such file or directory"),
+                                               ("json", ".", "Is a directory")])
+def test_an_export_to_a_file_it_cannot_write_says_so_in_a_line(finished, kind, target, why):
+    tmp_path, env, exp_id, _ = finished
+    path = tmp_path / target
+    proc = cli("experiment", "export", exp_id, "-t", kind, "-f", str(path), env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"error: cannot write {path} ({why}): give --filename a file in a folder")
+    assert not (tmp_path / "missing").exists()
+
+
 def test_an_update_shows_once_as_the_value_in_force(finished):
     """`experiment show` and `config show` agree after `update`: the new values, each said once."""
     tmp_path, env, exp_id, _ = finished

@@ -108,7 +108,12 @@ def experiment_export(
     _, store = find_records(experiment_id, root)
     from ..experiments.result_exchange import export_results
 
-    console.print(f"exported {export_results(store, filename, kind, intermediate)} trials to {filename}")
+    try:
+        count = export_results(store, filename, kind, intermediate)
+    except OSError as exc:
+        raise CliError(f"cannot write {filename} ({exc.strerror}): give --filename a file in a folder that "
+                       "exists and you can write to") from None
+    console.print(f"exported {count} trials to {filename}")
 
 
 @experiment_app.command("import")
