@@ -829,13 +829,15 @@ def prefect_pool(_work_pool_session):
 
 
 def _timeline(event: str, nodeid: str) -> None:
-    """With ``TRIALFLOW_TEST_TIMELINE=FILE``, a line per test start and end (time, worker, test), and one per
-    failed phase (``failed-setup``, ``failed-call``, ``failed-teardown``): where a parallel run's time goes,
-    which tests ran together while the cores idled, and what failed before pytest wrote its report."""
+    """With ``TRIALFLOW_TEST_TIMELINE=FILE``, a line per test start and end (time, worker, event, test, the
+    worker's own CPU-seconds so far), and one per failed phase (``failed-setup``, ``failed-call``,
+    ``failed-teardown``): where a parallel run's time goes, which tests ran together while the cores idled,
+    which tests spend the worker's CPU, and what failed before pytest wrote its report."""
     path = os.environ.get("TRIALFLOW_TEST_TIMELINE")
     if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{time.time():.2f}\t{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{event}\t{nodeid}\n")
+            f.write(f"{time.time():.2f}\t{worker}\t{event}\t{nodeid}\t{time.process_time():.2f}\n")
 
 
 def pytest_runtest_logstart(nodeid, location):
