@@ -34,11 +34,16 @@ for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # also gets its own (``isolated_home``), which the processes it starts use.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="trialflow-tests-prefect-")
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
-# One cache for the whole session of this worker: the first Prefect server it starts keeps the migrated
-# empty database that the next ones start from (trialflow.server.prefect_db_template). Tests of the cache set
-# their own.
-os.environ["TRIALFLOW_CACHE_DIR"] = tempfile.mkdtemp(prefix="trialflow-tests-cache-")
-atexit.register(shutil.rmtree, os.environ["TRIALFLOW_CACHE_DIR"], ignore_errors=True)
+# One cache for the whole run, its xdist workers together: the first Prefect server of the run keeps the
+# migrated empty database that the next ones start from (trialflow.server.prefect_db_template), as a user's
+# servers share theirs. The process that starts the run makes it (before its workers start, which inherit
+# it) and removes it at its exit. Tests of the cache set their own.
+RUN_CACHE = "TRIALFLOW_TESTS_RUN_CACHE"
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(RUN_CACHE):
+    os.environ["TRIALFLOW_CACHE_DIR"] = os.environ[RUN_CACHE]
+else:
+    os.environ["TRIALFLOW_CACHE_DIR"] = os.environ[RUN_CACHE] = tempfile.mkdtemp(prefix="trialflow-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["TRIALFLOW_CACHE_DIR"], ignore_errors=True)
 
 # A full pass of the cyclic collector after 100 middle ones instead of Python's 10 (it still waits until the
 # long-lived objects grew by a quarter): a worker holds up to ~900,000 long-lived objects (Prefect, the
@@ -377,14 +382,14 @@ def stop_process(pid: int) -> None:
     wait_for(lambda: process_state(pid) in ("T", "t"), timeout=30, interval=0.01)
 
 
-def run_in_thread(function) -> tuple[threading.Thread, dict]:
-    """Start ``function()`` in a thread that sees this context's Prefect settings (a new thread gets
-    the settings Prefect read at import, so an experiment run in it would miss the session's server
-    and start Prefect's temporary one); returns the thread and a dict holding ``result`` once the
+def run_in_thread(function, name: str | None = None) -> tuple[threading.Thread, dict]:
+    """Start ``function()`` in a thread (named ``name``) that sees this context's Prefect settings (a new
+    thread gets the settings Prefect read at import, so an experiment run in it would miss the session's
+    server and start Prefect's temporary one); returns the thread and a dict holding ``result`` once the
     call returned."""
     outcome: dict = {}
     context = contextvars.copy_context()
-    thread = threading.Thread(target=lambda: outcome.update(result=context.run(function)))
+    thread = threading.Thread(target=lambda: outcome.update(result=context.run(function)), name=name)
     thread.start()
     return thread, outcome
 
@@ -860,13 +865,20 @@ def _temporary_servers() -> int:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """A test outside ``e2e`` that starts Prefect's temporary server runs a flow: it fails, naming the
-    fix, so the quick loop stays free of servers and experiments."""
+    """A test that starts Prefect's temporary server in its process fails, naming the fix: outside ``e2e``
+    it runs a flow (the quick loop stays free of servers and experiments); with the ``prefect_server``
+    fixture it missed the session's server (a flow run in a new thread: a server start and its CPU for
+    nothing)."""
     before = _temporary_servers()
     result = yield
-    if not item.get_closest_marker("e2e") and _temporary_servers() > before:
-        pytest.fail("this test runs a flow on Prefect's temporary server: give it the prefect_server fixture "
-                    "(or mark it e2e)", pytrace=False)
+    if _temporary_servers() > before:
+        if "prefect_server" in getattr(item, "fixturenames", ()):
+            pytest.fail("this test runs a flow on Prefect's temporary server beside the session's: run it in a "
+                        "thread from run_in_thread (a new thread has the settings Prefect read at import)",
+                        pytrace=False)
+        if not item.get_closest_marker("e2e"):
+            pytest.fail("this test runs a flow on Prefect's temporary server: give it the prefect_server "
+                        "fixture (or mark it e2e)", pytrace=False)
     return result
 
 

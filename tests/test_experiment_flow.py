@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import base_config, start_controller, wait_for, write_trial
+from tests.conftest import base_config, run_in_thread, start_controller, wait_for, write_trial
 from trialflow import parse_config, run_experiment
 from trialflow.experiments import create_experiment, open_store
 from trialflow.records.store import Control
@@ -141,9 +141,7 @@ def test_a_quiet_trial_is_polled_seldom_and_a_kill_and_the_stop_still_land_at_on
     exp_id, exp_dir = create_experiment(parse_config(base_config(code, tmp_path / "w", trialConcurrency=2,
                                                                  maxTrialNumber=2)))
     store = open_store(exp_dir.parent, exp_id)
-    runner = threading.Thread(target=run_experiment_flow, args=(None, exp_id, str(exp_dir.parent)), daemon=True,
-                              name="experiment-run")
-    runner.start()
+    runner, _ = run_in_thread(lambda: run_experiment_flow(None, exp_id, str(exp_dir.parent)), name="experiment-run")
     try:
         first, second = wait_for(lambda: store.trials(["RUNNING"]) if len(store.trials(["RUNNING"])) == 2 else None,
                                  timeout=60)

@@ -80,7 +80,9 @@ class Terminal:
         raise AssertionError(f"still running {timeout} s later:\n{self.read(0)}")
 
 
-def _setup(tmp_path: Path, **overrides) -> tuple[Path, Path, dict[str, str]]:
+def _setup(tmp_path: Path, temporary: bool = True, **overrides) -> tuple[Path, Path, dict[str, str]]:
+    """A config of held trials, its hold file, and the environment of the command that runs it: on
+    Prefect's temporary server (``temporary``) or on the session's (``prefect_server``)."""
     code = tmp_path / "code"
     hold = tmp_path / "hold"
     hold.touch()
@@ -88,7 +90,7 @@ def _setup(tmp_path: Path, **overrides) -> tuple[Path, Path, dict[str, str]]:
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(base_config(code, tmp_path / "w", trialConcurrency=2, maxTrialNumber=3,
                                                  **overrides)))
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect's temporary server
+    env = {k: v for k, v in os.environ.items() if not (temporary and k == "PREFECT_API_URL")}
     env.update(COLUMNS="160", TERM="xterm")
     return config, hold, env
 
@@ -109,9 +111,11 @@ def _servers_of(pid: int) -> list[int]:
     return found
 
 
-def _two_trials_running(tmp_path: Path) -> tuple[Terminal, str, ExperimentStore, Path, dict[str, str]]:
-    """``trialflow create --foreground`` in a terminal, once two held trials run."""
-    config, hold, env = _setup(tmp_path)
+def _two_trials_running(tmp_path: Path, temporary: bool = True) -> tuple[Terminal, str, ExperimentStore, Path,
+                                                                         dict[str, str]]:
+    """``trialflow create --foreground`` in a terminal, once two held trials run (on Prefect's temporary
+    server or the session's: :func:`_setup`)."""
+    config, hold, env = _setup(tmp_path, temporary)
     term = Terminal(_trialflow("create", "--config", str(config), "--foreground"), env)
     exp_id = term.wait_for_text(r"experiment id: (\w+)", 60)[1]
     store = open_store(tmp_path / "w", exp_id)
@@ -137,8 +141,8 @@ def test_ctrl_c_stops_a_foreground_experiment_within_seconds(tmp_path):
     wait_for(lambda: not Path(f"/proc/{servers[0]}").exists(), timeout=15)  # the server ended with it
 
 
-def test_a_second_ctrl_c_quits_at_once_and_resume_finishes_the_experiment(tmp_path):
-    term, exp_id, store, hold, env = _two_trials_running(tmp_path)
+def test_a_second_ctrl_c_quits_at_once_and_resume_finishes_the_experiment(tmp_path, prefect_server):
+    term, exp_id, store, hold, env = _two_trials_running(tmp_path, temporary=False)
     term.ctrl_c()
     time.sleep(0.05)
     term.ctrl_c()
@@ -155,9 +159,9 @@ def test_a_second_ctrl_c_quits_at_once_and_resume_finishes_the_experiment(tmp_pa
     assert [e.record.status for e in list_experiments(tmp_path / "w")] == ["DONE"]
 
 
-def test_sigterm_stops_a_foreground_experiment_like_ctrl_c(tmp_path):
+def test_sigterm_stops_a_foreground_experiment_like_ctrl_c(tmp_path, prefect_server):
     """`kill PID` (systemd, a job scheduler) asks for the same clean stop, exit code 143."""
-    term, exp_id, store, _, _ = _two_trials_running(tmp_path)
+    term, exp_id, store, _, _ = _two_trials_running(tmp_path, temporary=False)
     os.kill(term.pid, signal.SIGTERM)
     assert term.exit_code(timeout=15) == 143
     assert f"experiment {exp_id} stopped by SIGTERM: its running trials were cancelled" in term.read(0)

@@ -1,7 +1,9 @@
 """A real ``prefect server start`` on 127.0.0.1 for tests (throwaway home and database). It stops with
 the test session; the server and the processes spawned against it (workers, CLI calls) are stopped
 by a watchdog when the process that started them dies, however it dies (a killed test run leaves
-none behind)."""
+none behind). Its new database starts as a copy of this user's migrated empty one where there is one
+(:mod:`trialflow.server.prefect_db_template`, as the kept server's does): Prefect's migrations are most
+of a new server's start-up CPU, and what it serves is the same."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..server.kept_server import SERVER_DEFAULTS
+from ..server.prefect_db_template import note_migrated, prefect_version, start_settings
 from .owned import popen_owned
 from .ports import answers_health, on_a_free_port, wait_serving
 
@@ -52,6 +55,8 @@ class PrefectServer:
         self.port = port
         self.env["PREFECT_API_URL"] = self.url
         env = {k: v for k, v in self.env.items() if k != "PREFECT_API_URL"}
+        database, version = self.home / "prefect.db", prefect_version()  # Prefect's default database
+        env.update(start_settings(self.home, database, version, env))
         self.proc = _watched([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                               "--port", str(port), "--no-ui"], env, self.home / "server.log")
         try:
@@ -60,6 +65,7 @@ class PrefectServer:
         except RuntimeError:
             self.stop()
             raise
+        note_migrated(self.home, database, version)  # the template of the next ones, where there is none yet
         return self
 
     def spawn(self, args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
