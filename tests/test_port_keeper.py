@@ -44,8 +44,8 @@ def test_a_removed_folder_stops_its_server_even_one_that_ignores_sigterm_and_fre
         server = int(pid_file.read_text())
         time.sleep(0.5)  # five looks at a folder that is there: the server is left alone
         assert thread.is_alive() and pid_alive(server)
+        started = time.monotonic()  # before the removal, which the keeper may see before rmtree returns
         shutil.rmtree(folder)
-        started = time.monotonic()
         thread.join(timeout=15)
         assert not thread.is_alive() and outcome["result"] == 0
         assert not pid_alive(server)
