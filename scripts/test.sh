@@ -43,11 +43,14 @@ fi
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL
 
-# mypy (~80 s of one core from a clean clone: it follows imports into ~7,600 modules) runs beside the rest:
+# mypy (40-80 s of one core without its cache: it follows imports into ~7,600 modules) runs beside the rest:
 # the Debian packages' install and pytest's first seconds, which wait on its workers and servers; its
 # verdict is read after pytest
 typecheck=$(mktemp)
-python3 -m mypy trialflow > "$typecheck" 2>&1 &
+# Its cache lives in the user's cache folder, not in the checkout, so a new clone's check starts from the
+# last one's (mypy checks again each module whose content or dependencies changed): 38 s, then 1.3 s.
+mypy_cache=${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/trialflow-tests/mypy}
+python3 -m mypy --cache-dir "$mypy_cache" trialflow > "$typecheck" 2>&1 &
 mypy_pid=$!
 # a step below that fails ends the script: mypy with it, and its output file
 trap '[ -n "$mypy_pid" ] && kill "$mypy_pid" 2>/dev/null; rm -f "$typecheck"' EXIT
