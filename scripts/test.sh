@@ -20,7 +20,7 @@ fi
 if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || ! command -v sbatch >/dev/null || [ ! -x /usr/sbin/munged ]; then
   missing="$missing slurm-wlm munge"
 fi
-# The Debian packages install while pip installs the Python ones (neither needs the other): on a fresh
+# The Debian packages install while the Python ones do (neither needs the other): on a fresh
 # machine apt's install alone took 24 s, after its index update (the Python packages' below).
 apt_pid=""
 if [ -n "$missing" ]; then
@@ -43,7 +43,7 @@ fi
 
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_LOGGING_LEVEL=CRITICAL
 
-# mypy (40-80 s of one core without its cache: it follows imports into ~7,600 modules) runs beside the rest:
+# mypy (~40-80 s of one core without its cache: it follows imports into ~7,600 modules) runs beside the rest:
 # the Debian packages' install and pytest's first seconds, which wait on its workers and servers; its
 # verdict is read after pytest
 typecheck=$(mktemp)
